@@ -1,0 +1,1 @@
+"""modelyard's in-process inference engine for llama-family GGUF models."""

@@ -1,0 +1,129 @@
+"""Compile LLVM IR for this CPU with llvmlite, caching object code on disk.
+
+Kernels are compiled once, at model load, never during a request. The cache key is the IR text
+plus everything that changes the machine code (CPU name, CPU features, llvmlite version), so a
+cached object is only ever loaded on a machine that could have produced it.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import llvmlite
+import llvmlite.binding as llvm
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def _init() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _initialized = True
+
+
+def host_cpu() -> tuple[str, str]:
+    """(cpu name, feature string) of the machine we run on."""
+    _init()
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def host_has(feature: str) -> bool:
+    """True when the host CPU has `feature` (an LLVM feature name such as 'avx2')."""
+    return f"+{feature}" in host_cpu()[1].split(",")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("MODELYARD_CACHE") or os.path.join(Path.home(), ".cache", "modelyard")
+    return Path(root) / "kernels"
+
+
+def _target_machine() -> llvm.TargetMachine:
+    # MCJIT takes ownership of its target machine: always hand it a fresh one.
+    cpu, features = host_cpu()
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(cpu=cpu, features=features, opt=3, codemodel="jitdefault")
+
+
+def cache_key(ir_text: str) -> str:
+    cpu, features = host_cpu()
+    h = hashlib.sha256()
+    for part in (ir_text, cpu, features, llvmlite.__version__):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _optimize_to_object(ir_text: str) -> bytes:
+    tm = _target_machine()
+    mod = llvm.parse_assembly(ir_text)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return tm.emit_object(mod)
+
+
+class CompiledLibrary:
+    """Machine code for one IR module, loaded into this process."""
+
+    def __init__(self, ir_text: str, *, use_cache: bool = True) -> None:
+        _init()
+        self.key = cache_key(ir_text)
+        path = cache_dir() / f"{self.key}.o"
+        obj: bytes | None = None
+        self.from_cache = False
+        if use_cache and path.is_file():
+            obj = path.read_bytes()
+            self.from_cache = True
+        if obj is None:
+            obj = _optimize_to_object(ir_text)
+            if use_cache:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(obj)
+                os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
+        triple = llvm.get_process_triple()
+        empty = llvm.parse_assembly(f'target triple = "{triple}"\n')
+        self._engine = llvm.create_mcjit_compiler(empty, _target_machine())
+        self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        self._engine.finalize_object()
+        self._functions: dict[str, object] = {}
+
+    def address(self, name: str) -> int:
+        addr = self._engine.get_function_address(name)
+        if not addr:
+            raise KeyError(f"compiled module has no function {name!r}")
+        return addr
+
+    def function(self, name: str, restype, *argtypes):  # -> ctypes function
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = ctypes.CFUNCTYPE(restype, *argtypes)(self.address(name))
+            self._functions[name] = fn
+        return fn
+
+
+_libraries: dict[str, CompiledLibrary] = {}
+_lib_lock = threading.Lock()
+
+
+def compile_ir(ir_text: str) -> CompiledLibrary:
+    """Compile (or load from the disk cache) an IR module; one instance per IR text per process."""
+    key = cache_key(ir_text)
+    with _lib_lock:
+        lib = _libraries.get(key)
+        if lib is None:
+            lib = CompiledLibrary(ir_text)
+            _libraries[key] = lib
+        return lib
