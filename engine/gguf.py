@@ -1,0 +1,251 @@
+"""Read and validate GGUF files; memory-map their tensor data. No model knowledge lives here.
+
+The header is parsed by hand (types and block sizes come from the `gguf` package) because
+`gguf.GGUFReader` builds one numpy array per vocabulary string and takes ~2 s on a 49k-token
+vocabulary; this parser takes a few tens of milliseconds and checks every bound as it reads.
+
+File layout (little-endian, version 2 or 3):
+    magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+    n_kv x  (string key, u32 value type, value)
+    n_tensors x (string name, u32 n_dims, u64 dims[n_dims], u32 ggml type, u64 offset)
+    padding to `general.alignment` (default 32)
+    tensor data: each tensor at data_start + offset
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+MAGIC = b"GGUF"
+MAX_DIMS = 4
+
+
+class ModelLoadError(Exception):
+    """A model file that cannot be used: names the file and what is wrong with it."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]         # ggml order: shape[0] is the contiguous (row) dimension
+    qtype: GGMLQuantizationType
+    offset: int                    # absolute byte offset in the file
+    n_bytes: int
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+_SCALARS: dict[GGUFValueType, str] = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.FLOAT64: "<d",
+    GGUFValueType.BOOL: "<?",
+}
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over a buffer."""
+
+    def __init__(self, buf: memoryview, path: str) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.path = path
+
+    def fail(self, problem: str) -> ModelLoadError:
+        return ModelLoadError(self.path, problem)
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise self.fail(f"truncated header: {what} at byte {self.pos} runs past the end "
+                            f"of the file ({len(self.buf)} bytes)")
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        size = struct.calcsize(fmt)
+        self.need(size, what)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", what)
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str) -> Any:
+        try:
+            t = GGUFValueType(vtype)
+        except ValueError:
+            raise self.fail(f"{what}: unknown value type {vtype}") from None
+        if t in _SCALARS:
+            return self.unpack(_SCALARS[t], what)
+        if t == GGUFValueType.STRING:
+            return self.string(what)
+        if t == GGUFValueType.ARRAY:
+            item_type = self.unpack("<I", what)
+            count = self.unpack("<Q", what)
+            if count > len(self.buf):
+                raise self.fail(f"{what}: array length {count} is larger than the file")
+            try:
+                it = GGUFValueType(item_type)
+            except ValueError:
+                raise self.fail(f"{what}: unknown array item type {item_type}") from None
+            if it in _SCALARS:
+                fmt = _SCALARS[it]
+                size = struct.calcsize(fmt) * count
+                self.need(size, what)
+                arr = np.frombuffer(self.buf, dtype=np.dtype(fmt), count=count, offset=self.pos)
+                self.pos += size
+                return arr.tolist()
+            if it == GGUFValueType.STRING:
+                return [self.string(what) for _ in range(count)]
+            return [self.value(item_type, what) for _ in range(count)]
+        raise self.fail(f"{what}: unsupported value type {t.name}")
+
+
+def tensor_nbytes(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    if shape[0] % block_elems:
+        raise ValueError(f"row length {shape[0]} is not a multiple of the {qtype.name} "
+                         f"block size {block_elems}")
+    n = 1
+    for d in shape:
+        n *= d
+    return n // block_elems * block_bytes
+
+
+def _parse(buf: memoryview, path: str, file_size: int
+           ) -> tuple[int, dict[str, Any], dict[str, TensorInfo], int]:
+    cur = _Cursor(buf, path)
+    cur.need(4, "magic")
+    if bytes(buf[:4]) != MAGIC:
+        raise cur.fail(f"not a GGUF file (magic {bytes(buf[:4])!r}, expected {MAGIC!r})")
+    cur.pos = 4
+    version = cur.unpack("<I", "version")
+    if version not in (2, 3):
+        if version & 0xFFFF == 0 and version:
+            raise cur.fail("big-endian GGUF files are not supported")
+        raise cur.fail(f"unsupported GGUF version {version} (supported: 2, 3)")
+    n_tensors = cur.unpack("<Q", "tensor count")
+    n_kv = cur.unpack("<Q", "metadata count")
+    # each entry takes at least 8+4 (kv) or 8+4+4+8 (tensor) bytes: reject absurd counts early
+    if n_kv * 12 + n_tensors * 24 > file_size:
+        raise cur.fail(f"header claims {n_kv} metadata entries and {n_tensors} tensors, more "
+                       f"than a {file_size}-byte file can hold")
+    meta: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}")
+        vtype = cur.unpack("<I", f"type of {key}")
+        meta[key] = cur.value(vtype, key)
+    alignment = meta.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise cur.fail(f"general.alignment {alignment!r} is not a power of two")
+    raw_infos = []
+    for i in range(n_tensors):
+        name = cur.string(f"tensor #{i} name")
+        n_dims = cur.unpack("<I", f"tensor {name} dims")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cur.fail(f"tensor {name}: {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        shape = tuple(cur.unpack("<Q", f"tensor {name} shape") for _ in range(n_dims))
+        qtype_id = cur.unpack("<I", f"tensor {name} type")
+        offset = cur.unpack("<Q", f"tensor {name} offset")
+        raw_infos.append((name, shape, qtype_id, offset))
+    data_start = (cur.pos + alignment - 1) // alignment * alignment
+    tensors: dict[str, TensorInfo] = {}
+    for name, shape, qtype_id, offset in raw_infos:
+        try:
+            qtype = GGMLQuantizationType(qtype_id)
+        except ValueError:
+            raise cur.fail(f"tensor {name}: unknown tensor type {qtype_id}") from None
+        if any(d <= 0 for d in shape):
+            raise cur.fail(f"tensor {name}: bad shape {list(shape)}")
+        try:
+            n_bytes = tensor_nbytes(qtype, shape)
+        except (KeyError, ValueError) as e:
+            raise cur.fail(f"tensor {name}: {e}") from None
+        if offset % alignment:
+            raise cur.fail(f"tensor {name}: data offset {offset} is not aligned to {alignment}")
+        start = data_start + offset
+        if start + n_bytes > file_size:
+            raise cur.fail(f"tensor {name}: data [{start}, {start + n_bytes}) lies beyond the "
+                           f"end of the file ({file_size} bytes); the file is truncated or corrupt")
+        if name in tensors:
+            raise cur.fail(f"tensor {name} appears twice")
+        tensors[name] = TensorInfo(name, shape, qtype, start, n_bytes)
+    return version, meta, tensors, data_start
+
+
+class GGUFFile:
+    """A validated GGUF file: metadata, tensor table, and a read-only memory map of its data."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise ModelLoadError(self.path, f"cannot open: {e.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < 24:
+                raise ModelLoadError(self.path, f"file is {size} bytes, too short for a GGUF header")
+            self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self.file_size = size
+        view = memoryview(self._map)
+        try:
+            self.version, self.metadata, self.tensors, self.data_start = _parse(
+                view, str(self.path), size)
+        except ModelLoadError:
+            view.release()
+            self.close()
+            raise
+        view.release()
+        self._data = np.frombuffer(self._map, dtype=np.uint8)  # [file_size], no copy
+
+    def tensor_data(self, name: str) -> np.ndarray:
+        """uint8 [n_bytes] view of one tensor's bytes inside the mapping (no copy)."""
+        info = self.tensors[name]
+        return self._data[info.offset:info.offset + info.n_bytes]
+
+    def close(self) -> None:
+        """Unmap. Views handed out earlier must have been dropped, or the unmap waits for GC."""
+        self._data = None  # type: ignore[assignment]
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a view is still alive; the mapping goes when it is collected
+            self._map = None
+
+
+def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    """Metadata and tensor table without keeping anything mapped (for scans and estimates)."""
+    f = GGUFFile(path)
+    try:
+        return f.metadata, f.tensors
+    finally:
+        f.close()

@@ -1,0 +1,143 @@
+"""Write tiny random-weight llama GGUF models with gguf.GGUFWriter, for fast tests.
+
+The vocabulary is GPT-2 byte-level BPE: the 256 byte symbols, a few merges learned from a fixed
+sample text, and ChatML special tokens, so prompts tokenize and chat templates render as they do
+for real models.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SAMPLE = ("the quick brown fox jumps over the lazy dog. hello world, this is a tiny model "
+          "that speaks in random tokens; the end. Hello there! What is the capital of France?")
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def _learn_merges(n_merges: int) -> tuple[list[str], list[str]]:
+    b2u = byte_to_unicode()
+    words = [[b2u[b] for b in (" " + w).encode()] for w in SAMPLE.split(" ")]
+    tokens: list[str] = []
+    merges: list[str] = []
+    for _ in range(n_merges):
+        pairs = Counter((w[i], w[i + 1]) for w in words for i in range(len(w) - 1))
+        if not pairs:
+            break
+        (a, b), _count = pairs.most_common(1)[0]
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+        for w in words:
+            i = 0
+            while i < len(w) - 1:
+                if w[i] == a and w[i + 1] == b:
+                    w[i:i + 2] = [a + b]
+                i += 1
+    return tokens, merges
+
+
+def _random_tensor(qtype: GGMLQuantizationType, n_rows: int, n_cols: int,
+                   rng: np.random.Generator, scale: float) -> tuple[np.ndarray, GGMLQuantizationType]:
+    from engine.quants import random_quant_matrix
+
+    if qtype == GGMLQuantizationType.F32:
+        return (rng.standard_normal((n_rows, n_cols)) * scale).astype(np.float32), qtype
+    m = random_quant_matrix(qtype, n_rows, n_cols, rng, scale=scale)
+    return m.raw, qtype
+
+
+def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
+                     n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                     n_ff: int = 128, n_ctx_train: int = 256, n_merges: int = 40,
+                     tied_output: bool = True, output_qtype: GGMLQuantizationType | None = None,
+                     rope_base: float = 10000.0, seed: int = 0, name: str = "Tiny Llama",
+                     chat_template: str | None = CHATML) -> Path:
+    """Write a valid llama-architecture GGUF with random weights; returns its path.
+
+    K-quant types need n_embd and n_ff to be multiples of 256.
+    """
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    b2u = byte_to_unicode()
+    merged, merges = _learn_merges(n_merges)
+    tokens = SPECIALS + [b2u[b] for b in range(256)] + merged
+    types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
+    n_vocab = len(tokens)
+    head_dim = n_embd // n_head
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_block_count(n_layer)
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_freq_base(rope_base)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(int(qtype))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+
+    def add(name: str, n_rows: int, n_cols: int, q: GGMLQuantizationType, scale: float) -> None:
+        data, dtype = _random_tensor(q, n_rows, n_cols, rng, scale)
+        if dtype == GGMLQuantizationType.F32:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, data, raw_dtype=dtype)
+
+    def add_norm(name: str, n: int) -> None:
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    s_in, s_ff = 1.0 / np.sqrt(n_embd), 1.0 / np.sqrt(n_ff)
+    add("token_embd.weight", n_vocab, n_embd, output_qtype or qtype, 1.0)
+    for i in range(n_layer):
+        add_norm(f"blk.{i}.attn_norm.weight", n_embd)
+        add(f"blk.{i}.attn_q.weight", n_head * head_dim, n_embd, qtype, s_in)
+        add(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd, qtype, s_in)
+        add(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd, qtype, s_in)
+        add(f"blk.{i}.attn_output.weight", n_embd, n_head * head_dim, qtype, s_in)
+        add_norm(f"blk.{i}.ffn_norm.weight", n_embd)
+        add(f"blk.{i}.ffn_gate.weight", n_ff, n_embd, qtype, s_in)
+        add(f"blk.{i}.ffn_up.weight", n_ff, n_embd, qtype, s_in)
+        add(f"blk.{i}.ffn_down.weight", n_embd, n_ff, qtype, s_ff)
+    add_norm("output_norm.weight", n_embd)
+    if not tied_output:
+        add("output.weight", n_vocab, n_embd, output_qtype or qtype, s_in)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
