@@ -59,10 +59,10 @@ def _learn_merges(n_merges: int) -> tuple[list[str], list[str]]:
 
 def _random_tensor(qtype: GGMLQuantizationType, n_rows: int, n_cols: int,
                    rng: np.random.Generator, scale: float) -> tuple[np.ndarray, GGMLQuantizationType]:
-    from engine.quants import random_quant_matrix
-
     if qtype == GGMLQuantizationType.F32:
         return (rng.standard_normal((n_rows, n_cols)) * scale).astype(np.float32), qtype
+    from engine.quants import random_quant_matrix
+
     m = random_quant_matrix(qtype, n_rows, n_cols, rng, scale=scale)
     return m.raw, qtype
 

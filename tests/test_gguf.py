@@ -1,0 +1,149 @@
+"""GGUF parsing and validation: good files read like gguf-py reads them; bad files raise
+ModelLoadError naming the file and the problem, never crash."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+
+from engine.gguf import GGUFFile, ModelLoadError, read_header
+from tests.ggufgen import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny.gguf",
+                            qtype=GGMLQuantizationType.F32)
+
+
+def _tensor_offset_field(data: bytes, name: str) -> int:
+    """Byte position of a tensor's u64 data offset in the header (found by its name)."""
+    key = struct.pack("<Q", len(name)) + name.encode()
+    pos = data.index(key) + len(key)
+    (n_dims,) = struct.unpack_from("<I", data, pos)
+    return pos + 4 + 8 * n_dims + 4
+
+
+def test_reads_like_gguf_py(tiny: Path) -> None:
+    f = GGUFFile(tiny)
+    r = GGUFReader(tiny)
+    assert set(f.tensors) == {t.name for t in r.tensors}
+    for t in r.tensors:
+        info = f.tensors[t.name]
+        assert info.offset == t.data_offset
+        assert info.n_bytes == t.n_bytes
+        assert list(info.shape) == [int(d) for d in t.shape]
+        assert np.array_equal(f.tensor_data(t.name), np.asarray(t.data).view(np.uint8).reshape(-1))
+    for key, field in r.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        expected = field.contents()
+        got = f.metadata[key]
+        if isinstance(expected, float):
+            assert got == pytest.approx(expected)
+        else:
+            assert got == expected, key
+    f.close()
+
+
+def test_read_header_keeps_nothing_mapped(tiny: Path) -> None:
+    meta, tensors = read_header(tiny)
+    assert meta["general.architecture"] == "llama"
+    assert "token_embd.weight" in tensors
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.001, 0.01, 0.05, 0.2, 0.5, 0.9, 0.999])
+def test_truncated_file_is_rejected(tiny: Path, tmp_path: Path, fraction: float) -> None:
+    data = tiny.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:int(len(data) * fraction)])
+    with pytest.raises(ModelLoadError) as e:
+        GGUFFile(cut)
+    assert str(cut) in str(e.value)
+
+
+def test_every_header_truncation_is_rejected(tiny: Path, tmp_path: Path) -> None:
+    data = tiny.read_bytes()
+    f = GGUFFile(tiny)
+    header_end = f.data_start
+    f.close()
+    cut = tmp_path / "cut.gguf"
+    for n in range(0, header_end, max(1, header_end // 300)):
+        cut.write_bytes(data[:n])
+        with pytest.raises(ModelLoadError):
+            GGUFFile(cut)
+
+
+def test_tensor_offset_past_the_end(tiny: Path, tmp_path: Path) -> None:
+    data = bytearray(tiny.read_bytes())
+    pos = _tensor_offset_field(bytes(data), "blk.0.attn_q.weight")
+    struct.pack_into("<Q", data, pos, len(data) * 4 // 32 * 32)
+    bad = tmp_path / "offset.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="blk.0.attn_q.weight.*beyond the end"):
+        GGUFFile(bad)
+
+
+def test_misaligned_tensor_offset(tiny: Path, tmp_path: Path) -> None:
+    data = bytearray(tiny.read_bytes())
+    pos = _tensor_offset_field(bytes(data), "output_norm.weight")
+    (old,) = struct.unpack_from("<Q", data, pos)
+    struct.pack_into("<Q", data, pos, old + 1)
+    bad = tmp_path / "misaligned.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="aligned"):
+        GGUFFile(bad)
+
+
+def test_unknown_tensor_type(tiny: Path, tmp_path: Path) -> None:
+    data = bytearray(tiny.read_bytes())
+    pos = _tensor_offset_field(bytes(data), "output_norm.weight") - 4
+    struct.pack_into("<I", data, pos, 9999)
+    bad = tmp_path / "type.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="unknown tensor type 9999"):
+        GGUFFile(bad)
+
+
+@pytest.mark.parametrize("head, message", [
+    (b"GGML\x03\x00\x00\x00", "not a GGUF file"),
+    (b"GGUF\x01\x00\x00\x00", "unsupported GGUF version 1"),
+    (b"GGUF\x00\x00\x00\x03", "big-endian"),
+])
+def test_bad_magic_and_version(tiny: Path, tmp_path: Path, head: bytes, message: str) -> None:
+    data = head + tiny.read_bytes()[8:]
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(data)
+    with pytest.raises(ModelLoadError, match=message):
+        GGUFFile(bad)
+
+
+def test_missing_and_non_gguf_files(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="cannot open"):
+        GGUFFile(tmp_path / "nope.gguf")
+    text = tmp_path / "notes.gguf"
+    text.write_text("these are not the weights you are looking for" * 10)
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        GGUFFile(text)
+
+
+def test_random_header_corruption_never_crashes(tiny: Path, tmp_path: Path) -> None:
+    """Flip random bytes in the header: parsing either succeeds or raises ModelLoadError."""
+    data = tiny.read_bytes()
+    f = GGUFFile(tiny)
+    header_end = f.data_start
+    f.close()
+    rng = np.random.default_rng(1)
+    bad = tmp_path / "flipped.gguf"
+    for _ in range(200):
+        buf = bytearray(data)
+        for pos in rng.integers(4, header_end, size=3):
+            buf[pos] ^= int(rng.integers(1, 256))
+        bad.write_bytes(bytes(buf))
+        try:
+            GGUFFile(bad).close()
+        except ModelLoadError:
+            pass
