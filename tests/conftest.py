@@ -1,0 +1,13 @@
+"""Shared fixtures: the real model is fetched once into the cache (~93 MB) when a test needs it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from engine.default_model import default_model_path
+
+    return default_model_path()
