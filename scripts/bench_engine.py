@@ -1,0 +1,77 @@
+"""Engine speed on one model: prints one JSON line.
+
+    python scripts/bench_engine.py MODEL.gguf [--threads 1 2] [--repeat 3]
+
+For each thread count, a fresh process loads the model (kernel cache warm after the first run) and
+measures: load seconds, prefill tokens/s at 128 and 512 prompt tokens, decode tokens/s over 128
+tokens after a short prompt, and peak RSS. Figures are medians over --repeat runs in that process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def measure(model_path: str, threads: int, repeat: int) -> dict:
+    t0 = time.perf_counter()
+    import engine  # noqa: PLC0415 - the import is part of what a cold start costs
+
+    model = engine.load(model_path, n_ctx=1024, n_threads=threads)
+    load_s = time.perf_counter() - t0
+    text = ("The quick brown fox jumps over the lazy dog while the curious cat watches from "
+            "the old wooden fence, thinking about dinner and the long winter ahead. ") * 40
+    ids = model.tokenizer.encode(text)
+    out = {"threads": threads, "load_s": round(load_s, 4)}
+    for n in (128, 512):
+        runs = []
+        for _ in range(repeat):
+            model.transformer.cache.tokens[0] = []
+            t = time.perf_counter()
+            model._prefill(ids[:n], 0, "last")
+            runs.append(n / (time.perf_counter() - t))
+        out[f"prefill{n}_tok_s"] = round(statistics.median(runs), 1)
+    runs = []
+    for _ in range(repeat):
+        model.transformer.cache.tokens[0] = []
+        stream = model.stream(ids[:8], engine.SamplingParams(temperature=0.0), 129,
+                              stop_at_eog=False)
+        next(stream)  # prefill + first token
+        t = time.perf_counter()
+        n = sum(1 for _ in stream)
+        runs.append(n / (time.perf_counter() - t))
+    out["decode_tok_s"] = round(statistics.median(runs), 1)
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    model.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("model", nargs="?", help="GGUF file (default: SmolLM2 from the cache)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.model is None:
+        from engine.default_model import default_model_path
+        args.model = str(default_model_path())
+    if args.child is not None:
+        print(json.dumps(measure(args.model, args.child, args.repeat)))
+        return
+    results = []
+    for threads in args.threads:
+        proc = subprocess.run([sys.executable, __file__, args.model, "--child", str(threads),
+                               "--repeat", str(args.repeat)],
+                              capture_output=True, text=True, check=True)
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(json.dumps({"model": Path(args.model).name, "runs": results}))
+
+
+if __name__ == "__main__":
+    main()
