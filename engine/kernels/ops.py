@@ -1,0 +1,578 @@
+"""The small per-token glue of a llama forward pass, compiled, each with a numpy twin.
+
+    rms_norm(x, weight, eps)        x / sqrt(mean(x^2) + eps) * weight, per row
+    rope(x, positions, n_rot, base) rotary position embedding, llama.cpp's "normal" mode
+    silu_mul(gate, up)              silu(gate) * up, elementwise
+    softmax(x)                      over the last axis, max-subtracted
+
+Why compiled: numpy spends 1-4 us per call on these tiny rows (several passes, temporaries),
+and a decode step makes ~150 such calls; one compiled pass costs about one ctypes call.
+The `*_reference` twins compute in float64 and are what the tests trust.
+
+The first half of this file holds the IR building blocks the kernels here and in attention.py
+share: counted loops, <8 x float> loads, a vector exp, horizontal reductions. Kernels use
+explicit <8 x float> vectors plus a scalar tail rather than the loop vectorizer, because the
+vectorizer gives up on the in-place calls (out is x) that the forward pass makes.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import numpy as np
+from llvmlite import ir
+
+from engine.kernels.jit import CompiledLibrary, compile_ir
+
+# ---------------------------------------------------------------------------------------------
+# IR building blocks
+# ---------------------------------------------------------------------------------------------
+
+F32 = ir.FloatType()
+I16 = ir.IntType(16)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+VEC = 8  # lanes: one AVX2 register of floats; LLVM splits it in two on SSE-only hosts
+V8F32 = ir.VectorType(F32, VEC)
+F64 = ir.DoubleType()
+V8F64 = ir.VectorType(F64, VEC)
+F32P = F32.as_pointer()
+
+FloatTy = ir.Type  # F32 or a vector of F32
+
+
+def new_module(name: str) -> ir.Module:
+    return ir.Module(name=name)
+
+
+def const(ty: ir.Type, value: float | int) -> ir.Constant:
+    """A scalar constant, or the splat of `value` when `ty` is a vector type."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [ir.Constant(ty.element, value)] * ty.count)
+    return ir.Constant(ty, value)
+
+
+def i64(value: int) -> ir.Constant:
+    return ir.Constant(I64, value)
+
+
+def int_like(ty: ir.Type) -> ir.Type:
+    """i32 or <n x i32> with the shape of the float type `ty`."""
+    return ir.VectorType(I32, ty.count) if isinstance(ty, ir.VectorType) else I32
+
+
+def _suffix(ty: ir.Type) -> str:
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{_suffix(ty.element)}"
+    return {"float": "f32", "double": "f64", "i32": "i32", "i64": "i64"}[str(ty)]
+
+
+def intrinsic(b: ir.IRBuilder, name: str, ty: ir.Type, n_args: int) -> ir.Function:
+    """Declare (once) an overloaded intrinsic such as llvm.fmuladd on `ty`."""
+    module = b.module
+    full = f"{name}.{_suffix(ty)}"
+    fn = module.globals.get(full)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ty, [ty] * n_args), name=full)
+    return fn
+
+
+def fmuladd(b: ir.IRBuilder, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
+    """x*y + z, fused where the target has FMA (llvm.fmuladd never becomes a libcall)."""
+    return b.call(intrinsic(b, "llvm.fmuladd", x.type, 3), [x, y, z])
+
+
+def maxnum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.call(intrinsic(b, "llvm.maxnum", x.type, 2), [x, y])
+
+
+def minnum(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.call(intrinsic(b, "llvm.minnum", x.type, 2), [x, y])
+
+
+def splat(b: ir.IRBuilder, scalar: ir.Value, n: int = VEC) -> ir.Value:
+    vty = ir.VectorType(scalar.type, n)
+    one = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+def shuffle(b: ir.IRBuilder, x: ir.Value, y: ir.Value, lanes: list[int]) -> ir.Value:
+    return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, len(lanes)), lanes))
+
+
+def hsum(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """Sum of the lanes of an 8-lane float or double vector, by halving (a fixed tree)."""
+    lo = shuffle(b, v, v, [0, 1, 2, 3])
+    hi = shuffle(b, v, v, [4, 5, 6, 7])
+    s4 = b.fadd(lo, hi)
+    s2 = b.fadd(shuffle(b, s4, s4, [0, 1]), shuffle(b, s4, s4, [2, 3]))
+    return b.fadd(b.extract_element(s2, ir.Constant(I32, 0)), b.extract_element(s2, ir.Constant(I32, 1)))
+
+
+def hmax(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """Largest lane of a <8 x float> or <4 x float>."""
+    while v.type.count > 1:
+        half = v.type.count // 2
+        v = maxnum(b, shuffle(b, v, v, list(range(half))), shuffle(b, v, v, list(range(half, 2 * half))))
+    return b.extract_element(v, ir.Constant(I32, 0))
+
+
+def hsum4x8(b: ir.IRBuilder, a: list[ir.Value]) -> ir.Value:
+    """[sum(a[0]), sum(a[1]), sum(a[2]), sum(a[3])] as <4 x float>: 3 adds for four reductions."""
+    u = b.fadd(shuffle(b, a[0], a[1], [0, 1, 2, 3, 8, 9, 10, 11]), shuffle(b, a[0], a[1], [4, 5, 6, 7, 12, 13, 14, 15]))
+    v = b.fadd(shuffle(b, a[2], a[3], [0, 1, 2, 3, 8, 9, 10, 11]), shuffle(b, a[2], a[3], [4, 5, 6, 7, 12, 13, 14, 15]))
+    # u = [a0 4 partials | a1 4 partials], v likewise for a2, a3
+    w = b.fadd(shuffle(b, u, v, [0, 1, 4, 5, 8, 9, 12, 13]), shuffle(b, u, v, [2, 3, 6, 7, 10, 11, 14, 15]))
+    # w = [a0 a0 a1 a1 a2 a2 a3 a3] partials
+    return b.fadd(shuffle(b, w, w, [0, 2, 4, 6]), shuffle(b, w, w, [1, 3, 5, 7]))
+
+
+def gep(b: ir.IRBuilder, ptr: ir.Value, index: ir.Value) -> ir.Value:
+    return b.gep(ptr, [index], inbounds=True)
+
+
+def load(b: ir.IRBuilder, base: ir.Value, index: ir.Value, ty: ir.Type = F32) -> ir.Value:
+    """Load a scalar or an (unaligned) vector of floats starting at base[index]."""
+    ptr = gep(b, base, index)
+    if isinstance(ty, ir.VectorType):
+        ptr = b.bitcast(ptr, ty.as_pointer())
+    return b.load(ptr, align=4)
+
+
+def store(b: ir.IRBuilder, value: ir.Value, base: ir.Value, index: ir.Value) -> None:
+    ptr = gep(b, base, index)
+    if isinstance(value.type, ir.VectorType):
+        ptr = b.bitcast(ptr, value.type.as_pointer())
+    b.store(value, ptr, align=4)
+
+
+def variable(b: ir.IRBuilder, ty: ir.Type, init: ir.Value, name: str = "") -> ir.Value:
+    """A stack slot (entry-block alloca, promoted to a register by mem2reg) set to `init` here."""
+    here = b.block
+    b.position_at_start(b.function.entry_basic_block)
+    slot = b.alloca(ty, name=name)
+    b.position_at_end(here)
+    b.store(init, slot)
+    return slot
+
+
+@contextmanager
+def counted_loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int = 1,
+                 name: str = "i") -> Iterator[ir.Value]:
+    """for (i = start; i < stop; i += step) { <body emitted inside the with-block> }"""
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    done = b.append_basic_block(f"{name}.done")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(I64, name=name)
+    i.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", i, stop), body, done)
+    b.position_at_end(body)
+    yield i
+    i.add_incoming(b.add(i, i64(step)), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def round_down(b: ir.IRBuilder, n: ir.Value, multiple: int) -> ir.Value:
+    return b.and_(n, i64(-multiple))
+
+
+def elementwise(b: ir.IRBuilder, n: ir.Value, body: Callable[[ir.Value, ir.Type], None]) -> None:
+    """Call body(index, ty) over [0, n): <8 x float> steps, then a scalar tail."""
+    n_vec = round_down(b, n, VEC)
+    with counted_loop(b, i64(0), n_vec, VEC, "j") as j:
+        body(j, V8F32)
+    with counted_loop(b, n_vec, n, 1, "jt") as j:
+        body(j, F32)
+
+
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.693359375          # ln 2 split so that n * _LN2_HI is exact for |n| < 2^9
+_LN2_LO = -2.12194440054690583e-4
+_ROUND_MAGIC = 12582912.0      # 1.5 * 2^23: adding it rounds a float (|x| < 2^22) to an integer
+_EXP_MIN = -87.0               # below this e^x is subnormal: we return 0 instead
+_EXP_MAX = 88.0                # above this e^x overflows float: we return e^88
+
+
+def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """e^x for a float or <8 x float>, relative error ~2e-7, without libm (vectorizes, no libcall).
+
+    e^x = 2^n * e^r with n = round(x / ln 2), |r| <= ln2/2, e^r by its Taylor series to r^7.
+    Inputs below -87 give 0, above 88 give e^88, NaN stays NaN.
+    """
+    ty = x.type
+    xc = minnum(b, maxnum(b, x, const(ty, _EXP_MIN)), const(ty, _EXP_MAX))
+    n = b.fsub(fmuladd(b, xc, const(ty, _LOG2E), const(ty, _ROUND_MAGIC)), const(ty, _ROUND_MAGIC))
+    r = fmuladd(b, n, const(ty, -_LN2_HI), xc)
+    r = fmuladd(b, n, const(ty, -_LN2_LO), r)
+    p = const(ty, 1.0 / math.factorial(7))
+    for k in range(6, -1, -1):
+        p = fmuladd(b, p, r, const(ty, 1.0 / math.factorial(k)))
+    ity = int_like(ty)
+    two_n = b.bitcast(b.shl(b.add(b.fptosi(n, ity), const(ity, 127)), const(ity, 23)), ty)
+    y = b.fmul(p, two_n)
+    y = b.select(b.fcmp_ordered("<", x, const(ty, _EXP_MIN)), const(ty, 0.0), y)
+    return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+
+def sqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return b.call(intrinsic(b, "llvm.sqrt", x.type, 1), [x])
+
+
+def define(module: ir.Module, name: str, ret: ir.Type, args: list[tuple[str, ir.Type]]) -> tuple[ir.IRBuilder, list[ir.Value]]:
+    """Start a function; returns a builder in its entry block and its named arguments."""
+    fn = ir.Function(module, ir.FunctionType(ret, [t for _, t in args]), name=name)
+    for arg, (arg_name, _) in zip(fn.args, args):
+        arg.name = arg_name
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    return b, list(fn.args)
+
+
+def address(a: np.ndarray) -> int:
+    """Address of a C-contiguous array's data; ~0.2 us on the writable arrays we usually get."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):  # read-only or empty
+        return a.ctypes.data
+
+
+# ---------------------------------------------------------------------------------------------
+# The glue kernels
+# ---------------------------------------------------------------------------------------------
+
+def _build_rms_norm(module: ir.Module) -> None:
+    # void rms_norm(float* x [M, n], float* w [n], float* out [M, n], i64 M, i64 n, float eps)
+    b, (x, w, out, n_rows, n, eps) = define(module, "rms_norm", ir.VoidType(), [
+        ("x", F32P), ("w", F32P), ("out", F32P), ("n_rows", I64), ("n", I64), ("eps", F32)])
+    with counted_loop(b, i64(0), n_rows, 1, "m") as m:
+        row = gep(b, x, b.mul(m, n))
+        orow = gep(b, out, b.mul(m, n))
+        acc_v = variable(b, V8F64, const(V8F64, 0.0), "ssv")  # double sums, as llama.cpp
+        acc_s = variable(b, F64, const(F64, 0.0), "sss")
+
+        def square_sum(j: ir.Value, ty: ir.Type) -> None:
+            v = load(b, row, j, ty)
+            slot = acc_v if ty is V8F32 else acc_s
+            b.store(b.fadd(b.load(slot), b.fpext(b.fmul(v, v), slot.type.pointee)), slot)
+
+        elementwise(b, n, square_sum)
+        ss = b.fadd(hsum(b, b.load(acc_v)), b.load(acc_s))
+        mean = b.fptrunc(b.fdiv(ss, b.sitofp(n, F64)), F32)
+        scale = b.fdiv(const(F32, 1.0), sqrt(b, b.fadd(mean, eps)))
+
+        def normalize(j: ir.Value, ty: ir.Type) -> None:
+            s = splat(b, scale) if ty is V8F32 else scale
+            store(b, b.fmul(b.fmul(load(b, row, j, ty), s), load(b, w, j, ty)), orow, j)
+
+        elementwise(b, n, normalize)
+    b.ret_void()
+
+
+def _build_rope(module: ir.Module) -> None:
+    # i64 rope(float* x [M, n_heads, head_dim], float* out (same), i64* pos [M], i64 M,
+    #          i64 n_heads, i64 head_dim, i64 half_rot, float* cos [n_table, half_rot],
+    #          float* sin [n_table, half_rot], i64 n_table) -> 0, or 1 + first row whose
+    # position is outside the table (then nothing was written).
+    b, (x, out, pos, n_rows, n_heads, head_dim, half_rot, cos, sin, n_table) = define(
+        module, "rope", I64, [("x", F32P), ("out", F32P), ("pos", I64.as_pointer()), ("n_rows", I64),
+                              ("n_heads", I64), ("head_dim", I64), ("half_rot", I64),
+                              ("cos", F32P), ("sin", F32P), ("n_table", I64)])
+    with counted_loop(b, i64(0), n_rows, 1, "chk") as m:
+        p = b.load(gep(b, pos, m))
+        with b.if_then(b.icmp_unsigned(">=", p, n_table), likely=False):  # also catches p < 0
+            b.ret(b.add(m, i64(1)))
+    with counted_loop(b, i64(0), n_rows, 1, "m") as m:
+        p = b.load(gep(b, pos, m))
+        c_row = gep(b, cos, b.mul(p, half_rot))
+        s_row = gep(b, sin, b.mul(p, half_rot))
+        with counted_loop(b, i64(0), n_heads, 1, "h") as h:
+            base = b.mul(b.add(b.mul(m, n_heads), h), head_dim)
+            xh = gep(b, x, base)
+            oh = gep(b, out, base)
+            n_rot = b.shl(half_rot, i64(1))
+            # 8 floats = 4 pairs per step: de-interleave, rotate, re-interleave
+            with counted_loop(b, i64(0), round_down(b, n_rot, VEC), VEC, "v") as j:
+                lo = load(b, xh, j, V8F32)
+                evens = shuffle(b, lo, lo, [0, 2, 4, 6])
+                odds = shuffle(b, lo, lo, [1, 3, 5, 7])
+                k = b.lshr(j, i64(1))
+                c4 = load(b, c_row, k, ir.VectorType(F32, 4))
+                s4 = load(b, s_row, k, ir.VectorType(F32, 4))
+                r0 = b.fsub(b.fmul(evens, c4), b.fmul(odds, s4))
+                r1 = fmuladd(b, evens, s4, b.fmul(odds, c4))
+                store(b, shuffle(b, r0, r1, [0, 4, 1, 5, 2, 6, 3, 7]), oh, j)
+            with counted_loop(b, b.lshr(round_down(b, n_rot, VEC), i64(1)), half_rot, 1, "pt") as k:
+                j = b.shl(k, i64(1))
+                j1 = b.add(j, i64(1))
+                x0, x1 = load(b, xh, j), load(b, xh, j1)
+                c, s = load(b, c_row, k), load(b, s_row, k)
+                store(b, b.fsub(b.fmul(x0, c), b.fmul(x1, s)), oh, j)
+                store(b, fmuladd(b, x0, s, b.fmul(x1, c)), oh, j1)
+            with counted_loop(b, n_rot, head_dim, 1, "pass") as j:  # dims past n_rot: unchanged
+                store(b, load(b, xh, j), oh, j)
+    b.ret(i64(0))
+
+
+def _build_silu_mul(module: ir.Module) -> None:
+    # void silu_mul(float* gate [n], float* up [n], float* out [n], i64 n)
+    b, (gate, up, out, n) = define(module, "silu_mul", ir.VoidType(), [
+        ("gate", F32P), ("up", F32P), ("out", F32P), ("n", I64)])
+
+    def body(j: ir.Value, ty: ir.Type) -> None:
+        g = load(b, gate, j, ty)
+        sig = b.fdiv(const(ty, 1.0), b.fadd(const(ty, 1.0), exp(b, b.fneg(g))))
+        store(b, b.fmul(b.fmul(g, sig), load(b, up, j, ty)), out, j)
+
+    elementwise(b, n, body)
+    b.ret_void()
+
+
+def _build_softmax(module: ir.Module) -> None:
+    # void softmax(float* x [M, n], float* out [M, n], i64 M, i64 n)
+    b, (x, out, n_rows, n) = define(module, "softmax", ir.VoidType(), [
+        ("x", F32P), ("out", F32P), ("n_rows", I64), ("n", I64)])
+    with counted_loop(b, i64(0), n_rows, 1, "m") as m:
+        row = gep(b, x, b.mul(m, n))
+        orow = gep(b, out, b.mul(m, n))
+        max_v = variable(b, V8F32, const(V8F32, -math.inf), "maxv")
+        max_s = variable(b, F32, const(F32, -math.inf), "maxs")
+
+        def row_max(j: ir.Value, ty: ir.Type) -> None:
+            slot = max_v if ty is V8F32 else max_s
+            b.store(maxnum(b, b.load(slot), load(b, row, j, ty)), slot)
+
+        elementwise(b, n, row_max)
+        mx = maxnum(b, hmax(b, b.load(max_v)), b.load(max_s))
+        sum_v = variable(b, V8F64, const(V8F64, 0.0), "sumv")  # vocab-long rows: sum in double
+        sum_s = variable(b, F64, const(F64, 0.0), "sums")
+
+        def exponentiate(j: ir.Value, ty: ir.Type) -> None:
+            e = exp(b, b.fsub(load(b, row, j, ty), splat(b, mx) if ty is V8F32 else mx))
+            store(b, e, orow, j)
+            slot = sum_v if ty is V8F32 else sum_s
+            b.store(b.fadd(b.load(slot), b.fpext(e, slot.type.pointee)), slot)
+
+        elementwise(b, n, exponentiate)
+        total = b.fadd(hsum(b, b.load(sum_v)), b.load(sum_s))
+        inv = b.fptrunc(b.fdiv(const(F64, 1.0), total), F32)
+
+        def normalize(j: ir.Value, ty: ir.Type) -> None:
+            store(b, b.fmul(load(b, orow, j, ty), splat(b, inv) if ty is V8F32 else inv), orow, j)
+
+        elementwise(b, n, normalize)
+    b.ret_void()
+
+
+def build_ops_module() -> ir.Module:
+    module = new_module("ops")
+    _build_rms_norm(module)
+    _build_rope(module)
+    _build_silu_mul(module)
+    _build_softmax(module)
+    return module
+
+
+class _Ops:
+    """The compiled glue functions (ctypes handles), loaded once per process."""
+
+    def __init__(self) -> None:
+        lib: CompiledLibrary = compile_ir(str(build_ops_module()))
+        p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        self.rms_norm = lib.function("rms_norm", None, p, p, p, n, n, f)
+        self.rope = lib.function("rope", ctypes.c_int64, p, p, p, n, n, n, n, p, p, n)
+        self.silu_mul = lib.function("silu_mul", None, p, p, p, n)
+        self.softmax = lib.function("softmax", None, p, p, n, n)
+
+
+_ops: _Ops | None = None
+_ops_lock = threading.Lock()
+
+
+def load_ops() -> _Ops:
+    """Compile (or load from the disk cache) the glue kernels; call at model load, not per request."""
+    global _ops
+    if _ops is None:
+        with _ops_lock:
+            if _ops is None:
+                _ops = _Ops()
+    return _ops
+
+
+# ---------------------------------------------------------------------------------------------
+# Facades: check arguments, call the kernel
+# ---------------------------------------------------------------------------------------------
+
+def _f32(a: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise TypeError(f"{what} must be a C-contiguous float32 numpy array")
+    return a
+
+
+def _out_like(out: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+    if out is None:
+        return np.empty_like(x)
+    _f32(out, "out")
+    if out.shape != x.shape:
+        raise ValueError(f"out has shape {out.shape}, expected {x.shape}")
+    return out
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """x: [..., n] float32 -> x / sqrt(mean(x^2, -1) + eps) * weight. out may be x."""
+    _f32(x, "x")
+    _f32(weight, "weight")
+    n = x.shape[-1] if x.ndim else 0
+    if x.ndim == 0 or weight.shape != (n,):
+        raise ValueError(f"weight shape {weight.shape} does not match x shape {x.shape}")
+    out = _out_like(out, x)
+    if x.size:
+        load_ops().rms_norm(address(x), address(weight), address(out), x.size // n, n, eps)
+    return out
+
+
+def rms_norm_reference(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return (x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * weight).astype(np.float32)
+
+
+RopeFreqs = float | np.ndarray  # a base (theta_i = base^(-2i/n_rot)) or the [n_rot/2] theta_i
+
+
+def rope_inv_freq(n_rot: int, base: RopeFreqs) -> np.ndarray:
+    """[n_rot/2] float64 per-pair angular speeds theta_i.
+
+    A float is llama's base: theta_i = base^(-2i/n_rot). An array is taken as the theta_i
+    themselves, for models that fold freq factors or linear scaling into them.
+    """
+    if isinstance(base, np.ndarray):
+        if base.shape != (n_rot // 2,):
+            raise ValueError(f"inverse frequencies must have shape ({n_rot // 2},), got {base.shape}")
+        return base.astype(np.float64)
+    if not base > 0:
+        raise ValueError(f"rope base must be positive, got {base}")
+    return float(base) ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+
+
+def rope_angles(positions: np.ndarray, n_rot: int, base: RopeFreqs) -> np.ndarray:
+    """[M] positions -> [M, n_rot/2] float64 angles pos * theta_i."""
+    return np.asarray(positions, dtype=np.float64)[:, None] * rope_inv_freq(n_rot, base)[None, :]
+
+
+class _RopeTables:
+    """cos/sin of pos * theta_i for pos < n_pos, i < n_rot/2, per (n_rot, base or theta_i).
+
+    Built in float64 and rounded once, so they are as exact as float32 allows. Tables only grow
+    (doubling), and a reader never sees a half-built one: it is swapped in whole.
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[int, float | bytes], tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, n_rot: int, base: RopeFreqs, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (n_rot, base.tobytes() if isinstance(base, np.ndarray) else float(base))
+        table = self._tables.get(key)
+        if table is not None and table[0].shape[0] >= n_pos:
+            return table
+        with self._lock:
+            table = self._tables.get(key)
+            if table is None or table[0].shape[0] < n_pos:
+                size = max(1024, 1 << (n_pos - 1).bit_length())
+                angles = rope_angles(np.arange(size), n_rot, base)  # [size, n_rot/2]
+                table = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+                self._tables[key] = table
+            return table
+
+
+_rope_tables = _RopeTables()
+
+_MAX_POSITION = 1 << 24  # far beyond any context; guards the table against garbage positions
+
+
+def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs,
+         out: np.ndarray | None = None) -> np.ndarray:
+    """Rotary embedding as llama.cpp applies it to llama-arch q/k (GGML_ROPE_TYPE_NORM).
+
+    x: [M, n_heads, head_dim] float32, positions: [M] ints. Pairs (x[2i], x[2i+1]) for
+    i < n_rot/2 turn by pos * theta_i, theta_i = base^(-2i/n_rot) (or given, see
+    rope_inv_freq); dims >= n_rot are copied. Adjacent pairs, not NeoX halves, because
+    convert_hf_to_gguf permutes the llama q/k weights to match. out may be x.
+    """
+    _f32(x, "x")
+    if x.ndim != 3:
+        raise ValueError(f"x must be [M, n_heads, head_dim], got shape {x.shape}")
+    n_rows, n_heads, head_dim = x.shape
+    if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
+        raise ValueError(f"n_rot must be even and in (0, head_dim={head_dim}], got {n_rot}")
+    pos = np.ascontiguousarray(positions, dtype=np.int64)
+    if pos.shape != (n_rows,):
+        raise ValueError(f"positions must have shape ({n_rows},), got {pos.shape}")
+    out = _out_like(out, x)
+    if x.size == 0:
+        return out
+    fn = load_ops().rope
+    cos, sin = _rope_tables.get(n_rot, base, 1)
+    for attempt in range(2):  # a position past the table: check, grow the table, retry once
+        if attempt:
+            lo, hi = int(pos.min()), int(pos.max())
+            if lo < 0 or hi >= _MAX_POSITION:
+                raise ValueError(f"positions must be in [0, {_MAX_POSITION}), got {lo}..{hi}")
+            cos, sin = _rope_tables.get(n_rot, base, hi + 1)
+        bad = fn(address(x), address(out), address(pos), n_rows, n_heads, head_dim, n_rot // 2,
+                 address(cos), address(sin), cos.shape[0])
+        if bad == 0:
+            return out
+    raise AssertionError("unreachable: rope table was grown to cover every position")
+
+
+def rope_reference(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs) -> np.ndarray:
+    theta = rope_angles(np.asarray(positions), n_rot, base)[:, None, :]  # [M, 1, n_rot/2]
+    c, s = np.cos(theta), np.sin(theta)
+    x64 = x.astype(np.float64)
+    y = x64.copy()
+    x0, x1 = x64[..., 0:n_rot:2], x64[..., 1:n_rot:2]
+    y[..., 0:n_rot:2] = x0 * c - x1 * s
+    y[..., 1:n_rot:2] = x0 * s + x1 * c
+    return y.astype(np.float32)
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """silu(gate) * up = gate / (1 + e^-gate) * up, elementwise; any shape. out may be gate or up."""
+    _f32(gate, "gate")
+    _f32(up, "up")
+    if gate.shape != up.shape:
+        raise ValueError(f"gate shape {gate.shape} != up shape {up.shape}")
+    out = _out_like(out, gate)
+    if gate.size:
+        load_ops().silu_mul(address(gate), address(up), address(out), gate.size)
+    return out
+
+
+def silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    g = gate.astype(np.float64)
+    with np.errstate(over="ignore"):  # e^-g = inf for very negative g gives the right limit, 0
+        return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+
+
+def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Softmax over the last axis with max subtraction; -inf entries get probability 0. out may be x."""
+    _f32(x, "x")
+    if x.ndim == 0:
+        raise ValueError("softmax needs at least one axis")
+    out = _out_like(out, x)
+    if x.size:
+        n = x.shape[-1]
+        load_ops().softmax(address(x), address(out), x.size // n, n)
+    return out
+
+
+def softmax_reference(x: np.ndarray) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)

@@ -1,0 +1,183 @@
+"""The compiled attention kernel against its float64 numpy twin and against itself."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from engine.kernels.attention import AttentionKernel, attention_reference, split_work
+
+RTOL, ATOL = 1e-5, 3e-6
+
+
+@pytest.fixture(scope="module")
+def kernels() -> Iterator[dict[int, AttentionKernel]]:
+    one, two = AttentionKernel(1), AttentionKernel(2)
+    two.parallel_min_work = 0  # split even the small test problems across both threads
+    yield {1: one, 2: two}
+    two.close()
+
+
+def make_case(rng: np.random.Generator, n_q: int, pos0: int, n_head: int, n_kv_head: int,
+              head_dim: int, n_ctx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q = rng.standard_normal((n_q, n_head, head_dim)).astype(np.float32)       # [n_q, n_head, head_dim]
+    k = rng.standard_normal((n_ctx, n_kv_head, head_dim)).astype(np.float16)  # [n_ctx, n_kv_head, head_dim]
+    v = rng.standard_normal((n_ctx, n_kv_head, head_dim)).astype(np.float16)
+    # rows past the sequence are poison: any read of them would turn the output into NaN
+    k[pos0 + n_q:] = np.nan
+    v[pos0 + n_q:] = np.nan
+    return q, k, v
+
+
+CASES = {
+    "decode-long-cache": (1, 900, 1024),
+    "prefill": (37, 0, 40),
+    "prefill-chunk": (37, 20, 64),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_numpy_twin(kernels, case, group, head_dim, threads):
+    n_q, pos0, n_ctx = CASES[case]
+    n_kv_head = 2
+    rng = np.random.default_rng([n_q, pos0, group, head_dim])
+    q, k, v = make_case(rng, n_q, pos0, n_kv_head * group, n_kv_head, head_dim, n_ctx)
+    got = kernels[threads](q, k, v, pos0)
+    assert got.shape == q.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, attention_reference(q, k, v, pos0), rtol=RTOL, atol=ATOL)
+
+
+def test_threads_give_identical_results(kernels):
+    q, k, v = make_case(np.random.default_rng(1), 29, 11, 9, 3, 64, 48)
+    assert np.array_equal(kernels[1](q, k, v, 11), kernels[2](q, k, v, 11))
+
+
+def test_prefill_equals_token_by_token_decode(kernels):
+    """Query i of a prefill must see exactly what a decode step at position i sees."""
+    n, n_head, n_kv_head, head_dim = 21, 6, 2, 64
+    q, k, v = make_case(np.random.default_rng(2), n, 0, n_head, n_kv_head, head_dim, n)
+    batched = kernels[1](q, k, v, 0)
+    for i in range(n):
+        step = kernels[1](q[i:i + 1].copy(), k, v, i)
+        np.testing.assert_allclose(step[0], batched[i], rtol=1e-6, atol=1e-7)
+
+
+def test_future_keys_do_not_leak(kernels):
+    n_q, pos0 = 8, 5
+    q, k, v = make_case(np.random.default_rng(3), n_q, pos0, 4, 2, 64, 16)
+    before = kernels[1](q, k, v, pos0)
+    k2, v2 = k.copy(), v.copy()
+    k2[pos0 + 4:pos0 + n_q] *= -3  # rows only queries 4.. may see
+    v2[pos0 + 4:pos0 + n_q] += 1
+    after = kernels[1](q, k2, v2, pos0)
+    assert np.array_equal(before[:4], after[:4])
+    assert not np.allclose(before[4:], after[4:])
+
+
+def test_gqa_head_mapping_is_contiguous_blocks(kernels):
+    """Head h reads kv head h // (n_head // n_kv_head), not h % n_kv_head."""
+    n_head, n_kv_head, head_dim = 6, 2, 64
+    q, k, v = make_case(np.random.default_rng(4), 1, 3, n_head, n_kv_head, head_dim, 4)
+    got = kernels[1](q, k, v, 3)
+    for h in range(n_head):
+        single = kernels[1](q[:, h:h + 1].copy(), k[:, h // 3:h // 3 + 1].copy(), v[:, h // 3:h // 3 + 1].copy(), 3)
+        assert np.array_equal(got[:, h], single[:, 0])
+
+
+def test_large_scores_stay_finite(kernels):
+    """Scores in the thousands: without max subtraction exp overflows."""
+    q, k, v = make_case(np.random.default_rng(5), 5, 60, 4, 4, 64, 80)
+    q *= 300
+    got = kernels[1](q, k, v, 60)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, attention_reference(q, k, v, 60), rtol=1e-4, atol=1e-4)
+
+
+def test_scale_override_and_in_place_output(kernels):
+    q, k, v = make_case(np.random.default_rng(6), 6, 2, 4, 2, 128, 8)
+    want = attention_reference(q, k, v, 2, scale=0.3)
+    got = kernels[1](q, k, v, 2, out=q, scale=0.3)
+    assert got is q
+    np.testing.assert_allclose(q, want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("f16c", [True, False])
+def test_every_f16_value_converts_exactly(f16c):
+    """With one key, softmax is exactly 1 and out = v[0]: all 65536 f16 bit patterns."""
+    kern = AttentionKernel(f16c=f16c)
+    n_kv_head, head_dim = 1024, 64
+    v = np.arange(1 << 16, dtype=np.uint16).view(np.float16).reshape(1, n_kv_head, head_dim)
+    k = np.zeros_like(v)
+    q = np.ones((1, n_kv_head, head_dim), np.float32)
+    got = kern(q, k, v, 0)
+    np.testing.assert_array_equal(got, v.astype(np.float32))
+
+
+def test_portable_path_matches_twin():
+    q, k, v = make_case(np.random.default_rng(7), 13, 7, 6, 3, 64, 24)
+    got = AttentionKernel(f16c=False)(q, k, v, 7)
+    np.testing.assert_allclose(got, attention_reference(q, k, v, 7), rtol=RTOL, atol=ATOL)
+
+
+def test_empty_query_batch(kernels):
+    q = np.zeros((0, 4, 64), np.float32)
+    k = np.zeros((8, 2, 64), np.float16)
+    assert kernels[1](q, k, k, 3).shape == (0, 4, 64)
+
+
+@pytest.mark.parametrize("n_q,n_head,pos0,n_parts", [(1, 9, 100, 2), (37, 9, 0, 2), (512, 9, 0, 3), (2, 1, 0, 4)])
+def test_split_work_covers_items_with_balanced_cost(n_q, n_head, pos0, n_parts):
+    parts = split_work(n_q, n_head, pos0, n_parts)
+    assert parts[0][0] == 0 and parts[-1][1] == n_q * n_head
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    assert all(hi > lo for lo, hi in parts) and len(parts) <= n_parts
+    cost = pos0 + 1 + np.arange(n_q * n_head) // n_head
+    shares = [cost[lo:hi].sum() for lo, hi in parts]
+    if len(parts) == n_parts:
+        assert max(shares) - min(shares) <= 2 * cost.max()
+
+
+@pytest.mark.parametrize("mutate,error", [
+    (lambda q, k, v: (q.astype(np.float64), k, v, 0), TypeError),
+    (lambda q, k, v: (q, k.astype(np.float32), v, 0), TypeError),
+    (lambda q, k, v: (q[:, :, ::2], k, v, 0), TypeError),
+    (lambda q, k, v: (q, k, v[:4], 0), ValueError),
+    (lambda q, k, v: (q, k, v, 7), ValueError),     # 7 + 2 queries > 8 cache rows
+    (lambda q, k, v: (q, k, v, -1), ValueError),
+    (lambda q, k, v: (q, k, v, 1.5), TypeError),
+    (lambda q, k, v: (q[:, :3].copy(), k, v, 0), ValueError),  # 3 heads over 2 kv heads
+    (lambda q, k, v: (q[:, :, :12].copy(), k[:, :, :12].copy(), v[:, :, :12].copy(), 0), ValueError),
+    (lambda q, k, v: (q[:, :, :32].copy(), k, v, 0), ValueError),
+])
+def test_bad_input_is_a_clear_error(kernels, mutate, error):
+    q = np.zeros((2, 4, 64), np.float32)
+    k = np.zeros((8, 2, 64), np.float16)
+    with pytest.raises(error):
+        kernels[1](*mutate(q, k, k.copy()))
+
+
+def test_bad_out_and_threads():
+    with pytest.raises(ValueError):
+        AttentionKernel(0)
+    q = np.zeros((1, 2, 64), np.float32)
+    k = np.zeros((4, 1, 64), np.float16)
+    with pytest.raises(ValueError):
+        AttentionKernel()(q, k, k, 0, out=np.zeros((1, 2, 32), np.float32))
+
+
+def test_reference_is_softmax_attention():
+    """The twin itself, for one head, written out the textbook way."""
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((1, 1, 8)).astype(np.float32)
+    k = rng.standard_normal((3, 1, 8)).astype(np.float16)
+    v = rng.standard_normal((3, 1, 8)).astype(np.float16)
+    s = [float(q[0, 0] @ k[t, 0].astype(np.float32)) / math.sqrt(8) for t in range(3)]
+    w = np.exp(np.array(s) - max(s))
+    w /= w.sum()
+    want = sum(w[t] * v[t, 0].astype(np.float64) for t in range(3))
+    np.testing.assert_allclose(attention_reference(q, k, v, 2)[0, 0], want, rtol=1e-6)
