@@ -1,0 +1,469 @@
+"""The registry owns the models: acquire()/release(), loading, eviction, draining, the idle sweep.
+
+Every configured model has a slot whose state follows gateway/lifecycle.py; this module is the
+only writer. All bookkeeping runs on the event loop, so a check and the state change it leads
+to happen with no `await` between them: that is what makes "concurrent requests start one load"
+and "nothing is evicted while serving" hold without locks. The slow parts (loading, closing, the
+memory estimate) run in worker threads so the loop keeps serving meanwhile.
+
+Which models to evict and which are idle is decided in gateway/eviction.py; this module only
+describes its slots to that policy and carries out the answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gateway.config import Config, ModelEntry, ModelNotFoundError
+from gateway.eviction import (Blocked, Resident, TooLarge, idle_expired, next_idle_deadline,
+                              plan_load)
+from gateway.lifecycle import ModelState, advance
+from gateway.units import format_duration, format_size
+
+__all__ = ["Lease", "Loaded", "ModelLoadFailedError", "ModelNotFoundError", "Registry",
+           "RegistryBusyError", "ApplyResult"]
+
+log = logging.getLogger("modelyard.registry")
+
+RETRY_AFTER_SECONDS = 5.0  # what a 503 suggests: long enough for a short request to finish
+
+
+class Loaded(Protocol):
+    """What a loader returns: any object that knows its size and can be closed."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+Loader = Callable[[ModelEntry], Loaded]
+Estimator = Callable[[ModelEntry], int]
+
+
+class ModelLoadFailedError(Exception):
+    """The model file could not be loaded (the API turns it into 500 model_load_failed)."""
+
+    def __init__(self, path: Path | str, cause: str):
+        self.path = Path(path)
+        self.cause = cause
+        super().__init__(f"{self.path}: {cause}")
+
+
+class RegistryBusyError(Exception):
+    """No model could be made ready in time (the API turns it into 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float = RETRY_AFTER_SECONDS):
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+def engine_loader(entry: ModelEntry) -> Loaded:
+    import engine
+
+    return engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)  # type: ignore[no-any-return]
+
+
+def engine_estimator(entry: ModelEntry) -> int:
+    import engine
+
+    return int(engine.estimate_memory(entry.model, entry.n_ctx))
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One configured model and everything the registry knows about it."""
+
+    entry: ModelEntry
+    state: ModelState = ModelState.UNLOADED
+    model: Loaded | None = None
+    memory_bytes: int = 0             # actual once loaded; the estimate while loading
+    estimate: int | None = None       # bytes a load will take, asked once per slot
+    in_flight: int = 0
+    last_used: float | None = None    # monotonic: end of the last request, or the load
+    load_task: asyncio.Task[str | None] | None = None
+    load_seconds: float | None = None
+    load_count: int = 0
+    last_error: str | None = None
+    retired: bool = False             # left the config (apply): drains, unloads, then goes
+
+
+@dataclass(eq=False)
+class Lease:
+    """A ready model, counted in flight until `Registry.release(lease)`."""
+
+    entry: ModelEntry
+    model: Any            # the loader's object; cleared on release so no reference outlives use
+    alias: str
+    _slot: _Slot = field(repr=False)
+    released: bool = False
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What `Registry.apply` did, by first alias."""
+
+    kept: list[str]       # same file and settings: stay loaded
+    reloaded: list[str]   # same file, new settings: the old one drains, the new loads on demand
+    added: list[str]
+    removed: list[str]    # drain, then unload
+
+
+async def _wait(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait for `event` at most `timeout` seconds. (Not asyncio.wait_for: on Python 3.11 it can
+    swallow a cancellation that races with the event, and a cancelled request must stop.)"""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
+def _key(entry: ModelEntry) -> str:
+    return str(entry.model)  # config.py guarantees one entry per model file
+
+
+class Registry:
+    def __init__(self, config: Config, loader: Loader | None = None,
+                 estimator: Estimator | None = None):
+        self._config = config
+        self._loader = loader or engine_loader
+        self._estimator = estimator or engine_estimator
+        self._slots: dict[str, _Slot] = {_key(e): _Slot(e) for e in config.models}
+        self._retired: list[_Slot] = []   # still holding memory after apply() dropped them
+        self._changed = asyncio.Event()   # set (and replaced) whenever a slot changes
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    # -- start and stop ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the idle sweeper and load pinned models (a failure is logged, not raised)."""
+        self._sweeper = asyncio.create_task(self._sweep_idle(), name="modelyard-idle-sweeper")
+        await asyncio.gather(*(self._preload(s.entry) for s in self._slots.values()
+                               if s.entry.pinned))
+
+    async def close(self, drain_timeout: float = 30.0) -> None:
+        """Refuse new requests, let running ones finish (up to drain_timeout), unload all."""
+        self._closed = True
+        self._notify()  # wakes the sweeper (it stops) and every waiting request (busy)
+        if self._sweeper is not None:
+            await self._sweeper
+        # A load runs in a thread and cannot be interrupted: let it finish, then unload it.
+        loads = [s.load_task for s in self._all_slots() if s.load_task is not None]
+        await asyncio.gather(*loads, return_exceptions=True)
+        for slot in self._all_slots():
+            if slot.state is ModelState.READY:
+                self._begin_drain(slot)
+        deadline = asyncio.get_running_loop().time() + drain_timeout
+        while busy := [s for s in self._all_slots() if s.state is ModelState.DRAINING]:
+            changed = self._changed
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                log.warning("closing with requests still running on %s",
+                            ", ".join(s.entry.name for s in busy))
+                break
+            await _wait(changed, remaining)
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- serving ----------------------------------------------------------------------------
+
+    async def acquire(self, alias: str | None) -> Lease:
+        """A ready model for `alias` (None: the default), counted in flight until released.
+
+        Raises ModelNotFoundError, ModelLoadFailedError, or RegistryBusyError when the model
+        could not be made ready within registry.load_timeout.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.registry.load_timeout
+        while True:
+            if self._closed:
+                raise RegistryBusyError("the server is shutting down")
+            # Resolved every round: apply() may have replaced the slot while we waited.
+            entry = self._config.resolve(alias)
+            slot = self._slots[_key(entry)]
+            state = slot.state
+
+            if state is ModelState.READY:
+                slot.in_flight += 1
+                slot.last_used = time.monotonic()
+                self._notify()
+                return Lease(entry=slot.entry, model=slot.model, alias=alias or entry.name,
+                             _slot=slot)
+
+            if state is ModelState.LOADING:
+                assert slot.load_task is not None
+                error = await self._wait_for_load(slot, slot.load_task, deadline)
+                if error is not None:
+                    raise ModelLoadFailedError(entry.model, error)
+                continue
+
+            if state is ModelState.DRAINING:  # comes back as UNLOADED, then loads again
+                await self._wait_for_change(deadline, f"{entry.name} is still unloading")
+                continue
+
+            # UNLOADED, or FAILED (the next request retries): make room, then start one load.
+            if slot.estimate is None:
+                slot.estimate = await self._estimate(entry)
+                continue  # the world may have changed while we were away
+            plan = plan_load(self._residents(), slot.estimate,
+                             max_loaded=self._config.registry.max_loaded_models,
+                             memory_budget=self._config.registry.memory_budget)
+            if isinstance(plan, TooLarge):
+                slot.last_error = plan.reason
+                raise ModelLoadFailedError(entry.model, plan.reason)
+            if isinstance(plan, Blocked):
+                await self._wait_for_change(deadline, f"cannot load {entry.name}: {plan.reason}")
+                continue
+            if plan.evict:
+                for victim in self._slots_by_key(plan.evict):
+                    log.info("evicting %s (least recently used) to load %s", victim.entry.name,
+                             entry.name)
+                    self._begin_drain(victim)
+                continue  # their memory is back once they are UNLOADED
+            self._begin_load(slot)
+
+    def release(self, lease: Lease) -> None:
+        """End a request. Idempotent; call it on the event loop (e.g. in `finally`)."""
+        if lease.released:
+            return
+        lease.released = True
+        lease.model = None
+        slot = lease._slot
+        slot.in_flight -= 1
+        slot.last_used = time.monotonic()
+        if slot.state is ModelState.DRAINING and slot.in_flight == 0:
+            self._spawn(self._unload(slot))
+        self._notify()
+
+    @contextlib.asynccontextmanager
+    async def lease(self, alias: str | None) -> AsyncIterator[Lease]:
+        held = await self.acquire(alias)
+        try:
+            yield held
+        finally:
+            self.release(held)
+
+    # -- reporting and reconfiguring --------------------------------------------------------
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Per entry: state, memory, in flight, last use (unix time), load stats, last error."""
+        now_mono, now_wall = time.monotonic(), time.time()
+        rows = []
+        for slot in self._all_slots():
+            rows.append({
+                "model": str(slot.entry.model),
+                "aliases": list(slot.entry.aliases),
+                "state": slot.state.value,
+                "pinned": slot.entry.pinned,
+                "memory_bytes": slot.memory_bytes,
+                "in_flight": slot.in_flight,
+                "last_used": (None if slot.last_used is None
+                              else now_wall - (now_mono - slot.last_used)),
+                "load_seconds": slot.load_seconds,
+                "load_count": slot.load_count,
+                "last_error": slot.last_error,
+                "retiring": slot.retired,
+            })
+        return rows
+
+    def apply(self, config: Config) -> ApplyResult:
+        """Switch to a new (already validated) config without a restart.
+
+        Entries are matched by model file. Same settings_key(): the loaded model stays warm and
+        takes the new aliases, pinning and idle timeout. Different settings: the old instance
+        drains and the new one loads on demand. Removed: drains, then unloads.
+        """
+        old = dict(self._slots)
+        slots: dict[str, _Slot] = {}
+        kept, reloaded, added = [], [], []
+        for entry in config.models:
+            slot = old.pop(_key(entry), None)
+            if slot is not None and slot.entry.settings_key() == entry.settings_key():
+                slot.entry = entry
+                slots[_key(entry)] = slot
+                kept.append(entry.name)
+                continue
+            if slot is not None:
+                self._retire(slot)
+                reloaded.append(entry.name)
+            else:
+                added.append(entry.name)
+            slots[_key(entry)] = _Slot(entry)
+        for slot in old.values():
+            self._retire(slot)
+        self._config, self._slots = config, slots
+        self._notify()
+        if self._sweeper is not None:  # started: pinned entries load now, as at start-up
+            for slot in slots.values():
+                if slot.entry.pinned and slot.state in (ModelState.UNLOADED, ModelState.FAILED):
+                    self._spawn(self._preload(slot.entry))
+        return ApplyResult(kept, reloaded, added, [s.entry.name for s in old.values()])
+
+    # -- transitions (the only writers of slot.state) ---------------------------------------
+
+    def _begin_load(self, slot: _Slot) -> None:
+        slot.state = advance(slot.state, ModelState.LOADING)
+        slot.memory_bytes = slot.estimate or 0  # reserved, so concurrent plans count it
+        slot.load_task = asyncio.create_task(self._load(slot), name=f"load {slot.entry.name}")
+        self._notify()
+
+    async def _load(self, slot: _Slot) -> str | None:
+        """Load in a worker thread; returns None, or the cause of the failure."""
+        entry = slot.entry
+        started = time.monotonic()
+        log.info("loading %s from %s", entry.name, entry.model)
+        try:
+            model = await asyncio.to_thread(self._loader, entry)
+        except BaseException as e:  # noqa: BLE001 - everything a loader raises is a failed load
+            cause = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            slot.state = advance(slot.state, ModelState.FAILED)
+            slot.last_error = cause
+            slot.memory_bytes = 0
+            slot.load_task = None
+            if slot in self._retired:
+                self._retired.remove(slot)
+            log.error("could not load %s (%s): %s", entry.name, entry.model, cause)
+            self._notify()
+            if not isinstance(e, Exception):  # cancellation, interpreter exit: not ours to eat
+                raise
+            return cause
+        slot.model = model
+        slot.memory_bytes = int(model.memory_bytes)
+        slot.load_seconds = time.monotonic() - started
+        slot.load_count += 1
+        slot.last_used = time.monotonic()  # an unused model idles from its load
+        slot.state = advance(slot.state, ModelState.READY)
+        slot.load_task = None
+        log.info("loaded %s in %.1fs (%s)", entry.name, slot.load_seconds,
+                 format_size(slot.memory_bytes))
+        if slot.retired or self._closed:
+            self._begin_drain(slot)
+        self._notify()
+        return None
+
+    def _begin_drain(self, slot: _Slot) -> None:
+        slot.state = advance(slot.state, ModelState.DRAINING)
+        if slot.in_flight == 0:
+            self._spawn(self._unload(slot))
+        self._notify()
+
+    async def _unload(self, slot: _Slot) -> None:
+        """Close the model and drop every reference we hold, so its memory goes back."""
+        model, slot.model = slot.model, None
+        try:
+            if model is not None:
+                await asyncio.to_thread(model.close)
+        except Exception:  # noqa: BLE001 - a model that fails to close is still gone for us
+            log.exception("closing %s failed", slot.entry.name)
+        finally:
+            del model
+            await asyncio.to_thread(gc.collect)  # reference cycles would keep arrays alive
+            slot.state = advance(slot.state, ModelState.UNLOADED)
+            slot.memory_bytes = 0
+            if slot.retired and slot in self._retired:
+                self._retired.remove(slot)
+            log.info("unloaded %s", slot.entry.name)
+            self._notify()
+
+    def _retire(self, slot: _Slot) -> None:
+        slot.retired = True
+        if slot.state is ModelState.READY:
+            self._begin_drain(slot)
+        elif slot.state is ModelState.FAILED:
+            slot.state = advance(slot.state, ModelState.UNLOADED)
+        if slot.state in (ModelState.LOADING, ModelState.DRAINING):
+            self._retired.append(slot)  # its memory counts until it is unloaded
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    async def _preload(self, entry: ModelEntry) -> None:
+        try:
+            lease = await self.acquire(entry.aliases[0])
+        except (ModelLoadFailedError, RegistryBusyError, ModelNotFoundError) as e:
+            log.error("pinned model %s is not ready: %s", entry.name, e)
+            return
+        self.release(lease)
+
+    async def _estimate(self, entry: ModelEntry) -> int:
+        try:
+            return int(await asyncio.to_thread(self._estimator, entry))
+        except Exception as e:  # noqa: BLE001 - the load itself will report what is wrong
+            log.warning("cannot estimate the memory of %s (%s); counting 0 bytes until loaded",
+                        entry.name, e)
+            return 0
+
+    async def _wait_for_load(self, slot: _Slot, task: asyncio.Task[str | None],
+                             deadline: float) -> str | None:
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            if remaining <= 0:
+                raise TimeoutError
+            # shield: a request giving up (timeout, client gone) must not cancel the load
+            async with asyncio.timeout(remaining):
+                return await asyncio.shield(task)
+        except TimeoutError:
+            raise RegistryBusyError(
+                f"{slot.entry.name} is still loading after load_timeout "
+                f"({format_duration(self._config.registry.load_timeout)})") from None
+
+    async def _wait_for_change(self, deadline: float, why: str) -> None:
+        """Sleep until some slot changes; RegistryBusyError once the deadline has passed."""
+        changed = self._changed
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise RegistryBusyError(
+                f"{why} (waited load_timeout, "
+                f"{format_duration(self._config.registry.load_timeout)})")
+        await _wait(changed, remaining)
+
+    async def _sweep_idle(self) -> None:
+        while not self._closed:
+            changed = self._changed
+            now = time.monotonic()
+            residents = self._residents()
+            for slot in self._slots_by_key(idle_expired(residents, now)):
+                log.info("unloading %s: idle for %s", slot.entry.name,
+                         format_duration(now - (slot.last_used or now)))
+                self._begin_drain(slot)
+            deadline = next_idle_deadline(self._residents())
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) + 0.01
+            await _wait(changed, timeout)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _all_slots(self) -> list[_Slot]:
+        return [*self._slots.values(), *self._retired]
+
+    def _resident_key(self, slot: _Slot) -> str:
+        return slot.entry.name if not slot.retired else f"{slot.entry.name} (old, {id(slot):x})"
+
+    def _residents(self) -> list[Resident]:
+        default_idle = self._config.registry.idle_timeout
+        return [Resident(
+            key=self._resident_key(s), state=s.state, memory_bytes=s.memory_bytes,
+            in_flight=s.in_flight, pinned=s.entry.pinned and not s.retired,
+            last_used=s.last_used or 0.0,
+            idle_timeout=default_idle if s.entry.idle_timeout is None else s.entry.idle_timeout,
+        ) for s in self._all_slots()]
+
+    def _slots_by_key(self, keys: Iterable[str]) -> list[_Slot]:
+        by_key = {self._resident_key(s): s for s in self._all_slots()}
+        return [by_key[k] for k in keys]
