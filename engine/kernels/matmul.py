@@ -1,0 +1,870 @@
+"""Quantized matrix multiplication: LLVM IR builders and a small runtime facade.
+
+    out[m, r] = dot(W[r, :], x[m, :])      W: QuantMatrix [N, K]   x: float32 [M, K]   out: [M, N]
+
+Numerics follow llama.cpp: each call quantizes the activations once (per row, to 8-bit blocks:
+q8_0 for Q8_0, q8_1 for Q4_0/Q4_1/Q5_0/Q5_1, q8_k for the K-quants; engine/quants.py has the
+layouts and says why Q4_0/Q5_0 differ from llama.cpp), then takes integer dot products block by
+block and scales them by float block scales. F32, F16 and BF16 weights use f32 activations and
+FMA. A row's arithmetic never depends on the other rows of the batch or on the thread split, so
+each output row is bit-identical however the call is batched or split.
+
+IR builders are pure (type in, IR text out). Each module holds, for one weight type:
+    quantize_<act>(x, xq, nb, M)                       f32 [M, K] -> activation blocks
+    rows_<type>(w, xq, out, nb, r0, r1, M, N)         weight rows [r0, r1) against M rows
+    matmul_<type>(w, x, xq, out, nb, M, N)            both, all rows (the one-thread path)
+(float types: rows_<type>(w, x, out, K, r0, r1, M, N) and no quantizer.)
+Callers must pass 0 <= r0 <= r1 <= N and valid buffers; the facade MatmulKernels checks all
+that. Row ranges let callers split the work across threads by weight rows. Inside rows_*, weight rows
+are the outer loop and activation rows the inner one, taken MT at a time: each weight block is
+loaded and unpacked once and used for MT activation rows, so the weights stream from memory
+once per call whatever M is.
+
+Two instruction selections: the AVX2 one calls `llvm.x86.avx2.pmadd.ub.sw` (u8 x s8 -> pairwise
+i16 sums) and `llvm.x86.avx2.pmadd.wd` (i16 x i16 -> pairwise i32 sums), which LLVM does not form
+from plain IR; the portable one spells the same sums in generic vector IR (same lane grouping,
+so both give the same integers).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from engine.kernels import jit
+from engine.kernels.threads import RowSplitter, parts_for
+from engine.quants import (
+    ACTIVATION_BLOCK,
+    ACTIVATION_LAYOUTS,
+    SUPPORTED,
+    QuantMatrix,
+    activation_row_bytes,
+    activation_type,
+    dequantize,
+    dequantize_activations,
+    quantize_activations,
+)
+
+T = GGMLQuantizationType
+MT = 4  # activation rows per tile: one unpacked weight block serves this many rows
+PREFETCH_BYTES = 1024  # how far ahead in the weight row to prefetch
+
+
+# --- textual IR helpers -----------------------------------------------------------------------
+
+def _vec(elem: str, values: Iterable[int | float | str]) -> str:
+    """A constant vector: <i8 1, i8 2, ...>."""
+    return "<" + ", ".join(f"{elem} {v}" for v in values) + ">"
+
+
+def _splat(elem: str, n: int, value: int | float | str) -> str:
+    return _vec(elem, [value] * n)
+
+
+def _mask(indices: Iterable[int]) -> str:
+    """A typed shufflevector mask: <n x i32> <i32 a, ...>."""
+    idx = list(indices)
+    return f"<{len(idx)} x i32> " + _vec("i32", idx)
+
+
+def _i8(v: int) -> int:
+    """An unsigned byte constant as the signed i8 literal LLVM expects."""
+    return v - 256 if v > 127 else v
+
+
+class _Fn:
+    """One function's textual IR: fresh SSA names, basic blocks and counted loops."""
+
+    def __init__(self, signature: str) -> None:
+        self.lines: list[str | None] = [f"define {signature} {{", "entry:"]
+        self.block = "entry"
+        self._n = 0
+
+    def fresh(self, hint: str = "t") -> str:
+        self._n += 1
+        return f"%{hint}{self._n}"
+
+    def let(self, rhs: str, hint: str = "t") -> str:
+        name = self.fresh(hint)
+        self.lines.append(f"  {name} = {rhs}")
+        return name
+
+    def do(self, stmt: str) -> None:
+        self.lines.append(f"  {stmt}")
+
+    def label(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+        self.block = name
+
+    def text(self) -> str:
+        assert all(line is not None for line in self.lines)
+        return "\n".join(self.lines) + "\n}\n"  # type: ignore[arg-type]
+
+    def loop(self, count: str, carried: list[tuple[str, str]],
+             body: Callable[[str, list[str]], list[str]]) -> list[str]:
+        """for (i = 0; i < count; i++) carried = body(i, carried); returns the final values.
+
+        The loop is top-tested, so a zero count runs no iteration.
+        """
+        pre = self.block
+        head, inner, done = (self.fresh(h)[1:] for h in ("head", "body", "done"))
+        self.do(f"br label %{head}")
+        self.label(head)
+        i = self.fresh("i")
+        slot = len(self.lines)
+        self.lines.extend([None] * (1 + len(carried)))  # phis, filled in once the body exists
+        values = [self.fresh("c") for _ in carried]
+        more = self.let(f"icmp ult i64 {i}, {count}")
+        self.do(f"br i1 {more}, label %{inner}, label %{done}")
+        self.label(inner)
+        new = body(i, values)
+        assert len(new) == len(carried)
+        i_next = self.let(f"add i64 {i}, 1")
+        latch = self.block
+        self.do(f"br label %{head}")
+        self.lines[slot] = f"  {i} = phi i64 [0, %{pre}], [{i_next}, %{latch}]"
+        for k, ((ty, init), v, n) in enumerate(zip(carried, values, new)):
+            self.lines[slot + 1 + k] = f"  {v} = phi {ty} [{init}, %{pre}], [{n}, %{latch}]"
+        self.label(done)
+        return values
+
+    # memory ---------------------------------------------------------------------------------
+    def gep(self, base: str, offset: int | str) -> str:
+        if offset == 0:
+            return base
+        return self.let(f"getelementptr inbounds i8, ptr {base}, i64 {offset}", "p")
+
+    def load(self, ty: str, base: str, offset: int | str = 0) -> str:
+        return self.let(f"load {ty}, ptr {self.gep(base, offset)}, align 1")
+
+    def store(self, ty: str, value: str, base: str, offset: int | str = 0) -> None:
+        self.do(f"store {ty} {value}, ptr {self.gep(base, offset)}, align 1")
+
+    def f16_splat(self, base: str, offset: int) -> str:
+        """Load a half as an <8 x float> splat.
+
+        Spelled as a splat of the i16 so that x86 uses vpbroadcastw + vcvtph2ps: a scalar half
+        load becomes vpinsrw, which merges into (and so waits for) whatever register it lands in,
+        often a loop accumulator, serializing the whole loop.
+        """
+        h = self.let(f"insertelement <8 x i16> poison, i16 {self.load('i16', base, offset)}, i64 0")
+        h = self.let(f"shufflevector <8 x i16> {h}, <8 x i16> poison, <8 x i32> zeroinitializer")
+        h = self.let(f"bitcast <8 x i16> {h} to <8 x half>")
+        return self.let(f"fpext <8 x half> {h} to <8 x float>")
+
+    def f32_splat(self, base: str, offset: int) -> str:
+        return self.splat_float(self.load("float", base, offset))
+
+    # arithmetic -----------------------------------------------------------------------------
+    def mul(self, a: str, b: str | int) -> str:
+        return self.let(f"mul i64 {a}, {b}")
+
+    def add(self, a: str, b: str | int) -> str:
+        return self.let(f"add i64 {a}, {b}")
+
+    def splat_float(self, s: str, n: int = 8) -> str:
+        v = self.let(f"insertelement <{n} x float> poison, float {s}, i64 0")
+        return self.let(f"shufflevector <{n} x float> {v}, <{n} x float> poison, <{n} x i32> zeroinitializer")
+
+    def hsum8(self, v: str) -> str:
+        return self.let(f"call reassoc float @llvm.vector.reduce.fadd.v8f32(float -0.0, <8 x float> {v})")
+
+    def nibbles32(self, base: str, offset: int) -> str:
+        """16 bytes -> <32 x i8>: low nibbles then high nibbles (values 0..15)."""
+        qs = self.load("<16 x i8>", base, offset)
+        hi = self.let(f"lshr <16 x i8> {qs}, {_splat('i8', 16, 4)}")
+        both = self.let(f"shufflevector <16 x i8> {qs}, <16 x i8> {hi}, {_mask(range(32))}")
+        return self.let(f"and <32 x i8> {both}, {_splat('i8', 32, 15)}")
+
+    def bits32(self, word: str, value: int) -> str:
+        """i32 -> <32 x i8>: `value` where bit j is set, else 0."""
+        bits = self.let(f"bitcast i32 {word} to <32 x i1>")
+        return self.let(f"select <32 x i1> {bits}, <32 x i8> {_splat('i8', 32, value)}, "
+                        f"<32 x i8> zeroinitializer")
+
+
+DECLARATIONS = """
+declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
+declare float @llvm.fma.f32(float, float, float)
+declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
+declare float @llvm.vector.reduce.fmax.v32f32(<32 x float>)
+declare float @llvm.maxnum.f32(float, float)
+declare <32 x float> @llvm.fabs.v32f32(<32 x float>)
+declare <32 x float> @llvm.roundeven.v32f32(<32 x float>)
+declare i32 @llvm.vector.reduce.add.v32i32(<32 x i32>)
+declare i32 @llvm.vector.reduce.add.v16i32(<16 x i32>)
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
+declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
+declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
+declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)
+"""
+
+
+class _IntOps:
+    """The integer dot-product primitives, in AVX2 intrinsics or in portable IR.
+
+    maddubs(u, s): <32 x i8> unsigned x <32 x i8> signed -> <16 x i16>, lane k = u[2k]s[2k] + u[2k+1]s[2k+1]
+    madd(a, b):    <16 x i16> x <16 x i16> -> <8 x i32>,  lane k = a[2k]b[2k] + a[2k+1]b[2k+1]
+    Callers keep every sum small enough that the AVX2 form never saturates, so both agree.
+    """
+
+    def __init__(self, f: _Fn, avx2: bool) -> None:
+        self.f = f
+        self.avx2 = avx2
+
+    def _pairs(self, v: str, n: int, elem: str) -> str:
+        """<2n x elem> -> <n x elem>: sum of adjacent pairs."""
+        f = self.f
+        ev = f.let(f"shufflevector <{2 * n} x {elem}> {v}, <{2 * n} x {elem}> poison, {_mask(range(0, 2 * n, 2))}")
+        od = f.let(f"shufflevector <{2 * n} x {elem}> {v}, <{2 * n} x {elem}> poison, {_mask(range(1, 2 * n, 2))}")
+        return f.let(f"add <{n} x {elem}> {ev}, {od}")
+
+    def maddubs(self, u: str, s: str) -> str:
+        f = self.f
+        if self.avx2:
+            return f.let(f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {u}, <32 x i8> {s})")
+        uw = f.let(f"zext <32 x i8> {u} to <32 x i16>")
+        sw = f.let(f"sext <32 x i8> {s} to <32 x i16>")
+        return self._pairs(f.let(f"mul <32 x i16> {uw}, {sw}"), 16, "i16")
+
+    def madd(self, a: str, b: str) -> str:
+        f = self.f
+        if self.avx2:
+            return f.let(f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {a}, <16 x i16> {b})")
+        aw = f.let(f"sext <16 x i16> {a} to <16 x i32>")
+        bw = f.let(f"sext <16 x i16> {b} to <16 x i32>")
+        return self._pairs(f.let(f"mul <16 x i32> {aw}, {bw}"), 8, "i32")
+
+    def dot_us(self, u: str, s: str) -> str:
+        """<8 x i32>, lane k = sum of u[j]*s[j] for j in 4k..4k+3 (u unsigned)."""
+        return self.madd(self.maddubs(u, s), _splat("i16", 16, 1))
+
+    def signed(self, a: str) -> tuple[str, str]:
+        """Prepare signed weights `a` (loop-invariant over activation rows) for dot_ss."""
+        if self.avx2:  # u8 |a| times sign(a)*s: maddubs then sees an unsigned operand
+            return self.f.let(f"call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> {a}, <32 x i8> {a})"), a
+        return a, a
+
+    def dot_ss(self, prepared: tuple[str, str], s: str) -> str:
+        """<8 x i32>, lane k = sum of a[j]*s[j] for j in 4k..4k+3 (both signed)."""
+        f = self.f
+        mag, a = prepared
+        if self.avx2:
+            signed_s = f.let(f"call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> {s}, <32 x i8> {a})")
+            return self.dot_us(mag, signed_s)
+        aw = f.let(f"sext <32 x i8> {a} to <32 x i32>")
+        sw = f.let(f"sext <32 x i8> {s} to <32 x i32>")
+        return self._pairs(self._pairs(f.let(f"mul <32 x i32> {aw}, {sw}"), 16, "i32"), 8, "i32")
+
+
+# --- per-type block bodies --------------------------------------------------------------------
+# A body handles one weight block against the same block of several activation rows: it unpacks
+# the weights once and returns, per row, the block's contribution as terms
+#     _Vec(value, scale): float(value) * scale, value <8 x i32> (or <8 x float>), scale a splat
+# which _fold adds into that row's <8 x float> accumulator.
+
+@dataclass(frozen=True)
+class _Vec:
+    value: str  # <8 x i32>, or <8 x float> when is_float
+    scale: str  # <8 x float>, a splat
+    is_float: bool = False
+
+
+_Terms = list[_Vec]
+_Body = Callable[[_Fn, _IntOps, str, list[str]], list[_Terms]]
+
+V8F = "<8 x float>"
+
+
+def _legacy_body(qtype: GGMLQuantizationType) -> _Body:
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against q8_0 / q8_1 activation blocks of 32.
+
+    Weight block: f16 d [| f16 m] [| u32 qh] | qs.
+    Activation block: q8_0 f16 dx | i8 y[32];  q8_1 f32 dx | f32 s = dx * sum(y) | i8 y[32].
+    q = nibbles (values 0..15 from the low then the high nibbles of qs), | bit j of qh << 4 (Q5),
+    or the i8 qs (Q8_0).
+    All but Q8_0 take q unsigned (maddubs needs one unsigned operand) and add the offset through
+    the activation block sum s:
+    Q4_1/Q5_1: d*dx * sum(q*y) + m * [s, 0, ..., 0]
+    Q4_0/Q5_0: d*dx * sum(q*y) - (8 or 16)*d * [s, 0, ..., 0]
+    Q8_0:      d*dx * sum(q*y) with signed q (maddubs(|q|, sign(q)*y)).
+    """
+    has_min = qtype in (T.Q4_1, T.Q5_1)
+    offset = {T.Q4_0: 8, T.Q5_0: 16}.get(qtype)
+    qh_at = {T.Q5_0: 2, T.Q5_1: 4}.get(qtype)
+    qs_at = {T.Q4_0: 2, T.Q4_1: 4, T.Q5_0: 6, T.Q5_1: 8, T.Q8_0: 2}[qtype]
+    signed = qtype == T.Q8_0  # else q8_1 activations
+    y_at = 2 if signed else 8
+
+    def block(f: _Fn, ops: _IntOps, w: str, xs: list[str]) -> list[_Terms]:
+        d = f.f16_splat(w, 0)
+        if has_min:
+            m = f.f16_splat(w, 2)
+        elif offset is not None:
+            m = f.let(f"fmul <8 x float> {d}, {_splat('float', 8, f'{-float(offset)}')}")
+        if qtype == T.Q8_0:
+            q = f.load("<32 x i8>", w, qs_at)
+        else:
+            q = f.nibbles32(w, qs_at)
+            if qh_at is not None:
+                q = f.let(f"or <32 x i8> {q}, {f.bits32(f.load('i32', w, qh_at), 16)}")
+        prepared = ops.signed(q) if signed else None
+        out: list[_Terms] = []
+        for x in xs:
+            dx = f.f16_splat(x, 0) if signed else f.f32_splat(x, 0)
+            y = f.load("<32 x i8>", x, y_at)
+            isum = ops.dot_us(q, y) if prepared is None else ops.dot_ss(prepared, y)
+            terms: _Terms = [_Vec(isum, f.let(f"fmul <8 x float> {d}, {dx}"))]
+            if not signed:
+                s_lane0 = f.let(f"insertelement <8 x float> zeroinitializer, float {f.load('float', x, 4)}, i64 0")
+                terms.append(_Vec(s_lane0, m, is_float=True))
+            out.append(terms)
+        return out
+
+    return block
+
+
+def _k_scales_mins(f: _Fn, w: str) -> tuple[str, str]:
+    """Q4_K/Q5_K: the 12 packed scale bytes at w+4 -> (<8 x i16> sc, <8 x i16> mn).
+
+    As 32-bit words W0, W1, W2 (bytes 0-3, 4-7, 8-11): sc[0..3] = W0 & 0x3f per byte,
+    mn[0..3] = W1 & 0x3f, sc[4..7] = (W2 & 0xf) | (W0 >> 6) << 4, mn[4..7] = (W2 >> 4) | (W1 >> 6) << 4.
+    """
+    w0, w1, w2 = (f.load("i32", w, 4 + 4 * k) for k in range(3))
+
+    def low6(word: str) -> str:
+        return f.let(f"and i32 {word}, {0x3F3F3F3F}")
+
+    def top2(word: str) -> str:  # top 2 bits of each byte, moved to bits 4..5
+        s = f.let(f"lshr i32 {word}, 6")
+        s = f.let(f"and i32 {s}, {0x03030303}")
+        return f.let(f"shl i32 {s}, 4")
+
+    sc_hi = f.let(f"or i32 {f.let(f'and i32 {w2}, {0x0F0F0F0F}')}, {top2(w0)}")
+    w2_high = f.let(f"lshr i32 {w2}, 4")
+    mn_hi = f.let(f"or i32 {f.let(f'and i32 {w2_high}, {0x0F0F0F0F}')}, {top2(w1)}")
+
+    def bytes8(lo: str, hi: str) -> str:
+        v = f.let(f"insertelement <2 x i32> poison, i32 {lo}, i64 0")
+        v = f.let(f"insertelement <2 x i32> {v}, i32 {hi}, i64 1")
+        return f.let(f"zext <8 x i8> {f.let(f'bitcast <2 x i32> {v} to <8 x i8>')} to <8 x i16>")
+
+    return bytes8(low6(w0), sc_hi), bytes8(low6(w1), mn_hi)
+
+
+def _k4_5_body(qtype: GGMLQuantizationType) -> _Body:
+    """Q4_K / Q5_K against q8_k (f32 dx | i8 y[256] | i16 bsums[16]).
+
+    Per chunk c of 32 qs bytes: low nibbles are sub-block 2c, high nibbles 2c+1 (Q5_K: plus 16
+    where bit 2c / 2c+1 of qh[l] is set). isum += madd(maddubs(q, y), splat(sc[j])) keeps the
+    scaled integer sums in i32 lanes; the mins need only the activation block sums:
+    sum_j mn[j] * (bsums[2j] + bsums[2j+1]) = madd(bsums, mn with each repeated twice).
+    Terms: d*dx * isum and -dmin*dx * minsum.
+    """
+    qs_at = 16 if qtype == T.Q4_K else 48
+
+    def block(f: _Fn, ops: _IntOps, w: str, xs: list[str]) -> list[_Terms]:
+        d, dmin = f.f16_splat(w, 0), f.f16_splat(w, 2)
+        sc, mn = _k_scales_mins(f, w)
+        mn16 = f.let(f"shufflevector <8 x i16> {mn}, <8 x i16> poison, {_mask(j // 2 for j in range(16))}")
+        qh = f.load("<32 x i8>", w, 16) if qtype == T.Q5_K else None
+        isums = ["zeroinitializer"] * len(xs)
+        for c in range(4):
+            qs = f.load("<32 x i8>", w, qs_at + 32 * c)
+            halves = [f.let(f"and <32 x i8> {qs}, {_splat('i8', 32, 15)}"),
+                      f.let(f"lshr <32 x i8> {qs}, {_splat('i8', 32, 4)}")]
+            for h in range(2):
+                j = 2 * c + h
+                q = halves[h]
+                if qh is not None:
+                    bit = f.let(f"and <32 x i8> {qh}, {_splat('i8', 32, _i8(1 << j))}")
+                    is_set = f.let(f"icmp ne <32 x i8> {bit}, zeroinitializer")
+                    high = f.let(f"select <32 x i1> {is_set}, <32 x i8> {_splat('i8', 32, 16)}, "
+                                 f"<32 x i8> zeroinitializer")
+                    q = f.let(f"or <32 x i8> {q}, {high}")
+                scale = f.let(f"shufflevector <8 x i16> {sc}, <8 x i16> poison, {_mask([j] * 16)}")
+                for t, x in enumerate(xs):
+                    y = f.load("<32 x i8>", x, 4 + 32 * j)
+                    part = ops.madd(ops.maddubs(q, y), scale)
+                    isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
+        out: list[_Terms] = []
+        for t, x in enumerate(xs):
+            dx = f.f32_splat(x, 0)
+            minsum = ops.madd(f.load("<16 x i16>", x, 260), mn16)
+            neg_dmin_dx = f.let(f"fneg <8 x float> {f.let(f'fmul <8 x float> {dmin}, {dx}')}")
+            out.append([_Vec(isums[t], f.let(f"fmul <8 x float> {d}, {dx}")), _Vec(minsum, neg_dmin_dx)])
+        return out
+
+    return block
+
+
+def _q6_k_body() -> _Body:
+    """Q6_K against q8_k.
+
+    Per half h and l < 32 the four 6-bit vectors are built from ql[64h + l], ql[64h + 32 + l] and
+    the 2-bit fields of qh[32h + l] (see engine/quants.py); vector v covers values 128h + 32v +
+    (0..31), whose scales are scales[8h + 2v] (first 16) and scales[8h + 2v + 1] (next 16): the
+    i16 lanes of maddubs split the same way, so madd with [s_a x8, s_b x8] applies them.
+    q is unsigned (0..63); the -32 offset comes off once: corr = 32 * madd(bsums, scales).
+    Term: d*dx * (isum - corr).
+    """
+
+    def block(f: _Fn, ops: _IntOps, w: str, xs: list[str]) -> list[_Terms]:
+        d = f.f16_splat(w, 208)
+        sc16 = f.let(f"sext <16 x i8> {f.load('<16 x i8>', w, 192)} to <16 x i16>")
+        isums = ["zeroinitializer"] * len(xs)
+        low4, hi2 = _splat("i8", 32, 15), _splat("i8", 32, 0x30)
+        for h in range(2):
+            qa = f.load("<32 x i8>", w, 64 * h)
+            qb = f.load("<32 x i8>", w, 64 * h + 32)
+            qh = f.load("<32 x i8>", w, 128 + 32 * h)
+            # the 2-bit fields qh >> 0, 2, 4, 6, each moved to bits 4..5
+            moved = [f.let(f"shl <32 x i8> {qh}, {_splat('i8', 32, 4)}"),
+                     f.let(f"shl <32 x i8> {qh}, {_splat('i8', 32, 2)}"),
+                     qh,
+                     f.let(f"lshr <32 x i8> {qh}, {_splat('i8', 32, 2)}")]
+            qh_bits = [f.let(f"and <32 x i8> {v}, {hi2}") for v in moved]
+            nib = [f.let(f"and <32 x i8> {qa}, {low4}"), f.let(f"and <32 x i8> {qb}, {low4}"),
+                   f.let(f"lshr <32 x i8> {qa}, {_splat('i8', 32, 4)}"),
+                   f.let(f"lshr <32 x i8> {qb}, {_splat('i8', 32, 4)}")]
+            for v in range(4):
+                q = f.let(f"or <32 x i8> {nib[v]}, {qh_bits[v]}")
+                g = 8 * h + 2 * v
+                scale = f.let(f"shufflevector <16 x i16> {sc16}, <16 x i16> poison, {_mask([g] * 8 + [g + 1] * 8)}")
+                for t, x in enumerate(xs):
+                    y = f.load("<32 x i8>", x, 4 + 128 * h + 32 * v)
+                    part = ops.madd(ops.maddubs(q, y), scale)
+                    isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
+        out: list[_Terms] = []
+        for t, x in enumerate(xs):
+            dx = f.f32_splat(x, 0)
+            corr = ops.madd(f.load("<16 x i16>", x, 260), sc16)
+            corr = f.let(f"shl <8 x i32> {corr}, {_splat('i32', 8, 5)}")
+            isum = f.let(f"sub <8 x i32> {isums[t]}, {corr}")
+            out.append([_Vec(isum, f.let(f"fmul <8 x float> {d}, {dx}"))])
+        return out
+
+    return block
+
+
+def _quant_body(qtype: GGMLQuantizationType) -> _Body:
+    if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
+        return _legacy_body(qtype)
+    if qtype in (T.Q4_K, T.Q5_K):
+        return _k4_5_body(qtype)
+    if qtype == T.Q6_K:
+        return _q6_k_body()
+    raise ValueError(f"no integer kernel for {qtype.name}")
+
+
+def _fold(f: _Fn, terms: _Terms, acc: str) -> str:
+    """Add a group of terms to one row's <8 x float> accumulator.
+
+    The group's sum is formed first (fmul, then FMAs) and added to the accumulator once, so the
+    loop-carried chain is one fadd per group rather than one FMA per term.
+    """
+    part = None
+    for t in terms:
+        fs = t.value if t.is_float else f.let(f"sitofp <8 x i32> {t.value} to <8 x float>")
+        part = (f.let(f"fmul <8 x float> {fs}, {t.scale}") if part is None else
+                f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {fs}, <8 x float> {t.scale}, <8 x float> {part})"))
+    return f.let(f"fadd <8 x float> {acc}, {part}")
+
+
+# --- activation quantizer ---------------------------------------------------------------------
+
+def _emit_quantize_chunk(f: _Fn, src: str, dst: str, inv: str) -> str:
+    """Quantize 32 floats at src with scale `inv` into 32 i8 at dst; returns their <32 x i32>."""
+    v = f.load("<32 x float>", src)
+    s = f.let(f"fmul <32 x float> {v}, {f.splat_float(inv, 32)}")
+    r = f.let(f"call <32 x float> @llvm.roundeven.v32f32(<32 x float> {s})")
+    q = f.let(f"fptosi <32 x float> {r} to <32 x i32>")
+    f.store("<32 x i8>", f.let(f"trunc <32 x i32> {q} to <32 x i8>"), dst)
+    return q
+
+
+def _emit_absmax(f: _Fn, src: str, n_chunks: int) -> str:
+    amax = None
+    for c in range(n_chunks):
+        v = f.load("<32 x float>", src, 128 * c)
+        a = f.let(f"call <32 x float> @llvm.fabs.v32f32(<32 x float> {v})")
+        m = f.let(f"call float @llvm.vector.reduce.fmax.v32f32(<32 x float> {a})")
+        amax = m if amax is None else f.let(f"call float @llvm.maxnum.f32(float {amax}, float {m})")
+    assert amax is not None
+    return amax
+
+
+def build_quantize_ir(act: str) -> str:
+    """quantize_<act>(ptr x, ptr xq, i64 nb, i64 M): x f32 [M, nb * block] -> M rows of blocks.
+
+    Per block: d = max|x| / 127 (float32), inv = d != 0 ? 1/d : 0, q = roundeven(x * inv); no
+    fast-math, so the numpy twin (engine.quants.quantize_activations) gives the same bytes.
+    Layouts: q8_0 f16 d | i8 q[32];  q8_1 f32 d | f32 d * sum(q) | i8 q[32];
+    q8_k f32 d | i8 q[256] | i16 bsums[16] (sums of each 16 q).
+    """
+    elems = ACTIVATION_BLOCK[act]
+    xbytes = ACTIVATION_LAYOUTS[act].itemsize
+    f = _Fn(f"void @quantize_{act}(ptr noalias %x, ptr noalias %xq, i64 %nb, i64 %M)")
+    n_blocks = f.mul("%nb", "%M")
+
+    def per_block(b: str, _: list[str]) -> list[str]:
+        src = f.gep("%x", f.mul(b, 4 * elems))
+        dst = f.gep("%xq", f.mul(b, xbytes))
+        amax = _emit_absmax(f, src, elems // 32)
+        d = f.let(f"fdiv float {amax}, 127.0")
+        nonzero = f.let(f"fcmp one float {d}, 0.0")
+        inv = f.let(f"select i1 {nonzero}, float {f.let(f'fdiv float 1.0, {d}')}, float 0.0")
+        if act == "q8_k":
+            f.store("float", d, dst, 0)
+            for c in range(elems // 32):
+                q = _emit_quantize_chunk(f, f.gep(src, 128 * c), f.gep(dst, 4 + 32 * c), inv)
+                for half in range(2):
+                    part = f.let(f"shufflevector <32 x i32> {q}, <32 x i32> poison, "
+                                 f"{_mask(range(16 * half, 16 * half + 16))}")
+                    s = f.let(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {part})")
+                    f.store("i16", f.let(f"trunc i32 {s} to i16"), dst, 260 + 2 * (2 * c + half))
+        elif act == "q8_1":
+            f.store("float", d, dst, 0)
+            q = _emit_quantize_chunk(f, src, f.gep(dst, 8), inv)
+            qsum = f.let(f"call i32 @llvm.vector.reduce.add.v32i32(<32 x i32> {q})")
+            f.store("float", f.let(f"fmul float {d}, {f.let(f'sitofp i32 {qsum} to float')}"), dst, 4)
+        else:
+            f.store("half", f.let(f"fptrunc float {d} to half"), dst, 0)
+            _emit_quantize_chunk(f, src, f.gep(dst, 2), inv)
+        return []
+
+    f.loop(n_blocks, [], per_block)
+    f.do("ret void")
+    return f.text()
+
+
+# --- rows kernels -----------------------------------------------------------------------------
+
+def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
+               w_row_bytes: str, x_row_bytes: str, x_base: str, acc_types: tuple[str, ...],
+               group: int, block: Callable[[list[str], list[list[str]], list[list[str]]], list[list[str]]],
+               finish: Callable[[list[str], str, str], str], prefetch: bool) -> None:
+    """The shared loop nest, writing out[m * N + r]:
+
+        for r in [r0, r1):                          weight rows (the split across threads)
+            for each tile of MT activation rows, then each leftover row:
+                for each group of `group` blocks, then each leftover block:
+                    accs[t] = block(w[r, g], x[m0 + t, g], accs[t])   for t in the tile
+                out[m0 + t, r] = finish(accs[t], w row, x row)
+
+    A row's arithmetic does not depend on whether it sits in a tile, so each output row is the
+    same whatever else is in the batch.
+    """
+    n_rows = f.let("sub i64 %r1, %r0")
+    n_tiles = f.let(f"udiv i64 %M, {MT}")
+    tail_start = f.mul(n_tiles, MT)
+    n_tail = f.let(f"sub i64 %M, {tail_start}")
+    n_groups = f.let(f"udiv i64 {n_blocks}, {group}")
+    left_start = f.mul(n_groups, group)
+    n_left = f.let(f"sub i64 {n_blocks}, {left_start}")
+    zero = {V8F: "zeroinitializer", "float": "0.0"}
+    k = len(acc_types)
+
+    def per_row(ri: str, _: list[str]) -> list[str]:
+        r = f.add("%r0", ri)
+        w_row = f.gep("%w", f.mul(r, w_row_bytes))
+
+        def tile(m0: str, rows: int) -> list[str]:
+            x_rows = [f.gep(x_base, f.mul(f.add(m0, t), x_row_bytes)) for t in range(rows)]
+
+            def blocks(first: str, size: int, flat: list[str]) -> list[str]:
+                wbs, offs = [], []
+                for g in range(size):
+                    b = first if g == 0 else f.add(first, g)
+                    wbs.append(f.gep(w_row, f.mul(b, w_block_bytes)))
+                    offs.append(f.mul(b, x_block_bytes))
+                if prefetch:
+                    ahead = f.gep(wbs[0], PREFETCH_BYTES)
+                    f.do(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+                xss = [[f.gep(x, off) for off in offs] for x in x_rows]
+                accs = [flat[t * k:(t + 1) * k] for t in range(rows)]
+                return [v for acc in block(wbs, xss, accs) for v in acc]
+
+            flat: list[str] = [zero[ty] for _ in range(rows) for ty in acc_types]
+            types = [ty for _ in range(rows) for ty in acc_types]
+            flat = f.loop(n_groups, list(zip(types, flat)),
+                          lambda gi, fl: blocks(f.mul(gi, group), group, fl))
+            if group > 1:
+                flat = f.loop(n_left, list(zip(types, flat)),
+                              lambda li, fl: blocks(f.add(left_start, li), 1, fl))
+            for t in range(rows):
+                result = finish(flat[t * k:(t + 1) * k], w_row, x_rows[t])
+                idx = f.add(f.mul(f.add(m0, t), "%N"), r)
+                dst = f.let(f"getelementptr inbounds float, ptr %out, i64 {idx}", "p")
+                f.do(f"store float {result}, ptr {dst}, align 4")
+            return []
+
+        f.loop(n_tiles, [], lambda ti, _: tile(f.mul(ti, MT), MT))
+        f.loop(n_tail, [], lambda mi, _: tile(f.add(tail_start, mi), 1))
+        return []
+
+    f.loop(n_rows, [], per_row)
+
+
+# blocks folded into the accumulators at once (K-quant blocks are long enough alone)
+GROUP = {T.Q4_0: 2, T.Q4_1: 2, T.Q5_0: 2, T.Q5_1: 2, T.Q8_0: 2, T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 1}
+
+
+def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False) -> str:
+    """The IR module for one weight type (see the module docstring for its functions).
+
+    Quantized types: rows_<type>(ptr w, ptr xq, ptr out, i64 nb, i64 r0, i64 r1, i64 M, i64 N)
+    with nb = blocks per row, looping as _emit_rows shows; per block the type's body (docstrings
+    of _legacy_body, _k4_5_body, _q6_k_body) unpacks the weights once and integer-dots them with
+    each activation row's block; GROUP blocks' terms are summed, then added to the row's
+    <8 x float> accumulator. The AVX2 path prefetches PREFETCH_BYTES ahead.
+
+    Float types: rows_<type>(ptr w, ptr x, ptr out, i64 K, ...): the same nest over chunks of 16
+    values (two <8 x float> FMA accumulators per activation row), then a scalar tail for K % 16.
+    """
+    if qtype not in SUPPORTED:
+        raise ValueError(f"unsupported tensor type {getattr(qtype, 'name', qtype)}")
+    act = activation_type(qtype)
+    if act is None:
+        return DECLARATIONS + _build_float_rows(qtype)
+    name = qtype.name.lower()
+    elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    x_block_bytes = ACTIVATION_LAYOUTS[act].itemsize
+    assert ACTIVATION_BLOCK[act] == elems
+    body = _quant_body(qtype)
+    f = _Fn(f"void @rows_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
+            f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
+    ops = _IntOps(f, avx2=not portable)
+
+    def block(wbs: list[str], xss: list[list[str]], accs: list[list[str]]) -> list[list[str]]:
+        per_block = [body(f, ops, wb, [xs[g] for xs in xss]) for g, wb in enumerate(wbs)]
+        return [[_fold(f, [term for terms in per_block for term in terms[t]], acc[0])]
+                for t, acc in enumerate(accs)]
+
+    _emit_rows(f, n_blocks="%nb", w_block_bytes=block_bytes, x_block_bytes=x_block_bytes,
+               w_row_bytes=f.mul("%nb", block_bytes), x_row_bytes=f.mul("%nb", x_block_bytes),
+               x_base="%xq", acc_types=(V8F,), group=GROUP[qtype], block=block,
+               finish=lambda accs, _w, _x: f.hsum8(accs[0]),
+               prefetch=not portable)
+    f.do("ret void")
+    fused = (f"define void @matmul_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %xq, "
+             f"ptr noalias %out, i64 %nb, i64 %M, i64 %N) {{\n"
+             f"entry:\n"
+             f"  call void @quantize_{act}(ptr %x, ptr %xq, i64 %nb, i64 %M)\n"
+             f"  call void @rows_{name}(ptr %w, ptr %xq, ptr %out, i64 %nb, i64 0, i64 %N, "
+             f"i64 %M, i64 %N)\n"
+             f"  ret void\n}}\n")
+    return DECLARATIONS + build_quantize_ir(act) + f.text() + fused
+
+
+def _float_widen(f: _Fn, qtype: GGMLQuantizationType, base: str, offset: str | int, n: int) -> str:
+    """Load n weights of a float type as <n x float> (n = 1: a scalar float)."""
+    def vt(elem: str) -> str:
+        return elem if n == 1 else f"<{n} x {elem}>"
+
+    if qtype == T.F32:
+        return f.load(vt("float"), base, offset)
+    if qtype == T.F16:
+        return f.let(f"fpext {vt('half')} {f.load(vt('half'), base, offset)} to {vt('float')}")
+    # BF16 is the top half of an f32
+    bits = f.let(f"zext {vt('i16')} {f.load(vt('i16'), base, offset)} to {vt('i32')}")
+    shifted = f.let(f"shl {vt('i32')} {bits}, {16 if n == 1 else _splat('i32', n, 16)}")
+    return f.let(f"bitcast {vt('i32')} {shifted} to {vt('float')}")
+
+
+def _build_float_rows(qtype: GGMLQuantizationType) -> str:
+    name = qtype.name.lower()
+    esize = GGML_QUANT_SIZES[qtype][1]
+    f = _Fn(f"void @rows_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %out, i64 %K, "
+            f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
+    n16 = f.let("udiv i64 %K, 16")
+    tail0 = f.mul(n16, 16)
+    n_tail = f.let(f"sub i64 %K, {tail0}")
+
+    def block(wbs: list[str], xss: list[list[str]], accs: list[list[str]]) -> list[list[str]]:
+        wv = [_float_widen(f, qtype, wbs[0], 8 * esize * h, 8) for h in range(2)]
+        return [[f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {wv[h]}, "
+                       f"<8 x float> {f.load(V8F, xs[0], 32 * h)}, <8 x float> {acc[h]})")
+                 for h in range(2)]
+                for xs, acc in zip(xss, accs)]
+
+    def finish(accs: list[str], w_row: str, x_row: str) -> str:
+        s = f.hsum8(f.let(f"fadd <8 x float> {accs[0]}, {accs[1]}"))
+
+        def tail(i: str, carried: list[str]) -> list[str]:
+            k = f.add(tail0, i)
+            wv = _float_widen(f, qtype, w_row, f.mul(k, esize), 1)
+            xv = f.load("float", x_row, f.mul(k, 4))
+            return [f.let(f"call float @llvm.fma.f32(float {wv}, float {xv}, float {carried[0]})")]
+
+        return f.loop(n_tail, [("float", s)], tail)[0]
+
+    _emit_rows(f, n_blocks=n16, w_block_bytes=16 * esize, x_block_bytes=64,
+               w_row_bytes=f.mul("%K", esize), x_row_bytes=f.mul("%K", 4), x_base="%x",
+               acc_types=(V8F, V8F), group=1, block=block, finish=finish, prefetch=False)
+    f.do("ret void")
+    return f.text()
+
+
+# --- runtime facade ---------------------------------------------------------------------------
+
+_F32 = np.dtype(np.float32)
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+
+
+def _address(a: np.ndarray) -> int:
+    """Data address of a C-contiguous array, the cheap way (~0.2 us instead of ~0.8)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):  # read-only memory
+        return int(a.ctypes.data)
+
+
+@dataclass(frozen=True)
+class _TypeKernels:
+    qtype: GGMLQuantizationType
+    act: str | None
+    x_block_bytes: int  # bytes of one activation block (0 for float types)
+    block_elems: int
+    rows: Callable[..., None]  # rows_<type>(w, x or xq, out, nb or K, r0, r1, M, N)
+    fused: Callable[..., None] | None  # matmul_<type>(w, x, xq, out, nb, M, N)
+    quantize: Callable[..., None] | None  # quantize_<act>(x, xq, nb, M)
+
+
+class MatmulKernels:
+    """Compiled matmul kernels for a set of weight types; see the module docstring.
+
+    Everything is compiled (or loaded from the disk cache) in the constructor, never later.
+    Calls are serialized per instance (they share the activation scratch buffer and workers).
+    """
+
+    def __init__(self, qtypes: Iterable[GGMLQuantizationType], n_threads: int = 1,
+                 portable: bool = False) -> None:
+        wanted = set(qtypes)
+        for q in wanted:
+            if q not in SUPPORTED:
+                raise ValueError(f"unsupported tensor type {getattr(q, 'name', q)}")
+        if n_threads < 1:
+            raise ValueError(f"n_threads must be at least 1, got {n_threads}")
+        self.portable = portable or not jit.host_has("avx2")
+        self.n_threads = n_threads
+        self._kernels: dict[GGMLQuantizationType, _TypeKernels] = {}
+        self._quantizers: dict[str, Callable[..., None]] = {}
+        for q in sorted(wanted, key=lambda t: t.value):
+            self._kernels[q] = self._load(q)
+        self._splitter = RowSplitter(n_threads) if n_threads > 1 else None
+        self._lock = threading.Lock()
+        self._scratch = np.empty(0, np.uint8)
+        self._scratch_address = 0
+
+    def _load(self, qtype: GGMLQuantizationType) -> _TypeKernels:
+        lib = jit.compile_ir(build_matmul_ir(qtype, self.portable))
+        name = qtype.name.lower()
+        act = activation_type(qtype)
+        rows = lib.function(f"rows_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)
+        if act is None:
+            return _TypeKernels(qtype, None, 0, 1, rows, None, None)
+        fused = lib.function(f"matmul_{name}", None, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64)
+        quantize = lib.function(f"quantize_{act}", None, _PTR, _PTR, _I64, _I64)
+        self._quantizers.setdefault(act, quantize)
+        return _TypeKernels(qtype, act, ACTIVATION_LAYOUTS[act].itemsize,
+                            GGML_QUANT_SIZES[qtype][0], rows, fused, quantize)
+
+    @property
+    def qtypes(self) -> frozenset[GGMLQuantizationType]:
+        return frozenset(self._kernels)
+
+    def _scratch_for(self, nbytes: int) -> int:
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(max(nbytes, 2 * self._scratch.nbytes), np.uint8)
+            self._scratch_address = int(self._scratch.ctypes.data)
+        return self._scratch_address
+
+    @staticmethod
+    def _activations(x: np.ndarray, n_cols: int) -> np.ndarray:
+        if not isinstance(x, np.ndarray):
+            raise ValueError(f"activations must be a numpy array, got {type(x).__name__}")
+        if x.ndim != 2 or x.shape[1] != n_cols or x.shape[0] < 1:
+            raise ValueError(f"activations must have shape [M >= 1, {n_cols}], got {x.shape}")
+        if x.dtype != _F32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        return x
+
+    def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """out[m, r] = dot(W[r, :], x[m, :]) for x float32 [M, K]; returns float32 [M, N]."""
+        k = self._kernels.get(w.qtype)
+        if k is None:
+            raise ValueError(f"no kernel compiled for {w.qtype.name}; this instance has "
+                             f"{', '.join(sorted(t.name for t in self._kernels))}")
+        x = self._activations(x, w.n_cols)
+        m, n = x.shape[0], w.n_rows
+        if out is None:
+            out = np.empty((m, n), _F32)
+        elif (not isinstance(out, np.ndarray) or out.shape != (m, n) or out.dtype != _F32
+              or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError(f"out must be a writable C-contiguous float32 array of shape {(m, n)}")
+        x_addr, out_addr = _address(x), _address(out)
+        with self._lock:
+            parts = 1
+            if self._splitter is not None:
+                parts = parts_for(w.nbytes * m, n, self.n_threads)
+            if k.act is None:  # float weights: x goes in as is; "blocks" are values
+                rows = k.rows
+                w_addr, n_cols = w.address, w.n_cols
+                if parts == 1:
+                    rows(w_addr, x_addr, out_addr, n_cols, 0, n, m, n)
+                else:
+                    assert self._splitter is not None
+                    self._splitter.run(lambda r0, r1: rows(w_addr, x_addr, out_addr, n_cols, r0, r1, m, n),
+                                       n, parts)
+                return out
+            nb = w.n_cols // k.block_elems
+            xq = self._scratch_for(m * nb * k.x_block_bytes)
+            if parts == 1:
+                assert k.fused is not None
+                k.fused(w.address, x_addr, xq, out_addr, nb, m, n)
+            else:
+                assert k.quantize is not None and self._splitter is not None
+                k.quantize(x_addr, xq, nb, m)
+                rows, w_addr = k.rows, w.address
+                self._splitter.run(lambda r0, r1: rows(w_addr, xq, out_addr, nb, r0, r1, m, n), n, parts)
+        return out
+
+    def quantize(self, x: np.ndarray, act: str) -> np.ndarray:
+        """The compiled activation quantizer: float32 [M, K] -> uint8 [M, row bytes] (for tests)."""
+        fn = self._quantizers.get(act)
+        if fn is None:
+            raise ValueError(f"no {act} quantizer compiled here (have {sorted(self._quantizers)})")
+        if not isinstance(x, np.ndarray) or x.ndim != 2:
+            raise ValueError("activations must be a 2-D numpy array [M, K]")
+        row = activation_row_bytes(act, x.shape[1])
+        x = self._activations(x, x.shape[1])
+        out = np.empty((x.shape[0], row), np.uint8)
+        fn(_address(x), _address(out), x.shape[1] // ACTIVATION_BLOCK[act], x.shape[0])
+        return out
+
+    def close(self) -> None:
+        if self._splitter is not None:
+            self._splitter.close()
+            self._splitter = None
+
+    def __enter__(self) -> MatmulKernels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def matmul_reference(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
+    """Numpy twin of MatmulKernels.matmul: dequantize(W) @ (activations as the kernel sees
+    them).T, in float64, returned as float32 [M, N]."""
+    x = np.asarray(x, dtype=np.float32)
+    act = activation_type(w.qtype)
+    xs = x if act is None else dequantize_activations(quantize_activations(x, act), act, w.n_cols)
+    wd = dequantize(w.raw, w.qtype, w.n_cols).astype(np.float64)  # [N, K]
+    return (xs.astype(np.float64) @ wd.T).astype(np.float32)  # [M, N]

@@ -1,0 +1,215 @@
+"""Compiled matmul kernels against their numpy twin (engine.kernels.matmul.matmul_reference)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from engine.kernels import threads
+from engine.kernels.matmul import MatmulKernels, matmul_reference
+from engine.kernels.threads import RowSplitter, parts_for, split_rows
+from engine.quants import (
+    SUPPORTED,
+    T,
+    activation_type,
+    dequantize,
+    dequantize_activations,
+    quantize_activations,
+    random_quant_matrix,
+)
+
+ALL_TYPES = sorted(SUPPORTED, key=lambda t: t.value)
+IDS = [t.name for t in ALL_TYPES]
+N_ROWS = 13  # odd: leftover rows after any even split
+
+
+def _n_cols(qtype: T) -> int:
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        return 512
+    if qtype in (T.F32, T.F16, T.BF16):
+        return 77  # not a multiple of the 16-wide chunks: exercises the scalar tail
+    return 96  # 3 blocks: one pair and one leftover block
+
+
+@pytest.fixture(scope="module")
+def avx2() -> Iterator[MatmulKernels]:
+    with MatmulKernels(ALL_TYPES) as k:
+        yield k
+
+
+@pytest.fixture(scope="module")
+def portable() -> Iterator[MatmulKernels]:
+    with MatmulKernels(ALL_TYPES, portable=True) as k:
+        yield k
+
+
+@pytest.fixture(scope="module")
+def two_threads() -> Iterator[MatmulKernels]:
+    with MatmulKernels(ALL_TYPES, n_threads=2) as k:
+        yield k
+
+
+@pytest.fixture
+def always_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split even tiny matrices across threads (normally only big ones are worth it)."""
+    monkeypatch.setattr(threads, "MIN_BYTES_PER_PART", 1)
+
+
+def _case(qtype: T, m: int, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(1000 * qtype.value + m + seed)
+    w = random_quant_matrix(qtype, N_ROWS, _n_cols(qtype), rng)
+    x = rng.normal(0, 1, size=(m, w.n_cols)).astype(np.float32)  # [m, K]
+    return w, x
+
+
+def _assert_same_math(got: np.ndarray, w, x: np.ndarray) -> None:
+    """Kernel vs twin: equal up to float32 summation order.
+
+    The bound scales with sum |w_j x_j| (what rounding in a sum of products is proportional to);
+    a wrong block, scale or sign would miss it by orders of magnitude.
+    """
+    ref = matmul_reference(w, x)  # [M, N]
+    act = activation_type(w.qtype)
+    xs = x if act is None else dequantize_activations(quantize_activations(x, act), act, w.n_cols)
+    scale = np.abs(xs.astype(np.float64)) @ np.abs(dequantize(w.raw, w.qtype, w.n_cols).T)
+    assert got.shape == ref.shape and got.dtype == np.float32
+    assert np.all(np.abs(got - ref) <= 2e-6 * scale + 1e-30), np.abs(got - ref).max() / scale.max()
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
+def test_avx2_matches_reference(avx2: MatmulKernels, qtype: T, m: int) -> None:
+    w, x = _case(qtype, m)
+    _assert_same_math(avx2.matmul(w, x), w, x)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
+def test_portable_matches_reference(portable: MatmulKernels, qtype: T, m: int) -> None:
+    w, x = _case(qtype, m)
+    _assert_same_math(portable.matmul(w, x), w, x)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
+def test_two_threads_give_the_same_bits(avx2: MatmulKernels, two_threads: MatmulKernels,
+                                        always_split: None, qtype: T) -> None:
+    for m in (1, 5):
+        w, x = _case(qtype, m, seed=1)
+        np.testing.assert_array_equal(two_threads.matmul(w, x), avx2.matmul(w, x))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
+def test_rows_do_not_depend_on_the_batch(avx2: MatmulKernels, qtype: T) -> None:
+    """A row's result is the same bits alone or in a batch (tiles of 4 plus leftovers)."""
+    w, x = _case(qtype, 6, seed=2)
+    together = avx2.matmul(w, x)
+    for i in range(6):
+        np.testing.assert_array_equal(avx2.matmul(w, x[i:i + 1])[0], together[i])
+
+
+@pytest.mark.parametrize("act", ["q8_0", "q8_1", "q8_k"])
+def test_compiled_quantizer_writes_the_twins_bytes(avx2: MatmulKernels, act: str) -> None:
+    rng = np.random.default_rng(11)
+    x = rng.normal(0, 1, size=(3, 512)).astype(np.float32)  # [3, 512]
+    x[0, :256] = 0.0
+    x[1] *= np.float32(1e-3)
+    x[2, 256:] = np.round(x[2, 256:] * 4) / 4  # exact ties for the rounding mode
+    np.testing.assert_array_equal(avx2.quantize(x, act), quantize_activations(x, act))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
+def test_reference_is_the_float_product_up_to_activation_rounding(qtype: T) -> None:
+    """matmul_reference vs dequantize(W) @ x.T in float64: they differ only by the 8-bit rounding
+    of x, at most ~half a step (max|x_block| / 254, a bit more where d is an f16) per value."""
+    w, x = _case(qtype, 3)
+    wd = dequantize(w.raw, w.qtype, w.n_cols).astype(np.float64)  # [N, K]
+    exact = x.astype(np.float64) @ wd.T  # [M, N]
+    got = matmul_reference(w, x)
+    act = activation_type(qtype)
+    if act is None:
+        np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-7 * np.abs(exact).max())
+        return
+    elems = 256 if act == "q8_k" else 32
+    amax = np.abs(x.reshape(3, -1, elems)).max(axis=-1)  # [M, blocks]
+    half_step = np.repeat(amax / 127 * 0.57, elems, axis=1)  # [M, K]
+    bound = half_step @ np.abs(wd).T  # [M, N]
+    err = np.abs(got - exact)
+    assert np.all(err <= bound + 1e-6)
+    assert err.max() > 0  # the activations really were quantized
+
+
+def test_big_split_matches_one_thread(avx2: MatmulKernels, two_threads: MatmulKernels) -> None:
+    """A matrix big enough to be split for real (no monkeypatching)."""
+    rng = np.random.default_rng(5)
+    w = random_quant_matrix(T.Q8_0, 8192, 576, rng)  # 5 MB: two parts
+    assert parts_for(w.nbytes, w.n_rows, 2) == 2
+    x = rng.normal(size=(1, 576)).astype(np.float32)
+    np.testing.assert_array_equal(two_threads.matmul(w, x), avx2.matmul(w, x))
+
+
+def test_out_argument_and_layout_handling(avx2: MatmulKernels) -> None:
+    w, x = _case(T.Q4_1, 3)
+    out = np.full((3, N_ROWS), np.nan, np.float32)
+    assert avx2.matmul(w, x, out) is out
+    np.testing.assert_array_equal(out, avx2.matmul(w, x))
+    strided = np.asfortranarray(x)  # not C-contiguous, and float64 below: both get converted
+    np.testing.assert_array_equal(avx2.matmul(w, strided), out)
+    np.testing.assert_array_equal(avx2.matmul(w, x.astype(np.float64)), out)
+
+
+def test_bad_calls_raise_clear_errors(avx2: MatmulKernels) -> None:
+    w, x = _case(T.Q4_1, 2)
+    with pytest.raises(ValueError, match=r"shape \[M >= 1, 96\]"):
+        avx2.matmul(w, x[:, :64])
+    with pytest.raises(ValueError, match="shape"):
+        avx2.matmul(w, x[0])
+    with pytest.raises(ValueError, match="out must be"):
+        avx2.matmul(w, x, np.empty((2, N_ROWS + 1), np.float32))
+    with pytest.raises(ValueError, match="out must be"):
+        avx2.matmul(w, x, np.empty((2, N_ROWS), np.float64))
+    only_q8 = MatmulKernels([T.Q8_0])
+    with pytest.raises(ValueError, match="no kernel compiled for Q4_1"):
+        only_q8.matmul(w, x)
+    with pytest.raises(ValueError, match="unsupported tensor type Q2_K"):
+        MatmulKernels([T.Q2_K])
+    with pytest.raises(ValueError, match="n_threads"):
+        MatmulKernels([T.Q8_0], n_threads=0)
+
+
+def test_split_rows_covers_the_range_evenly() -> None:
+    for n_rows in (1, 2, 7, 576, 49152):
+        for n_parts in (1, 2, 3, 8):
+            parts = split_rows(n_rows, n_parts)
+            assert parts[0][0] == 0 and parts[-1][1] == n_rows
+            assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+            sizes = [r1 - r0 for r0, r1 in parts]
+            assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+            assert len(parts) == min(n_parts, n_rows)
+
+
+def test_parts_for_splits_only_big_work() -> None:
+    assert parts_for(100_000, 576, 2) == 1
+    assert parts_for(30_000_000, 49152, 2) == 2
+    assert parts_for(30_000_000, 1, 2) == 1
+    assert parts_for(30_000_000, 49152, 1) == 1
+
+
+def test_row_splitter_runs_every_part_and_reraises() -> None:
+    splitter = RowSplitter(3)
+    try:
+        seen: list[tuple[int, int]] = []
+        splitter.run(lambda r0, r1: seen.append((r0, r1)), 10, 3)
+        assert sorted(seen) == split_rows(10, 3)
+
+        def fail_on_last(r0: int, r1: int) -> None:
+            if r1 == 10:
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            splitter.run(fail_on_last, 10, 3)
+        seen.clear()
+        splitter.run(lambda r0, r1: seen.append((r0, r1)), 10, 2)  # still usable afterwards
+        assert sorted(seen) == split_rows(10, 2)
+    finally:
+        splitter.close()
