@@ -1,6 +1,7 @@
 """Compiled matmul kernels against their numpy twin (engine.kernels.matmul.matmul_reference)."""
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import numpy as np
@@ -213,3 +214,14 @@ def test_row_splitter_runs_every_part_and_reraises() -> None:
         assert sorted(seen) == split_rows(10, 2)
     finally:
         splitter.close()
+
+
+def test_row_splitter_nobody_closed_stops_its_workers() -> None:
+    splitter = RowSplitter(2)
+    workers = list(splitter._threads)
+    splitter.run(lambda r0, r1: None, 4, 2)
+    del splitter
+    gc.collect()
+    for t in workers:
+        t.join(timeout=5)
+        assert not t.is_alive()

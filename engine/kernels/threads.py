@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 
 # A hand-off to a Python worker costs ~40 us, so a part must carry well over that in work. On
@@ -35,6 +36,24 @@ def parts_for(weight_bytes: int, n_rows: int, n_threads: int) -> int:
     return max(1, min(n_threads, n_rows, weight_bytes // MIN_BYTES_PER_PART))
 
 
+_Task = tuple[Callable[[int, int], None], int, int]  # fn, r0, r1
+
+
+def _work(tasks: queue.SimpleQueue[_Task | None], done: queue.SimpleQueue[BaseException | None]) -> None:
+    while (task := tasks.get()) is not None:
+        fn, r0, r1 = task
+        try:
+            fn(r0, r1)
+            done.put(None)
+        except BaseException as exc:  # handed to the caller, which re-raises it
+            done.put(exc)
+
+
+def _stop(all_tasks: list[queue.SimpleQueue[_Task | None]]) -> None:
+    for tasks in all_tasks:
+        tasks.put(None)
+
+
 class RowSplitter:
     """Runs fn(r0, r1) over a row range split across the caller and n_threads - 1 workers."""
 
@@ -43,24 +62,18 @@ class RowSplitter:
             raise ValueError(f"n_threads must be at least 1, got {n_threads}")
         self.n_threads = n_threads
         self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-        self._tasks: list[queue.SimpleQueue[tuple[Callable[[int, int], None], int, int] | None]] = []
+        self._tasks: list[queue.SimpleQueue[_Task | None]] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()  # one split at a time: workers serve one caller
         for k in range(n_threads - 1):
-            tasks: queue.SimpleQueue[tuple[Callable[[int, int], None], int, int] | None] = queue.SimpleQueue()
-            t = threading.Thread(target=self._work, args=(tasks,), name=f"rows-{k + 1}", daemon=True)
+            tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+            t = threading.Thread(target=_work, args=(tasks, self._done), name=f"rows-{k + 1}",
+                                 daemon=True)
             t.start()
             self._tasks.append(tasks)
             self._threads.append(t)
-
-    def _work(self, tasks: queue.SimpleQueue[tuple[Callable[[int, int], None], int, int] | None]) -> None:
-        while (task := tasks.get()) is not None:
-            fn, r0, r1 = task
-            try:
-                fn(r0, r1)
-                self._done.put(None)
-            except BaseException as exc:  # handed to the caller, which re-raises it
-                self._done.put(exc)
+        # workers hold only their queues, so a splitter nobody closed can still be collected
+        weakref.finalize(self, _stop, list(self._tasks))
 
     def run(self, fn: Callable[[int, int], None], n_rows: int, n_parts: int) -> None:
         """Call fn on each part of [0, n_rows); returns when all parts are done."""
@@ -86,8 +99,7 @@ class RowSplitter:
 
     def close(self) -> None:
         with self._lock:
-            for tasks in self._tasks:
-                tasks.put(None)
+            _stop(self._tasks)
             for t in self._threads:
                 t.join()
             self._threads.clear()
