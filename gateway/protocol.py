@@ -1,0 +1,451 @@
+"""OpenAI API request and response bodies, ordered like OpenAI's API reference.
+
+Requests are validated strictly from the raw JSON (`parse_request`), so a wrong type is a 400
+naming the parameter, never a silent coercion or a 500. Fields we accept beyond OpenAI's are
+fenced off under "modelyard extras". `sampling_params` is the one place request fields become
+engine sampling parameters.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+if TYPE_CHECKING:
+    import engine
+
+MAX_N = 16           # choices per request; they run one after another, so keep it modest
+MAX_STOP = 16        # OpenAI allows 4; more costs us nothing
+MAX_TOP_LOGPROBS = 20
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # the legacy completions endpoint's documented default
+
+
+class _Request(BaseModel):
+    # Strict: JSON types must match (no "1" -> 1); unknown fields (tools, metadata...) are ignored.
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------------- errors
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")  # e.g. n_prompt_tokens and n_ctx on context errors
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+# --------------------------------------------------------------------------------- models
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "modelyard"
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# --------------------------------------------------------------------------------- shared pieces
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    for key in value or {}:
+        if not key.isdigit():
+            raise ValueError(f"keys must be token ids, got {key!r}")
+    return value
+
+
+def _stop_list(stop: str | list[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    return [s for s in ([stop] if isinstance(stop, str) else stop) if s]
+
+
+# --------------------------------------------------------------------------------- chat
+
+class TextContentPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["developer", "system", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """Content as one string: text parts are joined by newlines."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = None  # None -> the configured default model
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[str, Bias] | None = None
+    logprobs: bool = False
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    presence_penalty: Penalty = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = Field(default=None)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    user: str | None = None
+    # --- modelyard extras (llama.cpp-style sampling knobs) ---
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repeat_penalty: float = Field(default=1.0, gt=0.0)
+
+    _check_bias = field_validator("logit_bias")(_check_logit_bias)
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_needs_logprobs(cls, value: int | None, info: Any) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("logprobs must be true when top_logprobs is used")
+        return value
+
+    def stop_list(self) -> list[str]:
+        return _stop_list(self.stop)
+
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs
+
+    def n_top_logprobs(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else 0
+
+    def include_usage_in_stream(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(_Response):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    refusal: str | None = None
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class ChatChoice(_Response):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChoiceDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Response):
+    index: int
+    delta: ChoiceDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None  # only on the last chunk, when stream_options.include_usage
+    system_fingerprint: str | None = None
+
+
+# --------------------------------------------------------------------------------- completions
+
+class CompletionRequest(_Request):
+    model: str | None = None
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    frequency_penalty: Penalty = 0.0
+    logit_bias: dict[str, Bias] | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    max_tokens: int | None = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    presence_penalty: Penalty = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    user: str | None = None
+    # --- modelyard extras ---
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repeat_penalty: float = Field(default=1.0, gt=0.0)
+
+    _check_bias = field_validator("logit_bias")(_check_logit_bias)
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, value: str | list[Any]) -> str | list[Any]:
+        if isinstance(value, list) and (not value or any(isinstance(p, list) and not p for p in value)):
+            raise ValueError("prompt must not be an empty list")
+        return value
+
+    def stop_list(self) -> list[str]:
+        return _stop_list(self.stop)
+
+    def token_budget(self) -> int | None:
+        return self.max_tokens
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    def n_top_logprobs(self) -> int:
+        return self.logprobs or 0
+
+    def include_usage_in_stream(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: each a string or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+class CompletionLogprobs(_Response):
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None
+
+
+class Completion(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+# --------------------------------------------------------------------------------- embeddings
+
+class EmbeddingRequest(_Request):
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, value: str | list[Any]) -> str | list[Any]:
+        if isinstance(value, list) and (not value or any(isinstance(p, list | str) and not p for p in value)):
+            raise ValueError("input must not be empty")
+        if isinstance(value, str) and not value:
+            raise ValueError("input must not be empty")
+        return value
+
+    def inputs(self) -> list[str | list[int]]:
+        x = self.input
+        if isinstance(x, str):
+            return [x]
+        if all(isinstance(v, int) for v in x):
+            return [list(x)]  # type: ignore[arg-type]
+        return list(x)  # type: ignore[arg-type]
+
+
+class Embedding(_Response):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32
+
+
+class EmbeddingUsage(_Response):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(_Response):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+# --------------------------------------------------------------------------------- helpers
+
+GenerationRequestBody = ChatCompletionRequest | CompletionRequest
+R = TypeVar("R", bound=BaseModel)
+
+
+class RequestValidationError(Exception):
+    """A request body that is not JSON or does not fit the schema; `param` names the field."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def _is_union_tag(part: str) -> bool:
+    # pydantic labels union branches with type names ('str', 'list[int]', 'TextContentPart');
+    # our field names are lower snake_case, so anything else is a tag, not a path step.
+    return "[" in part or part in {"str", "int", "float", "bool", "none"} or part[:1].isupper()
+
+
+def param_path(loc: tuple[int | str, ...]) -> str | None:
+    """('messages', 0, 'str', 'content') -> 'messages[0].content'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _is_union_tag(part):
+            out += f".{part}" if out else part
+    return out or None
+
+
+def parse_request(model: type[R], body: bytes) -> R:
+    """Validate a raw JSON body; raises RequestValidationError (-> 400) on any problem."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        if first["type"] == "json_invalid":
+            raise RequestValidationError(f"We could not parse the JSON body of your request: {first['msg']}",
+                                         None) from None
+        param = param_path(first["loc"])
+        details: list[str] = []
+        for err in errors:
+            where = param_path(err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            text = f"'{where}': {msg}" if where else msg
+            if text not in details:
+                details.append(text)
+        message = "Invalid request: " + "; ".join(details[:4])
+        if len(details) > 4:
+            message += f" (and {len(details) - 4} more)"
+        raise RequestValidationError(message, param) from None
+
+
+def sampling_params(req: GenerationRequestBody, choice: int = 0) -> engine.SamplingParams:
+    """Request fields -> engine sampling parameters for choice number `choice`.
+
+    Choices of one request get seeds seed, seed+1, ... so `n` > 1 with a seed gives n different
+    but reproducible answers.
+    """
+    import engine
+
+    seed = None if req.seed is None else req.seed + choice
+    greedy = req.top_p == 0.0  # OpenAI allows top_p 0: only the most likely token survives
+    return engine.SamplingParams(
+        temperature=0.0 if greedy else req.temperature,
+        top_k=req.top_k,
+        top_p=1.0 if greedy else req.top_p,
+        min_p=req.min_p,
+        repeat_penalty=req.repeat_penalty,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
+        seed=seed,
+        top_logprobs=req.n_top_logprobs(),
+    )
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
