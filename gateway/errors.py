@@ -1,0 +1,110 @@
+"""Exceptions -> OpenAI-shaped error bodies `{"error": {"message", "type", "param", "code"}}`.
+
+`to_api_error` is the single mapping from anything raised while serving to a status and body;
+`error_response` renders it. The app installs `handle_exception` for every exception type, so a
+handler never builds an error body itself.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+import engine
+from engine.chat import ChatTemplateError
+
+from .protocol import ErrorInfo, ErrorResponse, RequestValidationError
+from .config import ModelNotFoundError
+from .registry import ModelLoadFailedError, RegistryBusyError
+from .scheduler import QueueFullError, SchedulerClosedError
+
+log = logging.getLogger("modelyard")
+
+
+class APIError(Exception):
+    """An error with everything the client sees: status, OpenAI type/param/code, headers."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code,
+                         **self.extra)
+        return ErrorResponse(error=info).model_dump()
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def context_length_exceeded(n_prompt_tokens: int, n_ctx: int, param: str | None) -> APIError:
+    return APIError(
+        400,
+        f"This model's maximum context length is {n_ctx} tokens, but the prompt has "
+        f"{n_prompt_tokens} tokens. Shorten the prompt.",
+        param=param, code="context_length_exceeded", n_prompt_tokens=n_prompt_tokens, n_ctx=n_ctx,
+    )
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """The one mapping from exceptions to client-visible errors."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        return invalid_request(exc.message, exc.param)
+    if isinstance(exc, ModelNotFoundError):
+        available = ", ".join(exc.available) or "(none)"
+        return APIError(404, f"The model '{exc.alias}' does not exist. Available models: {available}",
+                        param="model", code="model_not_found")
+    if isinstance(exc, ModelLoadFailedError):
+        return APIError(500, f"Model could not be loaded: {exc}", type="server_error",
+                        code="model_load_failed")
+    if isinstance(exc, RegistryBusyError | QueueFullError | SchedulerClosedError):
+        return APIError(503, str(exc), type="server_error", code="server_busy",
+                        headers=_retry_after(exc.retry_after))
+    if isinstance(exc, ChatTemplateError):
+        return invalid_request(f"The chat template rejected these messages: {exc}", "messages")
+    if isinstance(exc, engine.ContextOverflowError):
+        return context_length_exceeded(exc.n_tokens, exc.n_ctx, None)
+    if isinstance(exc, HTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return APIError(exc.status_code, str(exc.detail), type=kind, code=code,
+                        headers=dict(exc.headers or {}))
+    return APIError(500, f"Internal error: {type(exc).__name__}: {exc}", type="server_error",
+                    code="internal_error")
+
+
+# Exception types the app routes to `handle_exception` (anything else is a 500 from Starlette's
+# outermost handler, which also logs it).
+HANDLED: tuple[type[Exception], ...] = (
+    APIError, RequestValidationError, ModelNotFoundError, ModelLoadFailedError, RegistryBusyError,
+    QueueFullError, SchedulerClosedError, ChatTemplateError, engine.ContextOverflowError,
+    HTTPException, Exception,
+)
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    err = to_api_error(exc)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def handle_exception(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(exc)

@@ -1,0 +1,95 @@
+"""HTTP handlers: parse -> acquire -> plan -> JSON or stream. Nothing else lives here.
+
+A lease counts the request as in flight, so its model cannot be evicted or unloaded under it.
+Whole responses release it before returning; streams hand it to the response, which releases it
+when the stream ends or the client leaves.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from . import protocol as p
+from . import serving
+from .scheduler import ServedModel
+from .streaming import EventStreamResponse, cancel_on_disconnect
+
+
+def _json(body: BaseModel) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"))
+
+
+async def list_models(request: Request) -> Response:
+    config = request.app.state.config
+    created = request.app.state.started
+    cards = [p.ModelCard(id=alias, created=created) for alias in config.aliases()]
+    return _json(p.ModelList(data=cards))
+
+
+async def _serve(request: Request, alias: str | None, stream: bool,
+                 plan: Callable[[ServedModel], serving.Plan | None],
+                 whole: Callable[[ServedModel, str, Any], Awaitable[BaseModel]],
+                 chunks: Callable[[ServedModel, str, Any], AsyncIterator[BaseModel]] | None) -> Response:
+    registry = request.app.state.registry
+    lease = await registry.acquire(alias)
+    handed_off = False
+    try:
+        planned = plan(lease.model)
+        if stream and chunks is not None:
+            response = EventStreamResponse(chunks(lease.model, lease.alias, planned),
+                                           on_close=lambda: registry.release(lease))
+            handed_off = True
+            return response
+        return _json(await cancel_on_disconnect(request, whole(lease.model, lease.alias, planned)))
+    finally:
+        if not handed_off:
+            registry.release(lease)
+
+
+async def chat_completions(request: Request) -> Response:
+    req = p.parse_request(p.ChatCompletionRequest, await request.body())
+    return await _serve(
+        request, req.model, req.stream,
+        plan=lambda served: serving.plan_chat(served, req),
+        whole=lambda served, alias, plan: serving.chat_completion(served, alias, req, plan),
+        chunks=lambda served, alias, plan: serving.chat_chunks(served, alias, req, plan),
+    )
+
+
+async def completions(request: Request) -> Response:
+    req = p.parse_request(p.CompletionRequest, await request.body())
+    return await _serve(
+        request, req.model, req.stream,
+        plan=lambda served: serving.plan_completion(served, req),
+        whole=lambda served, alias, plan: serving.completion(served, alias, req, plan),
+        chunks=lambda served, alias, plan: serving.completion_chunks(served, alias, req, plan),
+    )
+
+
+async def embeddings(request: Request) -> Response:
+    req = p.parse_request(p.EmbeddingRequest, await request.body())
+    return await _serve(
+        request, req.model, False,
+        plan=lambda served: None,
+        whole=lambda served, alias, _: serving.embeddings(served, alias, req),
+        chunks=None,
+    )
+
+
+def routes() -> list[BaseRoute]:
+    """Every endpoint under /v1 and again without the prefix."""
+    table: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
+        ("/models", list_models, ["GET"]),
+        ("/chat/completions", chat_completions, ["POST"]),
+        ("/completions", completions, ["POST"]),
+        ("/embeddings", embeddings, ["POST"]),
+    ]
+    out: list[BaseRoute] = []
+    for prefix in ("/v1", ""):
+        out += [Route(prefix + path, handler, methods=methods) for path, handler, methods in table]
+    return out
