@@ -6,7 +6,6 @@ handler never builds an error body itself.
 """
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -17,12 +16,10 @@ from starlette.responses import JSONResponse
 import engine
 from engine.chat import ChatTemplateError
 
-from .protocol import ErrorInfo, ErrorResponse, RequestValidationError
 from .config import ModelNotFoundError
+from .protocol import ErrorInfo, ErrorResponse, RequestValidationError
 from .registry import ModelLoadFailedError, RegistryBusyError
 from .scheduler import QueueFullError, SchedulerClosedError
-
-log = logging.getLogger("modelyard")
 
 
 class APIError(Exception):

@@ -11,7 +11,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_serializer)
 
 if TYPE_CHECKING:
     import engine
@@ -217,6 +218,11 @@ class ChatCompletion(_Response):
 class ChoiceDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        # OpenAI sends `role` in the first delta only and an empty delta `{}` at the end
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChunkChoice(_Response):

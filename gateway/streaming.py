@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -31,8 +32,6 @@ def sse(payload: BaseModel | dict[str, Any]) -> bytes:
     """One `data:` event. JSON never contains a raw newline, so one line is enough."""
     if isinstance(payload, BaseModel):
         return b"data: " + payload.model_dump_json().encode() + b"\n\n"
-    import json
-
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 

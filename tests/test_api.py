@@ -421,6 +421,18 @@ class TestServer:
         ok = server.client.chat.completions.create(model="smollm2", messages=user("hi"), max_tokens=2)
         assert ok.choices[0].message.content is not None
 
+    def test_client_leaving_a_whole_response_also_stops_generation(self, server):
+        body = {"model": "smollm2", "messages": user("Tell me a very long story."),
+                "max_tokens": 900, "logit_bias": SMOL_EOG}
+        before = server.tokens["smollm2"]
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/chat/completions", json=body, timeout=1.0)
+        server.wait_until(lambda s: s["smollm2"]["in_flight"] == 0)
+        time.sleep(0.5)
+        stopped_at = server.tokens["smollm2"]
+        time.sleep(0.5)
+        assert server.tokens["smollm2"] == stopped_at < before + 900
+
     def test_no_eviction_mid_stream(self, server):
         body = dict(model="smollm2", messages=user("Tell me a very long story."), max_tokens=300,
                     logit_bias=SMOL_EOG, temperature=0)
