@@ -1,6 +1,13 @@
 """Per-model request scheduling: a worker thread runs generations; events flow back to asyncio.
 
-For now each model runs one request at a time, first come first served:
+For now each model runs one request at a time, first come first served; `max_queue` more may
+wait behind it (beyond that: QueueFullError, a 503). A job's life:
+
+    queued --worker takes it--> running --model.stream ends--> finished (Finished event)
+      |                            |----raises-----------> failed (the exception is the event)
+      +--cancel()/close()--+       +----cancel()/close()--> cancelled (checked before each token)
+                           v
+                 skipped (close(): SchedulerClosedError)
 
     asyncio side                        worker thread (one per loaded model)
     ------------                        ------------------------------------
@@ -331,13 +338,17 @@ class Scheduler:
 
     @property
     def queued(self) -> int:
-        return len(self._waiting)
+        """Requests waiting for the worker (cancelled ones no longer count)."""
+        with self._lock:
+            return sum(not j.cancelled.is_set() for j in self._waiting)
 
     def _enqueue(self, job: _Job) -> None:
         with self._lock:
             if self._closed:
                 raise SchedulerClosedError(self.name)
-            if len(self._waiting) >= self.max_queue:
+            waiting = sum(not j.cancelled.is_set() for j in self._waiting)
+            busy = waiting + (self._running is not None)
+            if busy >= 1 + self.max_queue:  # one runs, max_queue wait behind it
                 raise QueueFullError(self.name, self.max_queue)
             self._waiting.add(job)
             self._jobs.put(job)

@@ -254,6 +254,7 @@ def test_queue_limit_and_close_fail_waiting_and_running_requests():
         gate = threading.Semaphore(0)
         sched = Scheduler(FakeModel(gate), name="fake", max_queue=2)
         running = sched.submit(request([1, 1, 1]))
+        sched.submit(request([9])).cancel()   # cancelled while waiting: skipped, frees its place
         gate.release()
         await running.__anext__()             # the worker holds it; it no longer waits
         waiting = [sched.submit(request([2])), sched.submit(request([3]))]
@@ -271,6 +272,22 @@ def test_queue_limit_and_close_fail_waiting_and_running_requests():
             sched.submit(request([5]))
 
     asyncio.run(main())
+
+
+def test_max_queue_zero_still_runs_one_request():
+    async def main():
+        gate = threading.Semaphore(0)
+        sched = Scheduler(FakeModel(gate), name="fake", max_queue=0)
+        try:
+            first = sched.submit(request([1]))
+            with pytest.raises(QueueFullError):
+                sched.submit(request([2]))
+            gate.release()
+            return await asyncio.wait_for(drain(first), 10)
+        finally:
+            sched.close()
+
+    assert asyncio.run(main())[0] == "a"
 
 
 def test_embeddings_run_on_the_worker():
