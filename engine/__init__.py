@@ -1,1 +1,14 @@
-"""modelyard's in-process inference engine for llama-family GGUF models."""
+"""modelyard's in-process inference engine for llama-family GGUF models.
+
+    model = engine.load("model.gguf", n_ctx=2048, n_threads=2)
+    ids = model.tokenizer.encode(text, add_special=False, parse_special=True)
+    for token in model.generate(ids, max_tokens=64, temperature=0.0): ...
+    model.close()
+"""
+from .api import Model, estimate_memory, load
+from .gguf import ModelLoadError
+from .model import ContextOverflowError
+from .sampling import Sampled, SamplingParams
+
+__all__ = ["ContextOverflowError", "Model", "ModelLoadError", "Sampled", "SamplingParams",
+           "estimate_memory", "load"]

@@ -52,31 +52,31 @@ Q6_K = np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16
 # q8_0, 32 values, 34 bytes: f16 d | i8 qs[32]  (= ggml block_q8_0)
 Q8_0_ACT = Q8_0
 # q8_1, 32 values, 40 bytes: f32 d | f32 s = d * sum(qs) | i8 qs[32]  (ggml's block_q8_1 as gguf's
-#   size table has it; today's ggml packs d and s as f16). f32 keeps the m * s term of Q4_1/Q5_1
-#   as exact as the rest and saves the kernel two conversions per block and weight row.
+#   size table has it). d and s hold f16-rounded values, as today's ggml stores them, so our
+#   products follow llama.cpp's; f32 slots save the kernel two conversions per block and row.
 Q8_1_ACT = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", (32,))])
 # q8_k, 256 values, 292 bytes: f32 d | i8 qs[256] | i16 bsums[16] (sum of each 16 qs) (= ggml block_q8_K)
 Q8_K_ACT = np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))])
 
-_LAYOUTS: dict[GGMLQuantizationType, np.dtype] = {
+WEIGHT_LAYOUTS: dict[GGMLQuantizationType, np.dtype] = {
     T.Q4_0: Q4_0, T.Q4_1: Q4_1, T.Q5_0: Q5_0, T.Q5_1: Q5_1, T.Q8_0: Q8_0,
     T.Q4_K: Q4_K, T.Q5_K: Q5_K, T.Q6_K: Q6_K,
 }
 _FLOAT_TYPES = {T.F32: np.dtype("<f4"), T.F16: np.dtype("<f2"), T.BF16: np.dtype("<u2")}
-SUPPORTED: frozenset[GGMLQuantizationType] = frozenset(_LAYOUTS) | frozenset(_FLOAT_TYPES)
+SUPPORTED: frozenset[GGMLQuantizationType] = frozenset(WEIGHT_LAYOUTS) | frozenset(_FLOAT_TYPES)
 
 ACTIVATION_LAYOUTS: dict[str, np.dtype] = {"q8_0": Q8_0_ACT, "q8_1": Q8_1_ACT, "q8_k": Q8_K_ACT}
 ACTIVATION_BLOCK: dict[str, int] = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
-# llama.cpp pairs Q4_0/Q5_0 with q8_0; we give them q8_1 (same q, f32 d), whose block sum
+# llama.cpp pairs Q4_0/Q5_0 with q8_0; we give them q8_1 (same q and d), whose block sum
 # lets the kernel keep the weights unsigned (q * y, then - 8 * d * s) instead of sign-flipping
-# both operands: about 25% faster, and the same math.
+# both operands: about 25% faster; s's f16 rounding adds noise of the size d's rounding has.
 _ACTIVATION_OF: dict[GGMLQuantizationType, str] = {
     T.Q8_0: "q8_0",
     T.Q4_0: "q8_1", T.Q5_0: "q8_1", T.Q4_1: "q8_1", T.Q5_1: "q8_1",
     T.Q4_K: "q8_k", T.Q5_K: "q8_k", T.Q6_K: "q8_k",
 }
 
-for _t, _layout in [*_LAYOUTS.items(), (T.Q8_1, Q8_1_ACT), (T.Q8_K, Q8_K_ACT)]:
+for _t, _layout in [*WEIGHT_LAYOUTS.items(), (T.Q8_1, Q8_1_ACT), (T.Q8_K, Q8_K_ACT)]:
     assert GGML_QUANT_SIZES[_t][1] == _layout.itemsize, _t  # the layouts agree with gguf's table
 
 
@@ -219,7 +219,7 @@ def dequantize(raw: np.ndarray, qtype: GGMLQuantizationType, n_cols: int) -> np.
             return (vals.astype(np.uint32) << 16).view(np.float32)
         return vals.astype(np.float32)
     elems = GGML_QUANT_SIZES[qtype][0]
-    b = _blocks(raw, _LAYOUTS[qtype], n_cols, elems)
+    b = _blocks(raw, WEIGHT_LAYOUTS[qtype], n_cols, elems)
     return _dequantize_blocks(b, qtype).reshape(raw.shape[0], n_cols)
 
 
@@ -239,7 +239,7 @@ def random_quant_matrix(qtype: GGMLQuantizationType, n_rows: int, n_cols: int,
             w = (w.view(np.uint32) >> 16).astype(np.uint16)
         raw = w.view(np.uint8).reshape(n_rows, nbytes)
         return QuantMatrix(np.ascontiguousarray(raw), qtype, n_rows, n_cols)
-    layout = _LAYOUTS[qtype]
+    layout = WEIGHT_LAYOUTS[qtype]
     nb = n_cols // GGML_QUANT_SIZES[qtype][0]
     raw = rng.integers(0, 256, size=(n_rows, nbytes), dtype=np.uint8)  # bits: any value is valid
     b = raw.view(layout)  # [n_rows, nb], writes go through to raw
@@ -275,8 +275,9 @@ def activation_row_bytes(act: str, n_cols: int) -> int:
 def quantize_activations(x: np.ndarray, act: str) -> np.ndarray:
     """float32 [M, K] -> uint8 [M, activation_row_bytes]: ggml's 8-bit activation blocks.
 
-    Per block: d = max|x| / 127, q = round-half-even(x * (1/d)) (0 when d == 0), all in float32
-    exactly as the compiled kernel does it, so both produce the same bytes.
+    Per block, as ggml does it: d = max|x| / 127, q = round-half-even(x * (127 / max|x|)) (0 when
+    max|x| == 0), all in float32 exactly as the compiled kernel does it, so both produce the same
+    bytes. q8_0/q8_1 scales are rounded to f16 as in ggml's blocks.
     """
     layout, elems = _activation_layout(act)
     x = np.asarray(x, dtype=np.float32)
@@ -287,13 +288,15 @@ def quantize_activations(x: np.ndarray, act: str) -> np.ndarray:
     xb = x.reshape(m_rows, k // elems, elems)  # [M, nb, elems]
     amax = np.abs(xb).max(axis=-1)
     d = amax / np.float32(127)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
     q = np.rint(xb * inv[..., None]).astype(np.int8)
     out = np.zeros((m_rows, k // elems), dtype=layout)
-    out["d"] = d
+    # ggml keeps q8_0/q8_1 scales as f16: round them the same way (q8_1 keeps f32 slots)
+    out["d"] = d if act == "q8_k" else d.astype(np.float16)
     out["qs"] = q
     if act == "q8_1":
-        out["s"] = d * q.astype(np.int32).sum(axis=-1).astype(np.float32)
+        s = d * q.astype(np.int32).sum(axis=-1).astype(np.float32)
+        out["s"] = s.astype(np.float16)
     elif act == "q8_k":
         out["bsums"] = q.reshape(m_rows, k // elems, 16, 16).astype(np.int32).sum(axis=-1)
     return out.view(np.uint8).reshape(m_rows, -1)

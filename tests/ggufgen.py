@@ -58,13 +58,13 @@ def _learn_merges(n_merges: int) -> tuple[list[str], list[str]]:
 
 
 def _random_tensor(qtype: GGMLQuantizationType, n_rows: int, n_cols: int,
-                   rng: np.random.Generator, scale: float) -> tuple[np.ndarray, GGMLQuantizationType]:
+                   rng: np.random.Generator) -> np.ndarray:
+    """Random weights of the size real models have (|w| ~ 0.05), raw blocks unless F32."""
     if qtype == GGMLQuantizationType.F32:
-        return (rng.standard_normal((n_rows, n_cols)) * scale).astype(np.float32), qtype
+        return (rng.standard_normal((n_rows, n_cols)) * 0.05).astype(np.float32)
     from engine.quants import random_quant_matrix
 
-    m = random_quant_matrix(qtype, n_rows, n_cols, rng, scale=scale)
-    return m.raw, qtype
+    return random_quant_matrix(qtype, n_rows, n_cols, rng).raw
 
 
 def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
@@ -110,31 +110,30 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
-    def add(name: str, n_rows: int, n_cols: int, q: GGMLQuantizationType, scale: float) -> None:
-        data, dtype = _random_tensor(q, n_rows, n_cols, rng, scale)
-        if dtype == GGMLQuantizationType.F32:
+    def add(name: str, n_rows: int, n_cols: int, q: GGMLQuantizationType) -> None:
+        data = _random_tensor(q, n_rows, n_cols, rng)
+        if q == GGMLQuantizationType.F32:
             w.add_tensor(name, data)
         else:
-            w.add_tensor(name, data, raw_dtype=dtype)
+            w.add_tensor(name, data, raw_dtype=q)
 
     def add_norm(name: str, n: int) -> None:
         w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
-    s_in, s_ff = 1.0 / np.sqrt(n_embd), 1.0 / np.sqrt(n_ff)
-    add("token_embd.weight", n_vocab, n_embd, output_qtype or qtype, 1.0)
+    add("token_embd.weight", n_vocab, n_embd, output_qtype or qtype)
     for i in range(n_layer):
         add_norm(f"blk.{i}.attn_norm.weight", n_embd)
-        add(f"blk.{i}.attn_q.weight", n_head * head_dim, n_embd, qtype, s_in)
-        add(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd, qtype, s_in)
-        add(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd, qtype, s_in)
-        add(f"blk.{i}.attn_output.weight", n_embd, n_head * head_dim, qtype, s_in)
+        add(f"blk.{i}.attn_q.weight", n_head * head_dim, n_embd, qtype)
+        add(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd, qtype)
+        add(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd, qtype)
+        add(f"blk.{i}.attn_output.weight", n_embd, n_head * head_dim, qtype)
         add_norm(f"blk.{i}.ffn_norm.weight", n_embd)
-        add(f"blk.{i}.ffn_gate.weight", n_ff, n_embd, qtype, s_in)
-        add(f"blk.{i}.ffn_up.weight", n_ff, n_embd, qtype, s_in)
-        add(f"blk.{i}.ffn_down.weight", n_embd, n_ff, qtype, s_ff)
+        add(f"blk.{i}.ffn_gate.weight", n_ff, n_embd, qtype)
+        add(f"blk.{i}.ffn_up.weight", n_ff, n_embd, qtype)
+        add(f"blk.{i}.ffn_down.weight", n_embd, n_ff, qtype)
     add_norm("output_norm.weight", n_embd)
     if not tied_output:
-        add("output.weight", n_vocab, n_embd, output_qtype or qtype, s_in)
+        add("output.weight", n_vocab, n_embd, output_qtype or qtype)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

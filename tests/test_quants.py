@@ -115,8 +115,8 @@ def test_activation_quantization_definition(act: str) -> None:
     back = dequantize_activations(packed, act, k).reshape(3, k // elems, elems)
     xb = x.reshape(3, k // elems, elems)
     amax = np.abs(xb).max(axis=-1, keepdims=True)
-    # each value within half a step of its block (q8_0 rounds d to f16: a little more)
-    slack = 0.5 + (127 * 2 ** -11 if act == "q8_0" else 1e-6)
+    # each value within half a step of its block (q8_0/q8_1 round d to f16: a little more)
+    slack = 0.5 + (1e-6 if act == "q8_k" else 127 * 2 ** -11)
     assert np.all(np.abs(back - xb) <= amax / 127 * slack + 1e-30)
     assert np.all(back.reshape(3, k)[0, :32] == 0)
 
@@ -140,7 +140,12 @@ def test_activation_block_sums() -> None:
     d = q1[..., 0:4].copy().view(np.float32)[..., 0]
     s = q1[..., 4:8].copy().view(np.float32)[..., 0]
     qs = q1[..., 8:].view(np.int8).astype(np.int64)
-    np.testing.assert_allclose(s, d * qs.sum(axis=-1), rtol=1e-6)
+    # ggml's block_q8_1: d and s = d * sum(q) rounded to f16, s from the unrounded d
+    amax = np.abs(x.reshape(2, 8, 32)).max(axis=-1)
+    d_exact = amax / np.float32(127)
+    np.testing.assert_array_equal(d, d_exact.astype(np.float16).astype(np.float32))
+    s_exact = d_exact * qs.sum(axis=-1).astype(np.float32)
+    np.testing.assert_array_equal(s, s_exact.astype(np.float16).astype(np.float32))
     qk = quantize_activations(x, "q8_k").reshape(2, 292)
     qsk = qk[:, 4:260].view(np.int8).astype(np.int64).reshape(2, 16, 16)
     bsums = qk[:, 260:].copy().view(np.int16)

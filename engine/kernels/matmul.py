@@ -41,6 +41,7 @@ from engine.quants import (
     ACTIVATION_BLOCK,
     ACTIVATION_LAYOUTS,
     SUPPORTED,
+    WEIGHT_LAYOUTS,
     QuantMatrix,
     activation_row_bytes,
     activation_type,
@@ -498,11 +499,18 @@ def _emit_absmax(f: _Fn, src: str, n_chunks: int) -> str:
     return amax
 
 
+def _round_to_half(f: _Fn, x: str) -> str:
+    """x rounded to the nearest f16 value, kept as f32 (ggml stores q8_1's d and s as f16)."""
+    return f.let(f"fpext half {f.let(f'fptrunc float {x} to half')} to float")
+
+
 def build_quantize_ir(act: str) -> str:
     """quantize_<act>(ptr x, ptr xq, i64 nb, i64 M): x f32 [M, nb * block] -> M rows of blocks.
 
-    Per block: d = max|x| / 127 (float32), inv = d != 0 ? 1/d : 0, q = roundeven(x * inv); no
-    fast-math, so the numpy twin (engine.quants.quantize_activations) gives the same bytes.
+    Per block, as ggml quantizes: d = max|x| / 127, q = roundeven(x * (127 / max|x|)) (0 when
+    max|x| == 0); no fast-math, so the numpy twin (engine.quants.quantize_activations) gives the
+    same bytes. q8_0 and q8_1 carry d (and q8_1's s = d * sum(q)) rounded to f16 like ggml's
+    blocks, so the products match llama.cpp's, only q8_1 keeps them in f32 slots.
     Layouts: q8_0 f16 d | i8 q[32];  q8_1 f32 d | f32 d * sum(q) | i8 q[32];
     q8_k f32 d | i8 q[256] | i16 bsums[16] (sums of each 16 q).
     """
@@ -516,8 +524,8 @@ def build_quantize_ir(act: str) -> str:
         dst = f.gep("%xq", f.mul(b, xbytes))
         amax = _emit_absmax(f, src, elems // 32)
         d = f.let(f"fdiv float {amax}, 127.0")
-        nonzero = f.let(f"fcmp one float {d}, 0.0")
-        inv = f.let(f"select i1 {nonzero}, float {f.let(f'fdiv float 1.0, {d}')}, float 0.0")
+        nonzero = f.let(f"fcmp one float {amax}, 0.0")
+        inv = f.let(f"select i1 {nonzero}, float {f.let(f'fdiv float 127.0, {amax}')}, float 0.0")
         if act == "q8_k":
             f.store("float", d, dst, 0)
             for c in range(elems // 32):
@@ -528,10 +536,11 @@ def build_quantize_ir(act: str) -> str:
                     s = f.let(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {part})")
                     f.store("i16", f.let(f"trunc i32 {s} to i16"), dst, 260 + 2 * (2 * c + half))
         elif act == "q8_1":
-            f.store("float", d, dst, 0)
+            f.store("float", _round_to_half(f, d), dst, 0)
             q = _emit_quantize_chunk(f, src, f.gep(dst, 8), inv)
             qsum = f.let(f"call i32 @llvm.vector.reduce.add.v32i32(<32 x i32> {q})")
-            f.store("float", f.let(f"fmul float {d}, {f.let(f'sitofp i32 {qsum} to float')}"), dst, 4)
+            s = f.let(f"fmul float {d}, {f.let(f'sitofp i32 {qsum} to float')}")
+            f.store("float", _round_to_half(f, s), dst, 4)
         else:
             f.store("half", f.let(f"fptrunc float {d} to half"), dst, 0)
             _emit_quantize_chunk(f, src, f.gep(dst, 2), inv)
@@ -865,6 +874,27 @@ def matmul_reference(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
     them).T, in float64, returned as float32 [M, N]."""
     x = np.asarray(x, dtype=np.float32)
     act = activation_type(w.qtype)
-    xs = x if act is None else dequantize_activations(quantize_activations(x, act), act, w.n_cols)
+    if act is None:
+        xs = x
+    else:
+        packed = quantize_activations(x, act)
+        xs = dequantize_activations(packed, act, w.n_cols)
     wd = dequantize(w.raw, w.qtype, w.n_cols).astype(np.float64)  # [N, K]
-    return (xs.astype(np.float64) @ wd.T).astype(np.float32)  # [M, N]
+    y = xs.astype(np.float64) @ wd.T                               # [M, N]
+    if act == "q8_1":
+        # The kernel adds each weight block's offset (m, or -8d / -16d) times the activation
+        # block's stored s = f16(d * sum(q)), not times the exact d * sum(q) that xs implies.
+        b = packed.view(ACTIVATION_LAYOUTS[act]).reshape(x.shape[0], -1)   # [M, nb]
+        delta = b["s"].astype(np.float64) - (b["d"].astype(np.float64)
+                                             * b["qs"].astype(np.int64).sum(axis=-1))
+        y += delta @ _block_offsets(w).T
+    return y.astype(np.float32)
+
+
+def _block_offsets(w: QuantMatrix) -> np.ndarray:
+    """float64 [N, nb]: the constant each 32-block of a Q4_0/Q4_1/Q5_0/Q5_1 row adds per value."""
+    b = w.raw.view(WEIGHT_LAYOUTS[w.qtype]).reshape(w.n_rows, -1)
+    if w.qtype in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1):
+        return b["m"].astype(np.float64)
+    offset = 8.0 if w.qtype == GGMLQuantizationType.Q4_0 else 16.0
+    return -offset * b["d"].astype(np.float64)

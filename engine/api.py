@@ -1,0 +1,153 @@
+"""The engine's public face: load a GGUF model, then tokenize, evaluate, generate, embed."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .gguf import GGUFFile, ModelLoadError, read_header
+from .hparams import HParams
+from .model import Chunk, ContextOverflowError, Transformer
+from .sampling import Sampled, Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+PREFILL_CHUNK = 512  # tokens per forward call while prefilling (bounds activation memory)
+
+
+class Model:
+    """One loaded model. Single-threaded: one caller at a time (the server's scheduler)."""
+
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
+                 n_slots: int = 1) -> None:
+        t0 = time.perf_counter()
+        self.path = Path(path)
+        if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
+            raise ValueError("n_ctx, n_slots and n_threads must be positive")
+        self._file = GGUFFile(self.path)
+        try:
+            self.metadata: dict[str, Any] = self._file.metadata
+            self.hparams = HParams.from_metadata(self.metadata, str(self.path))
+            try:
+                self.tokenizer = Tokenizer.from_metadata(self.metadata)
+            except (KeyError, ValueError, TypeError, IndexError) as e:
+                raise ModelLoadError(self.path, f"bad tokenizer metadata: {e}") from None
+            if self.tokenizer.n_vocab != self.hparams.n_vocab:
+                raise ModelLoadError(self.path, f"tokenizer has {self.tokenizer.n_vocab} tokens, "
+                                                f"the model {self.hparams.n_vocab}")
+            self.n_ctx = n_ctx
+            self.n_threads = n_threads
+            self.n_slots = n_slots
+            self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads)
+        except BaseException:
+            self._file.close()
+            raise
+        chat_template = self.metadata.get("tokenizer.chat_template")
+        self.chat_template: str | None = chat_template if isinstance(chat_template, str) else None
+        self.load_seconds = time.perf_counter() - t0
+
+    # -- facts -------------------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return self.hparams.n_vocab
+
+    @property
+    def n_embd(self) -> int:
+        return self.hparams.n_embd
+
+    @property
+    def memory_bytes(self) -> int:
+        """Mapped file + KV cache (the most this model can hold resident)."""
+        return self._file.file_size + self.transformer.cache.nbytes
+
+    # -- evaluation --------------------------------------------------------------------------
+    def _prefill(self, ids: list[int], slot: int, output: str) -> list[np.ndarray]:
+        """Evaluate `ids` in `slot`, reusing the cached prefix; returns per-chunk outputs."""
+        if not ids:
+            raise ValueError("no tokens to evaluate")
+        if len(ids) > self.n_ctx:
+            raise ContextOverflowError(len(ids), self.n_ctx)
+        held = self.transformer.cache.tokens[slot]
+        reuse = 0
+        if output == "last":
+            limit = min(len(held), len(ids) - 1)  # evaluate at least one token to get logits
+            while reuse < limit and held[reuse] == ids[reuse]:
+                reuse += 1
+        outs = []
+        for start in range(reuse, len(ids), PREFILL_CHUNK):
+            part = ids[start:start + PREFILL_CHUNK]
+            outs.append(self.transformer.forward([Chunk(slot, part, start)], output)[0])
+        return outs
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """float32 [len(ids), n_vocab]: logits at every position, evaluated in a fresh context."""
+        self.transformer.cache.tokens[0] = []
+        return np.concatenate(self._prefill(list(ids), 0, "all"), axis=0)
+
+    def embed(self, ids: list[int]) -> np.ndarray:
+        """float32 [n_embd]: mean of the final normed hidden states, L2-normalised."""
+        self.transformer.cache.tokens[0] = []
+        hidden = np.concatenate(self._prefill(list(ids), 0, "hidden"), axis=0)
+        v = hidden.mean(axis=0)
+        return (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
+
+    def stream(self, ids: list[int], params: SamplingParams | None = None, max_tokens: int = 256,
+               stop_at_eog: bool = True) -> Iterator[Sampled]:
+        """Prefill `ids`, then sample up to `max_tokens` tokens one by one.
+
+        Stops before yielding an end-of-generation token when `stop_at_eog`, and when the context
+        is full. Raises ContextOverflowError when the prompt alone fills the context.
+        """
+        ids = list(ids)
+        if len(ids) >= self.n_ctx:
+            raise ContextOverflowError(len(ids), self.n_ctx)
+        sampler = Sampler(params or SamplingParams(), ids)
+        logits = self._prefill(ids, 0, "last")[-1]
+        pos = len(ids)
+        eog = self.tokenizer.eog_ids
+        for _ in range(max_tokens):
+            s = sampler.sample(logits)
+            if stop_at_eog and s.token in eog:
+                return
+            yield s
+            if pos >= self.n_ctx:
+                return
+            logits = self.transformer.forward([Chunk(0, [s.token], pos)], "last")[0]
+            pos += 1
+
+    def generate(self, ids: list[int], max_tokens: int = 64, temperature: float = 0.0,
+                 stop_at_eog: bool = True, **sampling: Any) -> Iterator[int]:
+        params = SamplingParams(temperature=temperature, **sampling)
+        for s in self.stream(ids, params, max_tokens, stop_at_eog):
+            yield s.token
+
+    def close(self) -> None:
+        """Free the KV cache and kernels and unmap the file."""
+        if getattr(self, "transformer", None) is not None:
+            self.transformer.close()
+            self.transformer = None  # type: ignore[assignment]
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
+            self._file = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
+         n_slots: int = 1) -> Model:
+    """Load a GGUF model; raises ModelLoadError naming the file and the problem."""
+    return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots)
+
+
+def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) -> int:
+    """Bytes a load would hold (mapped file + KV cache), from the header alone."""
+    meta, _ = read_header(path)
+    hp = HParams.from_metadata(meta, str(path))
+    return os.path.getsize(path) + hp.kv_bytes_per_token() * n_ctx * n_slots

@@ -1,0 +1,137 @@
+"""The engine's forward pass on tiny random-weight models, every tensor type, against the plain
+numpy reference in tests/reference_llama.py (gguf-py's dequantization, float64, no KV cache)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+import engine
+from engine.model import Chunk
+from tests.ggufgen import write_tiny_llama
+from tests.reference_llama import ReferenceLlama
+
+K_QUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
+ALL_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+PROMPT = "hello world, the quick brown fox"
+
+
+def _write(tmp: Path, qtype: Q, **kw) -> Path:
+    dims = dict(n_embd=256, n_ff=512, n_head=4, n_head_kv=2) if qtype in K_QUANTS else {}
+    return write_tiny_llama(tmp / f"tiny-{qtype.name}.gguf", qtype=qtype, **{**dims, **kw})
+
+
+def _assert_close(ours: np.ndarray, ref: np.ndarray) -> None:
+    """Same logits up to the engine's 8-bit activations and f16 KV cache."""
+    scale = np.abs(ref).max()
+    err = np.abs(ours - ref).max()
+    corr = np.corrcoef(ours.ravel(), ref.ravel())[0, 1]
+    assert err <= 0.05 * scale, f"max |diff| {err:.4f} vs logit scale {scale:.3f}"
+    assert corr >= 0.999, f"correlation {corr:.5f}"
+    # top-1 must agree wherever the reference's top two are further apart than twice the error
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * err
+    assert np.array_equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
+def test_forward_matches_numpy_reference(tmp_path: Path, qtype: Q) -> None:
+    path = _write(tmp_path, qtype)
+    with engine.load(path, n_ctx=64, n_threads=1) as model:
+        ids = model.tokenizer.encode(PROMPT)
+        ours = model.logits(ids)
+    ref = ReferenceLlama(str(path)).logits(ids)
+    assert ours.shape == ref.shape
+    _assert_close(ours, ref)
+
+
+def test_separate_output_matrix_and_mixed_types(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "mixed.gguf", qtype=Q.Q4_1, output_qtype=Q.Q6_K,
+                            tied_output=False, n_embd=256, n_ff=512)
+    with engine.load(path, n_ctx=64, n_threads=2) as model:
+        ids = model.tokenizer.encode(PROMPT)
+        ours = model.logits(ids)
+    _assert_close(ours, ReferenceLlama(str(path)).logits(ids))
+
+
+@pytest.fixture(scope="module")
+def q8(tmp_path_factory: pytest.TempPathFactory):
+    path = write_tiny_llama(tmp_path_factory.mktemp("m") / "q8.gguf", qtype=Q.Q8_0, n_layer=3)
+    model = engine.load(path, n_ctx=128, n_threads=2, n_slots=3)
+    yield model
+    model.close()
+
+
+def test_decode_steps_against_kv_cache_equal_full_evaluation(q8) -> None:
+    ids = q8.tokenizer.encode(PROMPT)
+    full = q8.logits(ids)                                  # [T, n_vocab], one batched pass
+    tr = q8.transformer
+    tr.cache.tokens[1] = []
+    first = tr.forward([Chunk(1, ids[:5], 0)], "all")[0]
+    steps = [tr.forward([Chunk(1, [t], 5 + i)], "last")[0] for i, t in enumerate(ids[5:])]
+    stepped = np.concatenate([first, np.stack(steps)])
+    np.testing.assert_allclose(stepped, full, atol=2e-3 * np.abs(full).max())
+
+
+def test_batched_sequences_equal_separate_runs(q8) -> None:
+    a = q8.tokenizer.encode("the lazy dog")
+    b = q8.tokenizer.encode("hello there! what is the capital")
+    tr = q8.transformer
+    alone_a = q8.logits(a)[-1]
+    alone_b = q8.logits(b)[-1]
+    tr.cache.tokens[1] = []
+    tr.cache.tokens[2] = []
+    la, lb = tr.forward([Chunk(1, a, 0), Chunk(2, b, 0)], "last")
+    np.testing.assert_allclose(la, alone_a, atol=1e-4 * np.abs(alone_a).max())
+    np.testing.assert_allclose(lb, alone_b, atol=1e-4 * np.abs(alone_b).max())
+
+
+def test_prefix_reuse_gives_same_continuation(q8) -> None:
+    ids = q8.tokenizer.encode(PROMPT)
+    fresh = list(q8.generate(ids, max_tokens=8, stop_at_eog=False))
+    again = list(q8.generate(ids, max_tokens=8, stop_at_eog=False))  # slot already holds ids
+    assert fresh == again
+
+
+def test_seeded_generation_is_reproducible(q8) -> None:
+    ids = q8.tokenizer.encode(PROMPT)
+    a = list(q8.generate(ids, max_tokens=12, temperature=1.0, seed=7, stop_at_eog=False))
+    b = list(q8.generate(ids, max_tokens=12, temperature=1.0, seed=7, stop_at_eog=False))
+    assert a == b
+
+
+def test_context_overflow(q8) -> None:
+    with pytest.raises(engine.ContextOverflowError):
+        list(q8.generate([5] * 128, max_tokens=1))
+    # a prompt that fits stops at the end of the context instead of failing
+    out = list(q8.generate([5] * 120, max_tokens=50, stop_at_eog=False))
+    assert len(out) == 128 - 120 + 1
+
+
+def test_embeddings_are_unit_vectors(q8) -> None:
+    v = q8.embed(q8.tokenizer.encode(PROMPT))
+    assert v.shape == (q8.n_embd,)
+    assert np.linalg.norm(v) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_shape_mismatch_is_a_load_error(tmp_path: Path) -> None:
+    from gguf import GGUFWriter  # noqa: F401 - the writer below produces a mismatching file
+    path = write_tiny_llama(tmp_path / "bad.gguf", qtype=Q.F32)
+    data = bytearray(path.read_bytes())
+    key = b"llama.feed_forward_length"
+    pos = data.index(key) + len(key) + 4  # skip the u32 value type
+    data[pos:pos + 4] = (999).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(engine.ModelLoadError, match="ffn_gate.weight has shape"):
+        engine.load(path, n_ctx=32)
+
+
+def test_truncated_model_is_a_load_error(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_0)
+    data = path.read_bytes()
+    for cut in (len(data) // 3, len(data) - 7):
+        path.write_bytes(data[:cut])
+        with pytest.raises(engine.ModelLoadError, match=str(path)):
+            engine.load(path, n_ctx=32)

@@ -1,0 +1,81 @@
+"""SmolLM2-135M-Instruct (Q4_1) against llama.cpp's own outputs in ../shared/refs/smollm2.
+
+Tolerances come from the issue, which takes them from llama.cpp's run-to-run spread (batched versus
+token-by-token evaluation moves its logits by up to 1.1-1.6 and flips 1-3% of top-1 tokens).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine
+
+pytestmark = pytest.mark.real_model
+
+REFS = Path(__file__).resolve().parents[2] / "shared" / "refs" / "smollm2"
+NEAR_TIE = 0.5  # a greedy split is allowed only where the top two logits are this close
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path: Path):
+    model = engine.load(smollm2_path, n_ctx=2048, n_threads=2)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def greedy() -> dict:
+    return json.loads((REFS / "greedy.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["capital", "paragraph", "code"])
+def test_logits_match_llama_cpp(smol, name: str) -> None:
+    ref = np.load(REFS / "logits_top32.npz")
+    ids = ref[f"{name}_ids"].tolist()
+    top_ids, top_logits = ref[f"{name}_top_ids"], ref[f"{name}_top_logits"]  # [T, 32]
+    logits = smol.logits(ids)                                                   # [T, n_vocab]
+    assert logits.shape == (len(ids), smol.n_vocab)
+    agree = np.mean(logits.argmax(-1) == top_ids[:, 0])
+    ours_at_ref = np.take_along_axis(logits, top_ids, axis=1)
+    diff = np.abs(ours_at_ref - top_logits)
+    print(f"{name}: top-1 agreement {agree:.3f}, mean |diff| {diff.mean():.3f}, max {diff.max():.3f}")
+    assert agree >= 0.97
+    assert diff.mean() <= 0.3
+    assert diff.max() <= 1.6
+    last = ref[f"{name}_last_logits"]
+    assert np.abs(logits[-1] - last).mean() <= 0.3
+
+
+def _check_greedy(smol, prompt_ids: list[int], ref_ids: list[int], must_match: int) -> None:
+    ours = list(smol.generate(prompt_ids, max_tokens=len(ref_ids), temperature=0.0,
+                              stop_at_eog=False))
+    split = next((i for i, (a, b) in enumerate(zip(ours, ref_ids)) if a != b), None)
+    if split is None or split >= must_match:
+        return
+    # A split earlier than `must_match` is allowed only at a near-tie along the reference path.
+    logits = smol.logits(prompt_ids + ref_ids[:split])[-1]
+    margin = abs(float(logits[ref_ids[split]] - logits[ours[split]]))
+    assert margin < NEAR_TIE, (f"greedy output splits from llama.cpp at token {split} "
+                               f"(margin {margin:.2f})")
+
+
+@pytest.mark.parametrize("name", ["capital", "paragraph", "code"])
+def test_greedy_continuation_matches_llama_cpp(smol, greedy: dict, name: str) -> None:
+    p = greedy["prompts"][name]
+    assert smol.tokenizer.encode(p["prompt"]) == p["prompt_ids"]
+    _check_greedy(smol, p["prompt_ids"], p["raw_ids"], must_match=32)
+
+
+def test_chat_reply_matches_llama_cpp(smol, greedy: dict) -> None:
+    chat = greedy["chat"]
+    _check_greedy(smol, chat["prompt_ids"], chat["raw_ids"], must_match=32)
+
+
+def test_generate_stops_at_end_of_generation(smol, greedy: dict) -> None:
+    chat = greedy["chat"]
+    out = list(smol.generate(chat["prompt_ids"], max_tokens=200, temperature=0.0))
+    assert not set(out) & smol.tokenizer.eog_ids
+    assert len(out) < 200
