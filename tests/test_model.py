@@ -102,6 +102,17 @@ def test_seeded_generation_is_reproducible(q8) -> None:
     assert a == b
 
 
+def test_generation_stops_before_end_of_generation_tokens(q8) -> None:
+    ids = q8.tokenizer.encode(PROMPT)
+    eos = q8.tokenizer.eos_id
+    forced = {"logit_bias": {eos: 100.0}}
+    assert list(q8.generate(ids, max_tokens=5, **forced)) == []
+    assert list(q8.generate(ids, max_tokens=5, stop_at_eog=False, **forced)) == [eos] * 5
+    banned = list(q8.generate(ids, max_tokens=20, stop_at_eog=False,
+                              logit_bias={t: -100.0 for t in q8.tokenizer.eog_ids}))
+    assert len(banned) == 20 and not set(banned) & q8.tokenizer.eog_ids
+
+
 def test_context_overflow(q8) -> None:
     with pytest.raises(engine.ContextOverflowError):
         list(q8.generate([5] * 128, max_tokens=1))
