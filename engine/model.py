@@ -159,11 +159,9 @@ class Transformer:
         self.matmul_kernels = MatmulKernels(qtypes, n_threads=n_threads)
         self.attention = AttentionKernel(n_threads=n_threads)
         self.cache = KVCache(hp, n_slots, n_ctx)
-        half = np.arange(0, hp.n_rot, 2, dtype=np.float64) / hp.n_rot
-        inv_freq = hp.rope_base ** -half                                  # [n_rot / 2]
-        if self.weights.rope_freqs is not None:
-            inv_freq = inv_freq / self.weights.rope_freqs
-        self.inv_freq = (inv_freq * hp.rope_freq_scale).astype(np.float32)
+        factors = self.weights.rope_freqs
+        self.rope = ops.RopeSpec(hp.rope_base, hp.rope_freq_scale,
+                                 None if factors is None else tuple(float(f) for f in factors))
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         te = self.weights.token_embd
@@ -199,8 +197,8 @@ class Transformer:
             q = mm(layer.wq, h).reshape(T, hp.n_head, hp.head_dim)
             k = mm(layer.wk, h).reshape(T, hp.n_head_kv, hp.head_dim)
             v = mm(layer.wv, h).reshape(T, hp.n_head_kv, hp.head_dim)
-            q = ops.rope(q, positions, hp.n_rot, self.inv_freq)
-            k = ops.rope(k, positions, hp.n_rot, self.inv_freq)
+            q = ops.rope(q, positions, hp.n_rot, self.rope)
+            k = ops.rope(k, positions, hp.n_rot, self.rope)
             attn = np.empty((T, hp.n_head, hp.head_dim), dtype=np.float32)
             for c, (a, b) in zip(chunks, spans):
                 kc, vc = cache.k[c.slot, li], cache.v[c.slot, li]          # [n_ctx, n_kv, hd]

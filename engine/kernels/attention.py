@@ -1,16 +1,27 @@
 """Causal multi-head attention over an f16 KV cache, with grouped-query heads, compiled.
 
-One work item is one (query, head) pair, w = query * n_head + head. Per item, three passes over
-the keys it may see (cache rows 0 .. pos0 + query):
+Two functions, chosen like llama.cpp's CPU flash attention chooses its paths, so our logits
+follow llama.cpp's (its two paths differ by ~1e-3 relative, far more than float noise):
 
+attention_exact (batches of >= TILED_MIN_QUERIES queries; llama.cpp's tiled f32 path):
     1. scores[t] = scale * q . k[t]    four key rows at a time, f16 -> f32 on load; running max
     2. p[t] = exp(scores[t] - max)     in place in the scores scratch; l = sum p
     3. out = (sum_t p[t] * v[t]) / l   four value rows at a time
 
-Two passes over a scratch row of scores (rather than online softmax) keep the inner loops free
-of rescaling and branches; subtracting the max keeps every exp in [0, 1], and l >= 1.
-A thread runs a contiguous range of items with its own scratch row, so threads never share
-writes; `split_work` cuts the ranges by cost (later queries see more keys).
+attention_f16acc (decode and small batches; llama.cpp's one-row path): one online-softmax pass
+    q16 = f16(q)                                  Q rounded once, as ggml feeds its f16 dot
+    for each key t (scores four rows at a time, updates in key order):
+        s = scale * (q16 . k[t])
+        new max:  acc = f16(acc * e^(m - s)); m = s; p = 1
+        else:     p = e^(s - m)
+        acc = f16(acc + p * v[t]);  l = l * (rescale) + p
+    out = acc / l
+    The accumulator is f16-rounded after every step, exactly as ggml's VKQ16 row.
+
+One work item is one (query, head) pair, w = query * n_head + head, over the keys it may see
+(cache rows 0 .. pos0 + query). A thread runs a contiguous range of items with its own scratch
+row, so threads never share writes; `split_work` cuts the ranges by cost (later queries see
+more keys).
 """
 from __future__ import annotations
 
@@ -31,7 +42,11 @@ V8I32 = ir.VectorType(I32, VEC)
 V4F32 = ir.VectorType(F32, 4)
 ROWS = 4  # key/value rows per step: 4 accumulators + q + conversions fit in 16 registers
 
-FUNCTION = "attention_f16kv"
+FUNCTION_EXACT = "attention_exact"    # three passes, f32 softmax: llama.cpp's tiled path
+FUNCTION_F16ACC = "attention_f16acc"  # online softmax, f16 accumulator: its one-row path
+# llama.cpp's CPU flash attention takes its tiled (f32) path once a batch has this many queries,
+# and its one-query-row path (f16 accumulator) below; we follow the same switch.
+TILED_MIN_QUERIES = 64
 
 
 def load_half8(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool) -> ir.Value:
@@ -52,12 +67,22 @@ def load_half8(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool) -> 
     return b.bitcast(b.or_(mag, sign), V8F32)
 
 
-def build_attention_module(f16c: bool) -> ir.Module:
-    """void attention_f16kv(q, k, v, out, scores, n_q, n_head, n_kv_head, head_dim, pos0, scale,
-    w_begin, w_end): items w_begin <= w < w_end. head_dim % 8 == 0. scores holds
-    round_up(pos0 + n_q, 8) floats."""
-    module = ops.new_module("attention")
-    b, args = ops.define(module, FUNCTION, ir.VoidType(), [
+def round_half8(b: ir.IRBuilder, x: ir.Value, f16c: bool) -> ir.Value:
+    """<8 x float> rounded to the nearest f16 values (kept as float), as storing to f16 would.
+
+    With F16C: vcvtps2ph + vcvtph2ps. Portable: Veltkamp's split keeps the top 11 significant
+    bits (round to nearest), which is f16's precision for normal f16 values; f16 subnormals and
+    overflow are not modelled there (attention accumulators stay far from both).
+    """
+    if f16c:
+        return b.fpext(b.fptrunc(x, ir.VectorType(ir.HalfType(), VEC)), V8F32)
+    t = b.fmul(x, const(V8F32, float(2 ** 13 + 1)))
+    r = b.fsub(t, b.fsub(t, x))
+    return b.select(b.fcmp_ordered("ord", r, r), r, x)  # inf stays inf (the split gives NaN)
+
+
+def _define_exact(module: ir.Module, f16c: bool) -> None:
+    b, args = ops.define(module, FUNCTION_EXACT, ir.VoidType(), [
         ("q", F32P),               # [n_q, n_head, head_dim]
         ("k", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
         ("v", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
@@ -132,6 +157,87 @@ def build_attention_module(f16c: bool) -> ir.Module:
         with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
             store(b, b.fmul(load(b, out_row, c, V8F32), inv_l), out_row, c)
     b.ret_void()
+
+
+def _define_f16acc(module: ir.Module, f16c: bool) -> None:
+    b, args = ops.define(module, FUNCTION_F16ACC, ir.VoidType(), [
+        ("q", F32P),               # [n_q, n_head, head_dim]
+        ("k", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
+        ("v", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
+        ("out", F32P),             # [n_q, n_head, head_dim]; may be q
+        ("q16", F32P),             # [head_dim] scratch of this thread: q rounded to f16
+        ("n_q", I64), ("n_head", I64), ("n_kv_head", I64), ("head_dim", I64), ("pos0", I64),
+        ("scale", F32), ("w_begin", I64), ("w_end", I64)])
+    q, k, v, out, q16, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end = args
+    row_stride = b.mul(n_kv_head, head_dim)
+    group = b.sdiv(n_head, n_kv_head)
+
+    with counted_loop(b, w_begin, w_end, 1, "w") as w:
+        query = b.sdiv(w, n_head)
+        kv_head = b.sdiv(b.srem(w, n_head), group)
+        n_keys = b.add(b.add(pos0, query), i64(1))
+        n_keys_block = ops.round_down(b, n_keys, ROWS)
+        q_row = gep(b, q, b.mul(w, head_dim))
+        out_row = gep(b, out, b.mul(w, head_dim))
+        k_head = gep(b, k, b.mul(kv_head, head_dim))
+        v_head = gep(b, v, b.mul(kv_head, head_dim))
+
+        # q rounded to f16 once per item, as ggml converts Q for its f16 dot products
+        with counted_loop(b, i64(0), head_dim, VEC, "qr") as c:
+            store(b, round_half8(b, load(b, q_row, c, V8F32), f16c), q16, c)
+            store(b, const(V8F32, 0.0), out_row, c)
+        m_run = variable(b, F32, const(F32, -math.inf), "m_run")   # running max score
+        s_run = variable(b, F32, const(F32, 0.0), "s_run")         # running sum of exp
+
+        def update(score: ir.Value, v_row: ir.Value) -> None:
+            """One key: rescale the f16 accumulator on a new max, then add p * v (ggml's order)."""
+            m_old = b.load(m_run)
+            new_max = b.fcmp_ordered(">", score, m_old)
+            diff = b.select(new_max, b.fsub(m_old, score), b.fsub(score, m_old))  # <= 0
+            e = ops.exp(b, ops.splat(b, diff))                                    # [8] x same
+            one = const(V8F32, 1.0)
+            ms, vs = b.select(new_max, e, one), b.select(new_max, one, e)
+            b.store(b.select(new_max, score, m_old), m_run)
+            ms0 = b.extract_element(ms, ir.Constant(I32, 0))
+            vs0 = b.extract_element(vs, ir.Constant(I32, 0))
+            b.store(fmuladd(b, b.load(s_run), ms0, vs0), s_run)
+            with counted_loop(b, i64(0), head_dim, VEC, "cv") as c:
+                acc = round_half8(b, b.fmul(load(b, out_row, c, V8F32), ms), f16c)
+                acc = round_half8(b, fmuladd(b, load_half8(b, v_row, c, f16c), vs, acc), f16c)
+                store(b, acc, out_row, c)
+
+        with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
+            rows = [gep(b, k_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(ROWS)]
+            accs = [variable(b, V8F32, const(V8F32, 0.0), f"acc{r}") for r in range(ROWS)]
+            with counted_loop(b, i64(0), head_dim, VEC, "c") as c:
+                qc = load(b, q16, c, V8F32)
+                for r in range(ROWS):
+                    b.store(fmuladd(b, qc, load_half8(b, rows[r], c, f16c), b.load(accs[r])), accs[r])
+            s4 = b.fmul(ops.hsum4x8(b, [b.load(a) for a in accs]), ops.splat(b, scale, 4))
+            for r in range(ROWS):
+                update(b.extract_element(s4, ir.Constant(I32, r)),
+                       gep(b, v_head, b.mul(b.add(t, i64(r)), row_stride)))
+        with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
+            row = gep(b, k_head, b.mul(t, row_stride))
+            acc = variable(b, V8F32, const(V8F32, 0.0), "acc")
+            with counted_loop(b, i64(0), head_dim, VEC, "ct") as c:
+                b.store(fmuladd(b, load(b, q16, c, V8F32), load_half8(b, row, c, f16c), b.load(acc)), acc)
+            update(b.fmul(ops.hsum(b, b.load(acc)), scale), gep(b, v_head, b.mul(t, row_stride)))
+
+        inv_s = ops.splat(b, b.fdiv(const(F32, 1.0), b.load(s_run)))  # s_run >= 1: the max key adds 1
+        with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
+            store(b, b.fmul(load(b, out_row, c, V8F32), inv_s), out_row, c)
+    b.ret_void()
+
+
+def build_attention_module(f16c: bool) -> ir.Module:
+    """Both attention functions, same signature:
+    void f(q, k, v, out, scratch, n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end)
+    over items w_begin <= w < w_end; head_dim % 8 == 0. scratch: the exact kernel's scores row
+    (round_up(pos0 + n_q, 8) floats), the f16-accumulator kernel's q16 row (head_dim floats)."""
+    module = ops.new_module("attention")
+    _define_exact(module, f16c)
+    _define_f16acc(module, f16c)
     return module
 
 
@@ -183,7 +289,9 @@ class AttentionKernel:
         self.f16c = host_has("f16c") if f16c is None else f16c
         lib = compile_ir(str(build_attention_module(self.f16c)))
         p, n = ctypes.c_void_p, ctypes.c_int64
-        self._fn = lib.function(FUNCTION, None, p, p, p, p, p, n, n, n, n, n, ctypes.c_float, n, n)
+        sig = (None, p, p, p, p, p, n, n, n, n, n, ctypes.c_float, n, n)
+        self._exact = lib.function(FUNCTION_EXACT, *sig)
+        self._f16acc = lib.function(FUNCTION_F16ACC, *sig)
         self._pool = ThreadPoolExecutor(n_threads - 1, thread_name_prefix="attn") if n_threads > 1 else None
 
     def close(self) -> None:
@@ -213,20 +321,23 @@ class AttentionKernel:
             scale = 1.0 / math.sqrt(head_dim)
 
         n_items = n_q * n_head
-        stride = -(-(pos0 + n_q) // VEC) * VEC  # scores scratch per thread, whole vectors
+        if n_q >= TILED_MIN_QUERIES:
+            fn, stride = self._exact, -(-(pos0 + n_q) // VEC) * VEC  # scratch: a scores row
+        else:
+            fn, stride = self._f16acc, head_dim                      # scratch: q rounded to f16
         args = (ops.address(q), ops.address(k_cache), ops.address(v_cache), ops.address(out))
         sizes = (n_q, n_head, n_kv_head, head_dim, pos0, scale)
         work = n_head * head_dim * (n_q * pos0 + n_q * (n_q + 1) // 2)  # key-row x dim products
         if self._pool is None or work < self.parallel_min_work:
             scores = np.empty(stride, np.float32)
-            self._fn(*args, ops.address(scores), *sizes, 0, n_items)
+            fn(*args, ops.address(scores), *sizes, 0, n_items)
             return out
         parts = split_work(n_q, n_head, pos0, self.n_threads)
         scores = np.empty((len(parts), stride), np.float32)  # [part, key]
         base = ops.address(scores)
-        futures = [self._pool.submit(self._fn, *args, base + 4 * stride * i, *sizes, lo, hi)
+        futures = [self._pool.submit(fn, *args, base + 4 * stride * i, *sizes, lo, hi)
                    for i, (lo, hi) in enumerate(parts) if i > 0]
-        self._fn(*args, base, *sizes, *parts[0])  # the calling thread takes the first share
+        fn(*args, base, *sizes, *parts[0])  # the calling thread takes the first share
         for f in futures:
             f.result()
         return out
@@ -234,7 +345,48 @@ class AttentionKernel:
 
 def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                         scale: float | None = None) -> np.ndarray:
-    """The numpy twin, in float64: softmax(q k^T * scale + causal mask) v per head."""
+    """The numpy twin of AttentionKernel: the same switch between its two functions."""
+    if q.shape[0] >= TILED_MIN_QUERIES:
+        return attention_exact(q, k_cache, v_cache, pos0, scale)
+    return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale)
+
+
+def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                               pos0: int, scale: float | None = None) -> np.ndarray:
+    """Twin of the f16-accumulator function: online softmax with its f16 roundings, key by key.
+
+    Vectorised over (query, head) items; float32 like the kernel, so the two agree to float
+    rounding in the dot products and exp.
+    """
+    n_q, n_head, head_dim = q.shape
+    n_kv_head = k_cache.shape[1]
+    kv_of_head = np.arange(n_head) // (n_head // n_kv_head)
+    scale = np.float32(1.0 / math.sqrt(head_dim) if scale is None else scale)
+    q16 = q.astype(np.float16).astype(np.float32)                 # [n_q, n_head, head_dim]
+    acc = np.zeros((n_q, n_head, head_dim), np.float32)           # f16-representable values
+    m = np.full((n_q, n_head), -np.inf, np.float32)
+    l = np.zeros((n_q, n_head), np.float32)
+    last_key = pos0 + np.arange(n_q)                              # [n_q]
+    for t in range(pos0 + n_q):
+        k = k_cache[t, kv_of_head].astype(np.float32)             # [n_head, head_dim]
+        v = v_cache[t, kv_of_head].astype(np.float32)
+        s = np.einsum("qhd,hd->qh", q16, k) * scale               # [n_q, n_head]
+        seen = (t <= last_key)[:, None]                           # [n_q, 1]
+        new_max = seen & (s > m)
+        with np.errstate(invalid="ignore", over="ignore"):
+            e = np.exp(np.where(new_max, m - s, s - m)).astype(np.float32)
+        ms = np.where(new_max, e, np.float32(1))
+        vs = np.where(seen, np.where(new_max, np.float32(1), e), np.float32(0))
+        m = np.where(new_max, s, m)
+        l = l * ms + vs
+        acc = (acc * ms[..., None]).astype(np.float16).astype(np.float32)
+        acc = (acc + v[None] * vs[..., None]).astype(np.float16).astype(np.float32)
+    return (acc * (np.float32(1) / l)[..., None]).astype(np.float32)
+
+
+def attention_exact(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
+                    scale: float | None = None) -> np.ndarray:
+    """Exact softmax attention in float64: softmax(q k^T * scale + causal mask) v per head."""
     n_q, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[1]
     group = n_head // n_kv_head

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -441,7 +442,34 @@ def rms_norm_reference(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndar
     return (x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * weight).astype(np.float32)
 
 
-RopeFreqs = float | np.ndarray  # a base (theta_i = base^(-2i/n_rot)) or the [n_rot/2] theta_i
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rope angles computed the way llama.cpp computes them, so q and k match its bits.
+
+    ggml builds each position's angles in float32: theta_0 = pos, theta_{i+1} = theta_i * s with
+    s = powf(base, -2/n_rot); the angle of pair i is freq_scale * theta_i / freq_factors[i], and
+    its cos/sin are correctly rounded (glibc's cosf/sinf). Exact float64 angles differ by a few
+    float32 ulps at long positions, enough to flip later 8-bit roundings.
+    """
+    base: float
+    freq_scale: float = 1.0
+    freq_factors: tuple[float, ...] | None = None
+
+    def angles(self, positions: np.ndarray, n_rot: int) -> np.ndarray:
+        """[M] positions -> float32 [M, n_rot/2] angles, in ggml's order of float32 operations."""
+        f32 = np.float32
+        scale = f32(np.float64(f32(self.base)) ** np.float64(f32(-2.0) / f32(n_rot)))
+        theta = np.asarray(positions).astype(f32)                   # [M]
+        out = np.empty((theta.shape[0], n_rot // 2), dtype=f32)
+        for i in range(n_rot // 2):
+            t = theta / f32(self.freq_factors[i]) if self.freq_factors else theta
+            out[:, i] = f32(self.freq_scale) * t
+            theta = theta * scale
+        return out
+
+
+RopeFreqs = float | np.ndarray | RopeSpec  # a base (theta_i = base^(-2i/n_rot)), the [n_rot/2]
+#                                            theta_i, or llama.cpp's float32 recipe
 
 
 def rope_inv_freq(n_rot: int, base: RopeFreqs) -> np.ndarray:
@@ -460,7 +488,9 @@ def rope_inv_freq(n_rot: int, base: RopeFreqs) -> np.ndarray:
 
 
 def rope_angles(positions: np.ndarray, n_rot: int, base: RopeFreqs) -> np.ndarray:
-    """[M] positions -> [M, n_rot/2] float64 angles pos * theta_i."""
+    """[M] positions -> [M, n_rot/2] float64 angles pos * theta_i (RopeSpec: ggml's float32)."""
+    if isinstance(base, RopeSpec):
+        return base.angles(positions, n_rot).astype(np.float64)
     return np.asarray(positions, dtype=np.float64)[:, None] * rope_inv_freq(n_rot, base)[None, :]
 
 
@@ -472,11 +502,12 @@ class _RopeTables:
     """
 
     def __init__(self) -> None:
-        self._tables: dict[tuple[int, float | bytes], tuple[np.ndarray, np.ndarray]] = {}
+        self._tables: dict[tuple[int, object], tuple[np.ndarray, np.ndarray]] = {}
         self._lock = threading.Lock()
 
     def get(self, n_rot: int, base: RopeFreqs, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-        key = (n_rot, base.tobytes() if isinstance(base, np.ndarray) else float(base))
+        key = (n_rot, base.tobytes() if isinstance(base, np.ndarray)
+               else base if isinstance(base, RopeSpec) else float(base))
         table = self._tables.get(key)
         if table is not None and table[0].shape[0] >= n_pos:
             return table
