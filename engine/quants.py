@@ -291,15 +291,23 @@ def quantize_activations(x: np.ndarray, act: str) -> np.ndarray:
     inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
     q = np.rint(xb * inv[..., None]).astype(np.int8)
     out = np.zeros((m_rows, k // elems), dtype=layout)
-    # ggml keeps q8_0/q8_1 scales as f16: round them the same way (q8_1 keeps f32 slots)
+    # ggml keeps q8_0/q8_1 scales as f16: round them the same way (q8_1 keeps f32 slots, and
+    # keeps a value beyond f16's range as it is rather than overflowing to inf)
     out["d"] = d if act == "q8_k" else d.astype(np.float16)
     out["qs"] = q
     if act == "q8_1":
-        s = d * q.astype(np.int32).sum(axis=-1).astype(np.float32)
-        out["s"] = s.astype(np.float16)
+        out["d"] = _round_to_half(d)
+        out["s"] = _round_to_half(d * q.astype(np.int32).sum(axis=-1).astype(np.float32))
     elif act == "q8_k":
         out["bsums"] = q.reshape(m_rows, k // elems, 16, 16).astype(np.int32).sum(axis=-1)
     return out.view(np.uint8).reshape(m_rows, -1)
+
+
+def _round_to_half(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to f16 precision, except those beyond f16's range (kept)."""
+    big = np.abs(x) > np.float32(65504)
+    with np.errstate(over="ignore"):
+        return np.where(big, x, x.astype(np.float16).astype(np.float32))
 
 
 def dequantize_activations(packed: np.ndarray, act: str, n_cols: int) -> np.ndarray:

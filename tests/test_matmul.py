@@ -225,3 +225,16 @@ def test_row_splitter_nobody_closed_stops_its_workers() -> None:
     for t in workers:
         t.join(timeout=5)
         assert not t.is_alive()
+
+
+def test_huge_activations_stay_finite() -> None:
+    """A block whose f16 sum would overflow (ggml: inf) gives the finite reference result."""
+    from gguf import GGMLQuantizationType
+
+    rng = np.random.default_rng(11)
+    w = random_quant_matrix(GGMLQuantizationType.Q4_1, 8, 64, rng)
+    x = np.full((1, 64), 4000.0, dtype=np.float32)
+    got = MatmulKernels([w.qtype]).matmul(w, x)
+    want = matmul_reference(w, x)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=1e-5)

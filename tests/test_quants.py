@@ -159,3 +159,11 @@ def test_activation_quantization_rejects_bad_shapes() -> None:
         quantize_activations(np.zeros(96, np.float32), "q8_0")
     with pytest.raises(ValueError, match="unknown activation format"):
         quantize_activations(np.zeros((1, 96), np.float32), "q4_0")
+
+
+def test_huge_activation_blocks_stay_finite() -> None:
+    """ggml's f16 block sum would overflow to inf here; we keep the exact f32 value instead."""
+    x = np.full((1, 32), 4000.0, dtype=np.float32)  # s = d * sum(q) = 128000 > f16 max
+    packed = quantize_activations(x, "q8_1").reshape(40)
+    s = packed[4:8].copy().view(np.float32)[0]
+    assert np.isfinite(s) and s == pytest.approx(128000.0, rel=1e-6)

@@ -195,6 +195,7 @@ declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare float @llvm.vector.reduce.fmax.v32f32(<32 x float>)
 declare float @llvm.maxnum.f32(float, float)
 declare <32 x float> @llvm.fabs.v32f32(<32 x float>)
+declare float @llvm.fabs.f32(float)
 declare <32 x float> @llvm.roundeven.v32f32(<32 x float>)
 declare i32 @llvm.vector.reduce.add.v32i32(<32 x i32>)
 declare i32 @llvm.vector.reduce.add.v16i32(<16 x i32>)
@@ -500,8 +501,14 @@ def _emit_absmax(f: _Fn, src: str, n_chunks: int) -> str:
 
 
 def _round_to_half(f: _Fn, x: str) -> str:
-    """x rounded to the nearest f16 value, kept as f32 (ggml stores q8_1's d and s as f16)."""
-    return f.let(f"fpext half {f.let(f'fptrunc float {x} to half')} to float")
+    """x rounded to the nearest f16 value, kept as f32 (ggml stores q8_1's d and s as f16).
+
+    Beyond f16's range ggml's value would be inf; the f32 slot keeps x itself instead, so a
+    huge activation block stays finite (and equal to llama.cpp wherever llama.cpp is finite).
+    """
+    r = f.let(f"fpext half {f.let(f'fptrunc float {x} to half')} to float")
+    big = f.let(f"fcmp ogt float {f.let(f'call float @llvm.fabs.f32(float {x})')}, 65504.0")
+    return f.let(f"select i1 {big}, float {x}, float {r}")
 
 
 def build_quantize_ir(act: str) -> str:
