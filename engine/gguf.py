@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,9 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]         # ggml order: shape[0] is the contiguous (row) dimension
     qtype: GGMLQuantizationType
-    offset: int                    # absolute byte offset in the file
+    offset: int                    # absolute byte offset in its file
     n_bytes: int
+    part: int = 0                  # which file of a split model holds it (0 = the first)
 
     @property
     def n_elements(self) -> int:
@@ -198,48 +200,114 @@ def _parse(buf: memoryview, path: str, file_size: int
     return version, meta, tensors, data_start
 
 
-class GGUFFile:
-    """A validated GGUF file: metadata, tensor table, and a read-only memory map of its data."""
+class _MappedPart:
+    """One validated GGUF file and its read-only memory map."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Path) -> None:
+        self.path = path
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except OSError as e:
-            raise ModelLoadError(self.path, f"cannot open: {e.strerror}") from None
+            raise ModelLoadError(path, f"cannot open: {e.strerror}") from None
         try:
             size = os.fstat(fd).st_size
             if size < 24:
-                raise ModelLoadError(self.path, f"file is {size} bytes, too short for a GGUF header")
-            self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                raise ModelLoadError(path, f"file is {size} bytes, too short for a GGUF header")
+            self.map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        self.file_size = size
-        view = memoryview(self._map)
+        self.size = size
+        view = memoryview(self.map)
         try:
-            self.version, self.metadata, self.tensors, self.data_start = _parse(
-                view, str(self.path), size)
+            self.version, self.metadata, self.tensors, self.data_start = _parse(view, str(path), size)
         except ModelLoadError:
             view.release()
             self.close()
             raise
         view.release()
-        self._data = np.frombuffer(self._map, dtype=np.uint8)  # [file_size], no copy
+        self.data: np.ndarray | None = np.frombuffer(self.map, dtype=np.uint8)  # [size], no copy
+
+    def close(self) -> None:
+        self.data = None
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:
+                pass  # a view is still alive; the mapping goes when it is collected
+            self.map = None
+
+
+_SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def split_part_paths(path: Path, count: int) -> list[Path]:
+    """The files of a model split in `count` parts, from the first part's name (llama.cpp's
+    `NAME-00001-of-0000N.gguf` scheme)."""
+    m = _SPLIT_NAME.match(path.name)
+    if m is None or int(m["no"]) != 1:
+        raise ModelLoadError(path, f"metadata says the model is split in {count} files, but the "
+                                   f"name does not follow NAME-00001-of-{count:05d}.gguf")
+    return [path.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+
+
+class GGUFFile:
+    """A validated GGUF model: metadata, tensor table, read-only memory maps of its data.
+
+    A split model (`split.count` > 1 in the first file) is opened whole: every part is mapped
+    and validated, and the tensor table spans them all.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        first = _MappedPart(self.path)
+        self._parts = [first]
+        try:
+            self._open_other_parts(first)
+        except BaseException:
+            self.close()
+            raise
+        self.version = first.version
+        self.metadata = first.metadata
+        self.data_start = first.data_start
+        self.file_size = sum(p.size for p in self._parts)
+
+    def _open_other_parts(self, first: _MappedPart) -> None:
+        count = first.metadata.get("split.count", 1)
+        self.tensors = dict(first.tensors)
+        if not isinstance(count, int) or count < 1:
+            raise ModelLoadError(self.path, f"split.count {count!r} is not a positive integer")
+        if count == 1:
+            return
+        if first.metadata.get("split.no", 0) != 0:
+            raise ModelLoadError(self.path, f"this is part {first.metadata.get('split.no') + 1} "
+                                            f"of a split model; open the first part")
+        for no, part_path in enumerate(split_part_paths(self.path, count)[1:], start=1):
+            part = _MappedPart(part_path)
+            self._parts.append(part)
+            if part.metadata.get("split.no") != no or part.metadata.get("split.count") != count:
+                raise ModelLoadError(part_path, f"expected part {no + 1} of {count} of "
+                                                f"{self.path.name}")
+            for name, info in part.tensors.items():
+                if name in self.tensors:
+                    raise ModelLoadError(part_path, f"tensor {name} appears in two parts")
+                self.tensors[name] = TensorInfo(info.name, info.shape, info.qtype, info.offset,
+                                                info.n_bytes, part=no)
+        expected = first.metadata.get("split.tensors.count", len(self.tensors))
+        if expected != len(self.tensors):
+            raise ModelLoadError(self.path, f"the parts hold {len(self.tensors)} tensors, "
+                                            f"split.tensors.count says {expected}")
 
     def tensor_data(self, name: str) -> np.ndarray:
-        """uint8 [n_bytes] view of one tensor's bytes inside the mapping (no copy)."""
+        """uint8 [n_bytes] view of one tensor's bytes inside its file's mapping (no copy)."""
         info = self.tensors[name]
-        return self._data[info.offset:info.offset + info.n_bytes]
+        data = self._parts[info.part].data
+        assert data is not None, "file is closed"
+        return data[info.offset:info.offset + info.n_bytes]
 
     def close(self) -> None:
         """Unmap. Views handed out earlier must have been dropped, or the unmap waits for GC."""
-        self._data = None  # type: ignore[assignment]
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:
-                pass  # a view is still alive; the mapping goes when it is collected
-            self._map = None
+        for part in self._parts:
+            part.close()
 
 
 def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -18,6 +18,15 @@ CHATML = (
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# general.file_type speaks LlamaFileType, not tensor type ids
+FILE_TYPE = {
+    GGMLQuantizationType.F32: LlamaFileType.ALL_F32, GGMLQuantizationType.F16: LlamaFileType.MOSTLY_F16,
+    GGMLQuantizationType.BF16: LlamaFileType.MOSTLY_BF16, GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+    GGMLQuantizationType.Q4_0: LlamaFileType.MOSTLY_Q4_0, GGMLQuantizationType.Q4_1: LlamaFileType.MOSTLY_Q4_1,
+    GGMLQuantizationType.Q5_0: LlamaFileType.MOSTLY_Q5_0, GGMLQuantizationType.Q5_1: LlamaFileType.MOSTLY_Q5_1,
+    GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M, GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
+    GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+}
 SAMPLE = ("the quick brown fox jumps over the lazy dog. hello world, this is a tiny model "
           "that speaks in random tokens; the end. Hello there! What is the capital of France?")
 
@@ -72,10 +81,11 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
                      n_ff: int = 128, n_ctx_train: int = 256, n_merges: int = 40,
                      tied_output: bool = True, output_qtype: GGMLQuantizationType | None = None,
                      rope_base: float = 10000.0, seed: int = 0, name: str = "Tiny Llama",
-                     chat_template: str | None = CHATML) -> Path:
+                     chat_template: str | None = CHATML, split_max_tensors: int = 0) -> Path:
     """Write a valid llama-architecture GGUF with random weights; returns its path.
 
-    K-quant types need n_embd and n_ff to be multiples of 256.
+    K-quant types need n_embd and n_ff to be multiples of 256. With split_max_tensors, the model
+    is split in parts of that many tensors (NAME-00001-of-0000N.gguf); the first part is returned.
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -86,7 +96,7 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     n_vocab = len(tokens)
     head_dim = n_embd // n_head
 
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx_train)
@@ -98,7 +108,7 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
-    w.add_file_type(int(qtype))
+    w.add_file_type(int(FILE_TYPE[qtype]))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -139,4 +149,5 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    parts = sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))
+    return parts[0] if split_max_tensors and parts else path

@@ -147,3 +147,28 @@ def test_random_header_corruption_never_crashes(tiny: Path, tmp_path: Path) -> N
             GGUFFile(bad).close()
         except ModelLoadError:
             pass
+
+
+def test_split_model_opens_as_one(tmp_path: Path) -> None:
+    """A model split in three files reads as one tensor table, each tensor from its own part."""
+    whole = write_tiny_llama(tmp_path / "whole.gguf", qtype=GGMLQuantizationType.F32)
+    first = write_tiny_llama(tmp_path / "split.gguf", qtype=GGMLQuantizationType.F32,
+                             split_max_tensors=8)
+    assert first.name.endswith("-00001-of-00003.gguf")
+    a, b = GGUFFile(whole), GGUFFile(first)
+    assert set(a.tensors) == set(b.tensors)
+    assert {t.part for t in b.tensors.values()} == {0, 1, 2}
+    for name in a.tensors:
+        assert np.array_equal(a.tensor_data(name), b.tensor_data(name)), name
+    a.close()
+    b.close()
+
+
+def test_split_model_with_a_missing_part(tmp_path: Path) -> None:
+    first = write_tiny_llama(tmp_path / "split.gguf", qtype=GGMLQuantizationType.F32,
+                             split_max_tensors=8)
+    (tmp_path / first.name.replace("00001-of", "00003-of")).unlink()
+    with pytest.raises(ModelLoadError, match="00003-of-00003.gguf: cannot open"):
+        GGUFFile(first)
+    with pytest.raises(ModelLoadError, match="open the first part"):
+        GGUFFile(tmp_path / first.name.replace("00001-of", "00002-of"))

@@ -146,3 +146,12 @@ def test_truncated_model_is_a_load_error(tmp_path: Path) -> None:
         path.write_bytes(data[:cut])
         with pytest.raises(engine.ModelLoadError, match=str(path)):
             engine.load(path, n_ctx=32)
+
+
+def test_split_model_loads_and_equals_the_whole_file(tmp_path: Path) -> None:
+    whole = write_tiny_llama(tmp_path / "whole.gguf", qtype=Q.Q8_0)
+    first = write_tiny_llama(tmp_path / "split.gguf", qtype=Q.Q8_0, split_max_tensors=6)
+    with engine.load(whole, n_ctx=32) as a, engine.load(first, n_ctx=32) as b:
+        ids = a.tokenizer.encode(PROMPT)
+        assert np.array_equal(a.logits(ids), b.logits(ids))
+        assert b.memory_bytes > a.memory_bytes - 1  # every part is counted
