@@ -311,9 +311,10 @@ class GGUFFile:
 
 
 def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-    """Metadata and tensor table without keeping anything mapped (for scans and estimates)."""
-    f = GGUFFile(path)
+    """Metadata and tensor table of this one file (a split model's part on its own), without
+    keeping anything mapped: for scans and estimates."""
+    part = _MappedPart(Path(path))
     try:
-        return f.metadata, f.tensors
+        return part.metadata, part.tensors
     finally:
-        f.close()
+        part.close()
