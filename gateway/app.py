@@ -1,26 +1,34 @@
-"""The ASGI application: routes, error handlers, request log, and the registry's lifespan."""
+"""The ASGI application: routes, error handlers, request log and metrics, and the lifespan that
+runs the registry, the config reloader and the file watcher."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import admin
 from .config import Config
 from .errors import HANDLED, handle_exception
+from .metrics import NO_MODEL, Metrics, loader_with_metrics
 from .registry import Registry
 from .routes import routes
 from .scheduler import load_served_model
+from .watch import ConfigWatcher, Reloader, WatchOptions
 
 access_log = logging.getLogger("modelyard.access")
+log = logging.getLogger("modelyard")
 
 
 class RequestLog:
-    """One log line per HTTP request: method, path, status, duration (also for streams)."""
+    """One log line per HTTP request: method, path, status, duration (also for streams), model;
+    and the same request counted in the app's metrics."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -42,30 +50,58 @@ class RequestLog:
             await self.app(scope, receive, send_and_note)
         finally:
             client = scope.get("client") or ("-", 0)
-            ms = (time.perf_counter() - start) * 1000
-            access_log.info("%s %s %s %s %.0fms", client[0], scope["method"], scope["path"],
-                            status or "-", ms)
+            seconds = time.perf_counter() - start
+            # routes note the alias a request was served under (request.state.model)
+            model = (scope.get("state") or {}).get("model") or NO_MODEL
+            access_log.info("%s %s %s %s %.0fms %s", client[0], scope["method"], scope["path"],
+                            status or "-", seconds * 1000, model)
+            route = scope.get("route")  # the matched route: its template keeps series bounded
+            endpoint = getattr(route, "path", None) or "unmatched"
+            metrics = getattr(scope["app"].state, "metrics", None) if "app" in scope else None
+            if metrics is not None:
+                metrics.request(model, endpoint, status or 500, seconds)
 
 
-def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_model) -> Starlette:
-    """The gateway for `config`. Models load lazily on first use (or at start-up if pinned)."""
+def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_model,
+               config_path: Path | None = None, watch: WatchOptions | None = None) -> Starlette:
+    """The gateway for `config`. Models load lazily on first use (or at start-up if pinned).
+
+    `config_path` is the file to reload from (default: the file `config` was read from);
+    POST /admin/reload and SIGHUP reload it. With `watch` enabled, saving it reloads too.
+    """
+    metrics = Metrics()
+    path = config_path if config_path is not None else config.source
+    watch = watch or WatchOptions(enabled=False)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        registry = Registry(config, loader=loader)
-        app.state.registry = registry
+        registry = Registry(config, loader=loader_with_metrics(loader, metrics), metrics=metrics)
+        metrics.watch_models(registry.snapshot)
+        reloader = Reloader(registry, path, metrics=metrics,
+                            on_applied=lambda new: setattr(app.state, "config", new))
+        watcher = ConfigWatcher(reloader, watch) if watch.enabled and path is not None else None
+        app.state.registry, app.state.reloader, app.state.watcher = registry, reloader, watcher
         await registry.start()
+        tasks = [asyncio.create_task(reloader.run(), name="modelyard-reloader")]
+        if watcher is not None:
+            tasks.append(asyncio.create_task(watcher.run(), name="modelyard-watcher"))
         try:
             yield
         finally:
+            app.state.stopping = True
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await registry.close()
 
     app = Starlette(
-        routes=routes(),
+        routes=routes() + admin.routes(),
         lifespan=lifespan,
         exception_handlers={cls: handle_exception for cls in HANDLED},
     )
     app.state.config = config
     app.state.started = int(time.time())
+    app.state.metrics = metrics
+    app.state.stopping = False
     app.add_middleware(RequestLog)
     return app

@@ -7,7 +7,8 @@ and "nothing is evicted while serving" hold without locks. The slow parts (loadi
 memory estimate) run in worker threads so the loop keeps serving meanwhile.
 
 Which models to evict and which are idle is decided in gateway/eviction.py; this module only
-describes its slots to that policy and carries out the answer.
+describes its slots to that policy and carries out the answer. Loads, evictions and idle unloads
+are counted into an optional `MetricsSink` (gateway/metrics.py).
 """
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError
-from gateway.eviction import (Blocked, Resident, TooLarge, idle_expired, next_idle_deadline,
-                              plan_load)
+from gateway.eviction import (Blocked, Fits, Resident, TooLarge, idle_expired,
+                              next_idle_deadline, plan_load)
 from gateway.lifecycle import ModelState, advance
+from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.units import format_duration, format_size
 
 __all__ = ["Lease", "Loaded", "ModelLoadFailedError", "ModelNotFoundError", "Registry",
@@ -33,6 +35,7 @@ __all__ = ["Lease", "Loaded", "ModelLoadFailedError", "ModelNotFoundError", "Reg
 log = logging.getLogger("modelyard.registry")
 
 RETRY_AFTER_SECONDS = 5.0  # what a 503 suggests: long enough for a short request to finish
+LOAD_PROGRESS_SECONDS = 5.0  # while a load runs, the log says so this often
 
 
 class Loaded(Protocol):
@@ -116,6 +119,20 @@ class ApplyResult:
     removed: list[str]    # drain, then unload
 
 
+async def _wait_task(task: asyncio.Task[Any], timeout: float) -> None:
+    """Wait for `task` at most `timeout` seconds without cancelling it."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(0.0, timeout)):
+            await asyncio.shield(task)
+
+
+async def _log_progress(name: str, started: float) -> None:
+    """While a load runs, say every few seconds that it still does (cancelled when it ends)."""
+    while True:
+        await asyncio.sleep(LOAD_PROGRESS_SECONDS)
+        log.info("still loading %s (%.0fs so far)", name, time.monotonic() - started)
+
+
 async def _wait(event: asyncio.Event, timeout: float | None) -> None:
     """Wait for `event` at most `timeout` seconds. (Not asyncio.wait_for: on Python 3.11 it can
     swallow a cancellation that races with the event, and a cancelled request must stop.)"""
@@ -128,22 +145,39 @@ def _key(entry: ModelEntry) -> str:
     return str(entry.model)  # config.py guarantees one entry per model file
 
 
+def _queued(model: Loaded | None) -> int:
+    """Requests waiting in a loaded model's scheduler (duck-typed: `queued` on the model itself
+    or on its `scheduler`); 0 when it has no such count."""
+    for holder in (model, getattr(model, "scheduler", None)):
+        n = getattr(holder, "queued", None)
+        if isinstance(n, int):
+            return n
+    return 0
+
+
 class Registry:
     def __init__(self, config: Config, loader: Loader | None = None,
-                 estimator: Estimator | None = None):
+                 estimator: Estimator | None = None, metrics: MetricsSink = NULL_METRICS):
         self._config = config
         self._loader = loader or engine_loader
         self._estimator = estimator or engine_estimator
+        self._metrics = metrics
         self._slots: dict[str, _Slot] = {_key(e): _Slot(e) for e in config.models}
         self._retired: list[_Slot] = []   # still holding memory after apply() dropped them
         self._changed = asyncio.Event()   # set (and replaced) whenever a slot changes
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
+        self._over_limits = False         # apply() lowered a limit and evictions are pending
 
     @property
     def config(self) -> Config:
         return self._config
+
+    @property
+    def closed(self) -> bool:
+        """True once close() has begun: no new requests are taken."""
+        return self._closed
 
     # -- start and stop ---------------------------------------------------------------------
 
@@ -229,6 +263,7 @@ class Registry:
                 for victim in self._slots_by_key(plan.evict):
                     log.info("evicting %s (least recently used) to load %s", victim.entry.name,
                              entry.name)
+                    self._metrics.model_evicted(victim.entry.name)
                     self._begin_drain(victim)
                 continue  # their memory is back once they are UNLOADED
             self._begin_load(slot)
@@ -257,7 +292,8 @@ class Registry:
     # -- reporting and reconfiguring --------------------------------------------------------
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Per entry: state, memory, in flight, last use (unix time), load stats, last error."""
+        """Per entry: state, memory, in flight, queued, last use (unix time), load stats, last
+        error; retiring instances (left the config or changed settings, still draining) too."""
         now_mono, now_wall = time.monotonic(), time.time()
         rows = []
         for slot in self._all_slots():
@@ -268,6 +304,8 @@ class Registry:
                 "pinned": slot.entry.pinned,
                 "memory_bytes": slot.memory_bytes,
                 "in_flight": slot.in_flight,
+                "queued": _queued(slot.model),
+                "n_ctx": slot.entry.n_ctx,
                 "last_used": (None if slot.last_used is None
                               else now_wall - (now_mono - slot.last_used)),
                 "load_seconds": slot.load_seconds,
@@ -282,7 +320,8 @@ class Registry:
 
         Entries are matched by model file. Same settings_key(): the loaded model stays warm and
         takes the new aliases, pinning and idle timeout. Different settings: the old instance
-        drains and the new one loads on demand. Removed: drains, then unloads.
+        drains and the new one loads on demand. Removed: drains, then unloads. Lowered limits
+        evict idle models (LRU) at once, and busy ones as soon as they are done.
         """
         old = dict(self._slots)
         slots: dict[str, _Slot] = {}
@@ -303,12 +342,44 @@ class Registry:
         for slot in old.values():
             self._retire(slot)
         self._config, self._slots = config, slots
+        self._over_limits = True  # the limits may have dropped: evict idle models to fit now
+        self._enforce_limits()
         self._notify()
         if self._sweeper is not None:  # started: pinned entries load now, as at start-up
             for slot in slots.values():
                 if slot.entry.pinned and slot.state in (ModelState.UNLOADED, ModelState.FAILED):
                     self._spawn(self._preload(slot.entry))
         return ApplyResult(kept, reloaded, added, [s.entry.name for s in old.values()])
+
+    async def load(self, alias: str) -> dict[str, Any]:
+        """Load `alias`'s model now (as a request would, waiting up to load_timeout); its row."""
+        async with self.lease(alias) as lease:
+            slot = lease._slot
+        return self._row(slot)
+
+    async def unload(self, alias: str, timeout: float) -> dict[str, Any]:
+        """Drain `alias`'s model (running requests finish) and unload it; its row afterwards.
+
+        Waits at most `timeout` seconds for the drain: the row then still says "draining". A
+        pinned model stays unloaded until its next request, like any other.
+        """
+        entry = self._config.resolve(alias)
+        slot = self._slots[_key(entry)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if slot.state is ModelState.LOADING and slot.load_task is not None:
+                await _wait_task(slot.load_task, deadline - loop.time())
+                if slot.state is ModelState.LOADING:
+                    break  # still loading at the deadline
+                continue
+            if slot.state is ModelState.READY:
+                log.info("unloading %s (asked by an admin)", entry.name)
+                self._begin_drain(slot)
+            if slot.state is not ModelState.DRAINING or loop.time() >= deadline:
+                break
+            await _wait(self._changed, deadline - loop.time())
+        return self._row(slot)
 
     # -- transitions (the only writers of slot.state) ---------------------------------------
 
@@ -322,7 +393,9 @@ class Registry:
         """Load in a worker thread; returns None, or the cause of the failure."""
         entry = slot.entry
         started = time.monotonic()
-        log.info("loading %s from %s", entry.name, entry.model)
+        log.info("loading %s from %s (%s, n_ctx %d)", entry.name, entry.model,
+                 format_size(slot.estimate or 0), entry.n_ctx)
+        progress = asyncio.create_task(_log_progress(entry.name, started))
         try:
             model = await asyncio.to_thread(self._loader, entry)
         except BaseException as e:  # noqa: BLE001 - everything a loader raises is a failed load
@@ -334,10 +407,13 @@ class Registry:
             if slot in self._retired:
                 self._retired.remove(slot)
             log.error("could not load %s (%s): %s", entry.name, entry.model, cause)
+            self._metrics.model_load_failed(entry.name)
             self._notify()
             if not isinstance(e, Exception):  # cancellation, interpreter exit: not ours to eat
                 raise
             return cause
+        finally:
+            progress.cancel()
         slot.model = model
         slot.memory_bytes = int(model.memory_bytes)
         slot.load_seconds = time.monotonic() - started
@@ -347,6 +423,7 @@ class Registry:
         slot.load_task = None
         log.info("loaded %s in %.1fs (%s)", entry.name, slot.load_seconds,
                  format_size(slot.memory_bytes))
+        self._metrics.model_loaded(entry.name, slot.load_seconds)
         if slot.retired or self._closed:
             self._begin_drain(slot)
         self._notify()
@@ -435,10 +512,40 @@ class Registry:
             for slot in self._slots_by_key(idle_expired(residents, now)):
                 log.info("unloading %s: idle for %s", slot.entry.name,
                          format_duration(now - (slot.last_used or now)))
+                self._metrics.model_idle_unloaded(slot.entry.name)
                 self._begin_drain(slot)
+            if self._over_limits:
+                self._enforce_limits()
             deadline = next_idle_deadline(self._residents())
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) + 0.01
             await _wait(changed, timeout)
+
+    def _enforce_limits(self) -> None:
+        """Evict idle models (LRU) until the resident ones fit the current limits.
+
+        Asks the same policy as a load does, for a load of nothing with one slot to spare: its
+        answer is exactly "which idle models must go for the rest to fit". When models that are
+        busy stand in the way (Blocked), nothing is evicted yet; the sweeper asks again on every
+        change until they fit, so a lowered limit takes effect as soon as it can.
+        """
+        limits = self._config.registry
+        plan = plan_load(self._residents(), 0, max_loaded=limits.max_loaded_models + 1,
+                         memory_budget=limits.memory_budget)
+        if isinstance(plan, TooLarge):  # pinned models alone exceed the limits: nothing to do
+            log.warning("pinned models alone exceed the registry limits: %s", plan.reason)
+            self._over_limits = False
+        elif isinstance(plan, Fits):
+            self._over_limits = bool(plan.evict)  # check once more after these are gone
+            for victim in self._slots_by_key(plan.evict):
+                log.info("evicting %s to fit the new limits (max_loaded_models %d, "
+                         "memory_budget %s)", victim.entry.name, limits.max_loaded_models,
+                         format_size(limits.memory_budget))
+                self._metrics.model_evicted(victim.entry.name)
+                self._begin_drain(victim)
+
+    def _row(self, slot: _Slot) -> dict[str, Any]:
+        [row] = [r for r, s in zip(self.snapshot(), self._all_slots()) if s is slot]
+        return row
 
     def _notify(self) -> None:
         self._changed.set()

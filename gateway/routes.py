@@ -2,10 +2,12 @@
 
 A lease counts the request as in flight, so its model cannot be evicted or unloaded under it.
 Whole responses release it before returning; streams hand it to the response, which releases it
-when the stream ends or the client leaves.
+when the stream ends or the client leaves. The served model the handlers see records time to
+first token and tokens into the app's metrics (gateway/metrics.py).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -16,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from . import protocol as p
 from . import serving
+from .metrics import observe_request
 from .scheduler import ServedModel
 from .streaming import EventStreamResponse, cancel_on_disconnect
 
@@ -35,17 +38,20 @@ async def _serve(request: Request, alias: str | None, stream: bool,
                  plan: Callable[[ServedModel], serving.Plan | None],
                  whole: Callable[[ServedModel, str, Any], Awaitable[BaseModel]],
                  chunks: Callable[[ServedModel, str, Any], AsyncIterator[BaseModel]] | None) -> Response:
+    started = time.perf_counter()
     registry = request.app.state.registry
     lease = await registry.acquire(alias)
+    request.state.model = lease.alias  # for the request log and metrics
+    served = observe_request(lease.model, request.app.state.metrics, lease.alias, started)
     handed_off = False
     try:
-        planned = plan(lease.model)
+        planned = plan(served)
         if stream and chunks is not None:
-            response = EventStreamResponse(chunks(lease.model, lease.alias, planned),
+            response = EventStreamResponse(chunks(served, lease.alias, planned),
                                            on_close=lambda: registry.release(lease))
             handed_off = True
             return response
-        return _json(await cancel_on_disconnect(request, whole(lease.model, lease.alias, planned)))
+        return _json(await cancel_on_disconnect(request, whole(served, lease.alias, planned)))
     finally:
         if not handed_off:
             registry.release(lease)

@@ -1,0 +1,115 @@
+"""Operator endpoints: health, Prometheus metrics, status, reload, and models by hand.
+
+    GET  /health                        200 {"status": "ok"} while serving, 503 while stopping
+    GET  /metrics                       Prometheus text (gateway/metrics.py)
+    GET  /admin/status                  config file, watching, last reload, counts
+    POST /admin/reload                  reload the config file now: 200, or 422 with its errors
+    GET  /admin/models                  every entry: state, memory, in flight, queued, ...
+    POST /admin/models/{alias}/load     load now (waits up to registry.load_timeout)
+    POST /admin/models/{alias}/unload   drain (running requests finish), then unload;
+                                        ?timeout=SECONDS bounds the wait (default 30)
+
+Errors use the API's error shape (gateway/errors.py): an unknown alias is 404 model_not_found.
+These endpoints have no authentication of their own: keep the port private, or put a proxy in
+front that guards /admin.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from .errors import invalid_request
+from .metrics import CONTENT_TYPE_LATEST
+
+UNLOAD_TIMEOUT = 30.0
+
+
+def is_stopping(app: Any) -> bool:
+    """True once shutdown began (the CLI marks it on SIGINT/SIGTERM; the lifespan on exit)."""
+    registry = getattr(app.state, "registry", None)
+    return bool(getattr(app.state, "stopping", False)) or (registry is not None and registry.closed)
+
+
+async def health(request: Request) -> Response:
+    if is_stopping(request.app):
+        return JSONResponse({"status": "stopping"}, status_code=503, headers={"Retry-After": "5"})
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def status(request: Request) -> Response:
+    state = request.app.state
+    registry, reloader, watcher = state.registry, state.reloader, state.watcher
+    rows = registry.snapshot()
+    last = reloader.last
+    return JSONResponse({
+        "status": "stopping" if is_stopping(request.app) else "serving",
+        "started": state.started,
+        "uptime_seconds": round(time.time() - state.started, 3),
+        "config": None if reloader.path is None else str(reloader.path),
+        "watch": {
+            "enabled": watcher is not None,
+            "polling": bool(watcher is not None and watcher.polling),
+            "paths": [] if watcher is None else [str(p) for p in watcher.watching],
+        },
+        "last_reload": None if last is None else last.as_dict(),
+        "reloads": dict(reloader.counts),
+        "warnings": list(registry.config.warnings),
+        "models": {
+            "configured": len(registry.config.models),
+            "loaded": sum(r["state"] == "ready" for r in rows),
+            "aliases": registry.config.aliases(),
+        },
+    })
+
+
+async def reload(request: Request) -> Response:
+    record = await request.app.state.reloader.reload("admin")
+    return JSONResponse(record.as_dict(), status_code=200 if record.ok else 422)
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": request.app.state.registry.snapshot()})
+
+
+async def load_model(request: Request) -> Response:
+    alias = request.path_params["alias"]
+    row = await request.app.state.registry.load(alias)
+    request.state.model = alias  # a configured alias: safe as a metrics label
+    return JSONResponse(row)
+
+
+async def unload_model(request: Request) -> Response:
+    raw = request.query_params.get("timeout")
+    try:
+        timeout = UNLOAD_TIMEOUT if raw is None else float(raw)
+    except ValueError:
+        timeout = math.nan
+    if not 0 <= timeout < math.inf:
+        raise invalid_request(f"timeout must be a number of seconds, got {raw!r}", "timeout")
+    alias = request.path_params["alias"]
+    row = await request.app.state.registry.unload(alias, timeout)
+    request.state.model = alias
+    # 202: accepted but still draining (requests running); the row says so too.
+    return JSONResponse(row, status_code=202 if row["state"] == "draining" else 200)
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/admin/status", status, methods=["GET"]),
+        Route("/admin/reload", reload, methods=["POST"]),
+        Route("/admin/models", list_models, methods=["GET"]),
+        # `:path` so aliases with a slash ("org/model") work
+        Route("/admin/models/{alias:path}/load", load_model, methods=["POST"]),
+        Route("/admin/models/{alias:path}/unload", unload_model, methods=["POST"]),
+    ]

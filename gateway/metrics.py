@@ -1,0 +1,294 @@
+"""Prometheus metrics: one private CollectorRegistry per app, so apps in one process never clash.
+
+Who records what:
+
+    app.RequestLog (ASGI middleware)  requests_total{model,endpoint,status}, request_duration
+    routes -> observe_request()       time_to_first_token, prompt/completion tokens (from the
+                                      scheduler's events, via a thin proxy around the served model)
+    registry                          model loads, load failures, evictions, idle unloads
+    watch.Reloader                    config reloads by result
+    scheduler (optional)              queue length, active slots, batch size, prompt-cache hits
+    at scrape time                    loaded models and bytes, per-model state/memory/in flight,
+                                      read from registry.snapshot()
+
+Label `model` is a configured alias (the one a request named, or an entry's first alias for
+model-level series), never free text from a request, so the number of series stays bounded.
+
+For the scheduler: everything that may record takes a `MetricsSink`; `NULL_METRICS` is the one to
+default to, so recording never needs an `if`. The app hands its `Metrics` to the loader when the
+loader accepts a `metrics` keyword (`load_served_model(entry, metrics=...)`), and the loader
+passes it on to the scheduler, which calls (from any thread; prometheus-client is thread-safe):
+
+    metrics.set_queue(model, n)             requests waiting for a slot (set 0 on close)
+    metrics.set_active_slots(model, n)      slots generating right now (set 0 on close)
+    metrics.observe_batch(model, size)      sequences in one forward pass
+    metrics.add_prompt_cache_hits(model, n) prompt tokens reused instead of evaluated
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, generate_latest)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsSink", "NULL_METRICS", "loader_with_metrics",
+           "observe_request"]
+
+# Latency buckets: a tiny model answers in milliseconds, a long stream takes minutes.
+_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_LOAD_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_BATCH = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+NO_MODEL = "-"  # the request failed before it was tied to a configured model
+
+
+class MetricsSink:
+    """Everything that can be recorded; this base records nothing (see NULL_METRICS)."""
+
+    # HTTP (app middleware, routes)
+    def request(self, model: str, endpoint: str, status: int, seconds: float) -> None: ...
+    def first_token(self, model: str, seconds: float) -> None: ...
+    def tokens(self, model: str, prompt: int, completion: int) -> None: ...
+
+    # registry and reloads
+    def model_loaded(self, model: str, seconds: float) -> None: ...
+    def model_load_failed(self, model: str) -> None: ...
+    def model_evicted(self, model: str) -> None: ...
+    def model_idle_unloaded(self, model: str) -> None: ...
+    def config_reloaded(self, ok: bool) -> None: ...
+
+    # scheduler (continuous batching)
+    def set_queue(self, model: str, n: int) -> None: ...
+    def set_active_slots(self, model: str, n: int) -> None: ...
+    def observe_batch(self, model: str, size: int) -> None: ...
+    def add_prompt_cache_hits(self, model: str, n: int) -> None: ...
+
+
+NULL_METRICS = MetricsSink()
+
+
+class Metrics(MetricsSink):
+    """The app's metrics, in their own registry; `render()` is the /metrics body."""
+
+    def __init__(self) -> None:
+        # `*_created` timestamps would double the text and Prometheus' text format reads them as
+        # separate gauges; the switch is process-wide, and the only metrics here are ours.
+        disable_created_metrics()
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._requests = Counter("modelyard_requests", "HTTP requests by model alias, endpoint "
+                                 "and status", ["model", "endpoint", "status"], registry=r)
+        self._request_seconds = Histogram(
+            "modelyard_request_duration_seconds", "Time from request to the last byte sent "
+            "(streams included)", ["model", "endpoint"], buckets=_SECONDS, registry=r)
+        self._first_token = Histogram(
+            "modelyard_time_to_first_token_seconds", "Time from request to the first generated "
+            "text (model loading and queueing included)", ["model"], buckets=_SECONDS, registry=r)
+        self._prompt_tokens = Counter("modelyard_prompt_tokens", "Prompt tokens of finished "
+                                      "requests, as billed in usage", ["model"], registry=r)
+        self._completion_tokens = Counter("modelyard_completion_tokens", "Generated tokens of "
+                                          "finished generations", ["model"], registry=r)
+        self._loads = Counter("modelyard_model_loads", "Successful model loads", ["model"],
+                              registry=r)
+        self._load_seconds = Histogram("modelyard_model_load_duration_seconds", "Time a "
+                                       "successful load took", ["model"],
+                                       buckets=_LOAD_SECONDS, registry=r)
+        self._load_failures = Counter("modelyard_model_load_failures", "Failed model loads",
+                                      ["model"], registry=r)
+        self._evictions = Counter("modelyard_model_evictions", "Models unloaded to make room "
+                                  "(LRU) or to fit lowered limits", ["model"], registry=r)
+        self._idle_unloads = Counter("modelyard_model_idle_unloads", "Models unloaded after "
+                                     "their idle timeout", ["model"], registry=r)
+        self._reloads = Counter("modelyard_config_reloads", "Config reloads by result",
+                                ["result"], registry=r)
+        self._queue = Gauge("modelyard_queue_length", "Requests waiting for a scheduler slot",
+                            ["model"], registry=r)
+        self._active_slots = Gauge("modelyard_active_slots", "Scheduler slots generating now",
+                                   ["model"], registry=r)
+        self._batch = Histogram("modelyard_batch_size", "Sequences per forward pass", ["model"],
+                                buckets=_BATCH, registry=r)
+        self._cache_hits = Counter("modelyard_prompt_cache_hit_tokens", "Prompt tokens reused "
+                                   "from the prompt cache instead of evaluated", ["model"],
+                                   registry=r)
+        for result in ("ok", "error"):  # both series exist from the start, at 0
+            self._reloads.labels(result)
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
+        self._requests.labels(model, endpoint, str(status)).inc()
+        self._request_seconds.labels(model, endpoint).observe(seconds)
+
+    def first_token(self, model: str, seconds: float) -> None:
+        self._first_token.labels(model).observe(seconds)
+
+    def tokens(self, model: str, prompt: int, completion: int) -> None:
+        self._prompt_tokens.labels(model).inc(prompt)
+        self._completion_tokens.labels(model).inc(completion)
+
+    def model_loaded(self, model: str, seconds: float) -> None:
+        self._loads.labels(model).inc()
+        self._load_seconds.labels(model).observe(seconds)
+
+    def model_load_failed(self, model: str) -> None:
+        self._load_failures.labels(model).inc()
+
+    def model_evicted(self, model: str) -> None:
+        self._evictions.labels(model).inc()
+
+    def model_idle_unloaded(self, model: str) -> None:
+        self._idle_unloads.labels(model).inc()
+
+    def config_reloaded(self, ok: bool) -> None:
+        self._reloads.labels("ok" if ok else "error").inc()
+
+    def set_queue(self, model: str, n: int) -> None:
+        self._queue.labels(model).set(n)
+
+    def set_active_slots(self, model: str, n: int) -> None:
+        self._active_slots.labels(model).set(n)
+
+    def observe_batch(self, model: str, size: int) -> None:
+        self._batch.labels(model).observe(size)
+
+    def add_prompt_cache_hits(self, model: str, n: int) -> None:
+        self._cache_hits.labels(model).inc(n)
+
+    # -- exposition ----------------------------------------------------------------------------
+
+    def watch_models(self, snapshot: Callable[[], list[dict[str, Any]]]) -> None:
+        """Report the registry's models at every scrape (call once, with registry.snapshot)."""
+        self.registry.register(_ModelsCollector(snapshot))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition; call it on the event loop (snapshot() lives there)."""
+        return generate_latest(self.registry)
+
+
+class _ModelsCollector(Collector):
+    """Gauges read from registry.snapshot() when scraped, so they are never stale."""
+
+    def __init__(self, snapshot: Callable[[], list[dict[str, Any]]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        rows = self._snapshot()
+        loaded = [r for r in rows if r["state"] in ("ready", "draining")]
+        yield GaugeMetricFamily("modelyard_loaded_models", "Models loaded (ready or draining)",
+                                value=len(loaded))
+        yield GaugeMetricFamily("modelyard_loaded_bytes", "Memory held by models (weights + KV "
+                                "cache; the estimate while loading)",
+                                value=sum(r["memory_bytes"] for r in rows))
+        memory = GaugeMetricFamily("modelyard_model_memory_bytes", "Memory held by a model",
+                                   labels=["model", "state"])
+        in_flight = GaugeMetricFamily("modelyard_model_in_flight", "Requests holding a model",
+                                      labels=["model", "state"])
+        for r in rows:
+            # a retiring instance (old settings, draining) is a separate series from its successor
+            state = r["state"] + (" (old)" if r.get("retiring") else "")
+            memory.add_metric([r["aliases"][0], state], r["memory_bytes"])
+            in_flight.add_metric([r["aliases"][0], state], r["in_flight"])
+        yield memory
+        yield in_flight
+
+
+# -------------------------------------------------------------------------- loader and requests
+
+def loader_with_metrics(loader: Callable[..., Any], metrics: MetricsSink) -> Callable[[Any], Any]:
+    """`loader`, handed `metrics=` when its signature takes it (the scheduler records into it)."""
+    try:
+        takes = "metrics" in inspect.signature(loader).parameters
+    except (TypeError, ValueError):  # builtins and some callables have no signature
+        takes = False
+    if not takes:
+        return loader
+    return lambda entry: loader(entry, metrics=metrics)
+
+
+def observe_request(served: Any, metrics: MetricsSink, model: str, started: float) -> Any:
+    """`served` as the routes see it, with its scheduler's events counted into `metrics`.
+
+    `started` is the request's perf_counter() at arrival: time to first token includes waiting
+    for the model to load and for a scheduler slot, as a client experiences it.
+    """
+    if metrics is NULL_METRICS:
+        return served
+    return _ObservedModel(served, _ObservedScheduler(served.scheduler, metrics, model, started))
+
+
+class _ObservedModel:
+    """Delegates everything to the served model except `scheduler`."""
+
+    def __init__(self, served: Any, scheduler: _ObservedScheduler) -> None:
+        self._served = served
+        self.scheduler = scheduler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._served, name)
+
+
+class _ObservedScheduler:
+    def __init__(self, inner: Any, metrics: MetricsSink, model: str, started: float) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._model = model
+        self._started = started
+        self._first_seen = False
+        self._billed_prompts: set[int] = set()
+
+    def submit(self, request: Any) -> _ObservedGeneration:
+        return _ObservedGeneration(self._inner.submit(request), self, request)
+
+    async def embed(self, ids: list[int]) -> Any:
+        vector = await self._inner.embed(ids)
+        self._metrics.tokens(self._model, len(ids), 0)
+        return vector
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _event(self, request: Any, event: Any) -> None:
+        if not self._first_seen and getattr(event, "text", None):
+            self._first_seen = True
+            self._metrics.first_token(self._model, time.perf_counter() - self._started)
+        if hasattr(event, "completion_tokens"):  # Finished
+            # The n choices of one prompt share its token list, and usage bills the prompt once.
+            key = id(request.prompt_ids)
+            prompt = 0 if key in self._billed_prompts else int(event.prompt_tokens)
+            self._billed_prompts.add(key)
+            self._metrics.tokens(self._model, prompt, int(event.completion_tokens))
+
+
+class _ObservedGeneration:
+    """The scheduler's generation handle (async context manager and iterator), observed."""
+
+    def __init__(self, inner: Any, owner: _ObservedScheduler, request: Any) -> None:
+        self._inner = inner
+        self._owner = owner
+        self._request = request
+        self._events: AsyncIterator[Any] | None = None
+
+    async def __aenter__(self) -> _ObservedGeneration:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._inner.__aexit__(*exc)
+
+    def __aiter__(self) -> _ObservedGeneration:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._events is None:
+            self._events = aiter(self._inner)
+        event = await anext(self._events)
+        self._owner._event(self._request, event)
+        return event
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
