@@ -17,7 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 if TYPE_CHECKING:
     import engine
 
-MAX_N = 16           # choices per request; they run one after another, so keep it modest
+MAX_N = 16           # choices per request; they run side by side in the batch
 MAX_STOP = 16        # OpenAI allows 4; more costs us nothing
 MAX_TOP_LOGPROBS = 20
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # the legacy completions endpoint's documented default
@@ -70,10 +70,32 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class PromptTokensDetails(_Response):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prompt cache
+
+
 class Usage(_Response):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class PromptProgress(_Response):
+    """modelyard extra on stream chunks while a long prompt is read (before the first token)."""
+    processed: int  # prompt tokens in the KV cache so far, cached ones included
+    total: int
+    cached: int     # of those, reused from the prompt cache
+
+
+class _MayCarryProgress(_Response):
+    @model_serializer(mode="wrap")
+    def _omit_progress_unless_set(self, handler: Any) -> dict[str, Any]:
+        # plain chunks keep exactly OpenAI's shape; only progress chunks carry the extra field
+        data: dict[str, Any] = handler(self)
+        if data.get("prompt_progress") is None:
+            data.pop("prompt_progress", None)
+        return data
 
 
 def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
@@ -232,7 +254,7 @@ class ChunkChoice(_Response):
     finish_reason: FinishReason | None = None
 
 
-class ChatCompletionChunk(_Response):
+class ChatCompletionChunk(_MayCarryProgress):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
@@ -240,6 +262,8 @@ class ChatCompletionChunk(_Response):
     choices: list[ChunkChoice]
     usage: Usage | None = None  # only on the last chunk, when stream_options.include_usage
     system_fingerprint: str | None = None
+    # --- modelyard extras ---
+    prompt_progress: PromptProgress | None = None
 
 
 # --------------------------------------------------------------------------------- completions
@@ -314,7 +338,7 @@ class CompletionChoice(_Response):
     finish_reason: FinishReason | None
 
 
-class Completion(_Response):
+class Completion(_MayCarryProgress):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int
@@ -322,6 +346,8 @@ class Completion(_Response):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    # --- modelyard extras (stream chunks only) ---
+    prompt_progress: PromptProgress | None = None
 
 
 # --------------------------------------------------------------------------------- embeddings

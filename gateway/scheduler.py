@@ -1,39 +1,49 @@
-"""Per-model request scheduling: a worker thread runs generations; events flow back to asyncio.
+"""Per-model request scheduling: continuous batching on one thread; events flow back to asyncio.
 
-For now each model runs one request at a time, first come first served; `max_queue` more may
-wait behind it (beyond that: QueueFullError, a 503). A job's life:
+Each loaded model has one scheduler thread that owns the engine. It loops: take new requests,
+drop cancelled ones, then run ONE batch step (engine/batch.py): a forward pass with a decode token
+for every running sequence and chunks of waiting prompts, and a sample per sequence. `n_parallel`
+sequences run at once (the model's KV-cache slots); up to `max_queue` more wait, FIFO, beyond
+that QueueFullError (a 503). Idle, the thread sleeps on a condition variable.
 
-    queued --worker takes it--> running --model.stream ends--> finished (Finished event)
-      |                            |----raises-----------> failed (the exception is the event)
-      +--cancel()/close()--+       +----cancel()/close()--> cancelled (checked before each token)
-                           v
-                 skipped (close(): SchedulerClosedError)
+A job's life (its `state`, changed under the scheduler's lock):
 
-    asyncio side                        worker thread (one per loaded model)
-    ------------                        ------------------------------------
-    submit(req) --job--> queue.Queue --> take job -> skip if cancelled
-    async for ev in generation  <------  model.stream(): per token -> decode -> StopScanner
-          ^   (loop.call_soon_threadsafe)        -> TextDelta ... Finished (or the exception)
-    cancel() sets a flag the worker checks before every token, then it moves to the next job.
+    WAITING --admitted to a slot--> ACTIVE --eog / length / stop string--> DONE (Finished event)
+       |                              |------forward pass failed-------> DONE (the exception)
+       +--cancel()--> DONE            +------cancel()/close()----------> DONE (GenerationCancelled
+       +--close()---> DONE (SchedulerClosedError)                             or its reason)
 
-The interface is request-level (`submit` -> async iterator of events, `cancel`), so continuous
-batching can replace the inside without touching the routes.
+    asyncio side                           scheduler thread (one per loaded model)
+    ------------                           ----------------------------------------
+    submit(req) --job--> incoming list --> runner.submit(Sequence)
+                 (lock + condition)        loop: drop cancelled -> runner.step() -> per sequence:
+    async for ev in generation  <--------     token -> decode -> StopScanner -> TextDelta ...
+          ^   (one call_soon_threadsafe       Finished (or the exception)
+          |    per event loop per step)
+    cancel() flags the job and wakes the thread; its sequence leaves the batch before the next
+    step and its slot is free again.
+
+The interface is request-level (`submit` -> async iterator of events, `cancel`); `n` > 1 and
+prompt arrays are several submits, batched together, sharing their prompt's KV (engine/batch.py).
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import queue
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 import engine
+from engine import batch
 from engine.chat import ChatTemplate, ChatTemplateError
+
+from .metrics import NULL_METRICS, MetricsSink
 
 if TYPE_CHECKING:
     from .config import ModelEntry
@@ -63,6 +73,14 @@ class TokenInfo:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """A long prompt is being read: `processed` of `total` tokens (`cached` came for free)."""
+    processed: int
+    total: int
+    cached: int
+
+
+@dataclass(frozen=True)
 class TextDelta:
     text: str
     tokens: list[TokenInfo]              # empty unless logprobs were requested
@@ -73,9 +91,10 @@ class Finished:
     finish_reason: str                   # "stop" (eog or stop string) or "length"
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0               # prompt tokens reused from a slot, not evaluated
 
 
-Event = TextDelta | Finished
+Event = PromptProgress | TextDelta | Finished
 
 
 class QueueFullError(Exception):
@@ -171,91 +190,57 @@ class StopScanner(Generic[T]):
 
 # --------------------------------------------------------------------------------- jobs
 
-class _Job:
-    """A unit of work for the worker thread, reporting back into one event loop."""
+class JobState(Enum):
+    WAITING = "waiting"      # submitted, no slot yet
+    ACTIVE = "active"        # holds a slot
+    DONE = "done"
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+
+class _Job:
+    """One request's work, reporting back into one event loop. `state` changes under the lock."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, work: batch.Occupant) -> None:
         self.loop = loop
+        self.work = work
+        work.tag = self
+        self.state = JobState.WAITING
         self.cancelled = threading.Event()
         self.cancel_reason: BaseException | None = None  # told to a consumer still listening
 
-    def post(self, fn: Callable[..., Any], *args: Any) -> bool:
-        """Run fn(*args) on the event loop; False when the loop is gone (shutdown)."""
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-            return True
-        except RuntimeError:
-            self.cancelled.set()
-            return False
-
-    def run(self, model: Any) -> None:
-        raise NotImplementedError
-
-    def fail(self, exc: BaseException) -> None:
+    def deliver(self, event: Any) -> None:
+        """On the event loop: hand over one event (or exception)."""
         raise NotImplementedError
 
 
 class _GenerationJob(_Job):
-    def __init__(self, loop: asyncio.AbstractEventLoop, request: GenerationRequest) -> None:
-        super().__init__(loop)
+    work: batch.Sequence
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, request: GenerationRequest,
+                 tokenizer: Any) -> None:
+        super().__init__(loop, batch.Sequence(request.prompt_ids, params=request.params,
+                                              max_tokens=request.max_tokens))
         self.request = request
         self.events: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self.decoder = tokenizer.incremental_decoder(skip_special=True)
+        self.scanner: StopScanner[TokenInfo | None] = StopScanner(request.stop)
 
-    def emit(self, event: Event | BaseException) -> None:
-        self.post(self.events.put_nowait, event)
-
-    def fail(self, exc: BaseException) -> None:
-        self.emit(exc)
-
-    def run(self, model: Any) -> None:
-        req = self.request
-        tok = model.tokenizer
-        decoder = tok.incremental_decoder(skip_special=True)
-        scanner: StopScanner[TokenInfo | None] = StopScanner(req.stop)
-        n_generated = 0
-        finish = "length"
-        with contextlib.closing(model.stream(req.prompt_ids, req.params, req.max_tokens)) as stream:
-            for sampled in stream:
-                if self.cancelled.is_set():
-                    self.emit(self.cancel_reason or GenerationCancelled())
-                    return
-                n_generated += 1
-                info = _token_info(tok, sampled) if req.logprobs else None
-                self._send(*scanner.push(decoder.push(sampled.token), info))
-                if scanner.stopped:
-                    finish = "stop"
-                    break
-            else:
-                ended_early = n_generated < req.max_tokens
-                context_full = len(req.prompt_ids) + n_generated >= model.n_ctx
-                finish = "stop" if ended_early and not context_full else "length"
-                self._send(*scanner.push(decoder.flush(), None))
-                if scanner.stopped:
-                    finish = "stop"
-                self._send(*scanner.flush())
-        self.emit(Finished(finish, len(req.prompt_ids), n_generated))
-
-    def _send(self, text: str, items: list[TokenInfo | None]) -> None:
-        tokens = [t for t in items if t is not None]
-        if text or tokens:
-            self.emit(TextDelta(text, tokens))
+    def deliver(self, event: Any) -> None:
+        self.events.put_nowait(event)
 
 
 class _EmbeddingJob(_Job):
+    work: batch.Embedding
+
     def __init__(self, loop: asyncio.AbstractEventLoop, ids: list[int]) -> None:
-        super().__init__(loop)
-        self.ids = ids
+        super().__init__(loop, batch.Embedding(list(ids)))
         self.future: asyncio.Future[np.ndarray] = loop.create_future()
 
-    def _settle(self, value: Any, error: bool) -> None:
+    def deliver(self, event: Any) -> None:
         if not self.future.done():
-            (self.future.set_exception if error else self.future.set_result)(value)
-
-    def run(self, model: Any) -> None:
-        self.post(self._settle, model.embed(self.ids), False)
-
-    def fail(self, exc: BaseException) -> None:
-        self.post(self._settle, exc, True)
+            if isinstance(event, BaseException):
+                self.future.set_exception(event)
+            else:
+                self.future.set_result(event)
 
 
 def _token_text(tok: Any, token: int) -> tuple[str, bytes]:
@@ -269,21 +254,46 @@ def _token_info(tok: Any, sampled: engine.Sampled) -> TokenInfo:
     return TokenInfo(sampled.token, text, raw, sampled.logprob, top)
 
 
+class _Outbox:
+    """Events of one scheduler iteration, handed to each event loop in one call."""
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Any]]] = defaultdict(list)
+
+    def put(self, job: _Job, event: Any) -> None:
+        self._by_loop[job.loop].append((job, event))
+
+    def send(self) -> None:
+        for loop, items in self._by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver_all, items)
+            except RuntimeError:  # the loop is closed (shutdown): nobody is listening
+                for job, _ in items:
+                    job.cancelled.set()
+        self._by_loop.clear()
+
+
+def _deliver_all(items: list[tuple[_Job, Any]]) -> None:
+    for job, event in items:
+        job.deliver(event)
+
+
 # --------------------------------------------------------------------------------- async side
 
 class Generation:
     """The asyncio handle of one submitted generation: iterate its events, or cancel it.
 
     Use as `async with scheduler.submit(req) as gen: async for event in gen: ...`; leaving the
-    block early (client gone, error) cancels the generation so the worker moves on.
+    block early (client gone, error) cancels the generation so its slot is freed.
     """
 
-    def __init__(self, job: _GenerationJob) -> None:
+    def __init__(self, scheduler: Scheduler, job: _GenerationJob) -> None:
+        self._scheduler = scheduler
         self._job = job
         self._done = False
 
     def cancel(self) -> None:
-        self._job.cancelled.set()
+        self._scheduler._cancel(self._job)
 
     def __aiter__(self) -> Generation:
         return self
@@ -308,84 +318,205 @@ class Generation:
 
 
 class Scheduler:
-    """One worker thread per model; jobs run FIFO, one at a time."""
+    """One thread per model runs every request in continuous batches (see the module doc)."""
 
-    def __init__(self, model: Any, *, name: str = "model", max_queue: int = 64) -> None:
+    def __init__(self, model: Any, *, name: str = "model", max_queue: int = 64,
+                 metrics: MetricsSink = NULL_METRICS,
+                 prefill_budget: int = batch.PREFILL_BUDGET) -> None:
         self.model = model
         self.name = name
         self.max_queue = max_queue
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._lock = threading.Lock()   # guards _closed and _waiting against close()
+        self.metrics = metrics
+        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget)
+        self.n_slots = self.runner.n_slots
+        self._cond = threading.Condition()  # guards everything below, and every job's state
         self._closed = False
-        self._waiting: set[_Job] = set()
-        self._running: _Job | None = None
+        self._incoming: list[_Job] = []
+        self._n_waiting = 0                 # WAITING jobs not cancelled
+        self._n_active = 0                  # ACTIVE jobs
         self._thread = threading.Thread(target=self._work, name=f"modelyard-{name}", daemon=True)
         self._thread.start()
 
+    # -- asyncio side ------------------------------------------------------------------------
+
     def submit(self, request: GenerationRequest) -> Generation:
-        job = _GenerationJob(asyncio.get_running_loop(), request)
+        job = _GenerationJob(asyncio.get_running_loop(), request, self.model.tokenizer)
         self._enqueue(job)
-        return Generation(job)
+        return Generation(self, job)
 
     async def embed(self, ids: list[int]) -> np.ndarray:
-        """float32 [n_embd] for one input, computed on the worker thread."""
+        """float32 [n_embd] for one input, computed in the batch."""
         job = _EmbeddingJob(asyncio.get_running_loop(), ids)
         self._enqueue(job)
         try:
             return await job.future
         finally:
-            job.cancelled.set()
+            self._cancel(job)
 
     @property
     def queued(self) -> int:
-        """Requests waiting for the worker (cancelled ones no longer count)."""
-        with self._lock:
-            return sum(not j.cancelled.is_set() for j in self._waiting)
+        """Requests waiting for a slot (cancelled ones no longer count)."""
+        with self._cond:
+            return self._n_waiting
+
+    @property
+    def active(self) -> int:
+        """Requests holding a slot."""
+        with self._cond:
+            return self._n_active
 
     def _enqueue(self, job: _Job) -> None:
-        with self._lock:
+        self.runner.check(job.work)  # ValueError / ContextOverflowError before anything queues
+        with self._cond:
             if self._closed:
                 raise SchedulerClosedError(self.name)
-            waiting = sum(not j.cancelled.is_set() for j in self._waiting)
-            busy = waiting + (self._running is not None)
-            if busy >= 1 + self.max_queue:  # one runs, max_queue wait behind it
+            if self._n_waiting + self._n_active >= self.n_slots + self.max_queue:
                 raise QueueFullError(self.name, self.max_queue)
-            self._waiting.add(job)
-            self._jobs.put(job)
+            self._n_waiting += 1
+            self._incoming.append(job)
+            self._cond.notify()
+        self.metrics.set_queue(self.name, self.queued)
 
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            with self._lock:
-                self._waiting.discard(job)
-                if job.cancelled.is_set():
-                    continue
-                self._running = job
-            try:
-                job.run(self.model)
-            except BaseException as exc:  # report to the request, keep serving others
-                log.exception("generation failed on %s", self.name)
-                job.fail(exc)
-            finally:
-                with self._lock:
-                    self._running = None
+    def _cancel(self, job: _Job) -> None:
+        with self._cond:
+            if job.cancelled.is_set() or job.state is JobState.DONE:
+                return
+            job.cancelled.set()
+            if job.state is JobState.WAITING:  # no longer counts; the thread drops it
+                job.state = JobState.DONE
+                self._n_waiting -= 1
+            self._cond.notify()
 
     def close(self) -> None:
-        """Fail queued requests, cancel the running one, and wait for the worker to stop."""
-        with self._lock:
+        """Fail waiting requests, cancel running ones, and wait for the thread to stop."""
+        with self._cond:
             if self._closed:
                 return
             self._closed = True
-            waiting, self._waiting = self._waiting, set()
-            running = self._running
-        for job in waiting:
-            job.cancelled.set()
-            job.fail(SchedulerClosedError(self.name))
-        if running is not None:
-            running.cancel_reason = SchedulerClosedError(self.name)
-            running.cancelled.set()
-        self._jobs.put(None)
+            self._cond.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+
+    # -- scheduler thread --------------------------------------------------------------------
+
+    def _work(self) -> None:
+        runner = self.runner
+        try:
+            while True:
+                with self._cond:
+                    while not (self._closed or self._incoming or runner.busy):
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    incoming, self._incoming = self._incoming, []
+                for job in incoming:
+                    runner.submit(job.work)
+                outbox = _Outbox()
+                self._drop_cancelled(outbox)
+                if runner.busy:
+                    self._step(outbox)
+                outbox.send()
+                self._publish()
+        except BaseException:  # a bug here must not leave requests hanging
+            log.exception("scheduler of %s failed", self.name)
+            raise
+        finally:
+            self._shut_down()
+
+    def _drop_cancelled(self, outbox: _Outbox) -> None:
+        for work in list(self.runner.occupants()):
+            job: _Job = work.tag
+            if job.cancelled.is_set():
+                self.runner.end(work, "cancelled")
+                self._done(job)
+                outbox.put(job, job.cancel_reason or GenerationCancelled())
+
+    def _step(self, outbox: _Outbox) -> None:
+        try:
+            result = self.runner.step()
+        except batch.StepError as exc:
+            log.error("forward pass failed on %s", self.name, exc_info=exc.cause)
+            for work in exc.occupants:
+                self._done(work.tag)
+                outbox.put(work.tag, exc.cause)
+            return
+        with self._cond:
+            for work in result.admitted:
+                job = work.tag
+                if job.state is JobState.WAITING:
+                    job.state = JobState.ACTIVE
+                    self._n_waiting -= 1
+                    self._n_active += 1
+        if result.n_sequences:
+            self.metrics.observe_batch(self.name, result.n_sequences)
+        if result.reused_tokens:
+            self.metrics.add_prompt_cache_hits(self.name, result.reused_tokens)
+        for seq in result.progressed:
+            if seq.prefilling or seq.prefill_steps > 1:  # read in more than one step: "long"
+                outbox.put(seq.tag, PromptProgress(seq.pos, len(seq.prompt), seq.cached))
+        for seq, sampled in result.sampled:
+            self._on_token(seq.tag, sampled, outbox)
+        for work in result.finished:
+            if isinstance(work, batch.Embedding):
+                outbox.put(work.tag, work.vector)
+                self._done(work.tag)
+            elif work.tag.state is not JobState.DONE:  # not already ended by a stop string
+                self._finish(work.tag, work.finish_reason or "stop", outbox)
+
+    def _on_token(self, job: _GenerationJob, sampled: engine.Sampled, outbox: _Outbox) -> None:
+        info = _token_info(self.model.tokenizer, sampled) if job.request.logprobs else None
+        self._send_text(job, *job.scanner.push(job.decoder.push(sampled.token), info), outbox)
+        if job.scanner.stopped:
+            self.runner.end(job.work, "stop")
+            self._finish(job, "stop", outbox)
+
+    def _finish(self, job: _GenerationJob, reason: str, outbox: _Outbox) -> None:
+        if not job.scanner.stopped:
+            self._send_text(job, *job.scanner.push(job.decoder.flush(), None), outbox)
+            if job.scanner.stopped:
+                reason = "stop"
+            self._send_text(job, *job.scanner.flush(), outbox)
+        seq = job.work
+        outbox.put(job, Finished(reason, len(seq.prompt), len(seq.generated), seq.cached))
+        self._done(job)
+
+    @staticmethod
+    def _send_text(job: _GenerationJob, text: str, items: list[TokenInfo | None],
+                   outbox: _Outbox) -> None:
+        tokens = [t for t in items if t is not None]
+        if text or tokens:
+            outbox.put(job, TextDelta(text, tokens))
+
+    def _done(self, job: _Job) -> None:
+        with self._cond:
+            if job.state is JobState.WAITING:
+                self._n_waiting -= 1
+            elif job.state is JobState.ACTIVE:
+                self._n_active -= 1
+            job.state = JobState.DONE
+
+    def _publish(self) -> None:
+        with self._cond:
+            waiting, active = self._n_waiting, self._n_active
+        self.metrics.set_queue(self.name, waiting)
+        self.metrics.set_active_slots(self.name, active)
+
+    def _shut_down(self) -> None:
+        """Closing (or a failed thread): every job still here learns why; slots are freed."""
+        with self._cond:
+            self._closed = True
+            leftover = self._incoming
+            self._incoming = []
+        outbox = _Outbox()
+        held = list(self.runner.occupants())
+        for work in held:
+            self.runner.end(work, "cancelled")
+        for job in [*leftover, *(w.tag for w in held)]:
+            outbox.put(job, job.cancel_reason or SchedulerClosedError(self.name))
+            self._done(job)
+        outbox.send()
+        self.runner.close()
+        self._publish()
 
 
 # --------------------------------------------------------------------------------- served model
@@ -393,16 +524,27 @@ class Scheduler:
 class ServedModel:
     """What the registry holds for a loaded model: engine model + scheduler + chat template."""
 
-    def __init__(self, model: Any, template: ChatTemplate, *, name: str, max_queue: int) -> None:
+    def __init__(self, model: Any, template: ChatTemplate, *, name: str, max_queue: int,
+                 metrics: MetricsSink = NULL_METRICS) -> None:
         self.model = model
         self.tokenizer = model.tokenizer
         self.n_ctx: int = model.n_ctx
         self.chat_template = template
-        self.scheduler = Scheduler(model, name=name, max_queue=max_queue)
+        self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics)
 
     @property
     def memory_bytes(self) -> int:
         return int(self.model.memory_bytes)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return self.scheduler.queued
+
+    @property
+    def active(self) -> int:
+        """Requests generating in a slot."""
+        return self.scheduler.active
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """Render the chat template and tokenize it, special tokens parsed as such."""
@@ -433,12 +575,15 @@ def _template_for(model: Any, override: str | None) -> ChatTemplate:
         return ChatTemplate.for_model(None, tokens, tok.bos_id, tok.eos_id)
 
 
-def load_served_model(entry: ModelEntry) -> ServedModel:
-    """The registry's loader: load the GGUF (compiling kernels) and start its scheduler."""
-    model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)
+def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) -> ServedModel:
+    """The registry's loader: load the GGUF (compiling kernels) with `n_parallel` KV-cache slots
+    and start its scheduler."""
+    model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
+                        n_slots=entry.n_parallel)
     try:
         template = _template_for(model, entry.chat_template)
-        return ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue)
+        return ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
+                           metrics=metrics)
     except BaseException:
         model.close()
         raise

@@ -2,19 +2,25 @@
 
 Planning (template, tokenizing, context check) happens before anything is sent, so its errors are
 proper 400s; running yields protocol objects, either one whole response or stream chunks.
-Choices run one after another (`n`, several prompts); each is cancelled if its consumer leaves.
+Choices (`n`, several prompts) are submitted together and run side by side in the model's batch;
+the n choices of a prompt share its token list, so the scheduler reads the prompt once. If the
+consumer leaves, every choice is cancelled.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from . import protocol as p
 from .errors import context_length_exceeded, invalid_request
-from .scheduler import Finished, GenerationRequest, ServedModel, TextDelta, TokenInfo
+from .scheduler import (Event, Finished, GenerationRequest, PromptProgress, ServedModel,
+                        TextDelta, TokenInfo)
 
 
 @dataclass
@@ -23,6 +29,7 @@ class Plan:
     requests: list[GenerationRequest]
     prompt_tokens: int
     echo: list[str] = field(default_factory=list)  # completions with echo: text before each choice
+    prompt_of: list[int] = field(default_factory=list)  # per choice: which prompt it continues
 
 
 @dataclass
@@ -31,6 +38,7 @@ class ChoiceResult:
     tokens: list[TokenInfo] = field(default_factory=list)
     finish_reason: str = "length"
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def _check_logit_bias(served: ServedModel, bias: dict[str, float] | None) -> None:
@@ -59,7 +67,8 @@ def _generation(served: ServedModel, req: p.GenerationRequestBody, ids: list[int
 def plan_chat(served: ServedModel, req: p.ChatCompletionRequest) -> Plan:
     _check_logit_bias(served, req.logit_bias)
     ids = served.chat_prompt([m.for_template() for m in req.messages])
-    return Plan([_generation(served, req, ids, i, "messages") for i in range(req.n)], len(ids))
+    return Plan([_generation(served, req, ids, i, "messages") for i in range(req.n)], len(ids),
+                prompt_of=[0] * req.n)
 
 
 def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
@@ -69,8 +78,9 @@ def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
     n_vocab = served.model.n_vocab
     requests: list[GenerationRequest] = []
     echo: list[str] = []
+    prompt_of: list[int] = []
     total = 0
-    for prompt in req.prompts():
+    for number, prompt in enumerate(req.prompts()):
         if isinstance(prompt, str):
             ids = served.text_prompt(prompt)
             text = prompt
@@ -85,27 +95,83 @@ def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
         for i in range(req.n):
             requests.append(_generation(served, req, ids, i, "prompt"))
             echo.append(text if req.echo else "")
-    return Plan(requests, total, echo)
+            prompt_of.append(number)
+    return Plan(requests, total, echo, prompt_of)
 
 
-async def _collect(served: ServedModel, request: GenerationRequest) -> ChoiceResult:
-    result = ChoiceResult()
-    parts: list[str] = []
-    async with served.scheduler.submit(request) as generation:
-        async for event in generation:
-            if isinstance(event, TextDelta):
-                parts.append(event.text)
-                result.tokens.extend(event.tokens)
+async def _events(served: ServedModel,
+                  requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, Event]]:
+    """Submit every choice at once (they share the batch) and yield (choice index, event) as
+    events arrive. Leaving early, or an error in any choice, cancels all of them."""
+    generations: list[Any] = []
+    pumps: list[asyncio.Task[None]] = []
+    merged: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, generation: Any) -> None:
+        try:
+            async for event in generation:
+                merged.put_nowait((index, event))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            merged.put_nowait((index, exc))
+        finally:
+            merged.put_nowait((index, None))
+
+    try:
+        for request in requests:
+            generations.append(served.scheduler.submit(request))
+        pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
+        running = len(pumps)
+        while running:
+            index, event = await merged.get()
+            if event is None:
+                running -= 1
+            elif isinstance(event, BaseException):
+                raise event
             else:
+                yield index, event
+    finally:
+        for pumping in pumps:
+            pumping.cancel()
+        for generation in generations:
+            generation.cancel()
+
+
+async def _collect(served: ServedModel, plan: Plan) -> list[ChoiceResult]:
+    results = [ChoiceResult() for _ in plan.requests]
+    parts: list[list[str]] = [[] for _ in plan.requests]
+    async with contextlib.aclosing(_events(served, plan.requests)) as events:
+        async for index, event in events:
+            result = results[index]
+            if isinstance(event, TextDelta):
+                parts[index].append(event.text)
+                result.tokens.extend(event.tokens)
+            elif isinstance(event, Finished):
                 result.finish_reason = event.finish_reason
                 result.completion_tokens = event.completion_tokens
-    result.text = "".join(parts)
-    return result
+                result.cached_tokens = event.cached_tokens
+    for result, texts in zip(results, parts):
+        result.text = "".join(texts)
+    return results
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> p.Usage:
-    return p.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
+def _cached_tokens(plan: Plan, cached: list[int]) -> int:
+    """Prompt tokens served from cache, billed once per prompt: of the n choices of a prompt,
+    the one that read it itself reused the least."""
+    per_prompt: dict[int, int] = {}
+    for prompt, n in zip(plan.prompt_of, cached):
+        per_prompt[prompt] = min(per_prompt.get(prompt, n), n)
+    return sum(per_prompt.values())
+
+
+def _usage(plan: Plan, completion_tokens: int, cached: list[int]) -> p.Usage:
+    return p.Usage(prompt_tokens=plan.prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=plan.prompt_tokens + completion_tokens,
+                   prompt_tokens_details=p.PromptTokensDetails(
+                       cached_tokens=_cached_tokens(plan, cached)))
+
+
+def _progress(event: PromptProgress) -> p.PromptProgress:
+    return p.PromptProgress(processed=event.processed, total=event.total, cached=event.cached)
 
 
 # --------------------------------------------------------------------------------- logprobs shapes
@@ -135,19 +201,17 @@ def _completion_logprobs(tokens: list[TokenInfo], offset: int) -> p.CompletionLo
 
 async def chat_completion(served: ServedModel, alias: str, req: p.ChatCompletionRequest,
                           plan: Plan) -> p.ChatCompletion:
-    choices = []
-    completion_tokens = 0
-    for index, request in enumerate(plan.requests):
-        r = await _collect(served, request)
-        completion_tokens += r.completion_tokens
-        choices.append(p.ChatChoice(
-            index=index,
-            message=p.AssistantMessage(content=r.text),
-            logprobs=_chat_logprobs(r.tokens) if req.logprobs else None,
-            finish_reason=r.finish_reason,  # type: ignore[arg-type]
-        ))
+    results = await _collect(served, plan)
+    choices = [p.ChatChoice(
+        index=index,
+        message=p.AssistantMessage(content=r.text),
+        logprobs=_chat_logprobs(r.tokens) if req.logprobs else None,
+        finish_reason=r.finish_reason,  # type: ignore[arg-type]
+    ) for index, r in enumerate(results)]
+    usage = _usage(plan, sum(r.completion_tokens for r in results),
+                   [r.cached_tokens for r in results])
     return p.ChatCompletion(id=p.new_id("chatcmpl"), created=p.now(), model=alias, choices=choices,
-                            usage=_usage(plan.prompt_tokens, completion_tokens))
+                            usage=usage)
 
 
 async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequest,
@@ -155,43 +219,47 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
     cid, created = p.new_id("chatcmpl"), p.now()
 
     def chunk(index: int, delta: p.ChoiceDelta, logprobs: p.ChoiceLogprobs | None = None,
-              finish: str | None = None) -> p.ChatCompletionChunk:
+              finish: str | None = None,
+              progress: p.PromptProgress | None = None) -> p.ChatCompletionChunk:
         choice = p.ChunkChoice(index=index, delta=delta, logprobs=logprobs,
                                finish_reason=finish)  # type: ignore[arg-type]
-        return p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[choice])
+        return p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[choice],
+                                     prompt_progress=progress)
 
-    completion_tokens = 0
-    for index, request in enumerate(plan.requests):
+    for index in range(len(plan.requests)):
         yield chunk(index, p.ChoiceDelta(role="assistant", content=""))
-        async with served.scheduler.submit(request) as generation:
-            async for event in generation:
-                if isinstance(event, TextDelta):
-                    logprobs = _chat_logprobs(event.tokens) if req.logprobs else None
-                    yield chunk(index, p.ChoiceDelta(content=event.text), logprobs)
-                elif isinstance(event, Finished):
-                    completion_tokens += event.completion_tokens
-                    yield chunk(index, p.ChoiceDelta(), finish=event.finish_reason)
+    completion_tokens = 0
+    cached = [0] * len(plan.requests)
+    async with contextlib.aclosing(_events(served, plan.requests)) as events:
+        async for index, event in events:
+            if isinstance(event, PromptProgress):
+                yield chunk(index, p.ChoiceDelta(), progress=_progress(event))
+            elif isinstance(event, TextDelta):
+                logprobs = _chat_logprobs(event.tokens) if req.logprobs else None
+                yield chunk(index, p.ChoiceDelta(content=event.text), logprobs)
+            else:
+                completion_tokens += event.completion_tokens
+                cached[index] = event.cached_tokens
+                yield chunk(index, p.ChoiceDelta(), finish=event.finish_reason)
     if req.include_usage_in_stream():
         yield p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[],
-                                    usage=_usage(plan.prompt_tokens, completion_tokens))
+                                    usage=_usage(plan, completion_tokens, cached))
 
 
 # --------------------------------------------------------------------------------- completions
 
 async def completion(served: ServedModel, alias: str, req: p.CompletionRequest,
                      plan: Plan) -> p.Completion:
-    choices = []
-    completion_tokens = 0
-    for index, (request, echo) in enumerate(zip(plan.requests, plan.echo)):
-        r = await _collect(served, request)
-        completion_tokens += r.completion_tokens
-        choices.append(p.CompletionChoice(
-            index=index, text=echo + r.text,
-            logprobs=_completion_logprobs(r.tokens, 0) if req.wants_logprobs() else None,
-            finish_reason=r.finish_reason,  # type: ignore[arg-type]
-        ))
+    results = await _collect(served, plan)
+    choices = [p.CompletionChoice(
+        index=index, text=echo + r.text,
+        logprobs=_completion_logprobs(r.tokens, 0) if req.wants_logprobs() else None,
+        finish_reason=r.finish_reason,  # type: ignore[arg-type]
+    ) for index, (r, echo) in enumerate(zip(results, plan.echo))]
+    usage = _usage(plan, sum(r.completion_tokens for r in results),
+                   [r.cached_tokens for r in results])
     return p.Completion(id=p.new_id("cmpl"), created=p.now(), model=alias, choices=choices,
-                        usage=_usage(plan.prompt_tokens, completion_tokens))
+                        usage=usage)
 
 
 async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRequest,
@@ -199,30 +267,35 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
     cid, created = p.new_id("cmpl"), p.now()
 
     def chunk(index: int, text: str, logprobs: p.CompletionLogprobs | None = None,
-              finish: str | None = None) -> p.Completion:
+              finish: str | None = None, progress: p.PromptProgress | None = None) -> p.Completion:
         choice = p.CompletionChoice(index=index, text=text, logprobs=logprobs,
                                     finish_reason=finish)  # type: ignore[arg-type]
-        return p.Completion(id=cid, created=created, model=alias, choices=[choice])
+        return p.Completion(id=cid, created=created, model=alias, choices=[choice],
+                            prompt_progress=progress)
 
-    completion_tokens = 0
-    for index, (request, echo) in enumerate(zip(plan.requests, plan.echo)):
+    for index, echo in enumerate(plan.echo):
         if echo:
             yield chunk(index, echo)
-        offset = 0
-        async with served.scheduler.submit(request) as generation:
-            async for event in generation:
-                if isinstance(event, TextDelta):
-                    logprobs = None
-                    if req.wants_logprobs():
-                        logprobs = _completion_logprobs(event.tokens, offset)
-                        offset += sum(len(t.text) for t in event.tokens)
-                    yield chunk(index, event.text, logprobs)
-                elif isinstance(event, Finished):
-                    completion_tokens += event.completion_tokens
-                    yield chunk(index, "", finish=event.finish_reason)
+    completion_tokens = 0
+    cached = [0] * len(plan.requests)
+    offsets = [0] * len(plan.requests)
+    async with contextlib.aclosing(_events(served, plan.requests)) as events:
+        async for index, event in events:
+            if isinstance(event, PromptProgress):
+                yield chunk(index, "", progress=_progress(event))
+            elif isinstance(event, TextDelta):
+                logprobs = None
+                if req.wants_logprobs():
+                    logprobs = _completion_logprobs(event.tokens, offsets[index])
+                    offsets[index] += sum(len(t.text) for t in event.tokens)
+                yield chunk(index, event.text, logprobs)
+            else:
+                completion_tokens += event.completion_tokens
+                cached[index] = event.cached_tokens
+                yield chunk(index, "", finish=event.finish_reason)
     if req.include_usage_in_stream():
         yield p.Completion(id=cid, created=created, model=alias, choices=[],
-                           usage=_usage(plan.prompt_tokens, completion_tokens))
+                           usage=_usage(plan, completion_tokens, cached))
 
 
 # --------------------------------------------------------------------------------- embeddings

@@ -1,4 +1,5 @@
-"""The scheduler against a scripted stand-in model (the real engine is tested in test_api)."""
+"""The scheduler against a scripted stand-in model (tests/scripted_model.py); the real engine is
+tested in test_batching and test_api."""
 import asyncio
 import random
 import threading
@@ -6,9 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-from engine.sampling import Sampled, SamplingParams
-from gateway.scheduler import (Finished, GenerationRequest, QueueFullError, Scheduler,
-                               SchedulerClosedError, StopScanner, TextDelta)
+from engine.sampling import SamplingParams
+from gateway.scheduler import (Finished, GenerationCancelled, GenerationRequest, PromptProgress,
+                               QueueFullError, Scheduler, SchedulerClosedError, StopScanner,
+                               TextDelta)
+from tests.scripted_model import FAIL, ScriptedModel, letters, script
 
 # ------------------------------------------------------------------ StopScanner
 
@@ -63,241 +66,287 @@ def test_released_text_is_the_text_before_the_first_stop(seed):
     assert stopped == (first is not None)
 
 
-# ------------------------------------------------------------------ a scripted model
-
-class FakeTokenizer:
-    eog_ids = frozenset({0})
-
-    def token_bytes(self, token):
-        return chr(ord("a") + token - 1).encode()
-
-    def incremental_decoder(self, skip_special=False):
-        tok = self
-
-        class Decoder:
-            def push(self, token):
-                return tok.token_bytes(token).decode()
-
-            def flush(self):
-                return ""
-        return Decoder()
+# ------------------------------------------------------------------ the scheduler
 
 
-class FakeModel:
-    """Generates the script given as the prompt: ids are the tokens to emit (0 = end)."""
-
-    n_ctx = 64
-
-    def __init__(self, gate=None):
-        self.tokenizer = FakeTokenizer()
-        self.calls = []          # (prompt, thread name)
-        self.pulled = {}         # prompt -> tokens handed out
-        self.gate = gate         # threading.Semaphore released once per token, when set
-
-    def stream(self, ids, params, max_tokens):
-        key = tuple(ids)
-        self.calls.append((key, threading.current_thread().name))
-        self.pulled[key] = 0
-        for step, token in enumerate(ids):
-            if step >= max_tokens or step + len(ids) >= self.n_ctx + 1:
-                return
-            if token == 0:
-                return
-            if token < 0:
-                raise RuntimeError("scripted failure")
-            if self.gate is not None:
-                self.gate.acquire()
-            self.pulled[key] += 1
-            yield Sampled(token, -0.5, [(token, -0.5)])
-
-    def embed(self, ids):
-        self.calls.append((tuple(ids), threading.current_thread().name))
-        return np.full(4, float(len(ids)), dtype=np.float32)
-
-
-def request(ids, max_tokens=100, stop=(), logprobs=False):
-    return GenerationRequest(list(ids), SamplingParams(), max_tokens, tuple(stop), logprobs)
+def request(text, max_tokens=100, stop=(), logprobs=False, extra=()):
+    """Ask the scripted model to write `text` (then end), with extra raw tokens before the end."""
+    ids = script(letters(text) + list(extra))
+    return GenerationRequest(ids, SamplingParams(temperature=1.0, seed=1), max_tokens, tuple(stop),
+                             logprobs)
 
 
 async def drain(generation):
-    text, tokens, finished = [], [], None
+    text, tokens, finished, progress = [], [], None, []
     async for event in generation:
         if isinstance(event, TextDelta):
             text.append(event.text)
             tokens += event.tokens
+        elif isinstance(event, PromptProgress):
+            progress.append(event)
         else:
             finished = event
     return "".join(text), tokens, finished
 
 
-def test_finish_reasons_and_usage():
-    async def main():
-        model = FakeModel()
+def run(main, **model_kw):
+    """asyncio.run(main(scheduler, model)) with a scheduler that is always closed."""
+    async def wrapper():
+        model = ScriptedModel(**model_kw)
         sched = Scheduler(model, name="fake")
         try:
-            eog = await drain(sched.submit(request([1, 2, 3, 0, 4])))
-            length = await drain(sched.submit(request([1, 2, 3, 4], max_tokens=2)))
-            stop = await drain(sched.submit(request([1, 2, 3, 4, 5], stop=["cd"])))
-            return eog, length, stop
+            return await main(sched, model)
         finally:
             sched.close()
+    return asyncio.run(wrapper())
 
-    eog, length, stop = asyncio.run(main())
-    assert eog[0] == "abc" and eog[2] == Finished("stop", 5, 3)
-    assert length[0] == "ab" and length[2] == Finished("length", 4, 2)
-    assert stop[0] == "ab" and stop[2] == Finished("stop", 5, 4)
+
+def test_finish_reasons_and_usage():
+    async def main(sched, model):
+        eog = await drain(sched.submit(request("abc")))
+        length = await drain(sched.submit(request("abcd", max_tokens=2)))
+        stop = await drain(sched.submit(request("abcde", stop=["cd"])))
+        return eog, length, stop
+
+    eog, length, stop = run(main, n_slots=1)
+    assert eog[0] == "abc" and eog[2] == Finished("stop", 4, 3, cached_tokens=0)
+    # one slot: each prompt finds the previous one's tokens there and reuses the common prefix
+    assert length[0] == "ab" and length[2] == Finished("length", 5, 2, cached_tokens=3)
+    assert stop[0] == "ab" and stop[2] == Finished("stop", 6, 4, cached_tokens=4)
 
 
 def test_full_context_is_length_not_stop():
-    async def main():
-        model = FakeModel()
-        model.n_ctx = 6
-        sched = Scheduler(model, name="fake")
-        try:
-            return await drain(sched.submit(request([1, 2, 3, 4, 5])))
-        finally:
-            sched.close()
+    async def main(sched, model):
+        return await drain(sched.submit(request("abcdefghij")))
 
-    text, _, finished = asyncio.run(main())
-    assert finished.finish_reason == "length" and len(text) == finished.completion_tokens
+    text, _, finished = run(main, n_ctx=14)
+    # 11 prompt tokens; the slot holds 14, so 3 more are evaluated and a 4th is sampled from them
+    assert finished.finish_reason == "length" and text == "abcd" and finished.completion_tokens == 4
 
 
 def test_logprobs_travel_with_their_tokens():
-    async def main():
-        sched = Scheduler(FakeModel(), name="fake")
-        try:
-            return await drain(sched.submit(request([1, 2, 3], logprobs=True)))
-        finally:
-            sched.close()
+    async def main(sched, model):
+        return await drain(sched.submit(request("abc", logprobs=True)))
 
-    text, tokens, _ = asyncio.run(main())
+    text, tokens, _ = run(main)
     assert [t.text for t in tokens] == list(text) == ["a", "b", "c"]
-    assert tokens[0].bytes == b"a" and tokens[0].top == [("a", b"a", -0.5)]
+    assert tokens[0].bytes == b"a" and tokens[0].logprob == pytest.approx(0.0)
 
 
-def test_requests_run_fifo_on_one_worker_thread():
-    async def main():
-        model = FakeModel()
-        sched = Scheduler(model, name="fake")
-        try:
-            gens = [sched.submit(request([k, k])) for k in (3, 1, 2)]
-            results = await asyncio.gather(*(drain(g) for g in reversed(gens)))
-            return model, results[::-1]
-        finally:
-            sched.close()
+def test_concurrent_requests_share_each_forward_pass():
+    async def main(sched, model):
+        texts = ["abcdefgh", "bcdefghi", "cdefghij"]
+        results = await asyncio.gather(*(drain(sched.submit(request(t))) for t in texts))
+        return texts, results, model
 
-    model, results = asyncio.run(main())
+    texts, results, model = run(main, n_slots=4)
+    assert [r[0] for r in results] == texts
+    decode_batches = [len(c.chunks) for c in model.calls if all(len(t) == 1 for _, t, _ in c.chunks)]
+    assert max(decode_batches) == 3                        # one forward pass, three sequences
+    assert len(model.calls) < sum(len(t) + 1 for t in texts)  # far fewer passes than one by one
+
+
+def test_requests_beyond_the_slots_wait_in_order():
+    async def main(sched, model):
+        gens = [sched.submit(request(t)) for t in ("cc", "aa", "bb")]
+        results = await asyncio.gather(*(drain(g) for g in reversed(gens)))
+        return model, results[::-1]
+
+    model, results = run(main, n_slots=1)
     assert [r[0] for r in results] == ["cc", "aa", "bb"]
-    assert [c[0] for c in model.calls] == [(3, 3), (1, 1), (2, 2)]
-    assert {c[1] for c in model.calls} == {"modelyard-fake"}
+    prefills = [c.chunks[0][1] for c in model.calls if len(c.chunks[0][1]) > 1]
+    assert prefills == [request(t).prompt_ids for t in ("cc", "aa", "bb")]
 
 
-def test_cancelled_generation_stops_and_the_next_one_runs():
-    async def main():
-        gate = threading.Semaphore(0)
-        model = FakeModel(gate)
-        sched = Scheduler(model, name="fake")
-        try:
-            long = sched.submit(request([1] * 50))
-            nxt = sched.submit(request([2, 2]))
+def test_cancelled_generation_leaves_the_batch_and_frees_its_slot():
+    async def main(sched, model):
+        gate = model.transformer.gate
+        long = sched.submit(request("a" * 50))
+        waiting = sched.submit(request("bb"))
+        gate.release()
+        first = await long.__anext__()
+        assert (sched.active, sched.queued) == (1, 1)
+        calls = len(model.calls)
+        long.cancel()
+        for _ in range(10):
             gate.release()
-            first = await long.__anext__()
-            long.cancel()
-            for _ in range(10):  # let the worker notice; every token needs the gate
-                gate.release()
-            text, _, finished = await asyncio.wait_for(drain(nxt), 10)
-            return model, first, text, finished
-        finally:
-            sched.close()
+        text, _, finished = await asyncio.wait_for(drain(waiting), 10)
+        with pytest.raises(GenerationCancelled):
+            await drain(long)     # whatever it had produced, then the news
+        return model, calls, first, text, finished
 
-    model, first, text, finished = asyncio.run(main())
+    model, calls, first, text, finished = run(main, n_slots=1, gate=threading.Semaphore(0))
     assert first.text == "a"
-    assert model.pulled[(1,) * 50] <= 3
+    long_passes = [c for c in model.calls[calls:] if any(t == [1] for _, t, _ in c.chunks)]
+    assert len(long_passes) <= 1          # at most the pass already under way
     assert text == "bb" and finished.finish_reason == "stop"
 
 
 def test_leaving_the_context_early_cancels():
-    async def main():
-        gate = threading.Semaphore(0)
-        model = FakeModel(gate)
-        sched = Scheduler(model, name="fake")
-        try:
+    async def main(sched, model):
+        gate = model.transformer.gate
+        gate.release()
+        async with sched.submit(request("a" * 50)) as gen:
+            await gen.__anext__()
+        for _ in range(5):
             gate.release()
-            async with sched.submit(request([1] * 50)) as gen:
-                await gen.__anext__()
-            for _ in range(5):
-                gate.release()
-            follow = await asyncio.wait_for(drain(sched.submit(request([3]))), 10)
-            return model, follow
-        finally:
-            sched.close()
+        follow = await asyncio.wait_for(drain(sched.submit(request("c"))), 10)
+        return model, follow, sched.active
 
-    model, follow = asyncio.run(main())
-    assert model.pulled[(1,) * 50] <= 3 and follow[0] == "c"
+    model, follow, active = run(main, n_slots=1, gate=threading.Semaphore(0))
+    assert follow[0] == "c" and active == 0
+    assert len(model.calls) <= 6
 
 
-def test_model_errors_reach_the_request_and_the_worker_survives():
-    async def main():
-        sched = Scheduler(FakeModel(), name="fake")
-        try:
-            with pytest.raises(RuntimeError, match="scripted failure"):
-                await drain(sched.submit(request([1, -1])))
-            return await drain(sched.submit(request([2])))
-        finally:
-            sched.close()
+def test_model_errors_reach_the_request_and_the_scheduler_survives():
+    async def main(sched, model):
+        with pytest.raises(RuntimeError, match="scripted failure"):
+            await drain(sched.submit(GenerationRequest([1, FAIL, 99], SamplingParams(), 10)))
+        return await drain(sched.submit(request("b"))), sched.active, sched.queued
 
-    assert asyncio.run(main())[0] == "b"
+    (text, _, _), active, queued = run(main)
+    assert text == "b" and (active, queued) == (0, 0)
+
+
+def test_invalid_requests_are_refused_before_queueing():
+    async def main(sched, model):
+        with pytest.raises(ValueError, match="vocabulary"):
+            sched.submit(GenerationRequest([1, 500, 99], SamplingParams(), 10))
+        with pytest.raises(ValueError, match="context"):
+            sched.submit(GenerationRequest([1] * 64, SamplingParams(), 10))
+        return sched.queued
+
+    assert run(main) == 0
 
 
 def test_queue_limit_and_close_fail_waiting_and_running_requests():
     async def main():
         gate = threading.Semaphore(0)
-        sched = Scheduler(FakeModel(gate), name="fake", max_queue=2)
-        running = sched.submit(request([1, 1, 1]))
-        sched.submit(request([9])).cancel()   # cancelled while waiting: skipped, frees its place
+        model = ScriptedModel(n_slots=2, gate=gate)
+        sched = Scheduler(model, name="fake", max_queue=2)
+        running = [sched.submit(request("aaa")), sched.submit(request("bbb"))]
+        sched.submit(request("zz")).cancel()   # cancelled while waiting: frees its place
         gate.release()
-        await running.__anext__()             # the worker holds it; it no longer waits
-        waiting = [sched.submit(request([2])), sched.submit(request([3]))]
+        for gen in running:
+            await gen.__anext__()             # both hold a slot now
+        assert (sched.active, sched.queued) == (2, 0)
+        waiting = [sched.submit(request("c")), sched.submit(request("d"))]
         with pytest.raises(QueueFullError):
-            sched.submit(request([4]))
+            sched.submit(request("e"))
+        assert (sched.active, sched.queued) == (2, 2)
         closer = asyncio.get_running_loop().run_in_executor(None, sched.close)
-        while not running._job.cancelled.is_set():
-            await asyncio.sleep(0.01)
-        gate.release()                        # the running job takes one more token, then sees it
+        await asyncio.sleep(0.05)
+        gate.release()                        # the pass under way ends, then the thread stops
         await asyncio.wait_for(closer, 10)
-        for gen in [running] + waiting:
+        for gen in running + waiting:
             with pytest.raises(SchedulerClosedError):
                 await asyncio.wait_for(drain(gen), 10)
         with pytest.raises(SchedulerClosedError):
-            sched.submit(request([5]))
+            sched.submit(request("f"))
+        assert (sched.active, sched.queued) == (0, 0)
 
     asyncio.run(main())
 
 
-def test_max_queue_zero_still_runs_one_request():
+def test_max_queue_zero_still_fills_every_slot():
     async def main():
         gate = threading.Semaphore(0)
-        sched = Scheduler(FakeModel(gate), name="fake", max_queue=0)
+        sched = Scheduler(ScriptedModel(n_slots=2, gate=gate), name="fake", max_queue=0)
         try:
-            first = sched.submit(request([1]))
+            gens = [sched.submit(request("a")), sched.submit(request("b"))]
             with pytest.raises(QueueFullError):
-                sched.submit(request([2]))
-            gate.release()
-            return await asyncio.wait_for(drain(first), 10)
+                sched.submit(request("c"))
+            for _ in range(10):
+                gate.release()
+            return [(await asyncio.wait_for(drain(g), 10))[0] for g in gens]
         finally:
+            gate.release(100)
             sched.close()
 
-    assert asyncio.run(main())[0] == "a"
+    assert asyncio.run(main()) == ["a", "b"]
 
 
-def test_embeddings_run_on_the_worker():
+def test_embeddings_run_in_the_batch():
+    async def main(sched, model):
+        gen = sched.submit(request("abcdef"))
+        vec = await sched.embed([1, 2, 3])
+        text = await drain(gen)
+        return model, vec, text
+
+    model, vec, text = run(main)
+    # the scripted hidden state of a token is the token id in every column: mean 2, normalised
+    assert np.allclose(vec, np.full(4, 0.5)) and vec.dtype == np.float32
+    assert text[0] == "abcdef"
+    assert any(c.output == "hidden" for c in model.calls)
+
+
+def test_prompt_progress_for_a_prompt_read_in_several_steps():
     async def main():
-        model = FakeModel()
-        sched = Scheduler(model, name="fake")
+        model = ScriptedModel(n_slots=1, n_ctx=256)
+        sched = Scheduler(model, name="fake", prefill_budget=40)
         try:
-            return model, await sched.embed([1, 2, 3])
+            events = [e async for e in sched.submit(request("ab" * 50))]
+            short = [e async for e in sched.submit(request("b"))]
+            return events, short
         finally:
             sched.close()
 
-    model, vec = asyncio.run(main())
-    assert vec.tolist() == [3.0] * 4 and model.calls == [((1, 2, 3), "modelyard-fake")]
+    events, short = asyncio.run(main())
+    progress = [e for e in events if isinstance(e, PromptProgress)]
+    assert [(e.processed, e.total) for e in progress] == [(40, 101), (80, 101), (101, 101)]
+    first_text = next(i for i, e in enumerate(events) if isinstance(e, TextDelta))
+    assert first_text > events.index(progress[-1])
+    assert not any(isinstance(e, PromptProgress) for e in short)  # read in one step: no progress
+
+
+def test_counts_return_to_zero_and_the_thread_sleeps_when_idle():
+    async def main(sched, model):
+        gens = [sched.submit(request("ab" * (i + 1))) for i in range(6)]
+        for g in gens[::2]:
+            g.cancel()
+        results = await asyncio.gather(*(drain(g) for g in gens[1::2]))
+        steps = sched.runner._steps
+        await asyncio.sleep(0.2)
+        return results, (sched.active, sched.queued), steps, sched.runner._steps
+
+    results, counts, steps, later = run(main, n_slots=2)
+    assert [r[0] for r in results] == ["ab" * 2, "ab" * 4, "ab" * 6]
+    assert counts == (0, 0) and later == steps
+
+
+def test_metrics_record_queue_slots_batches_and_cache_hits():
+    from gateway.metrics import MetricsSink
+
+    class Recorder(MetricsSink):
+        def __init__(self):
+            self.calls = []
+
+        def set_queue(self, model, n):
+            self.calls.append(("queue", model, n))
+
+        def set_active_slots(self, model, n):
+            self.calls.append(("active", model, n))
+
+        def observe_batch(self, model, size):
+            self.calls.append(("batch", model, size))
+
+        def add_prompt_cache_hits(self, model, n):
+            self.calls.append(("hits", model, n))
+
+    async def main():
+        metrics = Recorder()
+        sched = Scheduler(ScriptedModel(n_slots=3), name="fake", metrics=metrics)
+        try:
+            texts = ("abcdefgh", "ef", "ij", "kl")    # four for three slots: one waits
+            await asyncio.gather(*(drain(sched.submit(request(t))) for t in texts))
+            await drain(sched.submit(request("abcdefgh")))   # again: from the prompt cache
+        finally:
+            sched.close()
+        return metrics.calls
+
+    calls = asyncio.run(main())
+    assert {c[1] for c in calls} == {"fake"}
+    values = lambda kind: [c[2] for c in calls if c[0] == kind]  # noqa: E731
+    assert max(values("batch")) == 3 and max(values("queue")) >= 1 and max(values("active")) == 3
+    assert values("queue")[-1] == 0 and values("active")[-1] == 0
+    assert sum(values("hits")) == 8   # the slot held "abcdefgh" + SEP: all but the last token

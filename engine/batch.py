@@ -1,0 +1,368 @@
+"""Continuous batching over one model's KV-cache slots: many sequences, one forward pass a step.
+
+A `BatchRunner` owns a loaded model's slots and the sequences in them. Each `step()` makes ONE
+`Transformer.forward` call holding a decode token for every sequence that is generating plus
+chunks of prompts still being read (`prefill_budget` tokens in all), then samples each sequence
+with its own Sampler. Every matmul row and attention query is computed the same whatever else is
+in the batch, so a sequence's tokens do not depend on its company, and a long prompt read in
+chunks never stalls the others for more than one step.
+
+A sequence's life (one writer: the runner, on its caller's single thread):
+
+    waiting --admit: a free slot--> prefilling --last prompt chunk--> decoding --+
+       |                              |  ^  copy_prefix from another slot         | eog, max_tokens
+       |                              +--+  (or wait for an earlier sequence      | or the slot is
+       |                                     still reading the same prefix)      | full (n_ctx)
+       |                                                                         v
+       +------------- end(): cancelled, stop string, error -------------------> finished
+
+Slots keep their tokens when a sequence leaves: that is the prompt cache. A new sequence takes the
+free slot whose cached tokens share the longest prefix with its prompt (ties: least recently used)
+and evaluates only the rest. While prefilling it also copies the longest matching prefix that ANY
+other slot holds (the n choices of one prompt, a shared system prompt), and rather than compute a
+prefix twice it waits for an earlier sequence that is still reading it.
+
+Embeddings take a slot too; their chunks run in a second forward call of the same step (they need
+every position's hidden state, not the last logits).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from .model import Chunk, ContextOverflowError
+from .sampling import Sampled, Sampler, SamplingParams
+
+# Prompt tokens per step. A step of 128 tokens takes ~0.2 s on 2 cores, so a request arriving
+# behind a long prompt waits at most about two such steps for its first token; bigger chunks
+# gain little speed (the matmuls are already batched at this size).
+PREFILL_BUDGET = 128
+MIN_PREFILL = 32   # prompt tokens per step even when many sequences are decoding
+MIN_SHARE = 16     # a common prefix shorter than this is computed rather than waited for
+
+
+class State(Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (slice compares run in C)."""
+    hi = min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    lo = 0  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(eq=False)
+class _Occupant:
+    """Something that holds a slot: its tokens, where it is, and why it ended."""
+    prompt: list[int]
+    state: State = field(default=State.WAITING, init=False)
+    slot: int = field(default=-1, init=False)
+    pos: int = field(default=0, init=False)             # tokens of it held in its slot
+    order: int = field(default=-1, init=False)          # admission order
+    finish_reason: str | None = field(default=None, init=False)
+    tag: Any = field(default=None, init=False)          # the caller's own (e.g. its job)
+
+
+@dataclass(eq=False)
+class Sequence(_Occupant):
+    """One generation: prompt in, up to `max_tokens` sampled tokens out.
+
+    finish_reason: "stop" (end-of-generation token, or end("stop")), "length" (max_tokens or a
+    full slot), "cancelled", "error".
+    """
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256
+    stop_at_eog: bool = True
+    cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
+    prefill_steps: int = field(default=0, init=False)
+    generated: list[int] = field(default_factory=list, init=False)
+    pending: int | None = field(default=None, init=False)  # sampled, not yet evaluated
+
+    def __post_init__(self) -> None:
+        self.sampler = Sampler(self.params, self.prompt)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.state is State.PREFILLING
+
+
+@dataclass(eq=False)
+class Embedding(_Occupant):
+    """Mean of the final normed hidden states over `prompt`, L2-normalised (as Model.embed)."""
+    parts: list[np.ndarray] = field(default_factory=list, init=False)  # [n_i, n_embd] each
+    vector: np.ndarray | None = field(default=None, init=False)        # float32 [n_embd]
+
+
+Occupant = Sequence | Embedding
+
+
+@dataclass
+class StepResult:
+    admitted: list[Occupant] = field(default_factory=list)
+    progressed: list[Sequence] = field(default_factory=list)   # read prompt tokens this step
+    sampled: list[tuple[Sequence, Sampled]] = field(default_factory=list)
+    finished: list[Occupant] = field(default_factory=list)     # left their slot this step
+    n_sequences: int = 0                                        # chunks in the forward passes
+    n_tokens: int = 0
+    reused_tokens: int = 0                                      # prompt tokens not evaluated
+
+
+class StepError(Exception):
+    """The forward pass failed; `occupants` were in it and have been ended with "error"."""
+
+    def __init__(self, occupants: list[Occupant], cause: BaseException) -> None:
+        super().__init__(f"forward pass failed: {type(cause).__name__}: {cause}")
+        self.occupants = occupants
+        self.cause = cause
+
+
+class BatchRunner:
+    """The slots of one loaded model and the sequences in them. One thread drives it."""
+
+    def __init__(self, model: Any, *, prefill_budget: int = PREFILL_BUDGET,
+                 sample_threads: int | None = None) -> None:
+        if prefill_budget < 1:
+            raise ValueError("prefill_budget must be positive")
+        self.transformer = model.transformer
+        self.cache = model.transformer.cache
+        self.n_slots: int = model.n_slots
+        self.n_ctx: int = model.n_ctx
+        self.n_vocab: int = model.n_vocab
+        self.eog: frozenset[int] = frozenset(model.tokenizer.eog_ids)
+        self.prefill_budget = prefill_budget
+        self.waiting: deque[Occupant] = deque()
+        self.slots: list[Occupant | None] = [None] * self.n_slots
+        self._released_at = [0] * self.n_slots   # step of the last release, for LRU choice
+        self._steps = 0
+        self._order = itertools.count()
+        # Sampling a 50k vocabulary costs ~1-5 ms per sequence, mostly in numpy calls that drop
+        # the GIL; the cores are idle between forward passes, so sample on all of them.
+        threads = sample_threads if sample_threads is not None else getattr(model, "n_threads", 1)
+        self._pool = (ThreadPoolExecutor(threads, thread_name_prefix="sample")
+                      if threads > 1 else None)
+
+    # -- what the caller sees ----------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(o is not None for o in self.slots)
+
+    @property
+    def n_active(self) -> int:
+        return sum(o is not None for o in self.slots)
+
+    def active(self) -> list[Occupant]:
+        """Slot holders in admission order."""
+        return sorted((o for o in self.slots if o is not None), key=lambda o: o.order)
+
+    def occupants(self) -> Iterator[Occupant]:
+        yield from self.waiting
+        yield from (o for o in self.slots if o is not None)
+
+    def check(self, occupant: Occupant) -> None:
+        """Raise ValueError (ContextOverflowError) for what could never run; any thread."""
+        ids = occupant.prompt
+        if not ids:
+            raise ValueError("no tokens to evaluate")
+        limit = self.n_ctx if isinstance(occupant, Embedding) else self.n_ctx - 1
+        if len(ids) > limit:
+            raise ContextOverflowError(len(ids), self.n_ctx)
+        if isinstance(occupant, Sequence) and occupant.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        bad = next((t for t in ids if not 0 <= t < self.n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
+
+    def submit(self, occupant: Occupant) -> None:
+        """Queue it (FIFO) for a free slot."""
+        self.check(occupant)
+        if occupant.state is not State.WAITING or occupant.order >= 0:
+            raise ValueError("already submitted")
+        occupant.order = next(self._order)
+        self.waiting.append(occupant)
+
+    def end(self, occupant: Occupant, reason: str) -> None:
+        """Take it out of the queue or its slot now (cancelled, stop string). Idempotent."""
+        if occupant.state is State.WAITING:
+            self.waiting.remove(occupant)
+            occupant.state, occupant.finish_reason = State.FINISHED, reason
+        elif occupant.state is not State.FINISHED:
+            self._release(occupant, reason)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        """Admit what fits, run one batched forward pass, sample. Raises StepError."""
+        self._steps += 1
+        result = StepResult()
+        self._admit(result)
+        active = self.active()
+
+        chunks: list[Chunk] = []
+        owners: list[Sequence] = []
+        for occ in active:
+            if isinstance(occ, Sequence) and occ.state is State.DECODING:
+                assert occ.pending is not None
+                chunks.append(Chunk(occ.slot, [occ.pending], occ.pos))
+                owners.append(occ)
+        budget = max(self.prefill_budget - len(chunks), MIN_PREFILL)
+        reading = []
+        for occ in active:
+            if isinstance(occ, Sequence) and occ.prefilling:
+                before = occ.pos
+                if not self._share(occ):
+                    reading.append(occ)
+                result.reused_tokens += occ.pos - before
+        # shortest remaining prompt first: a short request behind a long one starts at once
+        for seq in sorted(reading, key=lambda s: (len(s.prompt) - s.pos, s.order)):
+            if budget <= 0:
+                break
+            n = min(budget, len(seq.prompt) - seq.pos)
+            chunks.append(Chunk(seq.slot, seq.prompt[seq.pos:seq.pos + n], seq.pos))
+            owners.append(seq)
+            budget -= n
+        e_chunks: list[Chunk] = []
+        e_owners: list[Embedding] = []
+        for occ in active:
+            if isinstance(occ, Embedding):
+                n = min(max(budget, MIN_PREFILL), len(occ.prompt) - occ.pos)
+                e_chunks.append(Chunk(occ.slot, occ.prompt[occ.pos:occ.pos + n], occ.pos))
+                e_owners.append(occ)
+                budget -= n
+
+        try:
+            logits = self.transformer.forward(chunks, "last") if chunks else []
+            hidden = self.transformer.forward(e_chunks, "hidden") if e_chunks else []
+        except Exception as exc:
+            failed: list[Occupant] = [*owners, *e_owners]
+            for occ in failed:
+                self._release(occ, "error")
+            raise StepError(failed, exc) from exc
+        result.n_sequences = len(chunks) + len(e_chunks)
+        result.n_tokens = sum(len(c.tokens) for c in chunks) + sum(len(c.tokens) for c in e_chunks)
+
+        to_sample: list[tuple[Sequence, np.ndarray]] = []
+        for seq, chunk, row in zip(owners, chunks, logits):
+            seq.pos += len(chunk.tokens)
+            if seq.state is State.DECODING:
+                seq.pending = None
+                to_sample.append((seq, row))
+                continue
+            seq.prefill_steps += 1
+            result.progressed.append(seq)
+            if seq.pos == len(seq.prompt):
+                seq.state = State.DECODING
+                to_sample.append((seq, row))
+        for (seq, _), sampled in zip(to_sample, self._sample(to_sample)):
+            self._take(seq, sampled, result)
+
+        for emb, chunk, h in zip(e_owners, e_chunks, hidden):
+            emb.parts.append(h)
+            emb.pos += len(chunk.tokens)
+            if emb.pos == len(emb.prompt):
+                v = np.concatenate(emb.parts, axis=0).mean(axis=0)   # [n_embd]
+                emb.vector = (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
+                emb.parts = []
+                self._release(emb, "stop")
+                result.finished.append(emb)
+        return result
+
+    # -- inside a step -----------------------------------------------------------------------
+
+    def _admit(self, result: StepResult) -> None:
+        while self.waiting:
+            free = [i for i, o in enumerate(self.slots) if o is None]
+            if not free:
+                return
+            occ = self.waiting.popleft()
+            if isinstance(occ, Sequence):
+                limit = len(occ.prompt) - 1  # evaluate at least one token: its logits come next
+                scored = [(min(common_prefix(self.cache.tokens[s], occ.prompt), limit),
+                           -self._released_at[s], s) for s in free]
+                reuse, _, slot = max(scored)
+            else:  # embeddings need every position's hidden state: nothing to reuse
+                reuse, slot = 0, min(free, key=lambda s: self._released_at[s])
+            self.cache.tokens[slot] = self.cache.tokens[slot][:reuse]
+            occ.slot, occ.pos = slot, reuse
+            occ.state = State.PREFILLING
+            self.slots[slot] = occ
+            if isinstance(occ, Sequence):
+                occ.cached = reuse
+            result.admitted.append(occ)
+            result.reused_tokens += reuse
+
+    def _share(self, seq: Sequence) -> bool:
+        """Copy the longest prefix of seq's prompt that another slot holds, unless seq should
+        wait (True) for an earlier sequence still reading a longer common prefix."""
+        limit = len(seq.prompt) - 1
+        for other in self.slots:
+            if (isinstance(other, Sequence) and other is not seq and other.prefilling
+                    and other.order < seq.order):
+                shared = min(common_prefix(other.prompt, seq.prompt), limit)
+                if shared >= seq.pos + MIN_SHARE and other.pos < shared:
+                    return True  # copy once it is all there, not piece by piece
+        best, source = seq.pos, -1
+        for s, held in enumerate(self.cache.tokens):
+            if s != seq.slot and len(held) > best:
+                n = min(common_prefix(held, seq.prompt), limit)
+                if n > best:
+                    best, source = n, s
+        if source >= 0:
+            self.cache.copy_prefix(source, seq.slot, best)
+            seq.cached += best - seq.pos
+            seq.pos = best
+        return False
+
+    def _sample(self, items: list[tuple[Sequence, np.ndarray]]) -> list[Sampled]:
+        if self._pool is None or len(items) < 2:
+            return [seq.sampler.sample(row) for seq, row in items]
+        return list(self._pool.map(lambda item: item[0].sampler.sample(item[1]), items))
+
+    def _take(self, seq: Sequence, sampled: Sampled, result: StepResult) -> None:
+        if seq.stop_at_eog and sampled.token in self.eog:
+            self._release(seq, "stop")
+            result.finished.append(seq)
+            return
+        seq.generated.append(sampled.token)
+        result.sampled.append((seq, sampled))
+        if len(seq.generated) >= seq.max_tokens or seq.pos >= self.n_ctx:
+            self._release(seq, "length")  # no room to evaluate the token: the slot is full
+            result.finished.append(seq)
+        else:
+            seq.pending = sampled.token
+
+    def _release(self, occ: Occupant, reason: str) -> None:
+        if 0 <= occ.slot < self.n_slots and self.slots[occ.slot] is occ:
+            self.slots[occ.slot] = None
+            self._released_at[occ.slot] = self._steps
+        occ.state, occ.finish_reason = State.FINISHED, reason
+        if isinstance(occ, Sequence):
+            occ.pending = None
+
+
+__all__ = ["BatchRunner", "Embedding", "PREFILL_BUDGET", "Sequence", "State", "StepError",
+           "StepResult", "common_prefix"]
