@@ -1,6 +1,7 @@
 """The `modelyard` command.
 
-    modelyard serve [--config FILE] [--host H] [--port P] [--no-watch] [--watch-poll]
+    modelyard serve [--config FILE] [--host H] [--port P] [--no-watch] [--watch-poll [MS]]
+    modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan.py)
 
 Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on first use). A
 config with problems is reported in full and exits with status 2, before anything starts.
