@@ -138,7 +138,10 @@ class Reloader:
                 if not self._wanted.is_set():
                     break
             why, self._why = self._why, []
-            await self.reload(", ".join(dict.fromkeys(why)) or "request")
+            try:
+                await self.reload(", ".join(dict.fromkeys(why)) or "request")
+            except Exception:  # noqa: BLE001 - a bug here must not end reloading for good
+                log.exception("config reload failed")
 
     async def reload(self, trigger: str) -> ReloadRecord:
         """Read, check and apply the config file now; invalid files change nothing."""
@@ -151,6 +154,8 @@ class Reloader:
 
     async def _reload(self, trigger: str) -> ReloadRecord:
         now = time.time()
+        if self.registry.closed:
+            return ReloadRecord(False, now, trigger, errors=["the server is shutting down"])
         if self.path is None:
             return ReloadRecord(False, now, trigger, errors=[
                 "serving the built-in default config: there is no config file to reload "

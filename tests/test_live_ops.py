@@ -494,3 +494,13 @@ def test_watch_poll_reloads_without_file_events(config_path: Path,
     finally:
         stderr = server.stop()
     assert "restart modelyard" in stderr and "port (8080 -> 1)" in stderr
+
+
+def test_scan_writes_a_config_that_serve_accepts(tmp_path: Path,
+                                                 tiny_models: dict[str, Path]) -> None:
+    out = tmp_path / "scanned.toml"
+    done = subprocess.run([sys.executable, "-m", "gateway", "scan", str(tiny_models["a"].parent),
+                           "-o", str(out)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    config = load_config(out)
+    assert sorted(e.model for e in config.models) == sorted(tiny_models.values())
