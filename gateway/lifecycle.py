@@ -14,7 +14,8 @@ The registry is the only writer: it calls `advance()` for every change, so an im
          |  nothing in flight:  +----------+  LRU eviction, +-------+
          +--------------------- | DRAINING | <------------- | READY |  <- the only state that serves
             model.close(), gc   +----------+  idle timeout, +-------+
-                                              apply(), close()
+                                              apply(), admin unload,
+                                              close()
 
 acquire() counts a request in flight only in READY. DRAINING takes no new requests; the requests
 already running finish, then the model is closed and every reference to it dropped, so its memory
