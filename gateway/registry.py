@@ -77,7 +77,8 @@ def engine_loader(entry: ModelEntry) -> Loaded:
 def engine_estimator(entry: ModelEntry) -> int:
     import engine
 
-    return int(engine.estimate_memory(entry.model, entry.n_ctx))
+    # one KV cache of n_ctx per parallel slot, as the scheduler loads it
+    return int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel))
 
 
 @dataclass(eq=False)
