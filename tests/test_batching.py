@@ -9,8 +9,10 @@ tokens in usage, n > 1.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -367,15 +369,26 @@ def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
-def stream_chat(url: str, body: dict[str, Any], events: list[tuple[float, dict[str, Any]]]) -> None:
-    import json
+def sse_data(response: httpx.Response) -> Iterator[str]:
+    """The `data:` payloads of an event stream. Only CR and LF end a line in SSE; generated text
+    may hold U+2028 or U+0085 unescaped (valid JSON), which httpx's iter_lines would split at."""
+    buffer = b""
+    for piece in response.iter_bytes():
+        buffer += piece
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            line = line.rstrip(b"\r")
+            if line.startswith(b"data: "):
+                yield line[6:].decode()
 
+
+def stream_chat(url: str, body: dict[str, Any], events: list[tuple[float, dict[str, Any]]]) -> None:
     with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True},
                       timeout=120) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                events.append((time.perf_counter(), json.loads(line[6:])))
+        for data in sse_data(r):
+            if data != "[DONE]":
+                events.append((time.perf_counter(), json.loads(data)))
 
 
 def test_short_request_behind_a_long_prompt_gets_its_first_token_within_a_second(server):
