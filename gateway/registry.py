@@ -91,6 +91,7 @@ class _Slot:
     memory_bytes: int = 0             # actual once loaded; the estimate while loading
     estimate: int | None = None       # bytes a load will take, asked once per slot
     in_flight: int = 0
+    awaiting_load: int = 0            # requests waiting for this load: they hold it like in_flight
     last_used: float | None = None    # monotonic: end of the last request, or the load
     load_task: asyncio.Task[str | None] | None = None
     load_seconds: float | None = None
@@ -238,7 +239,14 @@ class Registry:
 
             if state is ModelState.LOADING:
                 assert slot.load_task is not None
-                error = await self._wait_for_load(slot, slot.load_task, deadline)
+                # Counted as holding the model, so a request waiting for another model cannot
+                # evict it in the moment between READY and our turn to acquire it (two models
+                # under max_loaded_models: 1 would otherwise swap forever, serving nobody).
+                slot.awaiting_load += 1
+                try:
+                    error = await self._wait_for_load(slot, slot.load_task, deadline)
+                finally:
+                    slot.awaiting_load -= 1
                 if error is not None:
                     raise ModelLoadFailedError(entry.model, error)
                 continue
@@ -567,7 +575,7 @@ class Registry:
         default_idle = self._config.registry.idle_timeout
         return [Resident(
             key=self._resident_key(s), state=s.state, memory_bytes=s.memory_bytes,
-            in_flight=s.in_flight, pinned=s.entry.pinned and not s.retired,
+            in_flight=s.in_flight + s.awaiting_load, pinned=s.entry.pinned and not s.retired,
             last_used=s.last_used or 0.0,
             idle_timeout=default_idle if s.entry.idle_timeout is None else s.entry.idle_timeout,
         ) for s in self._all_slots()]

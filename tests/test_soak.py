@@ -126,13 +126,6 @@ def one_request(client: httpx.Client, rng: random.Random, tally: Tally) -> None:
     tally.done("streamed", tokens)
 
 
-# Known bug outside the scheduler: when both models are wanted at once, the requests waiting for
-# a model's load wake after those waiting for the other model, which find it loaded with nothing
-# in flight and evict it before anyone used it - the models swap forever and nobody is served.
-# Fix in gateway/registry.py: count requests awaiting a load as holding the model (see the
-# batching report); then this passes (~10 s) and strict xfail says to remove the marker.
-@pytest.mark.xfail(strict=True, reason="registry: a just-loaded model is evicted before the "
-                                       "requests that waited for it acquire it (livelock)")
 def test_soak_many_clients_two_models_one_loaded(server):
     tally = Tally()
     counter = iter(range(N_REQUESTS))
