@@ -1,15 +1,13 @@
 """Compiled matmul kernels against their numpy twin (engine.kernels.matmul.matmul_reference)."""
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from engine.kernels import threads
+from engine.kernels import matmul
 from engine.kernels.matmul import MatmulKernels, matmul_reference
-from engine.kernels.threads import RowSplitter, parts_for, split_rows
 from engine.quants import (
     SUPPORTED,
     T,
@@ -54,7 +52,7 @@ def two_threads() -> Iterator[MatmulKernels]:
 @pytest.fixture
 def always_split(monkeypatch: pytest.MonkeyPatch) -> None:
     """Split even tiny matrices across threads (normally only big ones are worth it)."""
-    monkeypatch.setattr(threads, "MIN_BYTES_PER_PART", 1)
+    monkeypatch.setattr(matmul, "MIN_SPLIT_BYTES", 1)
 
 
 def _case(qtype: T, m: int, seed: int = 0) -> tuple:
@@ -143,8 +141,8 @@ def test_reference_is_the_float_product_up_to_activation_rounding(qtype: T) -> N
 def test_big_split_matches_one_thread(avx2: MatmulKernels, two_threads: MatmulKernels) -> None:
     """A matrix big enough to be split for real (no monkeypatching)."""
     rng = np.random.default_rng(5)
-    w = random_quant_matrix(T.Q8_0, 8192, 576, rng)  # 5 MB: two parts
-    assert parts_for(w.nbytes, w.n_rows, 2) == 2
+    w = random_quant_matrix(T.Q8_0, 8192, 576, rng)  # 5 MB: split across the pool
+    assert w.nbytes >= matmul.MIN_SPLIT_BYTES
     x = rng.normal(size=(1, 576)).astype(np.float32)
     np.testing.assert_array_equal(two_threads.matmul(w, x), avx2.matmul(w, x))
 
@@ -176,65 +174,3 @@ def test_bad_calls_raise_clear_errors(avx2: MatmulKernels) -> None:
         MatmulKernels([T.Q2_K])
     with pytest.raises(ValueError, match="n_threads"):
         MatmulKernels([T.Q8_0], n_threads=0)
-
-
-def test_split_rows_covers_the_range_evenly() -> None:
-    for n_rows in (1, 2, 7, 576, 49152):
-        for n_parts in (1, 2, 3, 8):
-            parts = split_rows(n_rows, n_parts)
-            assert parts[0][0] == 0 and parts[-1][1] == n_rows
-            assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
-            sizes = [r1 - r0 for r0, r1 in parts]
-            assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
-            assert len(parts) == min(n_parts, n_rows)
-
-
-def test_parts_for_splits_only_big_work() -> None:
-    assert parts_for(100_000, 576, 2) == 1
-    assert parts_for(30_000_000, 49152, 2) == 2
-    assert parts_for(30_000_000, 1, 2) == 1
-    assert parts_for(30_000_000, 49152, 1) == 1
-
-
-def test_row_splitter_runs_every_part_and_reraises() -> None:
-    splitter = RowSplitter(3)
-    try:
-        seen: list[tuple[int, int]] = []
-        splitter.run(lambda r0, r1: seen.append((r0, r1)), 10, 3)
-        assert sorted(seen) == split_rows(10, 3)
-
-        def fail_on_last(r0: int, r1: int) -> None:
-            if r1 == 10:
-                raise RuntimeError("boom")
-
-        with pytest.raises(RuntimeError, match="boom"):
-            splitter.run(fail_on_last, 10, 3)
-        seen.clear()
-        splitter.run(lambda r0, r1: seen.append((r0, r1)), 10, 2)  # still usable afterwards
-        assert sorted(seen) == split_rows(10, 2)
-    finally:
-        splitter.close()
-
-
-def test_row_splitter_nobody_closed_stops_its_workers() -> None:
-    splitter = RowSplitter(2)
-    workers = list(splitter._threads)
-    splitter.run(lambda r0, r1: None, 4, 2)
-    del splitter
-    gc.collect()
-    for t in workers:
-        t.join(timeout=5)
-        assert not t.is_alive()
-
-
-def test_huge_activations_stay_finite() -> None:
-    """A block whose f16 sum would overflow (ggml: inf) gives the finite reference result."""
-    from gguf import GGMLQuantizationType
-
-    rng = np.random.default_rng(11)
-    w = random_quant_matrix(GGMLQuantizationType.Q4_1, 8, 64, rng)
-    x = np.full((1, 64), 4000.0, dtype=np.float32)
-    got = MatmulKernels([w.qtype]).matmul(w, x)
-    want = matmul_reference(w, x)
-    assert np.all(np.isfinite(got))
-    np.testing.assert_allclose(got, want, rtol=1e-5)

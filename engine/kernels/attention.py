@@ -28,13 +28,13 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from llvmlite import ir
 
 from engine.kernels import ops
 from engine.kernels.jit import compile_ir, host_has
+from engine.kernels.pool import Pool
 from engine.kernels.ops import F32, F32P, I16, I32, I64, V8F32, VEC, const, counted_loop, fmuladd, gep, i64, load, store, variable
 
 V8I16 = ir.VectorType(I16, VEC)
@@ -276,28 +276,33 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int) -
 
 
 class AttentionKernel:
-    """Compiled causal GQA attention; see the module docstring. Safe to call from several threads."""
+    """Compiled causal GQA attention; see the module docstring. Safe to call from several threads
+    (calls that split work across the pool take turns)."""
 
-    # Below this many (key row x head_dim) products one thread wins: handing work to a pool
-    # thread costs ~60 us here, as much as a 9-head decode step over 1300 cached rows.
-    parallel_min_work = 1 << 21
+    # Below this many (key row x head_dim) products one thread wins: a pool dispatch and its
+    # barrier cost a few microseconds, about a 9-head decode step over 100 cached rows.
+    parallel_min_work = 1 << 16
 
-    def __init__(self, n_threads: int = 1, *, f16c: bool | None = None) -> None:
+    def __init__(self, n_threads: int = 1, *, f16c: bool | None = None,
+                 pool: Pool | None = None) -> None:
         if n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
-        self.n_threads = n_threads
         self.f16c = host_has("f16c") if f16c is None else f16c
         lib = compile_ir(str(build_attention_module(self.f16c)))
         p, n = ctypes.c_void_p, ctypes.c_int64
         sig = (None, p, p, p, p, p, n, n, n, n, n, ctypes.c_float, n, n)
         self._exact = lib.function(FUNCTION_EXACT, *sig)
         self._f16acc = lib.function(FUNCTION_F16ACC, *sig)
-        self._pool = ThreadPoolExecutor(n_threads - 1, thread_name_prefix="attn") if n_threads > 1 else None
+        self.exact_address = lib.address(FUNCTION_EXACT)
+        self.f16acc_address = lib.address(FUNCTION_F16ACC)
+        self._own_pool = pool is None and n_threads > 1
+        self._pool = Pool(n_threads) if self._own_pool else pool
+        self.n_threads = self._pool.n_threads if self._pool is not None else 1
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self._own_pool and self._pool is not None:
+            self._pool.close()
+        self._pool = None
 
     def __call__(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                  out: np.ndarray | None = None, *, scale: float | None = None) -> np.ndarray:
@@ -325,22 +330,38 @@ class AttentionKernel:
             fn, stride = self._exact, -(-(pos0 + n_q) // VEC) * VEC  # scratch: a scores row
         else:
             fn, stride = self._f16acc, head_dim                      # scratch: q rounded to f16
-        args = (ops.address(q), ops.address(k_cache), ops.address(v_cache), ops.address(out))
-        sizes = (n_q, n_head, n_kv_head, head_dim, pos0, scale)
         work = n_head * head_dim * (n_q * pos0 + n_q * (n_q + 1) // 2)  # key-row x dim products
-        if self._pool is None or work < self.parallel_min_work:
+        if self._pool is None or self.n_threads == 1 or work < self.parallel_min_work:
             scores = np.empty(stride, np.float32)
-            fn(*args, ops.address(scores), *sizes, 0, n_items)
+            fn(ops.address(q), ops.address(k_cache), ops.address(v_cache), ops.address(out),
+               ops.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items)
             return out
-        parts = split_work(n_q, n_head, pos0, self.n_threads)
-        scores = np.empty((len(parts), stride), np.float32)  # [part, key]
-        base = ops.address(scores)
-        futures = [self._pool.submit(fn, *args, base + 4 * stride * i, *sizes, lo, hi)
-                   for i, (lo, hi) in enumerate(parts) if i > 0]
-        fn(*args, base, *sizes, *parts[0])  # the calling thread takes the first share
-        for f in futures:
-            f.result()
+        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride)
         return out
+
+    def _run_split(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                   out: np.ndarray, pos0: int, scale: float, stride: int) -> None:
+        """One chunk's items split by cost over the pool, through the graph's attention task."""
+        from engine.kernels import tasks  # noqa: PLC0415 - tasks builds on this module
+
+        assert self._pool is not None
+        n_q, n_head, head_dim = q.shape
+        parts = split_work(n_q, n_head, pos0, self.n_threads)
+        parts += [(parts[-1][1], parts[-1][1])] * (self.n_threads - len(parts))
+        chunks = np.array([[0, n_q, pos0, 0]], np.int64)                    # [1, 4]
+        segs = np.array([[0, lo, hi] for lo, hi in parts], np.int64)       # [n_threads, 3]
+        seg_start = np.arange(self.n_threads + 1, dtype=np.int64)
+        scratch = np.empty((self.n_threads, stride), np.float32)           # [thread, stride]
+        step = tasks.STEP.pack(n_tokens=n_q, n_out=0, positions=0, kv_rows=0,
+                               chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
+                               segs=segs.ctypes.data, out_rows=0)
+        args = tasks.ATTENTION.pack(
+            f16acc=self.f16acc_address, exact=self.exact_address, q=ops.address(q),
+            k_cache=ops.address(k_cache), v_cache=ops.address(v_cache), out=ops.address(out),
+            scratch=scratch.ctypes.data, scratch_bytes=4 * stride, n_head=n_head,
+            n_kv_head=k_cache.shape[1], head_dim=head_dim, scale=scale)
+        t = tasks.load_tasks(host_has("f16c"))
+        self._pool.run_task(t.address["task_attention"], args, int(step.ctypes.data))
 
 
 def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,

@@ -127,3 +127,8 @@ def compile_ir(ir_text: str) -> CompiledLibrary:
             lib = CompiledLibrary(ir_text)
             _libraries[key] = lib
         return lib
+
+
+def host_cpu_is_x86() -> bool:
+    """True on x86-64 (or 32-bit x86) hosts, where `pause` and the AVX2 kernels exist."""
+    return llvm.get_process_triple().split("-")[0] in ("x86_64", "i386", "i686")

@@ -36,7 +36,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.kernels import jit
-from engine.kernels.threads import RowSplitter, parts_for
+from engine.kernels.irtext import IRFunction
+from engine.kernels.pool import Pool
 from engine.quants import (
     ACTIVATION_BLOCK,
     ACTIVATION_LAYOUTS,
@@ -77,73 +78,8 @@ def _i8(v: int) -> int:
     return v - 256 if v > 127 else v
 
 
-class _Fn:
-    """One function's textual IR: fresh SSA names, basic blocks and counted loops."""
-
-    def __init__(self, signature: str) -> None:
-        self.lines: list[str | None] = [f"define {signature} {{", "entry:"]
-        self.block = "entry"
-        self._n = 0
-
-    def fresh(self, hint: str = "t") -> str:
-        self._n += 1
-        return f"%{hint}{self._n}"
-
-    def let(self, rhs: str, hint: str = "t") -> str:
-        name = self.fresh(hint)
-        self.lines.append(f"  {name} = {rhs}")
-        return name
-
-    def do(self, stmt: str) -> None:
-        self.lines.append(f"  {stmt}")
-
-    def label(self, name: str) -> None:
-        self.lines.append(f"{name}:")
-        self.block = name
-
-    def text(self) -> str:
-        assert all(line is not None for line in self.lines)
-        return "\n".join(self.lines) + "\n}\n"  # type: ignore[arg-type]
-
-    def loop(self, count: str, carried: list[tuple[str, str]],
-             body: Callable[[str, list[str]], list[str]]) -> list[str]:
-        """for (i = 0; i < count; i++) carried = body(i, carried); returns the final values.
-
-        The loop is top-tested, so a zero count runs no iteration.
-        """
-        pre = self.block
-        head, inner, done = (self.fresh(h)[1:] for h in ("head", "body", "done"))
-        self.do(f"br label %{head}")
-        self.label(head)
-        i = self.fresh("i")
-        slot = len(self.lines)
-        self.lines.extend([None] * (1 + len(carried)))  # phis, filled in once the body exists
-        values = [self.fresh("c") for _ in carried]
-        more = self.let(f"icmp ult i64 {i}, {count}")
-        self.do(f"br i1 {more}, label %{inner}, label %{done}")
-        self.label(inner)
-        new = body(i, values)
-        assert len(new) == len(carried)
-        i_next = self.let(f"add i64 {i}, 1")
-        latch = self.block
-        self.do(f"br label %{head}")
-        self.lines[slot] = f"  {i} = phi i64 [0, %{pre}], [{i_next}, %{latch}]"
-        for k, ((ty, init), v, n) in enumerate(zip(carried, values, new)):
-            self.lines[slot + 1 + k] = f"  {v} = phi {ty} [{init}, %{pre}], [{n}, %{latch}]"
-        self.label(done)
-        return values
-
-    # memory ---------------------------------------------------------------------------------
-    def gep(self, base: str, offset: int | str) -> str:
-        if offset == 0:
-            return base
-        return self.let(f"getelementptr inbounds i8, ptr {base}, i64 {offset}", "p")
-
-    def load(self, ty: str, base: str, offset: int | str = 0) -> str:
-        return self.let(f"load {ty}, ptr {self.gep(base, offset)}, align 1")
-
-    def store(self, ty: str, value: str, base: str, offset: int | str = 0) -> None:
-        self.do(f"store {ty} {value}, ptr {self.gep(base, offset)}, align 1")
+class _Fn(IRFunction):
+    """IRFunction plus the weight-block helpers the matmul bodies share."""
 
     def f16_splat(self, base: str, offset: int) -> str:
         """Load a half as an <8 x float> splat.
@@ -159,17 +95,6 @@ class _Fn:
 
     def f32_splat(self, base: str, offset: int) -> str:
         return self.splat_float(self.load("float", base, offset))
-
-    # arithmetic -----------------------------------------------------------------------------
-    def mul(self, a: str, b: str | int) -> str:
-        return self.let(f"mul i64 {a}, {b}")
-
-    def add(self, a: str, b: str | int) -> str:
-        return self.let(f"add i64 {a}, {b}")
-
-    def splat_float(self, s: str, n: int = 8) -> str:
-        v = self.let(f"insertelement <{n} x float> poison, float {s}, i64 0")
-        return self.let(f"shufflevector <{n} x float> {v}, <{n} x float> poison, <{n} x i32> zeroinitializer")
 
     def hsum8(self, v: str) -> str:
         return self.let(f"call reassoc float @llvm.vector.reduce.fadd.v8f32(float -0.0, <8 x float> {v})")
@@ -741,8 +666,14 @@ def _address(a: np.ndarray) -> int:
         return int(a.ctypes.data)
 
 
+# A split across the pool costs a dispatch (~2 us) and a barrier: worth it from ~256 KB of
+# weight reads (about 15 us of one thread's work).
+MIN_SPLIT_BYTES = 256 << 10
+
+
 @dataclass(frozen=True)
-class _TypeKernels:
+class TypeKernels:
+    """One weight type's compiled functions, as ctypes calls and as addresses (for task graphs)."""
     qtype: GGMLQuantizationType
     act: str | None
     x_block_bytes: int  # bytes of one activation block (0 for float types)
@@ -750,6 +681,14 @@ class _TypeKernels:
     rows: Callable[..., None]  # rows_<type>(w, x or xq, out, nb or K, r0, r1, M, N)
     fused: Callable[..., None] | None  # matmul_<type>(w, x, xq, out, nb, M, N)
     quantize: Callable[..., None] | None  # quantize_<act>(x, xq, nb, M)
+    rows_address: int
+    quantize_address: int  # 0 for float types
+
+    def act_row_bytes(self, n_cols: int) -> int:
+        """Bytes of one row of activations as the rows kernel takes them (f32 for float types)."""
+        if self.act is None:
+            return 4 * n_cols
+        return n_cols // self.block_elems * self.x_block_bytes
 
 
 class MatmulKernels:
@@ -757,10 +696,11 @@ class MatmulKernels:
 
     Everything is compiled (or loaded from the disk cache) in the constructor, never later.
     Calls are serialized per instance (they share the activation scratch buffer and workers).
+    Big matmuls are split by weight rows across `pool` (or a pool of n_threads of its own).
     """
 
     def __init__(self, qtypes: Iterable[GGMLQuantizationType], n_threads: int = 1,
-                 portable: bool = False) -> None:
+                 portable: bool = False, pool: Pool | None = None) -> None:
         wanted = set(qtypes)
         for q in wanted:
             if q not in SUPPORTED:
@@ -768,32 +708,43 @@ class MatmulKernels:
         if n_threads < 1:
             raise ValueError(f"n_threads must be at least 1, got {n_threads}")
         self.portable = portable or not jit.host_has("avx2")
-        self.n_threads = n_threads
-        self._kernels: dict[GGMLQuantizationType, _TypeKernels] = {}
+        self._kernels: dict[GGMLQuantizationType, TypeKernels] = {}
         self._quantizers: dict[str, Callable[..., None]] = {}
         for q in sorted(wanted, key=lambda t: t.value):
             self._kernels[q] = self._load(q)
-        self._splitter = RowSplitter(n_threads) if n_threads > 1 else None
+        self._own_pool = pool is None and n_threads > 1
+        self._pool = Pool(n_threads) if self._own_pool else pool
+        self.n_threads = self._pool.n_threads if self._pool is not None else 1
         self._lock = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         self._scratch_address = 0
+        self._step = np.zeros(8, np.int64)  # a STEP block whose n_tokens is M (see tasks.py)
 
-    def _load(self, qtype: GGMLQuantizationType) -> _TypeKernels:
+    def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
         lib = jit.compile_ir(build_matmul_ir(qtype, self.portable))
         name = qtype.name.lower()
         act = activation_type(qtype)
         rows = lib.function(f"rows_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)
+        rows_address = lib.address(f"rows_{name}")
         if act is None:
-            return _TypeKernels(qtype, None, 0, 1, rows, None, None)
+            return TypeKernels(qtype, None, 0, 1, rows, None, None, rows_address, 0)
         fused = lib.function(f"matmul_{name}", None, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64)
         quantize = lib.function(f"quantize_{act}", None, _PTR, _PTR, _I64, _I64)
         self._quantizers.setdefault(act, quantize)
-        return _TypeKernels(qtype, act, ACTIVATION_LAYOUTS[act].itemsize,
-                            GGML_QUANT_SIZES[qtype][0], rows, fused, quantize)
+        return TypeKernels(qtype, act, ACTIVATION_LAYOUTS[act].itemsize,
+                           GGML_QUANT_SIZES[qtype][0], rows, fused, quantize, rows_address,
+                           lib.address(f"quantize_{act}"))
 
     @property
     def qtypes(self) -> frozenset[GGMLQuantizationType]:
         return frozenset(self._kernels)
+
+    def kernels(self, qtype: GGMLQuantizationType) -> TypeKernels:
+        k = self._kernels.get(qtype)
+        if k is None:
+            raise ValueError(f"no kernel compiled for {qtype.name}; this instance has "
+                             f"{', '.join(sorted(t.name for t in self._kernels))}")
+        return k
 
     def _scratch_for(self, nbytes: int) -> int:
         if self._scratch.nbytes < nbytes:
@@ -813,10 +764,7 @@ class MatmulKernels:
 
     def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """out[m, r] = dot(W[r, :], x[m, :]) for x float32 [M, K]; returns float32 [M, N]."""
-        k = self._kernels.get(w.qtype)
-        if k is None:
-            raise ValueError(f"no kernel compiled for {w.qtype.name}; this instance has "
-                             f"{', '.join(sorted(t.name for t in self._kernels))}")
+        k = self.kernels(w.qtype)
         x = self._activations(x, w.n_cols)
         m, n = x.shape[0], w.n_rows
         if out is None:
@@ -826,30 +774,35 @@ class MatmulKernels:
             raise ValueError(f"out must be a writable C-contiguous float32 array of shape {(m, n)}")
         x_addr, out_addr = _address(x), _address(out)
         with self._lock:
-            parts = 1
-            if self._splitter is not None:
-                parts = parts_for(w.nbytes * m, n, self.n_threads)
+            split = (self._pool is not None and self.n_threads > 1 and n > 1
+                     and w.nbytes * m >= MIN_SPLIT_BYTES)
             if k.act is None:  # float weights: x goes in as is; "blocks" are values
-                rows = k.rows
-                w_addr, n_cols = w.address, w.n_cols
-                if parts == 1:
-                    rows(w_addr, x_addr, out_addr, n_cols, 0, n, m, n)
-                else:
-                    assert self._splitter is not None
-                    self._splitter.run(lambda r0, r1: rows(w_addr, x_addr, out_addr, n_cols, r0, r1, m, n),
-                                       n, parts)
+                if not split:
+                    k.rows(w.address, x_addr, out_addr, w.n_cols, 0, n, m, n)
+                    return out
+                self._run_split(k, w, x_addr, out_addr, w.n_cols, m)
                 return out
             nb = w.n_cols // k.block_elems
             xq = self._scratch_for(m * nb * k.x_block_bytes)
-            if parts == 1:
+            if not split:
                 assert k.fused is not None
                 k.fused(w.address, x_addr, xq, out_addr, nb, m, n)
             else:
-                assert k.quantize is not None and self._splitter is not None
+                assert k.quantize is not None
                 k.quantize(x_addr, xq, nb, m)
-                rows, w_addr = k.rows, w.address
-                self._splitter.run(lambda r0, r1: rows(w_addr, xq, out_addr, nb, r0, r1, m, n), n, parts)
+                self._run_split(k, w, xq, out_addr, nb, m)
         return out
+
+    def _run_split(self, k: TypeKernels, w: QuantMatrix, x_addr: int, out_addr: int, nb: int,
+                   m: int) -> None:
+        from engine.kernels import tasks  # noqa: PLC0415 - tasks builds on this module
+
+        assert self._pool is not None
+        t = tasks.load_tasks(jit.host_has("f16c"))
+        self._step[tasks.M_TOKENS // 8] = m
+        args = tasks.MATMUL.pack(fn=k.rows_address, w=w.address, x=x_addr, out=out_addr, nb=nb,
+                                 n_rows=w.n_rows, m_at=tasks.M_TOKENS)
+        self._pool.run_task(t.address["task_matmul"], args, int(self._step.ctypes.data))
 
     def quantize(self, x: np.ndarray, act: str) -> np.ndarray:
         """The compiled activation quantizer: float32 [M, K] -> uint8 [M, row bytes] (for tests)."""
@@ -865,9 +818,9 @@ class MatmulKernels:
         return out
 
     def close(self) -> None:
-        if self._splitter is not None:
-            self._splitter.close()
-            self._splitter = None
+        if self._own_pool and self._pool is not None:
+            self._pool.close()
+        self._pool = None
 
     def __enter__(self) -> MatmulKernels:
         return self

@@ -389,6 +389,8 @@ class _Ops:
         self.rope = lib.function("rope", ctypes.c_int64, p, p, p, n, n, n, n, p, p, n)
         self.silu_mul = lib.function("silu_mul", None, p, p, p, n)
         self.softmax = lib.function("softmax", None, p, p, n, n)
+        # addresses for task graphs (engine.kernels.tasks calls these through pointers)
+        self.address = {name: lib.address(name) for name in ("rms_norm", "rope", "silu_mul")}
 
 
 _ops: _Ops | None = None
@@ -522,6 +524,11 @@ class _RopeTables:
 
 
 _rope_tables = _RopeTables()
+
+
+def rope_tables(n_rot: int, base: RopeFreqs, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) float32 [>= n_pos, n_rot/2] as the rope kernel reads them (shared, read-only)."""
+    return _rope_tables.get(n_rot, base, n_pos)
 
 _MAX_POSITION = 1 << 24  # far beyond any context; guards the table against garbage positions
 

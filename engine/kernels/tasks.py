@@ -1,0 +1,390 @@
+"""Tasks: the per-thread pieces of a forward pass that the native pool runs as a graph.
+
+Every task has the signature  void task_<name>(ptr args, ptr step, i64 tid, i64 n_threads)  and
+does thread tid's share of one operation by calling the compiled kernels (matmul rows, rms_norm,
+rope, silu_mul, the quantizers, attention) through function pointers held in its args. So the
+arithmetic is exactly the kernels' own, whatever the thread count: a task only decides which
+rows or attention items a thread takes.
+
+`args` is an int64 array whose fields each task's Layout names (pointers and integers are 8
+bytes; a float sits in the low 4 bytes of its field). `step` is the per-forward-call STEP block:
+token count, positions, where each token's K/V go, the chunk table and the attention split.
+
+Row split (row_range): thread t of n takes rows [M*t/n, M*(t+1)/n). Tasks over the same M use
+the same split, so a thread reads only rows it wrote itself and such nodes need no barrier.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.kernels import jit
+from engine.kernels.attention import TILED_MIN_QUERIES
+from engine.kernels.irtext import IRFunction
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Named 8-byte fields of an int64 argument block: kinds 'ptr', 'i64' or 'float'."""
+    fields: tuple[tuple[str, str], ...]
+
+    def offset(self, name: str) -> int:
+        for i, (n, _) in enumerate(self.fields):
+            if n == name:
+                return 8 * i
+        raise KeyError(name)
+
+    def pack(self, **values: int | float) -> np.ndarray:
+        """int64 [n_fields]; pointers as integer addresses (0 = null)."""
+        missing = {n for n, _ in self.fields} ^ set(values)
+        if missing:
+            raise ValueError(f"fields missing or unknown: {sorted(missing)}")
+        out = np.zeros(len(self.fields), np.int64)
+        for i, (name, kind) in enumerate(self.fields):
+            v = values[name]
+            if kind == "float":
+                out[i] = int(np.array([v], np.float32).view(np.uint32)[0])
+            else:
+                out[i] = int(v)
+        return out
+
+    def set(self, args: np.ndarray, name: str, value: int) -> None:
+        args[self.offset(name) // 8] = value
+
+    def fill(self, args: np.ndarray, **values: int) -> None:
+        """Overwrite integer/pointer fields of an existing block in place."""
+        for name, value in values.items():
+            args[self.offset(name) // 8] = value
+
+    def load(self, f: IRFunction, base: str) -> dict[str, str]:
+        """Emit a load of every field from `base`; returns name -> SSA value."""
+        ty = {"ptr": "ptr", "i64": "i64", "float": "float"}
+        return {name: f.load(ty[kind], base, 8 * i, align=8 if kind != "float" else 4)
+                for i, (name, kind) in enumerate(self.fields)}
+
+
+def _layout(*spec: str) -> Layout:
+    """'name:kind' strings -> Layout."""
+    return Layout(tuple(tuple(s.split(":")) for s in spec))  # type: ignore[misc]
+
+
+# The per-call block every task can read. chunks: [n_chunks, 4] rows of
+# (first token row, n_q, pos0, kv_row0 = slot * n_layer * n_ctx); attention segments:
+# seg_start [n_threads + 1] indexes segs [n_seg, 3] rows of (chunk, item begin, item end).
+STEP = _layout("n_tokens:i64", "n_out:i64", "positions:ptr", "kv_rows:ptr", "chunks:ptr",
+               "seg_start:ptr", "segs:ptr", "out_rows:ptr")
+
+MATMUL = _layout("fn:ptr", "w:ptr", "x:ptr", "out:ptr", "nb:i64", "n_rows:i64", "m_at:i64")
+NORM = _layout("fn:ptr", "x:ptr", "residual:ptr", "weight:ptr", "out:ptr", "n:i64", "eps:float",
+               "m_at:i64", "gather:i64")
+QUANT = _layout("fn:ptr", "src:ptr", "dst:ptr", "nb:i64", "src_row_bytes:i64",
+                "dst_row_bytes:i64", "m_at:i64")
+SILU = _layout("fn:ptr", "gate:ptr", "up:ptr", "n:i64", "m_at:i64")
+ROPE_STORE = _layout("rope:ptr", "q:ptr", "k:ptr", "v:ptr", "n_head:i64", "n_kv_head:i64",
+                     "head_dim:i64", "half_rot:i64", "cos:ptr", "sin:ptr", "n_table:i64",
+                     "k_cache:ptr", "v_cache:ptr")
+ATTENTION = _layout("f16acc:ptr", "exact:ptr", "q:ptr", "k_cache:ptr", "v_cache:ptr", "out:ptr",
+                    "scratch:ptr", "scratch_bytes:i64", "n_head:i64", "n_kv_head:i64",
+                    "head_dim:i64", "scale:float")
+
+M_TOKENS = STEP.offset("n_tokens")  # m_at values: which STEP count a task's rows follow
+M_OUT = STEP.offset("n_out")
+
+def _prefix_cost(i: int, n_head: int, pos0: int) -> int:
+    """Keys read by a chunk's first i items (item w = query * n_head + head reads pos0+query+1)."""
+    full, rest = divmod(i, n_head)
+    return n_head * (full * (pos0 + 1) + full * (full - 1) // 2) + rest * (pos0 + full + 1)
+
+
+def split_attention(chunks: list[tuple[int, int]], n_head: int,
+                    n_threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut the attention items of all chunks ((n_q, pos0) each) into n_threads contiguous runs of
+    about equal cost (keys read). Returns (seg_start int64 [n_threads + 1], segs int64 [n, 3] of
+    (chunk, item begin, item end)): thread t runs segs[seg_start[t]:seg_start[t + 1]].
+
+    Which thread computes an item never changes its result, so the split is free to follow cost.
+    """
+    n_items = [n_q * n_head for n_q, _ in chunks]
+    costs = [_prefix_cost(n, n_head, pos0) for n, (_, pos0) in zip(n_items, chunks)]
+    total = sum(costs)
+    # cuts: (chunk, item) where thread t's run starts, t = 1 .. n_threads - 1
+    cuts: list[tuple[int, int]] = []
+    before = 0
+    for c, ((_, pos0), n, cost) in enumerate(zip(chunks, n_items, costs)):
+        while len(cuts) < n_threads - 1 and before + cost >= total * (len(cuts) + 1) / n_threads:
+            need = total * (len(cuts) + 1) / n_threads - before
+            lo, hi = 0, n  # smallest i with prefix cost >= need
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if _prefix_cost(mid, n_head, pos0) >= need:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            cuts.append((c, lo))
+        before += cost
+    while len(cuts) < n_threads - 1:
+        cuts.append((len(chunks), 0))
+    bounds = [(0, 0), *cuts, (len(chunks), 0)]
+    segs: list[tuple[int, int, int]] = []
+    seg_start = [0]
+    for (c0, i0), (c1, i1) in zip(bounds, bounds[1:]):
+        for c in range(c0, min(c1, len(chunks) - 1) + 1):
+            lo = i0 if c == c0 else 0
+            hi = i1 if c == c1 else n_items[c]
+            if hi > lo:
+                segs.append((c, lo, hi))
+        seg_start.append(len(segs))
+    return np.array(seg_start, np.int64), np.array(segs, np.int64).reshape(-1, 3)
+
+
+_SIG = "(ptr noalias %args, ptr noalias %step, i64 %tid, i64 %nth)"
+
+
+def _row_range(f: IRFunction, m: str) -> tuple[str, str]:
+    """Thread %tid's rows [M*tid/n, M*(tid+1)/n)."""
+    r0 = f.let(f"udiv i64 {f.mul(m, '%tid')}, %nth")
+    r1 = f.let(f"udiv i64 {f.mul(m, f.add('%tid', 1))}, %nth")
+    return r0, r1
+
+
+def _step_count(f: IRFunction, at: str) -> str:
+    return f.load("i64", "%step", at, align=8)
+
+
+def _task_matmul() -> str:
+    """Weight rows split across threads: fn(w, x, out, nb, r0, r1, M, N) (engine.kernels.matmul)."""
+    f = IRFunction(f"void @task_matmul{_SIG}")
+    a = MATMUL.load(f, "%args")
+    m = _step_count(f, a["m_at"])
+    r0, r1 = _row_range(f, a["n_rows"])
+    f.do(f"call void {a['fn']}(ptr {a['w']}, ptr {a['x']}, ptr {a['out']}, i64 {a['nb']}, "
+         f"i64 {r0}, i64 {r1}, i64 {m}, i64 {a['n_rows']})")
+    f.do("ret void")
+    return f.text()
+
+
+def _task_norm() -> str:
+    """Per row i of mine: src = gather ? out_rows[i] : i; x[src] += residual[src] (if given);
+    out[i] = rms_norm(x[src]) * weight. fn is ops' rms_norm(x, w, out, 1, n, eps)."""
+    f = IRFunction(f"void @task_norm{_SIG}")
+    a = NORM.load(f, "%args")
+    m = _step_count(f, a["m_at"])
+    r0, r1 = _row_range(f, m)
+    row_bytes = f.mul(a["n"], 4)
+    n_vec = f.let(f"and i64 {a['n']}, -8")
+    out_rows = f.load("ptr", "%step", STEP.offset("out_rows"), align=8)
+    gather = f.let(f"icmp ne i64 {a['gather']}, 0")
+    has_res = f.let(f"icmp ne ptr {a['residual']}, null")
+
+    def row(i: str) -> None:
+        src = f.if_value(gather, "i64", lambda: f.load("i64", out_rows, f.mul(i, 8), align=8), i)
+        xr = f.gep(a["x"], f.mul(src, row_bytes))
+
+        def add_residual() -> None:
+            rr = f.gep(a["residual"], f.mul(src, row_bytes))
+
+            def vec(k: str, _: list[str]) -> list[str]:
+                off = f.mul(k, 32)
+                s = f.let(f"fadd <8 x float> {f.load('<8 x float>', xr, off, 4)}, "
+                          f"{f.load('<8 x float>', rr, off, 4)}")
+                f.store("<8 x float>", s, xr, off, 4)
+                return []
+
+            f.loop(f.let(f"lshr i64 {n_vec}, 3"), [], vec)
+
+            def tail(j: str) -> None:
+                off = f.mul(j, 4)
+                s = f.let(f"fadd float {f.load('float', xr, off, 4)}, {f.load('float', rr, off, 4)}")
+                f.store("float", s, xr, off, 4)
+
+            f.loop_range(n_vec, a["n"], tail)
+
+        f.if_then(has_res, add_residual)
+        dst = f.gep(a["out"], f.mul(i, row_bytes))
+        f.do(f"call void {a['fn']}(ptr {xr}, ptr {a['weight']}, ptr {dst}, i64 1, i64 {a['n']}, "
+             f"float {a['eps']})")
+
+    f.loop_range(r0, r1, row)
+    f.do("ret void")
+    return f.text()
+
+
+def _task_quant() -> str:
+    """My rows of src quantized to activation blocks: fn(src + r0 rows, dst + r0 rows, nb, r1 - r0)."""
+    f = IRFunction(f"void @task_quant{_SIG}")
+    a = QUANT.load(f, "%args")
+    m = _step_count(f, a["m_at"])
+    r0, r1 = _row_range(f, m)
+    src = f.gep(a["src"], f.mul(r0, a["src_row_bytes"]))
+    dst = f.gep(a["dst"], f.mul(r0, a["dst_row_bytes"]))
+    f.do(f"call void {a['fn']}(ptr {src}, ptr {dst}, i64 {a['nb']}, i64 {f.let(f'sub i64 {r1}, {r0}')})")
+    f.do("ret void")
+    return f.text()
+
+
+def _task_silu() -> str:
+    """My rows: gate = silu(gate) * up, fn is ops' silu_mul(gate, up, out, count)."""
+    f = IRFunction(f"void @task_silu{_SIG}")
+    a = SILU.load(f, "%args")
+    m = _step_count(f, a["m_at"])
+    r0, r1 = _row_range(f, m)
+    off = f.mul(r0, f.mul(a["n"], 4))
+    g, u = f.gep(a["gate"], off), f.gep(a["up"], off)
+    count = f.mul(f.let(f"sub i64 {r1}, {r0}"), a["n"])
+    f.do(f"call void {a['fn']}(ptr {g}, ptr {u}, ptr {g}, i64 {count})")
+    f.do("ret void")
+    return f.text()
+
+
+def _emit_to_f16(f: IRFunction, src: str, dst: str, n: str, f16c: bool) -> None:
+    """dst[j] = f16(src[j]) for j < n (n % 8 == 0), rounding to nearest even like numpy.
+
+    Portable form (no F16C): normal results rebias the exponent and round with the
+    add-half-ulp-plus-lsb trick; results that are f16 subnormals come from adding 0.5f, which
+    puts the value's f16-subnormal bits in the low mantissa with the FPU's own rounding;
+    overflow gives inf, NaN a quiet NaN.
+    """
+    def vec(k: str, _: list[str]) -> list[str]:
+        x = f.load("<8 x float>", src, f.mul(k, 32), 4)
+        if f16c:
+            h = f.let(f"fptrunc <8 x float> {x} to <8 x half>")
+            f.store("<8 x half>", h, dst, f.mul(k, 16), 2)
+            return []
+
+        def c(v: int) -> str:
+            return "<" + ", ".join([f"i32 {v}"] * 8) + ">"
+        bits = f.let(f"bitcast <8 x float> {x} to <8 x i32>")
+        sign = f.let(f"and <8 x i32> {f.let(f'lshr <8 x i32> {bits}, {c(16)}')}, {c(0x8000)}")
+        mag = f.let(f"and <8 x i32> {bits}, {c(0x7FFFFFFF)}")
+        lsb = f.let(f"and <8 x i32> {f.let(f'lshr <8 x i32> {mag}, {c(13)}')}, {c(1)}")
+        normal = f.let(f"sub <8 x i32> {mag}, {c(0x38000000 - 0xFFF)}")
+        normal = f.let(f"lshr <8 x i32> {f.let(f'add <8 x i32> {normal}, {lsb}')}, {c(13)}")
+        magf = f.let(f"bitcast <8 x i32> {mag} to <8 x float>")
+        half = "<" + ", ".join(["float 0.5"] * 8) + ">"
+        sub = f.let(f"bitcast <8 x float> {f.let(f'fadd <8 x float> {magf}, {half}')} to <8 x i32>")
+        sub = f.let(f"sub <8 x i32> {sub}, {c(0x3F000000)}")
+        h = f.let(f"select <8 x i1> {f.let(f'icmp ult <8 x i32> {mag}, {c(0x38800000)}')}, "
+                  f"<8 x i32> {sub}, <8 x i32> {normal}")
+        h = f.let(f"select <8 x i1> {f.let(f'icmp uge <8 x i32> {mag}, {c(0x477FF000)}')}, "
+                  f"<8 x i32> {c(0x7C00)}, <8 x i32> {h}")
+        h = f.let(f"select <8 x i1> {f.let(f'icmp ugt <8 x i32> {mag}, {c(0x7F800000)}')}, "
+                  f"<8 x i32> {c(0x7E00)}, <8 x i32> {h}")
+        h = f.let(f"trunc <8 x i32> {f.let(f'or <8 x i32> {h}, {sign}')} to <8 x i16>")
+        f.store("<8 x i16>", h, dst, f.mul(k, 16), 2)
+        return []
+
+    f.loop(f.let(f"lshr i64 {n}, 3"), [], vec)
+
+
+def _to_f16(f16c: bool) -> str:
+    """void to_f16(ptr src f32 [n], ptr dst f16 [n], i64 n), n % 8 == 0 (the numpy twin: astype)."""
+    f = IRFunction("void @to_f16(ptr noalias %src, ptr noalias %dst, i64 %n)")
+    _emit_to_f16(f, "%src", "%dst", "%n", f16c)
+    f.do("ret void")
+    return f.text()
+
+
+def _task_rope_store(f16c: bool) -> str:
+    """My token rows t: rope q[t] and k[t] in place (ops' rope), then the K/V cache rows
+    kv_rows[t] of this layer get f16(k[t]), f16(v[t])."""
+    f = IRFunction(f"void @task_rope_store{_SIG}")
+    a = ROPE_STORE.load(f, "%args")
+    m = _step_count(f, STEP.offset("n_tokens"))
+    r0, r1 = _row_range(f, m)
+    positions = f.load("ptr", "%step", STEP.offset("positions"), align=8)
+    kv_rows = f.load("ptr", "%step", STEP.offset("kv_rows"), align=8)
+    q_row = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
+    kv_dim = f.mul(a["n_kv_head"], a["head_dim"])
+    kv_row = f.mul(kv_dim, 4)
+    count = f.let(f"sub i64 {r1}, {r0}")
+    pos = f.gep(positions, f.mul(r0, 8))
+    for x, heads, row_bytes in (("q", "n_head", q_row), ("k", "n_kv_head", kv_row)):
+        xr = f.gep(a[x], f.mul(r0, row_bytes))
+        f.let(f"call i64 {a['rope']}(ptr {xr}, ptr {xr}, ptr {pos}, i64 {count}, i64 {a[heads]}, "
+              f"i64 {a['head_dim']}, i64 {a['half_rot']}, ptr {a['cos']}, ptr {a['sin']}, "
+              f"i64 {a['n_table']})")
+
+    def store(t: str) -> None:
+        dst = f.mul(f.load("i64", kv_rows, f.mul(t, 8), align=8), f.mul(kv_dim, 2))
+        for x, cache in (("k", "k_cache"), ("v", "v_cache")):
+            _emit_to_f16(f, f.gep(a[x], f.mul(t, kv_row)), f.gep(a[cache], dst), kv_dim, f16c)
+
+    f.loop_range(r0, r1, store)
+    f.do("ret void")
+    return f.text()
+
+
+def _task_attention() -> str:
+    """My segments (chunk c, items [w0, w1)) of STEP.segs[seg_start[tid] .. seg_start[tid+1]]:
+    attention (engine.kernels.attention) of chunk c's queries against its slot's cache rows, the
+    exact function when the chunk has >= TILED_MIN_QUERIES queries, else the f16-accumulator one."""
+    f = IRFunction(f"void @task_attention{_SIG}")
+    a = ATTENTION.load(f, "%args")
+    seg_start = f.load("ptr", "%step", STEP.offset("seg_start"), align=8)
+    segs = f.load("ptr", "%step", STEP.offset("segs"), align=8)
+    chunks = f.load("ptr", "%step", STEP.offset("chunks"), align=8)
+    s0 = f.load("i64", seg_start, f.mul("%tid", 8), align=8)
+    s1 = f.load("i64", seg_start, f.mul(f.add("%tid", 1), 8), align=8)
+    q_row = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
+    kv_row = f.mul(f.mul(a["n_kv_head"], a["head_dim"]), 2)
+    scratch = f.gep(a["scratch"], f.mul("%tid", a["scratch_bytes"]))
+
+    def segment(s: str) -> None:
+        seg = f.gep(segs, f.mul(s, 24))
+        c, w0, w1 = (f.load("i64", seg, 8 * j, align=8) for j in range(3))
+        chunk = f.gep(chunks, f.mul(c, 32))
+        row0, n_q, pos0, kv0 = (f.load("i64", chunk, 8 * j, align=8) for j in range(4))
+        tiled = f.let(f"icmp sge i64 {n_q}, {TILED_MIN_QUERIES}")
+        fn = f.select(tiled, "ptr", a["exact"], a["f16acc"])
+        q = f.gep(a["q"], f.mul(row0, q_row))
+        out = f.gep(a["out"], f.mul(row0, q_row))
+        kv_off = f.mul(kv0, kv_row)
+        f.do(f"call void {fn}(ptr {q}, ptr {f.gep(a['k_cache'], kv_off)}, "
+             f"ptr {f.gep(a['v_cache'], kv_off)}, ptr {out}, ptr {scratch}, i64 {n_q}, "
+             f"i64 {a['n_head']}, i64 {a['n_kv_head']}, i64 {a['head_dim']}, i64 {pos0}, "
+             f"float {a['scale']}, i64 {w0}, i64 {w1})")
+
+    f.loop_range(s0, s1, segment)
+    f.do("ret void")
+    return f.text()
+
+
+def build_tasks_ir(f16c: bool) -> str:
+    return "\n".join([_task_matmul(), _task_norm(), _task_quant(), _task_silu(),
+                      _task_rope_store(f16c), _task_attention(), _to_f16(f16c)])
+
+
+TASK_NAMES = ("task_matmul", "task_norm", "task_quant", "task_silu", "task_rope_store",
+              "task_attention")
+
+
+class Tasks:
+    """Addresses of the compiled tasks (for graph nodes), loaded once per process and f16c."""
+
+    def __init__(self, f16c: bool) -> None:
+        lib = jit.compile_ir(build_tasks_ir(f16c))
+        self.address = {name: lib.address(name) for name in TASK_NAMES}
+        self._to_f16 = lib.function("to_f16", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+    def to_f16(self, x: np.ndarray) -> np.ndarray:
+        """float32 [n] (n % 8 == 0) -> float16 [n] through the compiled converter (for tests)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 1 or x.size % 8:
+            raise ValueError("to_f16 takes a 1-D array whose length is a multiple of 8")
+        out = np.empty(x.size, np.float16)
+        self._to_f16(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+
+_tasks: dict[bool, Tasks] = {}
+_tasks_lock = threading.Lock()
+
+
+def load_tasks(f16c: bool) -> Tasks:
+    with _tasks_lock:
+        if f16c not in _tasks:
+            _tasks[f16c] = Tasks(f16c)
+        return _tasks[f16c]
