@@ -14,7 +14,6 @@ import statistics
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import httpx

@@ -1,0 +1,171 @@
+"""Serving throughput under concurrency: N streaming chat clients against a running server.
+
+    python scripts/bench_serve.py http://127.0.0.1:8080 [--model smollm2]
+        [--peer http://127.0.0.1:8000 --peer-model NAME] [--levels 1 2 4 8 16]
+
+For each level N, N client threads (each its own openai client) send `--requests` streaming chat
+completions one after another (different prompts, `--max-tokens` tokens each; SmolLM2's end
+tokens are banned by default so every answer has the full length). Printed per level:
+
+    total tok/s     generated tokens of all clients / wall time of the level
+    stream tok/s    per request: tokens after the first / time from first to last token (mean)
+    TTFT p50, p95   time from sending to the first content token
+
+With --peer (e.g. llama-cpp-python's server on the same model and thread count; start it with
+`--interrupt_requests False`, or it cuts a running stream short for each new request) the same
+run is made against it. A stream that ends without a finish_reason counts as an error. Ends with
+one JSON line of every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+
+TOPICS = ["a lighthouse keeper", "a lost robot", "the first snow", "a city under the sea",
+          "a dragon who bakes", "an old violin", "a journey by train", "a garden on Mars",
+          "a talking cat", "the last library", "a storm at sea", "a clockmaker's apprentice",
+          "a desert caravan", "a forgotten island", "a winter festival", "a river that sings"]
+SMOLLM2_EOG = ["0", "2", "4"]
+
+
+@dataclass
+class Sample:
+    sent: float
+    first: float | None
+    done: float
+    tokens: int
+
+
+def one_stream(client: openai.OpenAI, model: str, prompt: str, args: argparse.Namespace) -> Sample:
+    extra: dict[str, Any] = {}
+    if args.ban:
+        extra["logit_bias"] = {t: -100 for t in args.ban}
+    sent = time.perf_counter()
+    first = None
+    tokens = 0
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=args.max_tokens,
+        temperature=args.temperature, stream=True, **extra)
+    finish = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            if choice.delta.content:
+                tokens += 1  # both servers send one chunk per generated token
+                if first is None:
+                    first = time.perf_counter()
+            finish = choice.finish_reason or finish
+    if finish is None:  # e.g. llama-cpp-python interrupting a stream for a newer request
+        raise RuntimeError(f"stream ended without a finish_reason after {tokens} tokens")
+    return Sample(sent, first, time.perf_counter(), tokens)
+
+
+def run_level(url: str, model: str, n_clients: int, args: argparse.Namespace) -> dict[str, Any]:
+    samples: list[Sample] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def client_loop(number: int) -> None:
+        client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0,
+                               timeout=600)
+        for r in range(args.requests):
+            topic = TOPICS[(number * args.requests + r) % len(TOPICS)]
+            prompt = f"Write a long story about {topic}. (client {number}, request {r})"
+            try:
+                sample = one_stream(client, model, prompt, args)
+            except (openai.OpenAIError, RuntimeError) as exc:
+                with lock:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                continue
+            with lock:
+                samples.append(sample)
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(n_clients)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    total = sum(s.tokens for s in samples)
+    ttft = sorted(s.first - s.sent for s in samples if s.first is not None)
+    rates = [(s.tokens - 1) / (s.done - s.first) for s in samples
+             if s.first is not None and s.tokens > 1 and s.done > s.first]
+    return {
+        "clients": n_clients,
+        "requests": len(samples),
+        "errors": len(errors),
+        "tokens": total,
+        "total_tok_s": round(total / wall, 1),
+        "stream_tok_s": round(statistics.mean(rates), 1) if rates else None,
+        "ttft_p50_s": round(_percentile(ttft, 0.50), 3) if ttft else None,
+        "ttft_p95_s": round(_percentile(ttft, 0.95), 3) if ttft else None,
+        "first_error": errors[0] if errors else None,
+    }
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def bench(name: str, url: str, model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    print(f"\n{name}: {url} model={model}", file=sys.stderr)
+    warm = argparse.Namespace(**{**vars(args), "max_tokens": 8})
+    client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0,
+                           timeout=600)
+    one_stream(client, model, "Hello!", warm)  # loads the model, compiles, fills caches
+    print(f"{'clients':>7} {'total tok/s':>11} {'stream tok/s':>12} {'TTFT p50':>9} "
+          f"{'TTFT p95':>9} {'errors':>6}", file=sys.stderr)
+    rows = []
+    for n in args.levels:
+        row = run_level(url, model, n, args)
+        rows.append(row)
+        print(f"{n:>7} {row['total_tok_s']:>11} {row['stream_tok_s']!s:>12} "
+              f"{row['ttft_p50_s']!s:>9} {row['ttft_p95_s']!s:>9} {row['errors']:>6}",
+              file=sys.stderr)
+        if row["first_error"]:
+            print(f"        first error: {row['first_error']}", file=sys.stderr)
+    by_n = {r["clients"]: r["total_tok_s"] for r in rows}
+    if 1 in by_n and 8 in by_n and by_n[1]:
+        print(f"total throughput, 8 clients / 1 client: {by_n[8] / by_n[1]:.2f}x", file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("url", help="modelyard's base URL, e.g. http://127.0.0.1:8080")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--peer", help="another OpenAI-compatible server to run the same load against")
+    ap.add_argument("--peer-model", help="model name on the peer (default: --model)")
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--requests", type=int, default=2, help="requests per client per level")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--ban", nargs="*", default=SMOLLM2_EOG,
+                    help="token ids to ban (logit_bias -100); default SmolLM2's end tokens")
+    args = ap.parse_args()
+    result: dict[str, Any] = {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                              "requests_per_client": args.requests,
+                              "modelyard": bench("modelyard", args.url, args.model, args)}
+    if args.peer:
+        result["peer"] = bench("peer", args.peer, args.peer_model or args.model, args)
+        ours = {r["clients"]: r["total_tok_s"] for r in result["modelyard"]}
+        theirs = {r["clients"]: r["total_tok_s"] for r in result["peer"]}
+        if 8 in ours and theirs.get(8):
+            print(f"modelyard / peer at 8 clients: {ours[8] / theirs[8]:.2f}x", file=sys.stderr)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
