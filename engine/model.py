@@ -203,6 +203,7 @@ class Transformer:
         self._acts: _Activations | None = None
         self._graphs: dict[str, tuple[Graph, np.ndarray | None]] = {}
         self._step = np.zeros(len(tasks.STEP.fields), np.int64)  # the STEP block, fixed address
+        self._step_arrays: tuple[np.ndarray, ...] = ()  # what STEP points into (kept alive)
         self._scratch = np.empty(0, np.float32)
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
@@ -269,6 +270,7 @@ class Transformer:
         tasks.STEP.fill(self._step, n_tokens=T, n_out=n_out, positions=_addr(positions),
                         kv_rows=_addr(kv_rows), chunks=_addr(chunk_table),
                         seg_start=_addr(seg_start), segs=_addr(segs), out_rows=_addr(out_rows))
+        self._step_arrays = (positions, kv_rows, chunk_table, seg_start, segs, out_rows)
         self.pool.run(graph, _addr(self._step))
 
         for c in chunks:

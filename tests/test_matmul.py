@@ -38,6 +38,12 @@ def avx2() -> Iterator[MatmulKernels]:
 
 
 @pytest.fixture(scope="module")
+def no_vnni() -> Iterator[MatmulKernels]:
+    with MatmulKernels(ALL_TYPES, vnni=False) as k:
+        yield k
+
+
+@pytest.fixture(scope="module")
 def portable() -> Iterator[MatmulKernels]:
     with MatmulKernels(ALL_TYPES, portable=True) as k:
         yield k
@@ -88,6 +94,17 @@ def test_avx2_matches_reference(avx2: MatmulKernels, qtype: T, m: int) -> None:
 def test_portable_matches_reference(portable: MatmulKernels, qtype: T, m: int) -> None:
     w, x = _case(qtype, m)
     _assert_same_math(portable.matmul(w, x), w, x)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
+def test_vnni_and_plain_avx2_give_the_same_bits(avx2: MatmulKernels, no_vnni: MatmulKernels,
+                                                qtype: T) -> None:
+    """vpdpbusd forms the same integer sums as maddubs + madd (on hosts without VNNI both
+    fixtures are plain AVX2)."""
+    for m in (1, 6):
+        w, x = _case(qtype, m, seed=3)
+        np.testing.assert_array_equal(avx2.matmul(w, x), no_vnni.matmul(w, x))
+        _assert_same_math(no_vnni.matmul(w, x), w, x)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)

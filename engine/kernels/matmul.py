@@ -20,9 +20,10 @@ are the outer loop and activation rows the inner one, taken MT at a time: each w
 loaded and unpacked once and used for MT activation rows, so the weights stream from memory
 once per call whatever M is.
 
-Two instruction selections: the AVX2 one calls `llvm.x86.avx2.pmadd.ub.sw` (u8 x s8 -> pairwise
+Three instruction selections: the AVX2 one calls `llvm.x86.avx2.pmadd.ub.sw` (u8 x s8 -> pairwise
 i16 sums) and `llvm.x86.avx2.pmadd.wd` (i16 x i16 -> pairwise i32 sums), which LLVM does not form
-from plain IR; the portable one spells the same sums in generic vector IR (same lane grouping,
+from plain IR; on hosts with VNNI, u8 x s8 sums of four take one `vpdpbusd` instead (the same
+integers); the portable one spells the same sums in generic vector IR (same lane grouping,
 so both give the same integers).
 """
 from __future__ import annotations
@@ -102,8 +103,12 @@ class _Fn(IRFunction):
     def nibbles32(self, base: str, offset: int) -> str:
         """16 bytes -> <32 x i8>: low nibbles then high nibbles (values 0..15)."""
         qs = self.load("<16 x i8>", base, offset)
-        hi = self.let(f"lshr <16 x i8> {qs}, {_splat('i8', 16, 4)}")
-        both = self.let(f"shufflevector <16 x i8> {qs}, <16 x i8> {hi}, {_mask(range(32))}")
+        # [qs | qs] with the upper copy shifted right by 4 as 64-bit lanes (vbroadcasti128 +
+        # vpsrlvq), then one mask: cheaper than shifting a copy and inserting it
+        both = self.let(f"shufflevector <16 x i8> {qs}, <16 x i8> poison, {_mask(list(range(16)) * 2)}")
+        wide = self.let(f"bitcast <32 x i8> {both} to <4 x i64>")
+        wide = self.let(f"lshr <4 x i64> {wide}, <i64 0, i64 0, i64 4, i64 4>")
+        both = self.let(f"bitcast <4 x i64> {wide} to <32 x i8>")
         return self.let(f"and <32 x i8> {both}, {_splat('i8', 32, 15)}")
 
     def bits32(self, word: str, value: int) -> str:
@@ -128,6 +133,7 @@ declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
 declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)
+declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
 """
 
 
@@ -139,9 +145,10 @@ class _IntOps:
     Callers keep every sum small enough that the AVX2 form never saturates, so both agree.
     """
 
-    def __init__(self, f: _Fn, avx2: bool) -> None:
+    def __init__(self, f: _Fn, avx2: bool, vnni: bool = False) -> None:
         self.f = f
         self.avx2 = avx2
+        self.vnni = vnni and avx2
 
     def _pairs(self, v: str, n: int, elem: str) -> str:
         """<2n x elem> -> <n x elem>: sum of adjacent pairs."""
@@ -167,7 +174,17 @@ class _IntOps:
         return self._pairs(f.let(f"mul <16 x i32> {aw}, {bw}"), 8, "i32")
 
     def dot_us(self, u: str, s: str) -> str:
-        """<8 x i32>, lane k = sum of u[j]*s[j] for j in 4k..4k+3 (u unsigned)."""
+        """<8 x i32>, lane k = sum of u[j]*s[j] for j in 4k..4k+3 (u unsigned).
+
+        With VNNI one vpdpbusd does it (the same exact integer sums as maddubs + madd, which
+        never saturate here).
+        """
+        if self.vnni:
+            f = self.f
+            u32 = f.let(f"bitcast <32 x i8> {u} to <8 x i32>")
+            s32 = f.let(f"bitcast <32 x i8> {s} to <8 x i32>")
+            return f.let(f"call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> zeroinitializer, "
+                         f"<8 x i32> {u32}, <8 x i32> {s32})")
         return self.madd(self.maddubs(u, s), _splat("i16", 16, 1))
 
     def signed(self, a: str) -> tuple[str, str]:
@@ -207,52 +224,79 @@ _Body = Callable[[_Fn, _IntOps, str, list[str]], list[_Terms]]
 V8F = "<8 x float>"
 
 
-def _legacy_body(qtype: GGMLQuantizationType) -> _Body:
-    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against q8_0 / q8_1 activation blocks of 32.
+# Legacy types accumulate in llama.cpp's order (ggml_vec_dot_q4_1_q8_1 and friends on x86):
+# per block one FMA into a single <8 x float> accumulator, the block-offset products summed
+# into a scalar, then hsum(acc) + offsets. So our dot products are llama.cpp's, bit for bit for
+# Q4_1/Q5_1/Q8_0 (Q4_0/Q5_0 take q8_1 activations here, see engine/quants.py). The serial
+# chain costs latency, which running two weight rows at once (ROW_TILE) hides.
+LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+_LEGACY_ACCS = (V8F, "float")  # [acc, offsets]
+_OFFSET = {T.Q4_0: -8.0, T.Q5_0: -16.0}  # these types' offsets are -8d or -16d
 
+
+def _legacy_block(qtype: GGMLQuantizationType, f: _Fn, ops: _IntOps, wbs: list[str],
+                  xss: list[list[str]], accs: list[list[str]]) -> list[list[str]]:
+    """GROUP weight blocks (wbs) of one row against each tile row's blocks (xss[t][g]).
+
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against q8_0 / q8_1 activation blocks of 32:
     Weight block: f16 d [| f16 m] [| u32 qh] | qs.
     Activation block: q8_0 f16 dx | i8 y[32];  q8_1 f32 dx | f32 s = dx * sum(y) | i8 y[32].
     q = nibbles (values 0..15 from the low then the high nibbles of qs), | bit j of qh << 4 (Q5),
-    or the i8 qs (Q8_0).
-    All but Q8_0 take q unsigned (maddubs needs one unsigned operand) and add the offset through
-    the activation block sum s:
-    Q4_1/Q5_1: d*dx * sum(q*y) + m * [s, 0, ..., 0]
-    Q4_0/Q5_0: d*dx * sum(q*y) - (8 or 16)*d * [s, 0, ..., 0]
-    Q8_0:      d*dx * sum(q*y) with signed q (maddubs(|q|, sign(q)*y)).
-    """
-    has_min = qtype in (T.Q4_1, T.Q5_1)
-    offset = {T.Q4_0: 8, T.Q5_0: 16}.get(qtype)
-    qh_at = {T.Q5_0: 2, T.Q5_1: 4}.get(qtype)
-    qs_at = {T.Q4_0: 2, T.Q4_1: 4, T.Q5_0: 6, T.Q5_1: 8, T.Q8_0: 2}[qtype]
-    signed = qtype == T.Q8_0  # else q8_1 activations
-    y_at = 2 if signed else 8
+    or the i8 qs (Q8_0). isum = sum(q * y) per 4-lane group (dot_us); all but Q8_0 take q
+    unsigned (maddubs needs one unsigned operand) and add the offset through s; Q8_0 is
+    signed (dot_ss: maddubs(|q|, sign(q) * y)). Per block and row, in order:
 
-    def block(f: _Fn, ops: _IntOps, w: str, xs: list[str]) -> list[_Terms]:
-        d = f.f16_splat(w, 0)
-        if has_min:
-            m = f.f16_splat(w, 2)
-        elif offset is not None:
-            m = f.let(f"fmul <8 x float> {d}, {_splat('float', 8, f'{-float(offset)}')}")
+        acc = fma(splat(d * dx), float(isum), acc)
+        Q4_1/Q5_1:  offs = fma(m, s, offs)      (s = dx * sum(y), the q8_1 block's second slot)
+        Q4_0/Q5_0:  offs = fma(-8d or -16d, s, offs)
+    """
+    out = [list(a) for a in accs]
+    qs_at = {T.Q4_0: 2, T.Q4_1: 4, T.Q5_0: 6, T.Q5_1: 8, T.Q8_0: 2}[qtype]
+    qh_at = {T.Q5_0: 2, T.Q5_1: 4}.get(qtype)
+    for g, w in enumerate(wbs):
         if qtype == T.Q8_0:
-            q = f.load("<32 x i8>", w, qs_at)
+            prepared = ops.signed(f.load("<32 x i8>", w, qs_at))
+            d8 = f.f16_splat(w, 0)
         else:
             q = f.nibbles32(w, qs_at)
             if qh_at is not None:
                 q = f.let(f"or <32 x i8> {q}, {f.bits32(f.load('i32', w, qh_at), 16)}")
-        prepared = ops.signed(q) if signed else None
-        out: list[_Terms] = []
-        for x in xs:
-            dx = f.f16_splat(x, 0) if signed else f.f32_splat(x, 0)
-            y = f.load("<32 x i8>", x, y_at)
-            isum = ops.dot_us(q, y) if prepared is None else ops.dot_ss(prepared, y)
-            terms: _Terms = [_Vec(isum, f.let(f"fmul <8 x float> {d}, {dx}"))]
-            if not signed:
-                s_lane0 = f.let(f"insertelement <8 x float> zeroinitializer, float {f.load('float', x, 4)}, i64 0")
-                terms.append(_Vec(s_lane0, m, is_float=True))
-            out.append(terms)
-        return out
+            if qtype in (T.Q4_1, T.Q5_1):  # f16 d | f16 m, converted together
+                dm = f.let(f"fpext <2 x half> {f.load('<2 x half>', w, 0)} to <2 x float>")
+                d = f.let(f"extractelement <2 x float> {dm}, i64 0")
+                m = f.let(f"extractelement <2 x float> {dm}, i64 1")
+            else:
+                d = f.let(f"fpext half {f.load('half', w, 0)} to float")
+                m = f.let(f"fmul float {d}, {_OFFSET[qtype]:.1f}")  # exact: a power of two
+        for t, x in enumerate(xss):
+            xb = x[g]
+            if qtype == T.Q8_0:
+                isum = ops.dot_ss(prepared, f.load("<32 x i8>", xb, 2))
+                scale = f.let(f"fmul <8 x float> {d8}, {f.f16_splat(xb, 0)}")
+            else:
+                isum = ops.dot_us(q, f.load("<32 x i8>", xb, 8))
+                scale = f.splat_float(f.let(f"fmul float {d}, {f.load('float', xb, 0)}"))
+                out[t][1] = f.let(f"call float @llvm.fma.f32(float {m}, float {f.load('float', xb, 4)}, "
+                                  f"float {out[t][1]})")
+            fs = f.let(f"sitofp <8 x i32> {isum} to <8 x float>")
+            out[t][0] = f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {scale}, "
+                              f"<8 x float> {fs}, <8 x float> {out[t][0]})")
+    return out
 
-    return block
+
+def _hsum_halves(f: _Fn, v: str) -> str:
+    """Sum of 8 lanes as llama.cpp's hsum_float_8 adds them: (hi + lo), then halves again."""
+    lo = f.let(f"shufflevector <8 x float> {v}, <8 x float> poison, {_mask(range(4))}")
+    hi = f.let(f"shufflevector <8 x float> {v}, <8 x float> poison, {_mask(range(4, 8))}")
+    r = f.let(f"fadd <4 x float> {hi}, {lo}")
+    r = f.let(f"fadd <4 x float> {r}, {f.let(f'shufflevector <4 x float> {r}, <4 x float> poison, {_mask([2, 3, 2, 3])}')}")
+    a = f.let(f"extractelement <4 x float> {r}, i64 0")
+    return f.let(f"fadd float {a}, {f.let(f'extractelement <4 x float> {r}, i64 1')}")
+
+
+def _legacy_finish(qtype: GGMLQuantizationType, f: _Fn, accs: list[str]) -> str:
+    total = _hsum_halves(f, accs[0])
+    return total if qtype == T.Q8_0 else f.let(f"fadd float {total}, {accs[1]}")
 
 
 def _k_scales_mins(f: _Fn, w: str) -> tuple[str, str]:
@@ -379,8 +423,7 @@ def _q6_k_body() -> _Body:
 
 
 def _quant_body(qtype: GGMLQuantizationType) -> _Body:
-    if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
-        return _legacy_body(qtype)
+    """The K-quant block bodies (legacy types go through _legacy_block)."""
     if qtype in (T.Q4_K, T.Q5_K):
         return _k4_5_body(qtype)
     if qtype == T.Q6_K:
@@ -507,7 +550,7 @@ def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
     n_groups = f.let(f"udiv i64 {n_blocks}, {group}")
     left_start = f.mul(n_groups, group)
     n_left = f.let(f"sub i64 {n_blocks}, {left_start}")
-    zero = {V8F: "zeroinitializer", "float": "0.0"}
+    zero = {V8F: "zeroinitializer", "float": "0.0", "<2 x float>": "zeroinitializer"}
     k = len(acc_types)
 
     def per_row(ri: str, _: list[str]) -> list[str]:
@@ -555,14 +598,15 @@ def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
 GROUP = {T.Q4_0: 2, T.Q4_1: 2, T.Q5_0: 2, T.Q5_1: 2, T.Q8_0: 2, T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 1}
 
 
-def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False) -> str:
+def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: bool = False) -> str:
     """The IR module for one weight type (see the module docstring for its functions).
 
     Quantized types: rows_<type>(ptr w, ptr xq, ptr out, i64 nb, i64 r0, i64 r1, i64 M, i64 N)
     with nb = blocks per row, looping as _emit_rows shows; per block the type's body (docstrings
-    of _legacy_body, _k4_5_body, _q6_k_body) unpacks the weights once and integer-dots them with
-    each activation row's block; GROUP blocks' terms are summed, then added to the row's
-    <8 x float> accumulator. The AVX2 path prefetches PREFETCH_BYTES ahead.
+    of _legacy_block, _k4_5_body, _q6_k_body) unpacks the weights once and integer-dots them with
+    each activation row's block; legacy types fold each block into the row's accumulators in
+    llama.cpp's order, K-quants sum a block's terms and add them to the row's <8 x float>
+    accumulator. The AVX2 path prefetches PREFETCH_BYTES ahead.
 
     Float types: rows_<type>(ptr w, ptr x, ptr out, i64 K, ...): the same nest over chunks of 16
     values (two <8 x float> FMA accumulators per activation row), then a scalar tail for K % 16.
@@ -576,21 +620,26 @@ def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False) -> str:
     elems, block_bytes = GGML_QUANT_SIZES[qtype]
     x_block_bytes = ACTIVATION_LAYOUTS[act].itemsize
     assert ACTIVATION_BLOCK[act] == elems
-    body = _quant_body(qtype)
+    body = None if qtype in LEGACY else _quant_body(qtype)
     f = _Fn(f"void @rows_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
             f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
-    ops = _IntOps(f, avx2=not portable)
+    ops = _IntOps(f, avx2=not portable, vnni=vnni)
 
     def block(wbs: list[str], xss: list[list[str]], accs: list[list[str]]) -> list[list[str]]:
+        if qtype in LEGACY:
+            return _legacy_block(qtype, f, ops, wbs, xss, accs)
+        assert body is not None
         per_block = [body(f, ops, wb, [xs[g] for xs in xss]) for g, wb in enumerate(wbs)]
         return [[_fold(f, [term for terms in per_block for term in terms[t]], acc[0])]
                 for t, acc in enumerate(accs)]
 
+    def finish(accs: list[str], _w: str, _x: str) -> str:
+        return _legacy_finish(qtype, f, accs) if qtype in LEGACY else f.hsum8(accs[0])
+
     _emit_rows(f, n_blocks="%nb", w_block_bytes=block_bytes, x_block_bytes=x_block_bytes,
                w_row_bytes=f.mul("%nb", block_bytes), x_row_bytes=f.mul("%nb", x_block_bytes),
-               x_base="%xq", acc_types=(V8F,), group=GROUP[qtype], block=block,
-               finish=lambda accs, _w, _x: f.hsum8(accs[0]),
-               prefetch=not portable)
+               x_base="%xq", acc_types=_LEGACY_ACCS if qtype in LEGACY else (V8F,),
+               group=GROUP[qtype], block=block, finish=finish, prefetch=not portable)
     f.do("ret void")
     fused = (f"define void @matmul_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %xq, "
              f"ptr noalias %out, i64 %nb, i64 %M, i64 %N) {{\n"
@@ -700,7 +749,7 @@ class MatmulKernels:
     """
 
     def __init__(self, qtypes: Iterable[GGMLQuantizationType], n_threads: int = 1,
-                 portable: bool = False, pool: Pool | None = None) -> None:
+                 portable: bool = False, pool: Pool | None = None, vnni: bool | None = None) -> None:
         wanted = set(qtypes)
         for q in wanted:
             if q not in SUPPORTED:
@@ -708,6 +757,9 @@ class MatmulKernels:
         if n_threads < 1:
             raise ValueError(f"n_threads must be at least 1, got {n_threads}")
         self.portable = portable or not jit.host_has("avx2")
+        # VNNI (AVX-512 VL or AVX-VNNI): one vpdpbusd for the u8 x s8 dot products
+        host_vnni = jit.host_has("avxvnni") or (jit.host_has("avx512vnni") and jit.host_has("avx512vl"))
+        self.vnni = not self.portable and host_vnni and vnni is not False
         self._kernels: dict[GGMLQuantizationType, TypeKernels] = {}
         self._quantizers: dict[str, Callable[..., None]] = {}
         for q in sorted(wanted, key=lambda t: t.value):
@@ -721,7 +773,7 @@ class MatmulKernels:
         self._step = np.zeros(8, np.int64)  # a STEP block whose n_tokens is M (see tasks.py)
 
     def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
-        lib = jit.compile_ir(build_matmul_ir(qtype, self.portable))
+        lib = jit.compile_ir(build_matmul_ir(qtype, self.portable, self.vnni))
         name = qtype.name.lower()
         act = activation_type(qtype)
         rows = lib.function(f"rows_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)

@@ -1,0 +1,200 @@
+"""modelyard's engine against llama.cpp (llama-cpp-python) on the same model, side by side.
+
+    python scripts/bench_compare.py [MODEL.gguf] [--rounds 5] [--threads 1 2]
+                                    [--peer-python /opt/llama-venv/bin/python] [--no-kquant]
+
+Every measurement runs in a fresh process, engines interleaved (ours, peer, ours, peer, ...) so
+that other load on the machine hits both alike; the table shows medians over --rounds and the
+ratio ours/peer. Figures per process:
+    load     seconds from before importing the engine to a loaded model (kernel cache warm)
+    rss      resident MB right after loading
+    prefill  tokens/s evaluating a 512-token prompt in a fresh context (best of 2)
+    decode   tokens/s over 128 greedy tokens after an 8-token prompt: one token per forward
+             call, argmax of its logits (the same loop on both sides)
+llama.cpp is an optional peer, never a dependency: build it in its own venv with
+    CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
+Without it, only modelyard's figures are printed. With it, a Q4_K_M copy of the model is made
+once with llama.cpp's quantizer (cached next to the model) and decode is compared on it too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_PEER = "/opt/llama-venv/bin/python"
+REPO = Path(__file__).resolve().parents[1]
+TEXT = ("The quick brown fox jumps over the lazy dog while the curious cat watches from the old "
+        "wooden fence, thinking about dinner and the long winter ahead. ") * 40
+
+# Each child prints one JSON line. Shared shape: load_s, rss_mb, prefill, decode.
+OURS = r'''
+import time
+t0 = time.perf_counter()
+import sys, json
+import numpy as np
+import engine
+from engine.model import Chunk
+path, threads, text, what = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+model = engine.load(path, n_ctx=1024, n_threads=threads)
+load_s = time.perf_counter() - t0
+rss = int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+tr = model.transformer
+ids = model.tokenizer.encode(text)
+out = {"load_s": load_s, "rss_mb": rss}
+if "prefill" in what:
+    best = 0.0
+    for _ in range(2):
+        tr.cache.tokens[0] = []
+        t = time.perf_counter()
+        tr.forward([Chunk(0, ids[:512], 0)], "last")
+        best = max(best, 512 / (time.perf_counter() - t))
+    out["prefill"] = best
+tr.cache.tokens[0] = []
+tok = int(np.argmax(tr.forward([Chunk(0, ids[:8], 0)], "last")[0]))
+t = time.perf_counter()
+for i in range(128):
+    tok = int(np.argmax(tr.forward([Chunk(0, [tok], 8 + i)], "last")[0]))
+out["decode"] = 128 / (time.perf_counter() - t)
+model.close()
+print(json.dumps(out))
+'''
+
+PEER = r'''
+import time
+t0 = time.perf_counter()
+import sys, json
+import numpy as np
+import llama_cpp
+path, threads, text, what = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+llm = llama_cpp.Llama(path, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads,
+                      n_threads_batch=threads, verbose=False)
+load_s = time.perf_counter() - t0
+rss = int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+ids = llm.tokenize(text.encode(), add_bos=False)
+n_vocab = llm.n_vocab()
+def last_logits():
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+out = {"load_s": load_s, "rss_mb": rss}
+if "prefill" in what:
+    best = 0.0
+    for _ in range(2):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(ids[:512])
+        best = max(best, 512 / (time.perf_counter() - t))
+    out["prefill"] = best
+llm.reset()
+llm.eval(ids[:8])
+tok = int(np.argmax(last_logits()))
+t = time.perf_counter()
+for _ in range(128):
+    llm.eval([tok])
+    tok = int(np.argmax(last_logits()))
+out["decode"] = 128 / (time.perf_counter() - t)
+print(json.dumps(out))
+'''
+
+QUANTIZE = r'''
+import sys, llama_cpp
+src, dst = sys.argv[1].encode(), sys.argv[2].encode()
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+params.allow_requantize = True
+params.nthread = 2
+sys.exit(llama_cpp.llama_model_quantize(src, dst, params))
+'''
+
+
+def run_child(python: str, code: str, model: Path, threads: int, what: str) -> dict:
+    proc = subprocess.run([python, "-c", code, str(model), str(threads), TEXT, what],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{python} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def kquant_copy(peer: str, model: Path) -> Path | None:
+    """A Q4_K_M requantization of `model` by llama.cpp's quantizer, made once and cached."""
+    dst = model.with_name(model.name.split(".")[0] + ".Q4_K_M.gguf")
+    if not dst.exists():
+        tmp = dst.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run([peer, "-c", QUANTIZE, str(model), str(tmp)], capture_output=True,
+                              text=True, timeout=600)
+        if proc.returncode != 0 or not tmp.exists():
+            print(f"(could not make a Q4_K_M copy: {proc.stderr[-500:]})", file=sys.stderr)
+            tmp.unlink(missing_ok=True)
+            return None
+        os.replace(tmp, dst)
+    return dst
+
+
+def median(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if key in r]
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", help="GGUF file (default: SmolLM2 from the cache)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--peer-python", default=DEFAULT_PEER if os.path.exists(DEFAULT_PEER) else None,
+                    help=f"python of a venv with llama-cpp-python (default: {DEFAULT_PEER} if present)")
+    ap.add_argument("--no-kquant", action="store_true", help="skip the Q4_K_M decode comparison")
+    args = ap.parse_args()
+    if args.model is None:
+        sys.path.insert(0, str(REPO))
+        from engine.default_model import default_model_path
+        args.model = str(default_model_path())
+    model = Path(args.model)
+    peer = args.peer_python
+    if peer and not os.path.exists(peer):
+        print(f"peer python {peer} does not exist")
+        peer = None
+    if peer is None:
+        print("llama.cpp peer missing (see --peer-python): modelyard's figures only")
+
+    jobs: list[tuple[str, Path, str]] = [("main", model, "prefill")]
+    if peer and not args.no_kquant:
+        kq = kquant_copy(peer, model)
+        if kq is not None:
+            jobs.append(("Q4_K_M", kq, "decode"))
+    results: dict[tuple[str, int, str], list[dict]] = {}
+    engines = [("ours", sys.executable, OURS)] + ([("peer", peer, PEER)] if peer else [])
+    for r in range(args.rounds):
+        for label, path, what in jobs:
+            for threads in args.threads:
+                for name, python, code in engines:  # interleaved: ours, peer, ours, peer ...
+                    res = run_child(python, code, path, threads, what)
+                    results.setdefault((label, threads, name), []).append(res)
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+
+    print(f"model: {model.name}; {args.rounds} rounds, medians; ratio = ours / llama.cpp")
+    print(f"{'figure':34s} {'threads':>7s} {'modelyard':>10s} {'llama.cpp':>10s} {'ratio':>7s}")
+    rows = [("decode tok/s (128 after 8)", "main", "decode"),
+            ("prefill tok/s (512 prompt)", "main", "prefill"),
+            ("load s (kernel cache warm)", "main", "load_s"),
+            ("RSS MB after load", "main", "rss_mb"),
+            ("Q4_K_M decode tok/s", "Q4_K_M", "decode")]
+    for title, label, key in rows:
+        for threads in args.threads:
+            if key in ("load_s", "rss_mb") and threads != args.threads[-1]:
+                continue
+            ours = median(results.get((label, threads, "ours"), []), key)
+            theirs = median(results.get((label, threads, "peer"), []), key)
+            if ours is None:
+                continue
+            fmt = "{:10.3f}" if key == "load_s" else "{:10.1f}"
+            peer_s = fmt.format(theirs) if theirs is not None else f"{'-':>10s}"
+            ratio = f"{ours / theirs:7.2f}" if theirs else f"{'-':>7s}"
+            print(f"{title:34s} {threads:7d} {fmt.format(ours)} {peer_s} {ratio}")
+    print("raw:", json.dumps({f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}))
+
+
+if __name__ == "__main__":
+    main()
