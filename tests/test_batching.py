@@ -454,6 +454,10 @@ def test_n_choices_stream_side_by_side(server):
     usage = chunks[-1]["usage"]
     assert usage["completion_tokens"] == whole.usage.completion_tokens
     assert usage["prompt_tokens"] == whole.usage.prompt_tokens
+    # billed once per prompt: the first run read the new part of it once (the other choices
+    # copied it); the second found all of it but the last token in a slot
+    assert usage["prompt_tokens_details"]["cached_tokens"] < whole.usage.prompt_tokens - 1
+    assert whole.usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
 
 
 def test_concurrent_clients_get_what_they_would_alone(server):
