@@ -55,7 +55,7 @@ def test_path_switch_follows_llama_cpp(kernels):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 72, 128])  # 72: the 8-lane accumulate pass
 @pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_numpy_twin(kernels, case, group, head_dim, threads):

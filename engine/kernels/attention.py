@@ -16,7 +16,10 @@ attention_f16acc (decode and small batches; llama.cpp's one-row path): one onlin
         else:     p = e^(s - m)
         acc = f16(acc + p * v[t]);  l = l * (rescale) + p
     out = acc / l
-    The accumulator is f16-rounded after every step, exactly as ggml's VKQ16 row.
+    The accumulator is f16-rounded after every step, exactly as ggml's VKQ16 row. Four keys
+    go together: their maxima and exponents first (one vector exp), then one pass over the
+    accumulator applies their four steps in order (16 lanes wide when head_dim allows), without
+    the rescales when none of the four sets a new max (a rescale by 1 changes nothing).
 
 One work item is one (query, head) pair, w = query * n_head + head, over the keys it may see
 (cache rows 0 .. pos0 + query). A thread runs a contiguous range of items with its own scratch
@@ -49,34 +52,42 @@ FUNCTION_F16ACC = "attention_f16acc"  # online softmax, f16 accumulator: its one
 TILED_MIN_QUERIES = 64
 
 
-def load_half8(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool) -> ir.Value:
-    """8 f16 values (stored as i16) at base[index] as <8 x float>."""
-    ptr = b.bitcast(gep(b, base, index), V8I16.as_pointer())
+def load_half(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool,
+              lanes: int = VEC) -> ir.Value:
+    """`lanes` f16 values (stored as i16) at base[index] as <lanes x float>."""
+    vi16, vi32, vf32 = (ir.VectorType(t, lanes) for t in (I16, I32, F32))
+    ptr = b.bitcast(gep(b, base, index), vi16.as_pointer())
     bits = b.load(ptr, align=2)
-    if f16c:  # one vcvtph2ps
-        return b.fpext(b.bitcast(bits, ir.VectorType(ir.HalfType(), VEC)), V8F32)
+    if f16c:  # vcvtph2ps
+        return b.fpext(b.bitcast(bits, ir.VectorType(ir.HalfType(), lanes)), vf32)
     # Portable: put exponent+mantissa where float keeps them and rebias by 2^(127-15). The
     # multiply also turns f16 subnormals (f32 denormals here) into the right normal floats.
-    h = b.zext(bits, V8I32)
-    sign = b.shl(b.and_(h, const(V8I32, 0x8000)), const(V8I32, 16))
-    em = b.and_(h, const(V8I32, 0x7FFF))
-    shifted = b.shl(em, const(V8I32, 13))
-    finite = b.bitcast(b.fmul(b.bitcast(shifted, V8F32), const(V8F32, 2.0 ** 112)), V8I32)
-    special = b.or_(shifted, const(V8I32, 0x7F800000))  # inf / nan keep their mantissa
-    mag = b.select(b.icmp_unsigned(">=", em, const(V8I32, 0x7C00)), special, finite)
-    return b.bitcast(b.or_(mag, sign), V8F32)
+    h = b.zext(bits, vi32)
+    sign = b.shl(b.and_(h, const(vi32, 0x8000)), const(vi32, 16))
+    em = b.and_(h, const(vi32, 0x7FFF))
+    shifted = b.shl(em, const(vi32, 13))
+    finite = b.bitcast(b.fmul(b.bitcast(shifted, vf32), const(vf32, 2.0 ** 112)), vi32)
+    special = b.or_(shifted, const(vi32, 0x7F800000))  # inf / nan keep their mantissa
+    mag = b.select(b.icmp_unsigned(">=", em, const(vi32, 0x7C00)), special, finite)
+    return b.bitcast(b.or_(mag, sign), vf32)
+
+
+def load_half8(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool) -> ir.Value:
+    """8 f16 values (stored as i16) at base[index] as <8 x float>."""
+    return load_half(b, base, index, f16c, VEC)
 
 
 def round_half8(b: ir.IRBuilder, x: ir.Value, f16c: bool) -> ir.Value:
-    """<8 x float> rounded to the nearest f16 values (kept as float), as storing to f16 would.
+    """A float vector rounded to the nearest f16 values (kept as float), as storing to f16 would.
 
     With F16C: vcvtps2ph + vcvtph2ps. Portable: Veltkamp's split keeps the top 11 significant
     bits (round to nearest), which is f16's precision for normal f16 values; f16 subnormals and
     overflow are not modelled there (attention accumulators stay far from both).
     """
+    ty = x.type
     if f16c:
-        return b.fpext(b.fptrunc(x, ir.VectorType(ir.HalfType(), VEC)), V8F32)
-    t = b.fmul(x, const(V8F32, float(2 ** 13 + 1)))
+        return b.fpext(b.fptrunc(x, ir.VectorType(ir.HalfType(), ty.count)), ty)
+    t = b.fmul(x, const(ty, float(2 ** 13 + 1)))
     r = b.fsub(t, b.fsub(t, x))
     return b.select(b.fcmp_ordered("ord", r, r), r, x)  # inf stays inf (the split gives NaN)
 
@@ -171,6 +182,7 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
     q, k, v, out, q16, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end = args
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
+    wide = b.icmp_signed("==", b.and_(head_dim, i64(2 * VEC - 1)), i64(0))  # 16-lane passes fit
 
     with counted_loop(b, w_begin, w_end, 1, "w") as w:
         query = b.sdiv(w, n_head)
@@ -206,6 +218,56 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
                 acc = round_half8(b, fmuladd(b, load_half8(b, v_row, c, f16c), vs, acc), f16c)
                 store(b, acc, out_row, c)
 
+        def update4(s4: ir.Value, v_rows: list[ir.Value]) -> None:
+            """Four keys in order, with the same arithmetic as four update() calls: the running
+            max and the exponents come first (one <4 x float> exp), then one pass over the
+            accumulator applies the four steps. A key that sets no new max has ms = 1, and
+            round(acc * 1) = acc, so when none of the four does, the pass skips the rescales."""
+            m = b.load(m_run)
+            new_max, diffs = [], []
+            for r in range(ROWS):
+                sr = b.extract_element(s4, ir.Constant(I32, r))
+                nm = b.fcmp_ordered(">", sr, m)
+                diffs.append(b.select(nm, b.fsub(m, sr), b.fsub(sr, m)))            # <= 0
+                new_max.append(nm)
+                m = b.select(nm, sr, m)
+            b.store(m, m_run)
+            diff4 = ir.Constant(V4F32, ir.Undefined)
+            for r, d in enumerate(diffs):
+                diff4 = b.insert_element(diff4, d, ir.Constant(I32, r))
+            e4 = ops.exp(b, diff4)
+            one = const(F32, 1.0)
+            ms, vs = [], []
+            for r in range(ROWS):
+                er = b.extract_element(e4, ir.Constant(I32, r))
+                ms.append(b.select(new_max[r], er, one))
+                vs.append(b.select(new_max[r], one, er))
+                b.store(fmuladd(b, b.load(s_run), ms[r], vs[r]), s_run)
+            any_new = new_max[0]
+            for nm in new_max[1:]:
+                any_new = b.or_(any_new, nm)
+
+            def accumulate(rescale: bool, lanes: int) -> None:
+                # elementwise, so the lane count changes no bit: 16 where head_dim allows (one
+                # AVX-512 conversion instead of two; the f16 conversions are the bottleneck)
+                msv, vsv = [ops.splat(b, x, lanes) for x in ms], [ops.splat(b, x, lanes) for x in vs]
+                with counted_loop(b, i64(0), head_dim, lanes, "cv4") as c:
+                    acc = load(b, out_row, c, ir.VectorType(F32, lanes))
+                    for r in range(ROWS):
+                        if rescale:
+                            acc = round_half8(b, b.fmul(acc, msv[r]), f16c)
+                        acc = round_half8(b, fmuladd(b, load_half(b, v_rows[r], c, f16c, lanes), vsv[r], acc), f16c)
+                    store(b, acc, out_row, c)
+
+            with b.if_else(any_new, likely=False) as (then_rescale, then_add):
+                for rescale, branch in ((True, then_rescale), (False, then_add)):
+                    with branch:
+                        with b.if_else(wide) as (w16, w8):
+                            with w16:
+                                accumulate(rescale, 2 * VEC)
+                            with w8:
+                                accumulate(rescale, VEC)
+
         with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
             rows = [gep(b, k_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(ROWS)]
             accs = [variable(b, V8F32, const(V8F32, 0.0), f"acc{r}") for r in range(ROWS)]
@@ -214,9 +276,7 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
                 for r in range(ROWS):
                     b.store(fmuladd(b, qc, load_half8(b, rows[r], c, f16c), b.load(accs[r])), accs[r])
             s4 = b.fmul(ops.hsum4x8(b, [b.load(a) for a in accs]), ops.splat(b, scale, 4))
-            for r in range(ROWS):
-                update(b.extract_element(s4, ir.Constant(I32, r)),
-                       gep(b, v_head, b.mul(b.add(t, i64(r)), row_stride)))
+            update4(s4, [gep(b, v_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(ROWS)])
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
             row = gep(b, k_head, b.mul(t, row_stride))
             acc = variable(b, V8F32, const(V8F32, 0.0), "acc")
