@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from .ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 MAGIC = b"GGUF"
 MAX_DIMS = 4
@@ -64,6 +64,9 @@ _SCALARS: dict[GGUFValueType, str] = {
 }
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     """Bounds-checked little-endian reads over a buffer."""
 
@@ -97,6 +100,30 @@ class _Cursor:
         except UnicodeDecodeError:
             return raw.decode("utf-8", errors="replace")
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """`count` strings in a row: string() inlined, since vocabularies hold ~100k of them."""
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        length = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > end:
+                self.pos = pos
+                self.need(8, what)
+            (n,) = length(buf, pos)
+            pos += 8
+            if n > end - pos:
+                self.pos = pos
+                self.need(n, what)
+            raw = buf[pos:pos + n]
+            pos += n
+            try:
+                append(str(raw, "utf-8"))
+            except UnicodeDecodeError:
+                append(str(raw, "utf-8", "replace"))
+        self.pos = pos
+        return out
+
     def value(self, vtype: int, what: str) -> Any:
         try:
             t = GGUFValueType(vtype)
@@ -123,7 +150,7 @@ class _Cursor:
                 self.pos += size
                 return arr.tolist()
             if it == GGUFValueType.STRING:
-                return [self.string(what) for _ in range(count)]
+                return self.strings(count, what)
             return [self.value(item_type, what) for _ in range(count)]
         raise self.fail(f"{what}: unsupported value type {t.name}")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from .ggml_types import GGMLQuantizationType
 
 from . import quants
 from .gguf import GGUFFile, ModelLoadError

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from engine.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 
 T = GGMLQuantizationType
 
@@ -77,7 +77,7 @@ _ACTIVATION_OF: dict[GGMLQuantizationType, str] = {
 }
 
 for _t, _layout in [*WEIGHT_LAYOUTS.items(), (T.Q8_1, Q8_1_ACT), (T.Q8_K, Q8_K_ACT)]:
-    assert GGML_QUANT_SIZES[_t][1] == _layout.itemsize, _t  # the layouts agree with gguf's table
+    assert GGML_QUANT_SIZES[_t][1] == _layout.itemsize, _t  # the layouts agree with the format's table
 
 
 def _check_supported(qtype: GGMLQuantizationType) -> None:

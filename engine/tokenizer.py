@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import codecs
 import heapq
+import itertools
 import logging
 import operator
 from collections.abc import Iterable, Mapping
@@ -240,7 +241,7 @@ def _str_list(meta: Mapping[str, object], key: str, required: bool) -> list[str]
         if required:
             raise ValueError(f"missing {key}")
         return None
-    if not isinstance(v, (list, tuple)) or not all(isinstance(s, str) for s in v):
+    if not isinstance(v, (list, tuple)) or not all(issubclass(t, str) for t in set(map(type, v))):
         raise ValueError(f"{key} must be a list of strings")
     return list(v)
 
@@ -249,8 +250,8 @@ def _num_list(meta: Mapping[str, object], key: str, n: int, kind: type) -> list[
     v = meta.get(key)
     if v is None:
         return None
-    if not isinstance(v, (list, tuple)) or not all(
-            isinstance(x, kind) or (kind is float and isinstance(x, int)) for x in v):
+    if not isinstance(v, (list, tuple)) or not all(  # per distinct type: ~100k items here
+            issubclass(t, kind) or (kind is float and issubclass(t, int)) for t in set(map(type, v))):
         raise ValueError(f"{key} must be a list of {kind.__name__}")
     if len(v) < n:
         raise ValueError(f"{key} has {len(v)} entries for {n} tokens")
@@ -304,14 +305,21 @@ class Tokenizer:
             raise ValueError(f"{_K}tokens is empty")
         types = _num_list(meta, _K + "token_type", n, int) or [TokenType.NORMAL] * n
         self._scores: list[float] = _num_list(meta, _K + "scores", n, float) or [0.0] * n
-        self._types: list[int] = [t if 0 <= t <= 6 else TokenType.UNDEFINED for t in types[:n]]
+        types = types[:n]
+        if types and (min(types) < 0 or max(types) > 6):
+            types = [t if 0 <= t <= 6 else TokenType.UNDEFINED for t in types]
+        self._types: list[int] = list(types)
         self._texts: list[str] = texts
-        self._id_of: dict[str, int] = {}
-        for i, t in enumerate(texts):
-            if not t:
-                t = texts[i] = f"[EMPTY_{i}]"  # llama.cpp renames empty tokens the same way
-            if self._id_of.setdefault(t, i) != i:
-                raise ValueError(f"duplicate token {t!r} in {_K}tokens (ids {self._id_of[t]}, {i})")
+        if "" in texts:
+            for i, t in enumerate(texts):
+                if not t:
+                    texts[i] = f"[EMPTY_{i}]"  # llama.cpp renames empty tokens the same way
+        self._id_of: dict[str, int] = dict(zip(texts, range(n)))
+        if len(self._id_of) != n:  # a duplicate: name the first one
+            first: dict[str, int] = {}
+            for i, t in enumerate(texts):
+                if first.setdefault(t, i) != i:
+                    raise ValueError(f"duplicate token {t!r} in {_K}tokens (ids {first[t]}, {i})")
         self.n_vocab = n
         self.model = model
 
@@ -331,7 +339,8 @@ class Tokenizer:
             self.pre_tokenizer = pre.name
             self._pre = pre
             self._patterns = _compiled(pre)
-            self._ranks = self._read_merges(meta)
+            self._merges = _str_list(meta, _K + "merges", required=True)  # ranked when first used
+            self._ranks_built: dict[tuple[str, str], int] | None = None
             self._word_cache: dict[str, tuple[int, ...]] = {}
             add_bos, self.add_space_prefix = pre.add_bos, False
         self.add_bos = _flag(meta, _K + "add_bos_token", add_bos)
@@ -367,8 +376,8 @@ class Tokenizer:
                 setattr(self, flag, False)  # only a vocabulary-type default: drop it
 
         # special tokens cut out of text before tokenizing: longest text first
-        special = [i for i, t in enumerate(self._types)
-                   if t in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)]
+        is_special = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN).__contains__
+        special = list(itertools.compress(range(n), map(is_special, self._types)))
         special.sort(key=lambda i: (-len(self._texts[i]), i))
         self._special_all = [(self._texts[i], i) for i in special]
         self._special_user = [(self._texts[i], i) for i in special
@@ -390,15 +399,19 @@ class Tokenizer:
             name = "default"
         return _PRE_TOKENIZERS[name]
 
-    @staticmethod
-    def _read_merges(meta: Mapping[str, object]) -> dict[tuple[str, str], int]:
-        merges = _str_list(meta, _K + "merges", required=True)
-        assert merges is not None
-        ranks: dict[tuple[str, str], int] = {}
-        for rank, m in enumerate(merges):
-            cut = m.find(" ", 1)  # from 1: the left part may itself be a space
-            if cut > 0:
-                ranks.setdefault((m[:cut], m[cut + 1:]), rank)  # first occurrence wins
+    @property
+    def _ranks(self) -> dict[tuple[str, str], int]:
+        """Merge pair -> rank, built on first use: ~50k merges take ~30 ms, which a model load
+        need not pay (two threads racing here build equal dicts; either one is kept)."""
+        ranks = self._ranks_built
+        if ranks is None:
+            ranks = {}
+            for rank, m in enumerate(self._merges or ()):
+                cut = m.find(" ", 1)  # from 1: the left part may itself be a space
+                if cut > 0:
+                    ranks.setdefault((m[:cut], m[cut + 1:]), rank)  # first occurrence wins
+            self._ranks_built = ranks
+            self._merges = None
         return ranks
 
     def _detect_by_text(self, ids: dict[str, int | None]) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 from llvmlite import ir
 
 from engine.kernels import ops
-from engine.kernels.jit import compile_ir, host_has
+from engine.kernels.jit import compile_cached, host_has
 from engine.kernels.pool import Pool
 from engine.kernels.ops import F32, F32P, I16, I32, I64, V8F32, VEC, const, counted_loop, fmuladd, gep, i64, load, store, variable
 
@@ -348,7 +348,7 @@ class AttentionKernel:
         if n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
         self.f16c = host_has("f16c") if f16c is None else f16c
-        lib = compile_ir(str(build_attention_module(self.f16c)))
+        lib = compile_cached("attention", (self.f16c,), lambda: str(build_attention_module(self.f16c)))
         p, n = ctypes.c_void_p, ctypes.c_int64
         sig = (None, p, p, p, p, p, n, n, n, n, n, ctypes.c_float, n, n)
         self._exact = lib.function(FUNCTION_EXACT, *sig)

@@ -3,6 +3,11 @@
 Kernels are compiled once, at model load, never during a request. The cache key is the IR text
 plus everything that changes the machine code (CPU name, CPU features, llvmlite version), so a
 cached object is only ever loaded on a machine that could have produced it.
+
+Building the IR text itself costs tens of milliseconds for some modules, so `compile_cached`
+also remembers which object a builder produced for given parameters, keyed by the builder's
+name and parameters and a fingerprint of the kernel sources: a warm load skips the IR entirely,
+and any edit to the sources sends it back to building (and compiling, if the IR changed).
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import ctypes
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import llvmlite
@@ -77,9 +83,9 @@ def _optimize_to_object(ir_text: str) -> bytes:
 class CompiledLibrary:
     """Machine code for one IR module, loaded into this process."""
 
-    def __init__(self, ir_text: str, *, use_cache: bool = True) -> None:
+    def __init__(self, ir_text: str | None, *, use_cache: bool = True, key: str | None = None) -> None:
         _init()
-        self.key = cache_key(ir_text)
+        self.key = key if ir_text is None else cache_key(ir_text)
         path = cache_dir() / f"{self.key}.o"
         obj: bytes | None = None
         self.from_cache = False
@@ -87,6 +93,8 @@ class CompiledLibrary:
             obj = path.read_bytes()
             self.from_cache = True
         if obj is None:
+            if ir_text is None:
+                raise FileNotFoundError(path)
             obj = _optimize_to_object(ir_text)
             if use_cache:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,6 +107,11 @@ class CompiledLibrary:
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self._engine.finalize_object()
         self._functions: dict[str, object] = {}
+
+    @classmethod
+    def from_cache(cls, key: str) -> "CompiledLibrary":
+        """The cached object `key` (see compile_cached), with no IR at hand."""
+        return cls(None, key=key)
 
     def address(self, name: str) -> int:
         addr = self._engine.get_function_address(name)
@@ -116,6 +129,21 @@ class CompiledLibrary:
 
 _libraries: dict[str, CompiledLibrary] = {}
 _lib_lock = threading.Lock()
+_SOURCES = ("kernels/*.py", "quants.py", "ggml_types.py")  # what the IR builders depend on
+_sources_digest: str | None = None
+
+
+def _sources_fingerprint() -> str:
+    global _sources_digest
+    if _sources_digest is None:
+        root = Path(__file__).resolve().parents[1]  # engine/
+        h = hashlib.sha256()
+        for pattern in _SOURCES:
+            for path in sorted(root.glob(pattern)):
+                h.update(path.name.encode())
+                h.update(path.read_bytes())
+        _sources_digest = h.hexdigest()
+    return _sources_digest
 
 
 def compile_ir(ir_text: str) -> CompiledLibrary:
@@ -127,6 +155,45 @@ def compile_ir(ir_text: str) -> CompiledLibrary:
             lib = CompiledLibrary(ir_text)
             _libraries[key] = lib
         return lib
+
+
+def compile_cached(name: str, params: tuple[object, ...], build: Callable[[], str]) -> CompiledLibrary:
+    """compile_ir(build()), where a warm cache finds the object without calling `build`.
+
+    `params` must be everything `build` depends on besides the kernel sources and the host CPU.
+    """
+    cpu, features = host_cpu()
+    h = hashlib.sha256()
+    for part in (name, repr(params), _sources_fingerprint(), cpu, features, llvmlite.__version__):
+        h.update(part.encode())
+        h.update(b"\0")
+    index = cache_dir() / "index" / h.hexdigest()[:32]
+    with _lib_lock:
+        lib = _libraries.get(index.name)
+        if lib is not None:
+            return lib
+    try:
+        key = index.read_text().strip()
+    except OSError:
+        key = ""
+    if len(key) == 32 and (cache_dir() / f"{key}.o").is_file():
+        with _lib_lock:
+            lib = _libraries.get(key)
+            if lib is None:
+                lib = _libraries[key] = CompiledLibrary.from_cache(key)
+            _libraries[index.name] = lib
+            return lib
+    lib = compile_ir(build())
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(lib.key)
+        os.replace(tmp, index)
+    except OSError:
+        pass  # a read-only cache still works, just without the shortcut
+    with _lib_lock:
+        _libraries[index.name] = lib
+    return lib
 
 
 def host_cpu_is_x86() -> bool:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from engine.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.kernels import jit
 from engine.kernels.irtext import IRFunction
@@ -773,7 +773,8 @@ class MatmulKernels:
         self._step = np.zeros(8, np.int64)  # a STEP block whose n_tokens is M (see tasks.py)
 
     def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
-        lib = jit.compile_ir(build_matmul_ir(qtype, self.portable, self.vnni))
+        lib = jit.compile_cached("matmul", (qtype.name, self.portable, self.vnni),
+                                 lambda: build_matmul_ir(qtype, self.portable, self.vnni))
         name = qtype.name.lower()
         act = activation_type(qtype)
         rows = lib.function(f"rows_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)

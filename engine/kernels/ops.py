@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 import numpy as np
 from llvmlite import ir
 
-from engine.kernels.jit import CompiledLibrary, compile_ir
+from engine.kernels.jit import CompiledLibrary, compile_cached
 
 # ---------------------------------------------------------------------------------------------
 # IR building blocks
@@ -383,7 +383,7 @@ class _Ops:
     """The compiled glue functions (ctypes handles), loaded once per process."""
 
     def __init__(self) -> None:
-        lib: CompiledLibrary = compile_ir(str(build_ops_module()))
+        lib: CompiledLibrary = compile_cached("ops", (), lambda: str(build_ops_module()))
         p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         self.rms_norm = lib.function("rms_norm", None, p, p, p, n, n, f)
         self.rope = lib.function("rope", ctypes.c_int64, p, p, p, n, n, n, n, p, p, n)

@@ -259,7 +259,8 @@ def _load() -> _PoolFunctions:
     with _functions_lock:
         if _functions is None:
             x86 = jit.host_cpu_is_x86()
-            lib = jit.compile_ir(build_pool_ir(x86, linux_futex=x86 and sys.platform == "linux"))
+            futex = x86 and sys.platform == "linux"
+            lib = jit.compile_cached("pool", (x86, futex), lambda: build_pool_ir(x86, futex))
             p, n = ctypes.c_void_p, ctypes.c_int64
             _functions = _PoolFunctions(lib.function("pool_run", None, p, p, n, p),
                                         lib.function("pool_worker", None, p, n),

@@ -365,7 +365,7 @@ class Tasks:
     """Addresses of the compiled tasks (for graph nodes), loaded once per process and f16c."""
 
     def __init__(self, f16c: bool) -> None:
-        lib = jit.compile_ir(build_tasks_ir(f16c))
+        lib = jit.compile_cached("tasks", (f16c,), lambda: build_tasks_ir(f16c))
         self.address = {name: lib.address(name) for name in TASK_NAMES}
         self._to_f16 = lib.function("to_f16", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
