@@ -15,6 +15,14 @@ compiled kernels (engine.kernels), the small per-token glue in engine.kernels.op
 
 Several sequences can be evaluated in one call (the server batches requests): their tokens share
 every matmul, so the weights are read once per step; attention runs per sequence over its slot.
+
+How it runs: at the first call the pass above is laid out once as a graph of compiled tasks
+(_build_graph, one node per step of the formula, pointing at fixed scratch buffers and at the
+weights), and every call runs that whole graph on the native worker pool in one dispatch, all
+threads together with barriers between dependent steps (engine.kernels.pool, .tasks). So the
+Python work per call is constant, not per layer: embed the tokens, fill the STEP block
+(positions, cache rows, the chunk table, the attention split), start the graph.
+`forward_eager` runs the same kernels op by op from Python; both give the same bits.
 """
 from __future__ import annotations
 
@@ -193,10 +201,10 @@ class Transformer:
             self.attention = AttentionKernel(pool=self.pool)
             self.tasks = tasks.load_tasks(self.attention.f16c)
             self.ops = ops.load_ops()
+            self.cache = KVCache(hp, n_slots, n_ctx)
         except BaseException:
             self.pool.close()
             raise
-        self.cache = KVCache(hp, n_slots, n_ctx)
         factors = self.weights.rope_freqs
         self.rope = ops.RopeSpec(hp.rope_base, hp.rope_freq_scale,
                                  None if factors is None else tuple(float(f) for f in factors))

@@ -13,7 +13,8 @@ ratio ours/peer. Figures per process:
              call, argmax of its logits (the same loop on both sides)
 llama.cpp is an optional peer, never a dependency: build it in its own venv with
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
-Without it, only modelyard's figures are printed. With it, a Q4_K_M copy of the model is made
+Without it, only modelyard's figures are printed. The engine's bytecode is compiled first (as an
+install would have it). With it, a Q4_K_M copy of the model is made
 once with llama.cpp's quantizer (cached next to the model) and decode is compared on it too.
 """
 from __future__ import annotations
@@ -159,6 +160,10 @@ def main() -> None:
     if peer is None:
         print("llama.cpp peer missing (see --peer-python): modelyard's figures only")
 
+    # an installed package has its bytecode compiled; an editable checkout run with
+    # PYTHONDONTWRITEBYTECODE would compile every module in every fresh process instead
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "engine")],
+                   capture_output=True, check=False)
     jobs: list[tuple[str, Path, str]] = [("main", model, "prefill")]
     if peer and not args.no_kquant:
         kq = kquant_copy(peer, model)

@@ -31,11 +31,11 @@ class Layout:
     """Named 8-byte fields of an int64 argument block: kinds 'ptr', 'i64' or 'float'."""
     fields: tuple[tuple[str, str], ...]
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", {n: i for i, (n, _) in enumerate(self.fields)})
+
     def offset(self, name: str) -> int:
-        for i, (n, _) in enumerate(self.fields):
-            if n == name:
-                return 8 * i
-        raise KeyError(name)
+        return 8 * self._index[name]  # type: ignore[attr-defined]
 
     def pack(self, **values: int | float) -> np.ndarray:
         """int64 [n_fields]; pointers as integer addresses (0 = null)."""
@@ -52,12 +52,13 @@ class Layout:
         return out
 
     def set(self, args: np.ndarray, name: str, value: int) -> None:
-        args[self.offset(name) // 8] = value
+        args[self._index[name]] = value  # type: ignore[attr-defined]
 
     def fill(self, args: np.ndarray, **values: int) -> None:
         """Overwrite integer/pointer fields of an existing block in place."""
+        index = self._index  # type: ignore[attr-defined]
         for name, value in values.items():
-            args[self.offset(name) // 8] = value
+            args[index[name]] = value
 
     def load(self, f: IRFunction, base: str) -> dict[str, str]:
         """Emit a load of every field from `base`; returns name -> SSA value."""
