@@ -101,12 +101,17 @@ class _Cursor:
             return raw.decode("utf-8", errors="replace")
 
     def strings(self, count: int, what: str) -> list[str]:
-        """`count` strings in a row: string() inlined, since vocabularies hold ~100k of them."""
-        buf, pos, end = self.buf, self.pos, len(self.buf)
+        """`count` strings in a row (vocabularies hold ~100k of them).
+
+        One Python pass reads the lengths; the texts are then decoded in bulk: the bytes of all
+        strings joined by NUL, decoded once and split. Strings that hold a NUL or invalid UTF-8
+        send the array down the one-by-one path instead, which decodes like string().
+        """
+        buf, start, end = self.buf, self.pos, len(self.buf)
+        pos = start
         length = _U64.unpack_from
-        out: list[str] = []
-        append = out.append
-        for _ in range(count):
+        lengths = [0] * count
+        for i in range(count):
             if pos + 8 > end:
                 self.pos = pos
                 self.need(8, what)
@@ -115,13 +120,30 @@ class _Cursor:
             if n > end - pos:
                 self.pos = pos
                 self.need(n, what)
-            raw = buf[pos:pos + n]
+            lengths[i] = n
             pos += n
-            try:
-                append(str(raw, "utf-8"))
-            except UnicodeDecodeError:
-                append(str(raw, "utf-8", "replace"))
         self.pos = pos
+        if count == 0:
+            return []
+        region = np.frombuffer(buf, dtype=np.uint8, count=pos - start, offset=start)
+        lens = np.array(lengths, dtype=np.int64)                        # [count]
+        heads = np.cumsum(lens + 8) - lens - 8                          # [count] prefix offsets
+        keep = np.ones(region.shape[0], dtype=bool)
+        keep[(heads[:, None] + np.arange(1, 8)).ravel()] = False        # drop 7 of the 8 bytes
+        joined = region[keep]                                           # NUL-free text + 1 byte/string
+        joined_text = np.delete(joined, np.cumsum(lens + 1) - lens - 1)
+        if count and not joined_text.all():  # a NUL inside some string: one by one
+            return self._strings_one_by_one(start, count, what)
+        joined[np.cumsum(lens + 1) - lens - 1] = 0                      # each string starts with NUL
+        try:
+            return joined.tobytes().decode("utf-8").split("\0")[1:]
+        except UnicodeDecodeError:
+            return self._strings_one_by_one(start, count, what)
+
+    def _strings_one_by_one(self, start: int, count: int, what: str) -> list[str]:
+        end_pos, self.pos = self.pos, start
+        out = [self.string(what) for _ in range(count)]
+        assert self.pos == end_pos
         return out
 
     def value(self, vtype: int, what: str) -> Any:
