@@ -19,13 +19,15 @@ every matmul, so the weights are read once per step; attention runs per sequence
 How it runs: at the first call the pass above is laid out once as a graph of compiled tasks
 (_build_graph, one node per step of the formula, pointing at fixed scratch buffers and at the
 weights), and every call runs that whole graph on the native worker pool in one dispatch, all
-threads together with barriers between dependent steps (engine.kernels.pool, .tasks). So the
+threads together with barriers between dependent steps (engine.kernels.pool, .tasks); how many
+threads a run uses is the governor's pick from measured run times (engine.kernels.governor). So the
 Python work per call is constant, not per layer: embed the tokens, fill the STEP block
 (positions, cache rows, the chunk table, the attention split), start the graph.
 `forward_eager` runs the same kernels op by op from Python; both give the same bits.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +39,7 @@ from .hparams import HParams
 from .kernels import ops, tasks
 from .kernels.attention import AttentionKernel
 from .kernels.matmul import MatmulKernels
+from .kernels.governor import ThreadGovernor
 from .kernels.pool import Graph, Pool
 
 
@@ -195,6 +198,7 @@ class Transformer:
         self.n_ctx = n_ctx
         self.weights = _load_weights(f, hp)
         self.pool = Pool(n_threads)
+        self.governor = ThreadGovernor(n_threads)  # how many of them each run uses
         try:
             qtypes = {m.qtype for m in self.weights.matrices()}
             self.matmul_kernels = MatmulKernels(qtypes, pool=self.pool)
@@ -267,8 +271,10 @@ class Transformer:
         kv_rows = positions + slot_rows                                            # [T]
         chunk_table = np.array([[a, b - a, c.pos0, c.slot * L * n_ctx]
                                 for c, (a, b) in zip(chunks, spans)], np.int64)   # [C, 4]
+        kind = self.governor.kind(output, T)
+        threads = self.governor.choose(kind)
         seg_start, segs = tasks.split_attention([(b - a, c.pos0) for c, (a, b) in zip(chunks, spans)],
-                                                self.hp.n_head, self.pool.n_threads)
+                                                self.hp.n_head, threads)
         out_rows = np.array([b - 1 for _, b in spans], np.int64)                   # [C]
         n_out = len(chunks) if output == "last" else T
         result = None
@@ -279,7 +285,9 @@ class Transformer:
                         kv_rows=_addr(kv_rows), chunks=_addr(chunk_table),
                         seg_start=_addr(seg_start), segs=_addr(segs), out_rows=_addr(out_rows))
         self._step_arrays = (positions, kv_rows, chunk_table, seg_start, segs, out_rows)
-        self.pool.run(graph, _addr(self._step))
+        started = time.perf_counter()
+        self.pool.run(graph, _addr(self._step), threads)
+        self.governor.record(kind, threads, time.perf_counter() - started)
 
         for c in chunks:
             self.cache.tokens[c.slot] = self.cache.tokens[c.slot][:c.pos0] + list(c.tokens)

@@ -160,3 +160,17 @@ def test_idle_workers_go_to_sleep_and_wake_up(task) -> None:
 def test_bad_thread_count() -> None:
     with pytest.raises(ValueError, match="n_threads"):
         Pool(0)
+
+
+def test_a_graph_can_run_on_fewer_threads(task) -> None:
+    """Threads past `threads` sit the run out; the tasks see the smaller count."""
+    with Pool(3) as p:
+        marks = np.zeros(3, np.int64)
+        g = Graph()
+        g.add(task["mark"], marks, barrier=True)
+        g.add(task["mark"], marks)
+        p.run(g, threads=2)
+        p.run(g, threads=1)
+        p.run(g, threads=9)  # clamped to the pool's size
+        assert marks.tolist() == [6, 4, 2]
+        assert p.slow_waits >= 0

@@ -101,6 +101,7 @@ def _fused_and_eager(model, calls: list[tuple[list[Chunk], str]]) -> None:
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_fused_pass_equals_eager_pass(tiny_path: Path, n_threads: int) -> None:
     with engine.load(tiny_path, n_ctx=160, n_threads=n_threads, n_slots=6) as model:
+        model.transformer.governor.choose = lambda kind: n_threads  # every run on all threads
         ids = model.tokenizer.encode(PROMPT)
         long = (ids * 8)[:70]  # >= 64 queries: the exact attention path
         _fused_and_eager(model, [
@@ -124,6 +125,21 @@ def test_a_sequence_gets_the_same_bits_alone_or_batched(tmp_path: Path) -> None:
         step = tr.forward([Chunk(2, [9], 3), Chunk(1, [5], len(ids))], "last")
         np.testing.assert_array_equal(together[1], alone)
         np.testing.assert_array_equal(step[1], step_alone)
+
+
+def test_runs_on_fewer_threads_give_the_same_bits(tmp_path: Path) -> None:
+    """The governor may run a graph on fewer threads than the pool has: same results."""
+    path = _tiny(tmp_path, qtype=Q.Q4_1, n_embd=256, n_ff=512)
+    with engine.load(path, n_ctx=128, n_threads=3, n_slots=2) as model:
+        tr = model.transformer
+        ids = model.tokenizer.encode(PROMPT)
+        outs = []
+        for threads, slot in ((3, 0), (1, 1)):
+            tr.governor.choose = lambda kind, n=threads: n
+            outs.append([tr.forward([Chunk(slot, ids, 0)], "all")[0],
+                         tr.forward([Chunk(slot, [3], len(ids))], "last")[0]])
+        for a, b in zip(*outs):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_scratch_grows_with_the_batch(tmp_path: Path) -> None:

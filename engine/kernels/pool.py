@@ -20,17 +20,17 @@ more milliseconds (SLEEP_AFTER_YIELDS) sleeps in futex_wait on the job word, so 
 model burns no CPU; the caller wakes sleepers with futex_wake. Off Linux the sleep is a 200 us
 usleep poll instead.
 
-Worker state machine:
+Worker state machine (the job word and the stop flag drive it; only pool_run/pool_stop write them):
 
-    spinning --job changed--> executing --graph done--> spinning
-       |  ^                                                 
-       |  +------------- job changed ----------+            
-       +--idle long--> yielding --idle longer--> sleeping (futex)
-    any waiting state --stop flag (close)--> exited
+    spinning --~25 us idle--> yielding --~3 ms idle--> sleeping (futex_wait on the job word)
+        |                        |                           |
+        +------------------------+---- job changed ----------+--> executing --graph done--> spinning
+    any state but executing --stop flag (close)--> exited
 
 Control block (one per pool; hot words on their own 64-byte lines):
     0: i32 job   8: ptr nodes   16: i64 n_nodes   24: ptr step   32: i64 n_threads
-   64: i32 stop   128: i32 sleepers   192: i32 barrier count   256: i32 barrier generation
+   40: i64 active (threads taking part in this graph)   64: i32 stop   128: i32 sleepers
+  192: i32 barrier count   256: i32 barrier generation   320: i64 slow barrier waits
 """
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ JOB_PAUSES = 1024           # ~25 us of `pause` waiting for a job before yieldin
 SLEEP_AFTER_YIELDS = 8000   # then ~3 ms of sched_yield (~0.4 us each when idle) before sleeping
 BARRIER = 1                 # node flag: all threads meet after this node
 
-_JOB, _NODES, _N_NODES, _STEP, _N_THREADS = 0, 8, 16, 24, 32
-_STOP, _SLEEPERS, _BAR_COUNT, _BAR_GEN = 64, 128, 192, 256
-_CONTROL_BYTES = 320
+_JOB, _NODES, _N_NODES, _STEP, _N_THREADS, _ACTIVE = 0, 8, 16, 24, 32, 40
+_STOP, _SLEEPERS, _BAR_COUNT, _BAR_GEN, _SLOW_WAITS = 64, 128, 192, 256, 320
+_CONTROL_BYTES = 384
 NODE_BYTES = 24             # {ptr task, ptr args, i64 flags}
 
 _FUTEX_SYSCALL = 202        # x86-64 Linux
@@ -106,7 +106,8 @@ yield:
   ret void
 }}
 
-; all n threads meet: the last to arrive resets the count and bumps the generation
+; all n threads meet: the last to arrive resets the count and bumps the generation. A wait
+; that outlasts the pause phase is counted in the slow-waits word (a sign of a shared core).
 define internal void @barrier(ptr %pool, i64 %n) {{
 entry:
   %single = icmp ule i64 %n, 1
@@ -126,7 +127,14 @@ release:
   store atomic i32 %gen1, ptr %genp release, align 4
   br label %done
 wait:
-  %k = phi i64 [0, %sync], [%k1, %wait]
+  %k = phi i64 [0, %sync], [%k1, %waited]
+  %slow = icmp eq i64 %k, {BARRIER_PAUSES}
+  br i1 %slow, label %count, label %waited
+count:
+  %slowp = getelementptr inbounds i8, ptr %pool, i64 {_SLOW_WAITS}
+  %c = atomicrmw add ptr %slowp, i64 1 monotonic
+  br label %waited
+waited:
   call void @backoff(i64 %k, i64 {BARRIER_PAUSES})
   %k1 = add i64 %k, 1
   %now = load atomic i32, ptr %genp acquire, align 4
@@ -136,7 +144,7 @@ done:
   ret void
 }}
 
-; thread tid's walk over the published graph
+; thread tid's walk over the published graph (threads tid >= active sit this one out)
 define void @pool_execute(ptr %pool, i64 %tid) {{
 entry:
   %nodesp = getelementptr inbounds i8, ptr %pool, i64 {_NODES}
@@ -145,11 +153,13 @@ entry:
   %n = load i64, ptr %np, align 8
   %stepp = getelementptr inbounds i8, ptr %pool, i64 {_STEP}
   %step = load ptr, ptr %stepp, align 8
-  %thp = getelementptr inbounds i8, ptr %pool, i64 {_N_THREADS}
-  %nth = load i64, ptr %thp, align 8
+  %activep = getelementptr inbounds i8, ptr %pool, i64 {_ACTIVE}
+  %nth = load i64, ptr %activep, align 8
   %last = sub i64 %n, 1
   %empty = icmp eq i64 %n, 0
-  br i1 %empty, label %done, label %node
+  %idle = icmp uge i64 %tid, %nth
+  %skip = or i1 %empty, %idle
+  br i1 %skip, label %done, label %node
 node:
   %i = phi i64 [0, %entry], [%i1, %next]
   %off = mul i64 %i, {NODE_BYTES}
@@ -177,8 +187,10 @@ done:
 }}
 
 ; the caller: publish the graph, bump the job word, wake sleepers, take part as thread 0
-define void @pool_run(ptr %pool, ptr %nodes, i64 %n, ptr %step) {{
+define void @pool_run(ptr %pool, ptr %nodes, i64 %n, ptr %step, i64 %active) {{
 entry:
+  %activep = getelementptr inbounds i8, ptr %pool, i64 {_ACTIVE}
+  store i64 %active, ptr %activep, align 8
   %nodesp = getelementptr inbounds i8, ptr %pool, i64 {_NODES}
   store ptr %nodes, ptr %nodesp, align 8
   %np = getelementptr inbounds i8, ptr %pool, i64 {_N_NODES}
@@ -245,7 +257,7 @@ entry:
 
 @dataclass(frozen=True)
 class _PoolFunctions:
-    run: ctypes._CFuncPtr        # pool_run(pool, nodes, n, step)
+    run: ctypes._CFuncPtr        # pool_run(pool, nodes, n, step, active)
     worker: ctypes._CFuncPtr     # pool_worker(pool, tid)
     stop: ctypes._CFuncPtr       # pool_stop(pool)
 
@@ -262,7 +274,7 @@ def _load() -> _PoolFunctions:
             futex = x86 and sys.platform == "linux"
             lib = jit.compile_cached("pool", (x86, futex), lambda: build_pool_ir(x86, futex))
             p, n = ctypes.c_void_p, ctypes.c_int64
-            _functions = _PoolFunctions(lib.function("pool_run", None, p, p, n, p),
+            _functions = _PoolFunctions(lib.function("pool_run", None, p, p, n, p, n),
                                         lib.function("pool_worker", None, p, n),
                                         lib.function("pool_stop", None, p))
         return _functions
@@ -342,21 +354,31 @@ class Pool:
                                            self._address, self._threads)
         self.closed = False
 
-    def run(self, graph: Graph | np.ndarray, step: int = 0) -> None:
-        """Run every node of `graph` on all threads; returns when all are done."""
+    def run(self, graph: Graph | np.ndarray, step: int = 0, threads: int | None = None) -> None:
+        """Run every node of `graph` on `threads` threads (default: all); returns when done.
+
+        Tasks split their work by the thread count they are given, so a graph may run on fewer
+        threads than the pool has (when the machine is busy, say); the others stay idle.
+        """
         nodes = graph.nodes if isinstance(graph, Graph) else graph
         n = nodes.shape[0]
         if n == 0:
             return
+        active = self.n_threads if threads is None else max(1, min(threads, self.n_threads))
         with self._lock:
             if self.closed:
                 raise RuntimeError("the pool is closed")
-            self._fns.run(self._address, nodes.ctypes.data, n, step)
+            self._fns.run(self._address, nodes.ctypes.data, n, step, active)
 
-    def run_task(self, task: int, args: np.ndarray, step: int = 0) -> None:
-        """Run one task on all threads."""
+    @property
+    def slow_waits(self) -> int:
+        """Barrier waits so far that outlasted the pause phase (another thread was off-core)."""
+        return ctypes.c_int64.from_address(self._address + _SLOW_WAITS).value
+
+    def run_task(self, task: int, args: np.ndarray, step: int = 0, threads: int | None = None) -> None:
+        """Run one task on `threads` threads (default: all)."""
         nodes = np.array([[task, args.ctypes.data, 0]], np.int64)
-        self.run(nodes, step)
+        self.run(nodes, step, threads)
 
     def close(self) -> None:
         with self._lock:
