@@ -127,10 +127,11 @@ class StepResult:
 
 
 class StepError(Exception):
-    """The forward pass failed; `occupants` were in it and have been ended with "error"."""
+    """A step failed (forward pass or sampling); `occupants` were in it and have been ended
+    with "error"."""
 
     def __init__(self, occupants: list[Occupant], cause: BaseException) -> None:
-        super().__init__(f"forward pass failed: {type(cause).__name__}: {cause}")
+        super().__init__(f"step failed: {type(cause).__name__}: {cause}")
         self.occupants = occupants
         self.cause = cause
 
@@ -277,7 +278,14 @@ class BatchRunner:
             if seq.pos == len(seq.prompt):
                 seq.state = State.DECODING
                 to_sample.append((seq, row))
-        for (seq, _), sampled in zip(to_sample, self._sample(to_sample)):
+        try:
+            samples = self._sample(to_sample)
+        except Exception as exc:  # e.g. non-finite logits: these requests fail, the model serves on
+            failed_seqs: list[Occupant] = [seq for seq, _ in to_sample]
+            for occ in failed_seqs:
+                self._release(occ, "error")
+            raise StepError(failed_seqs, exc) from exc
+        for (seq, _), sampled in zip(to_sample, samples):
             self._take(seq, sampled, result)
 
         for emb, chunk, h in zip(e_owners, e_chunks, hidden):

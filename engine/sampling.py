@@ -40,6 +40,10 @@ class SamplingParams:
             raise ValueError("top_logprobs must be >= 0")
 
 
+class NonFiniteLogitsError(ValueError):
+    """The logits hold NaN or +inf: nothing can be sampled from them."""
+
+
 @dataclass
 class Sampled:
     token: int
@@ -87,6 +91,9 @@ class Sampler:
         """Pick the next token from one position's logits [n_vocab] and record it."""
         p = self.params
         x = self._adjusted(logits)
+        top = float(x.max())
+        if not np.isfinite(top):  # NaN or +inf: broken weights or activations, not a choice
+            raise NonFiniteLogitsError(f"the model produced non-finite logits ({top})")
         if p.temperature == 0.0:
             token = int(np.argmax(x))
         else:

@@ -9,7 +9,8 @@ that QueueFullError (a 503). Idle, the thread sleeps on a condition variable.
 A job's life (its `state`, changed under the scheduler's lock):
 
     WAITING --admitted to a slot--> ACTIVE --eog / length / stop string--> DONE (Finished event)
-       |                              |------forward pass failed-------> DONE (the exception)
+       |                              |------step failed (forward,-----> DONE (the exception)
+       |                              |      sampling)
        +--cancel()--> DONE            +------cancel()/close()----------> DONE (GenerationCancelled
        +--close()---> DONE (SchedulerClosedError)                             or its reason)
 
@@ -435,7 +436,7 @@ class Scheduler:
         try:
             result = self.runner.step()
         except batch.StepError as exc:
-            log.error("forward pass failed on %s", self.name, exc_info=exc.cause)
+            log.error("a step failed on %s", self.name, exc_info=exc.cause)
             for work in exc.occupants:
                 self._done(work.tag)
                 outbox.put(work.tag, exc.cause)

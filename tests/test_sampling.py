@@ -122,3 +122,17 @@ def test_logprobs_are_the_models_log_softmax() -> None:
 def test_bad_parameters_are_rejected(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
+
+
+def test_non_finite_logits_are_an_error_not_a_token() -> None:
+    from engine.sampling import NonFiniteLogitsError
+    for bad in (np.nan, np.inf):
+        logits = LOGITS.copy()
+        logits[3] = bad
+        for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=1)):
+            with pytest.raises(NonFiniteLogitsError):
+                Sampler(params).sample(logits)
+    # -inf is a legitimate "never": it is simply not chosen
+    logits = LOGITS.copy()
+    logits[0] = -np.inf
+    assert Sampler(SamplingParams(temperature=0.0)).sample(logits).token == 1

@@ -1,0 +1,46 @@
+"""A model whose numbers go bad fails its own requests with a clear error; it and every other
+model keep serving (the scheduler thread survives)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from starlette.testclient import TestClient
+
+from engine.gguf import GGUFFile
+from gateway.app import create_app
+from gateway.config import load_config
+from tests.ggufgen import write_tiny_llama
+
+
+def _poison(path: Path, tensor: str) -> None:
+    """Overwrite one F32 tensor of a GGUF file with NaN, in place."""
+    f = GGUFFile(path)
+    info = f.tensors[tensor]
+    offset, n = info.offset, info.n_bytes
+    f.close()
+    data = bytearray(path.read_bytes())
+    data[offset:offset + n] = np.full(n // 4, np.nan, dtype=np.float32).tobytes()
+    path.write_bytes(bytes(data))
+
+
+def test_nan_logits_fail_the_request_not_the_server(tmp_path: Path) -> None:
+    bad = write_tiny_llama(tmp_path / "bad.gguf", qtype=Q.F32, seed=1)
+    _poison(bad, "output_norm.weight")
+    write_tiny_llama(tmp_path / "good.gguf", qtype=Q.Q8_0, seed=2)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("models:\n  - model: bad.gguf\n    aliases: [bad]\n"
+                   "  - model: good.gguf\n    aliases: [good]\n")
+    body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hello there"}]}
+    with TestClient(create_app(load_config(cfg)), raise_server_exceptions=False) as client:
+        for _ in range(2):  # the second time proves the bad model's scheduler is still alive
+            r = client.post("/v1/chat/completions", json={"model": "bad", **body})
+            assert r.status_code == 500, r.text
+            assert "non-finite logits" in r.json()["error"]["message"]
+            r = client.post("/v1/chat/completions", json={"model": "good", **body})
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] >= 1
+        r = client.post("/v1/chat/completions", json={"model": "bad", "stream": True, **body})
+        assert r.status_code == 200  # headers went out before the failure: an error event
+        assert "non-finite logits" in r.text and "[DONE]" not in r.text
