@@ -339,9 +339,9 @@ class AttentionKernel:
     """Compiled causal GQA attention; see the module docstring. Safe to call from several threads
     (calls that split work across the pool take turns)."""
 
-    # Below this many (key row x head_dim) products one thread wins: a pool dispatch and its
-    # barrier cost a few microseconds, about a 9-head decode step over 100 cached rows.
-    parallel_min_work = 1 << 16
+    # Below this many (key row x head_dim) products one thread wins: a dispatch from here (its
+    # split and step arrays built in Python) costs ~20 us, a 9-head decode step over ~400 rows.
+    parallel_min_work = 1 << 18
 
     def __init__(self, n_threads: int = 1, *, f16c: bool | None = None,
                  pool: Pool | None = None) -> None:
