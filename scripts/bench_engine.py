@@ -4,7 +4,9 @@
 
 For each thread count, a fresh process loads the model (kernel cache warm after the first run) and
 measures: load seconds, prefill tokens/s at 128 and 512 prompt tokens, decode tokens/s over 128
-tokens after a short prompt, and peak RSS. Figures are medians over --repeat runs in that process.
+tokens after a short prompt (`decode_tok_s` through Model.stream, sampler included;
+`decode_forward_tok_s` one forward call and an argmax per token, as bench_compare.py measures
+it), and peak RSS. Figures are medians over --repeat runs in that process.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from pathlib import Path
 def measure(model_path: str, threads: int, repeat: int) -> dict:
     t0 = time.perf_counter()
     import engine  # noqa: PLC0415 - the import is part of what a cold start costs
+    import numpy as np  # noqa: PLC0415
+    from engine.model import Chunk  # noqa: PLC0415
 
     model = engine.load(model_path, n_ctx=1024, n_threads=threads)
     load_s = time.perf_counter() - t0
@@ -46,6 +50,16 @@ def measure(model_path: str, threads: int, repeat: int) -> dict:
         n = sum(1 for _ in stream)
         runs.append(n / (time.perf_counter() - t))
     out["decode_tok_s"] = round(statistics.median(runs), 1)
+    tr = model.transformer
+    runs = []
+    for _ in range(repeat):
+        tr.cache.tokens[0] = []
+        tok = int(np.argmax(tr.forward([Chunk(0, ids[:8], 0)], "last")[0]))
+        t = time.perf_counter()
+        for i in range(128):
+            tok = int(np.argmax(tr.forward([Chunk(0, [tok], 8 + i)], "last")[0]))
+        runs.append(128 / (time.perf_counter() - t))
+    out["decode_forward_tok_s"] = round(statistics.median(runs), 1)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     model.close()
     return out
