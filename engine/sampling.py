@@ -51,10 +51,9 @@ class Sampled:
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
+# Tokens this many nats below the best one carry less than e^-30 of its probability each, so
+# sampling leaves them out of the sort (their total mass is < n_vocab * 1e-13 of the best's).
+NEGLIGIBLE_NATS = 30.0
 
 
 class Sampler:
@@ -91,40 +90,56 @@ class Sampler:
         """Pick the next token from one position's logits [n_vocab] and record it."""
         p = self.params
         x = self._adjusted(logits)
-        top = float(x.max())
-        if not np.isfinite(top):  # NaN or +inf: broken weights or activations, not a choice
-            raise NonFiniteLogitsError(f"the model produced non-finite logits ({top})")
-        if p.temperature == 0.0:
-            token = int(np.argmax(x))
-        else:
-            token = self._draw(x)
+        best = float(x.max())
+        if not np.isfinite(best):  # NaN or +inf: broken weights or activations, not a choice
+            raise NonFiniteLogitsError(f"the model produced non-finite logits ({best})")
+        token = int(np.argmax(x)) if p.temperature == 0.0 else self._draw(x, best)
         self.accept(token)
-        logp = log_softmax(logits)
+        raw = np.asarray(logits, dtype=np.float32)                       # [n_vocab]
+        m = float(raw.max())
+        lse = m + float(np.log(np.exp(raw - m).sum(dtype=np.float64)))  # log sum exp
         top: list[tuple[int, float]] = []
         if p.top_logprobs:
-            k = min(p.top_logprobs, logp.shape[0])
-            idx = np.argpartition(-logp, k - 1)[:k]
-            idx = idx[np.argsort(-logp[idx], kind="stable")]
-            top = [(int(i), float(logp[i])) for i in idx]
-        return Sampled(token, float(logp[token]), top)
+            k = min(p.top_logprobs, raw.shape[0])
+            idx = np.argpartition(-raw, k - 1)[:k]
+            idx = idx[np.argsort(-raw[idx], kind="stable")]
+            top = [(int(i), float(raw[i]) - lse) for i in idx]
+        return Sampled(token, float(raw[token]) - lse, top)
 
-    def _draw(self, x: np.ndarray) -> int:
+    def _draw(self, x: np.ndarray, best: float) -> int:
         p = self.params
-        # candidates sorted by logit, descending: [n_cand]
+        z = x / np.float32(p.temperature)                                 # [n_vocab]
+        z_best = best / p.temperature
         if 0 < p.top_k < x.shape[0]:
-            cand = np.argpartition(-x, p.top_k - 1)[:p.top_k]
-        else:
-            cand = np.arange(x.shape[0])
-        cand = cand[np.argsort(-x[cand], kind="stable")]
-        z = x[cand].astype(np.float64) / p.temperature
-        probs = np.exp(z - z[0])
-        probs /= probs.sum()
-        keep = probs.shape[0]
-        if p.min_p > 0.0:
-            keep = min(keep, int(np.count_nonzero(probs >= p.min_p * probs[0])))
+            cand = np.argpartition(-z, p.top_k - 1)[:p.top_k]
+        else:  # only tokens that could matter: the rest weigh < e^-30 of the best each
+            cand = np.flatnonzero(z >= z_best - NEGLIGIBLE_NATS)
+        w = np.exp(z[cand].astype(np.float64) - z_best)                   # [n_cand], best == 1
+        if p.min_p > 0.0:  # w is each token's probability relative to the best one's
+            cand, w = cand[w >= p.min_p], w[w >= p.min_p]
         if p.top_p < 1.0:
-            cum = np.cumsum(probs[:keep])
-            keep = min(keep, int(np.searchsorted(cum, p.top_p * cum[-1])) + 1)
-        keep = max(keep, 1)
-        probs = probs[:keep] / probs[:keep].sum()
-        return int(cand[self.rng.choice(keep, p=probs)])
+            cand, w = _nucleus(cand, w, p.top_p)
+        cum = np.cumsum(w)
+        r = self.rng.random() * cum[-1]
+        return int(cand[min(int(np.searchsorted(cum, r, side="right")), cand.shape[0] - 1)])
+
+
+def _nucleus(cand: np.ndarray, w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The most probable tokens whose mass first reaches top_p of the total, best first.
+
+    Sorts only a growing top slice (64, 256, ... tokens) instead of the whole vocabulary.
+    """
+    target = top_p * float(w.sum())
+    k = 64
+    while True:
+        if k >= w.shape[0]:
+            order = np.argsort(-w, kind="stable")
+            break
+        part = np.argpartition(-w, k - 1)[:k]
+        if float(w[part].sum()) >= target:
+            order = part[np.argsort(-w[part], kind="stable")]
+            break
+        k *= 4
+    n = int(np.searchsorted(np.cumsum(w[order]), target)) + 1
+    order = order[:n]
+    return cand[order], w[order]
