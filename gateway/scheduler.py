@@ -256,7 +256,13 @@ def _token_info(tok: Any, sampled: engine.Sampled) -> TokenInfo:
 
 
 class _Outbox:
-    """Events of one scheduler iteration, handed to each event loop in one call."""
+    """Events of one scheduler iteration, handed to each event loop in one call.
+
+    `send` then waits (at most HANDOFF_WAIT) until the loop has run a few rounds past them, so
+    the chunks are on their sockets before the next forward pass starts: when the pass's threads
+    fill every core, a loop waking up mid-pass preempts one of them and the rest stall at the next
+    barrier (measured on 2 cores: +10-15% tokens/s with 1-16 streaming clients).
+    """
 
     def __init__(self) -> None:
         self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Any]]] = defaultdict(list)
@@ -265,18 +271,32 @@ class _Outbox:
         self._by_loop[job.loop].append((job, event))
 
     def send(self) -> None:
+        handed: list[threading.Event] = []
         for loop, items in self._by_loop.items():
+            done = threading.Event()
             try:
-                loop.call_soon_threadsafe(_deliver_all, items)
+                loop.call_soon_threadsafe(_deliver_all, loop, items, done)
+                handed.append(done)
             except RuntimeError:  # the loop is closed (shutdown): nobody is listening
                 for job, _ in items:
                     job.cancelled.set()
         self._by_loop.clear()
+        for done in handed:
+            done.wait(HANDOFF_WAIT)
 
 
-def _deliver_all(items: list[tuple[_Job, Any]]) -> None:
+HANDOFF_WAIT = 0.005   # seconds; bounds the wait for a busy or blocked event loop
+HANDOFF_ROUNDS = 4     # loop rounds after delivery: queue -> choice pump -> route -> socket
+
+
+def _deliver_all(loop: asyncio.AbstractEventLoop, items: list[tuple[_Job, Any]],
+                 done: threading.Event, rounds: int = HANDOFF_ROUNDS) -> None:
     for job, event in items:
         job.deliver(event)
+    if rounds:
+        loop.call_soon(_deliver_all, loop, [], done, rounds - 1)
+    else:
+        done.set()
 
 
 # --------------------------------------------------------------------------------- async side
