@@ -167,7 +167,8 @@ class TestServer:
     """One server, max_loaded_models 1; tests run in order (the first sees a fresh server)."""
 
     @pytest.fixture(scope="class")
-    def server(self, tiny_models, smollm2_path, tmp_path_factory):
+    @classmethod
+    def server(cls, tiny_models, smollm2_path, tmp_path_factory):
         a, b = tiny_models
         config = write_config(tmp_path_factory.mktemp("cfg") / "modelyard.yaml", {
             "registry": {"max_loaded_models": 1, "load_timeout": "60s"},
@@ -481,7 +482,8 @@ def server_tokenizer_text(ids: list[int]) -> str:
 
 class TestIdleServer:
     @pytest.fixture(scope="class")
-    def server(self, tiny_models, smollm2_path, tmp_path_factory):
+    @classmethod
+    def server(cls, tiny_models, smollm2_path, tmp_path_factory):
         _, b = tiny_models
         config = write_config(tmp_path_factory.mktemp("cfg") / "idle.toml", {})
         config = config.with_suffix(".yaml")
