@@ -147,11 +147,11 @@ def _key(entry: ModelEntry) -> str:
     return str(entry.model)  # config.py guarantees one entry per model file
 
 
-def _queued(model: Loaded | None) -> int:
-    """Requests waiting in a loaded model's scheduler (duck-typed: `queued` on the model itself
-    or on its `scheduler`); 0 when it has no such count."""
+def _scheduler_count(model: Loaded | None, name: str) -> int:
+    """A count a loaded model's scheduler keeps (`queued`: waiting for a slot, `active`: holding
+    one), duck-typed on the model itself or on its `scheduler`; 0 when it has none."""
     for holder in (model, getattr(model, "scheduler", None)):
-        n = getattr(holder, "queued", None)
+        n = getattr(holder, name, None)
         if isinstance(n, int):
             return n
     return 0
@@ -313,7 +313,8 @@ class Registry:
                 "pinned": slot.entry.pinned,
                 "memory_bytes": slot.memory_bytes,
                 "in_flight": slot.in_flight,
-                "queued": _queued(slot.model),
+                "queued": _scheduler_count(slot.model, "queued"),
+                "active": _scheduler_count(slot.model, "active"),
                 "n_ctx": slot.entry.n_ctx,
                 "last_used": (None if slot.last_used is None
                               else now_wall - (now_mono - slot.last_used)),

@@ -114,10 +114,13 @@ def test_models_lists_every_entry_with_its_numbers(client: TestClient, config_pa
     assert rows(client)["b"]["state"] == "unloaded"  # only the one asked for
 
 
-def test_queued_count_comes_from_the_models_scheduler(client: TestClient, loader: Loader) -> None:
+def test_queued_and_active_counts_come_from_the_models_scheduler(client: TestClient,
+                                                                 loader: Loader) -> None:
     client.post("/admin/models/b/load")
     loader.loaded[0].scheduler.queued = 7
-    assert rows(client)["b"]["queued"] == 7
+    loader.loaded[0].scheduler.active = 3
+    row = rows(client)["b"]
+    assert (row["queued"], row["active"]) == (7, 3)
 
 
 def test_load_twice_loads_once_and_aliases_with_a_slash_work(client: TestClient,
