@@ -16,8 +16,8 @@ IR builders are pure (type in, IR text out). Each module holds, for one weight t
 (float types: rows_<type>(w, x, out, K, r0, r1, M, N) and no quantizer.)
 Callers must pass 0 <= r0 <= r1 <= N and valid buffers; the facade MatmulKernels checks all
 that. Row ranges let callers split the work across threads by weight rows. Inside rows_*, weight rows
-are the outer loop and activation rows the inner one, taken MT at a time: each weight block is
-loaded and unpacked once and used for MT activation rows, so the weights stream from memory
+are the outer loop and activation rows the inner one, taken in tiles (TILES): each weight block is
+loaded and unpacked once per tile and used for all its rows, so the weights stream from memory
 once per call whatever M is.
 
 Three instruction selections: the AVX2 one calls `llvm.x86.avx2.pmadd.ub.sw` (u8 x s8 -> pairwise
@@ -53,7 +53,11 @@ from engine.quants import (
 )
 
 T = GGMLQuantizationType
-MT = 4  # activation rows per tile: one unpacked weight block serves this many rows
+# Activation rows per tile, largest first: one unpacked weight block serves a tile's rows, whose
+# accumulators live in registers (4 rows fit AVX2's 16; 8 measured no faster even with AVX-512's
+# 32: the per-row work, not the unpacking, dominates). Tiles of 2 make M = 2 and 3 share the
+# unpacking too (Q4_1 1536x576, M = 2: 45 -> 35 us).
+TILES = (4, 2, 1)
 PREFETCH_BYTES = 1024  # how far ahead in the weight row to prefetch
 
 
@@ -531,11 +535,12 @@ def build_quantize_ir(act: str) -> str:
 def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
                w_row_bytes: str, x_row_bytes: str, x_base: str, acc_types: tuple[str, ...],
                group: int, block: Callable[[list[str], list[list[str]], list[list[str]]], list[list[str]]],
-               finish: Callable[[list[str], str, str], str], prefetch: bool) -> None:
+               finish: Callable[[list[str], str, str], str], prefetch: bool,
+               tiles: tuple[int, ...]) -> None:
     """The shared loop nest, writing out[m * N + r]:
 
         for r in [r0, r1):                          weight rows (the split across threads)
-            for each tile of MT activation rows, then each leftover row:
+            for each tile of tiles[0] activation rows, then of tiles[1] in what is left, ...:
                 for each group of `group` blocks, then each leftover block:
                     accs[t] = block(w[r, g], x[m0 + t, g], accs[t])   for t in the tile
                 out[m0 + t, r] = finish(accs[t], w row, x row)
@@ -544,9 +549,15 @@ def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
     same whatever else is in the batch.
     """
     n_rows = f.let("sub i64 %r1, %r0")
-    n_tiles = f.let(f"udiv i64 %M, {MT}")
-    tail_start = f.mul(n_tiles, MT)
-    n_tail = f.let(f"sub i64 %M, {tail_start}")
+    # tile stages, largest first: stage i takes as many tiles of tiles[i] rows as fit in what the
+    # earlier stages left (M = 7 with (4, 2, 1): one tile of 4, one of 2, one single row)
+    stages: list[tuple[int, str, str]] = []  # (rows per tile, first row, tile count)
+    start, left = "0", "%M"
+    for size in tiles:
+        count = f.let(f"udiv i64 {left}, {size}")
+        stages.append((size, start, count))
+        start = f.add(start, f.mul(count, size))
+        left = f.let(f"sub i64 %M, {start}")
     n_groups = f.let(f"udiv i64 {n_blocks}, {group}")
     left_start = f.mul(n_groups, group)
     n_left = f.let(f"sub i64 {n_blocks}, {left_start}")
@@ -587,8 +598,9 @@ def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
                 f.do(f"store float {result}, ptr {dst}, align 4")
             return []
 
-        f.loop(n_tiles, [], lambda ti, _: tile(f.mul(ti, MT), MT))
-        f.loop(n_tail, [], lambda mi, _: tile(f.add(tail_start, mi), 1))
+        for size, first, count in stages:
+            f.loop(count, [], lambda ti, _, size=size, first=first:
+                   tile(f.add(first, f.mul(ti, size)), size))
         return []
 
     f.loop(n_rows, [], per_row)
@@ -598,7 +610,8 @@ def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
 GROUP = {T.Q4_0: 2, T.Q4_1: 2, T.Q5_0: 2, T.Q5_1: 2, T.Q8_0: 2, T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 1}
 
 
-def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: bool = False) -> str:
+def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: bool = False,
+                    tiles: tuple[int, ...] = TILES) -> str:
     """The IR module for one weight type (see the module docstring for its functions).
 
     Quantized types: rows_<type>(ptr w, ptr xq, ptr out, i64 nb, i64 r0, i64 r1, i64 M, i64 N)
@@ -615,7 +628,7 @@ def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: b
         raise ValueError(f"unsupported tensor type {getattr(qtype, 'name', qtype)}")
     act = activation_type(qtype)
     if act is None:
-        return DECLARATIONS + _build_float_rows(qtype)
+        return DECLARATIONS + _build_float_rows(qtype, tiles)
     name = qtype.name.lower()
     elems, block_bytes = GGML_QUANT_SIZES[qtype]
     x_block_bytes = ACTIVATION_LAYOUTS[act].itemsize
@@ -639,7 +652,7 @@ def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: b
     _emit_rows(f, n_blocks="%nb", w_block_bytes=block_bytes, x_block_bytes=x_block_bytes,
                w_row_bytes=f.mul("%nb", block_bytes), x_row_bytes=f.mul("%nb", x_block_bytes),
                x_base="%xq", acc_types=_LEGACY_ACCS if qtype in LEGACY else (V8F,),
-               group=GROUP[qtype], block=block, finish=finish, prefetch=not portable)
+               group=GROUP[qtype], block=block, finish=finish, prefetch=not portable, tiles=tiles)
     f.do("ret void")
     fused = (f"define void @matmul_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %xq, "
              f"ptr noalias %out, i64 %nb, i64 %M, i64 %N) {{\n"
@@ -666,7 +679,7 @@ def _float_widen(f: _Fn, qtype: GGMLQuantizationType, base: str, offset: str | i
     return f.let(f"bitcast {vt('i32')} {shifted} to {vt('float')}")
 
 
-def _build_float_rows(qtype: GGMLQuantizationType) -> str:
+def _build_float_rows(qtype: GGMLQuantizationType, tiles: tuple[int, ...]) -> str:
     name = qtype.name.lower()
     esize = GGML_QUANT_SIZES[qtype][1]
     f = _Fn(f"void @rows_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %out, i64 %K, "
@@ -695,7 +708,8 @@ def _build_float_rows(qtype: GGMLQuantizationType) -> str:
 
     _emit_rows(f, n_blocks=n16, w_block_bytes=16 * esize, x_block_bytes=64,
                w_row_bytes=f.mul("%K", esize), x_row_bytes=f.mul("%K", 4), x_base="%x",
-               acc_types=(V8F, V8F), group=1, block=block, finish=finish, prefetch=False)
+               acc_types=(V8F, V8F), group=1, block=block, finish=finish, prefetch=False,
+               tiles=tiles)
     f.do("ret void")
     return f.text()
 
@@ -760,6 +774,7 @@ class MatmulKernels:
         # VNNI (AVX-512 VL or AVX-VNNI): one vpdpbusd for the u8 x s8 dot products
         host_vnni = jit.host_has("avxvnni") or (jit.host_has("avx512vnni") and jit.host_has("avx512vl"))
         self.vnni = not self.portable and host_vnni and vnni is not False
+        self.tiles = TILES
         self._kernels: dict[GGMLQuantizationType, TypeKernels] = {}
         self._quantizers: dict[str, Callable[..., None]] = {}
         for q in sorted(wanted, key=lambda t: t.value):
@@ -773,8 +788,8 @@ class MatmulKernels:
         self._step = np.zeros(8, np.int64)  # a STEP block whose n_tokens is M (see tasks.py)
 
     def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
-        lib = jit.compile_cached("matmul", (qtype.name, self.portable, self.vnni),
-                                 lambda: build_matmul_ir(qtype, self.portable, self.vnni))
+        lib = jit.compile_cached("matmul", (qtype.name, self.portable, self.vnni, self.tiles),
+                                 lambda: build_matmul_ir(qtype, self.portable, self.vnni, self.tiles))
         name = qtype.name.lower()
         act = activation_type(qtype)
         rows = lib.function(f"rows_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)
