@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_PEER = "/opt/llama-venv/bin/python"
@@ -134,6 +135,44 @@ def kquant_copy(peer: str, model: Path) -> Path | None:
     return dst
 
 
+def first_request_ms(model: Path, threads: int) -> dict:
+    """A fresh `modelyard serve` with the model unloaded (lazy): ms from sending a streaming chat
+    request to its first content token, load included."""
+    import socket
+    import tempfile
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.yaml"
+        config.write_text(f"models:\n  - model: {model}\n    aliases: [m]\n"
+                          f"    n_ctx: 2048\n    n_threads: {threads}\n")
+        server = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config),
+                                   "--port", str(port), "--no-watch"], cwd=REPO,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            for _ in range(300):
+                try:
+                    httpx.get(url + "/health", timeout=1)
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.05)
+            body = {"model": "m", "stream": True, "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+            t0 = time.perf_counter()
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if '"content":"' in line and '"content":""' not in line:
+                        return {"first_request_ms": 1000 * (time.perf_counter() - t0)}
+            return {}
+        finally:
+            server.terminate()
+            server.wait()
+
+
 def median(runs: list[dict], key: str) -> float | None:
     values = [r[key] for r in runs if key in r]
     return statistics.median(values) if values else None
@@ -177,18 +216,21 @@ def main() -> None:
                 for name, python, code in engines:  # interleaved: ours, peer, ours, peer ...
                     res = run_child(python, code, path, threads, what)
                     results.setdefault((label, threads, name), []).append(res)
+        threads = args.threads[-1]
+        results.setdefault(("lazy", threads, "ours"), []).append(first_request_ms(model, threads))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
     print(f"model: {model.name}; {args.rounds} rounds, medians; ratio = ours / llama.cpp")
-    print(f"{'figure':34s} {'threads':>7s} {'modelyard':>10s} {'llama.cpp':>10s} {'ratio':>7s}")
+    print(f"{'figure':36s} {'threads':>7s} {'modelyard':>10s} {'llama.cpp':>10s} {'ratio':>7s}")
     rows = [("decode tok/s (128 after 8)", "main", "decode"),
             ("prefill tok/s (512 prompt)", "main", "prefill"),
             ("load s (kernel cache warm)", "main", "load_s"),
             ("RSS MB after load", "main", "rss_mb"),
-            ("Q4_K_M decode tok/s", "Q4_K_M", "decode")]
+            ("Q4_K_M decode tok/s", "Q4_K_M", "decode"),
+            ("first request ms, lazy load (server)", "lazy", "first_request_ms")]
     for title, label, key in rows:
         for threads in args.threads:
-            if key in ("load_s", "rss_mb") and threads != args.threads[-1]:
+            if key in ("load_s", "rss_mb", "first_request_ms") and threads != args.threads[-1]:
                 continue
             ours = median(results.get((label, threads, "ours"), []), key)
             theirs = median(results.get((label, threads, "peer"), []), key)
@@ -197,7 +239,7 @@ def main() -> None:
             fmt = "{:10.3f}" if key == "load_s" else "{:10.1f}"
             peer_s = fmt.format(theirs) if theirs is not None else f"{'-':>10s}"
             ratio = f"{ours / theirs:7.2f}" if theirs else f"{'-':>7s}"
-            print(f"{title:34s} {threads:7d} {fmt.format(ours)} {peer_s} {ratio}")
+            print(f"{title:36s} {threads:7d} {fmt.format(ours)} {peer_s} {ratio}")
     print("raw:", json.dumps({f"{k[0]}/{k[1]}/{k[2]}": v for k, v in results.items()}))
 
 
