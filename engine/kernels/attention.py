@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
@@ -92,28 +93,49 @@ def round_half8(b: ir.IRBuilder, x: ir.Value, f16c: bool) -> ir.Value:
     return b.select(b.fcmp_ordered("ord", r, r), r, x)  # inf stays inf (the split gives NaN)
 
 
-def _define_exact(module: ir.Module, f16c: bool) -> None:
-    b, args = ops.define(module, FUNCTION_EXACT, ir.VoidType(), [
+def _define(module: ir.Module, name: str, scratch: str) -> tuple[ir.IRBuilder, list[ir.Value]]:
+    """Both functions' signature; `scratch` names the per-thread scratch row."""
+    return ops.define(module, name, ir.VoidType(), [
         ("q", F32P),               # [n_q, n_head, head_dim]
         ("k", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
         ("v", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
         ("out", F32P),             # [n_q, n_head, head_dim]; may be q
-        ("scores", F32P),          # [round_up(pos0 + n_q, 8)] scratch of this thread
+        (scratch, F32P),           # this thread's scratch row (see build_attention_module)
         ("n_q", I64), ("n_head", I64), ("n_kv_head", I64), ("head_dim", I64), ("pos0", I64),
         ("scale", F32), ("w_begin", I64), ("w_end", I64)])
+
+
+@dataclass(frozen=True)
+class _Item:
+    """Where one (query, head) work item w = query * n_head + head reads and writes."""
+    n_keys: ir.Value        # keys it sees: pos0 + query + 1
+    n_keys_block: ir.Value  # n_keys rounded down to ROWS
+    q_row: ir.Value         # [head_dim] its query
+    out_row: ir.Value       # [head_dim] its output
+    k_head: ir.Value        # its kv head's first key (row stride n_kv_head * head_dim)
+    v_head: ir.Value        # its kv head's first value
+
+
+def _item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, out: ir.Value,
+          n_head: ir.Value, group: ir.Value, head_dim: ir.Value, pos0: ir.Value) -> _Item:
+    query = b.sdiv(w, n_head)
+    kv_head = b.sdiv(b.srem(w, n_head), group)
+    n_keys = b.add(b.add(pos0, query), i64(1))
+    return _Item(n_keys, ops.round_down(b, n_keys, ROWS), gep(b, q, b.mul(w, head_dim)),
+                 gep(b, out, b.mul(w, head_dim)), gep(b, k, b.mul(kv_head, head_dim)),
+                 gep(b, v, b.mul(kv_head, head_dim)))
+
+
+def _define_exact(module: ir.Module, f16c: bool) -> None:
+    b, args = _define(module, FUNCTION_EXACT, "scores")  # scores: [round_up(pos0 + n_q, 8)]
     q, k, v, out, scores, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end = args
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
 
     with counted_loop(b, w_begin, w_end, 1, "w") as w:
-        query = b.sdiv(w, n_head)
-        kv_head = b.sdiv(b.srem(w, n_head), group)
-        n_keys = b.add(b.add(pos0, query), i64(1))
-        n_keys_block = ops.round_down(b, n_keys, ROWS)
-        q_row = gep(b, q, b.mul(w, head_dim))
-        out_row = gep(b, out, b.mul(w, head_dim))
-        k_head = gep(b, k, b.mul(kv_head, head_dim))
-        v_head = gep(b, v, b.mul(kv_head, head_dim))
+        it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0)
+        n_keys, n_keys_block, q_row, out_row, k_head, v_head = (
+            it.n_keys, it.n_keys_block, it.q_row, it.out_row, it.k_head, it.v_head)
 
         # -- pass 1: scores and their max ------------------------------------------------
         max4 = variable(b, V4F32, const(V4F32, -math.inf), "max4")
@@ -171,28 +193,16 @@ def _define_exact(module: ir.Module, f16c: bool) -> None:
 
 
 def _define_f16acc(module: ir.Module, f16c: bool) -> None:
-    b, args = ops.define(module, FUNCTION_F16ACC, ir.VoidType(), [
-        ("q", F32P),               # [n_q, n_head, head_dim]
-        ("k", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
-        ("v", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
-        ("out", F32P),             # [n_q, n_head, head_dim]; may be q
-        ("q16", F32P),             # [head_dim] scratch of this thread: q rounded to f16
-        ("n_q", I64), ("n_head", I64), ("n_kv_head", I64), ("head_dim", I64), ("pos0", I64),
-        ("scale", F32), ("w_begin", I64), ("w_end", I64)])
+    b, args = _define(module, FUNCTION_F16ACC, "q16")  # q16: [head_dim], q rounded to f16
     q, k, v, out, q16, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end = args
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
     wide = b.icmp_signed("==", b.and_(head_dim, i64(2 * VEC - 1)), i64(0))  # 16-lane passes fit
 
     with counted_loop(b, w_begin, w_end, 1, "w") as w:
-        query = b.sdiv(w, n_head)
-        kv_head = b.sdiv(b.srem(w, n_head), group)
-        n_keys = b.add(b.add(pos0, query), i64(1))
-        n_keys_block = ops.round_down(b, n_keys, ROWS)
-        q_row = gep(b, q, b.mul(w, head_dim))
-        out_row = gep(b, out, b.mul(w, head_dim))
-        k_head = gep(b, k, b.mul(kv_head, head_dim))
-        v_head = gep(b, v, b.mul(kv_head, head_dim))
+        it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0)
+        n_keys, n_keys_block, q_row, out_row, k_head, v_head = (
+            it.n_keys, it.n_keys_block, it.q_row, it.out_row, it.k_head, it.v_head)
 
         # q rounded to f16 once per item, as ggml converts Q for its f16 dot products
         with counted_loop(b, i64(0), head_dim, VEC, "qr") as c:
