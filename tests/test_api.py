@@ -34,10 +34,11 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.scheduler import load_served_model
 from tests.ggufgen import write_tiny_llama
+from tests.refs import REFS_DIR
 
 pytestmark = pytest.mark.real_model
 
-REFS = json.loads(Path("/work/shared/refs/smollm2/greedy.json").read_text())
+REFS = json.loads((REFS_DIR / "greedy.json").read_text())
 SMOL_EOG = {"0": -100, "2": -100, "4": -100}    # SmolLM2's end-of-generation ids, banned
 TINY_SPECIAL = {"0": -100, "1": -100, "2": -100}  # the tiny models' special tokens, banned
 TINY_A_CTX = 96

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from engine.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from tests.refs import REFS_DIR
 
-REFS = Path("/work/shared/refs/smollm2/greedy.json")
+REFS = REFS_DIR / "greedy.json"
 
 
 def _gguf_string(path: Path, key: str) -> str:

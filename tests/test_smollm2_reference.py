@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 import engine
+from tests.refs import REFS_DIR
 
 pytestmark = pytest.mark.real_model
 
-REFS = Path(__file__).resolve().parents[2] / "shared" / "refs" / "smollm2"
+REFS = REFS_DIR
 NEAR_TIE = 0.5  # a greedy split is allowed only where the top two logits are this close
 
 

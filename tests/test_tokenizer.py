@@ -1,7 +1,7 @@
 """Tokenizer tests.
 
 The real vocabulary (SmolLM2, GPT-2 byte-level BPE, pre-tokenizer "smollm") is checked against
-llama.cpp's own ids in /work/shared/refs/smollm2. Everything else uses small synthetic
+llama.cpp's own ids in ../shared/refs/smollm2. Everything else uses small synthetic
 vocabularies with expectations derived by hand from llama.cpp's algorithm, or from a naive
 re-statement of that algorithm written here.
 """
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from engine.tokenizer import KNOWN_PRE_TOKENIZERS, SPM_SPACE, Tokenizer, TokenType
+from tests.refs import REFS_DIR
 
-REFS = Path("/work/shared/refs/smollm2")
+REFS = REFS_DIR
 TOKENIZE = json.loads((REFS / "tokenize.json").read_text())
 GREEDY = json.loads((REFS / "greedy.json").read_text())
 
