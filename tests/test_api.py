@@ -8,13 +8,11 @@ greedy text exactly where the string first occurs).
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import gc
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +33,7 @@ from gateway.config import load_config
 from gateway.scheduler import load_served_model
 from tests.ggufgen import write_tiny_llama
 from tests.refs import REFS_DIR
+from tests.servers import ThreadedServer, free_port
 
 pytestmark = pytest.mark.real_model
 
@@ -46,71 +45,25 @@ TINY_A_CTX = 96
 
 # ------------------------------------------------------------------ a server in a thread
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
+class Server(ThreadedServer):
     """create_app(config) served by Hypercorn on 127.0.0.1 from a background thread."""
 
     def __init__(self, config_path: Path, loader: Any = load_served_model) -> None:
         self.config = load_config(config_path)
-        self.app = create_app(self.config, loader=loader)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(create_app(self.config, loader=loader))
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0,
                                     timeout=120)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        from hypercorn.asyncio import serve
-        from hypercorn.config import Config
-
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-            config = Config()
-            config.bind = [f"127.0.0.1:{self.port}"]
-            config.accesslog = None
-            await serve(self.app, config, shutdown_trigger=self._stop.wait)
-
-        try:
-            asyncio.run(main())
-        except BaseException as exc:  # reported by stop()
-            self._error = exc
 
     def start(self) -> Server:
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(self.url + "/v1/models", timeout=1).raise_for_status()
-                return self
-            except httpx.HTTPError:
-                assert self._thread.is_alive(), f"server died: {self._error!r}"
-                time.sleep(0.05)
-        raise RuntimeError("server did not start")
-
-    def stop(self) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(60)
-        assert not self._thread.is_alive(), "server did not stop"
-        assert self._error is None, repr(self._error)
+        self.start_serving()
+        return self
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Registry state by first alias, read on the server's own event loop."""
         async def read() -> list[dict[str, Any]]:
             return self.app.state.registry.snapshot()
 
-        assert self._loop is not None
-        rows = asyncio.run_coroutine_threadsafe(read(), self._loop).result(10)
-        return {row["aliases"][0]: row for row in rows}
+        return {row["aliases"][0]: row for row in self.on_loop(read())}
 
     def wait_until(self, predicate: Any, timeout: float = 20.0) -> dict[str, dict[str, Any]]:
         deadline = time.monotonic() + timeout

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from gateway.metrics import NULL_METRICS, MetricsSink, loader_with_metrics
 from gateway.scheduler import load_served_model
 from gateway.watch import WatchOptions
 from tests.ggufgen import write_tiny_llama
+from tests.servers import ThreadedServer, free_port
 
 HOLD_TOKENS = 17
 TINY_SPECIAL = {"0": -100, "1": -100, "2": -100}  # the tiny models' special tokens, banned
@@ -111,48 +111,19 @@ class Loads:
         return served
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class LiveServer:
+class LiveServer(ThreadedServer):
     """create_app(config) served by Hypercorn on 127.0.0.1 from a background thread."""
+
+    ready_path = "/health"
 
     def __init__(self, config_path: Path, loader: Loads, watch: WatchOptions) -> None:
         self.watch = watch
-        self.app = create_app(load_config(config_path), loader=loader, config_path=config_path,
-                              watch=watch)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(create_app(load_config(config_path), loader=loader,
+                                    config_path=config_path, watch=watch))
         self.http = httpx.Client(base_url=self.url, timeout=60)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        from hypercorn.asyncio import serve
-        from hypercorn.config import Config
-
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-            config = Config()
-            config.bind = [f"127.0.0.1:{self.port}"]
-            config.accesslog = None
-            await serve(self.app, config,  # type: ignore[arg-type]
-                        shutdown_trigger=self._stop.wait)
-
-        try:
-            asyncio.run(main())
-        except BaseException as exc:  # reported by stop()
-            self._error = exc
 
     def start(self) -> LiveServer:
-        self._thread.start()
-        wait_for(lambda: _up(self.url), 30, "the server to start")
+        self.start_serving()
         # the watcher is watching once /admin/status lists what it watches
         if self.watch.enabled:
             wait_for(lambda: self.status()["watch"]["paths"] != [], 10, "the watcher")
@@ -160,11 +131,7 @@ class LiveServer:
 
     def stop(self) -> None:
         self.http.close()
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(60)
-        assert not self._thread.is_alive(), "server did not stop"
-        assert self._error is None, repr(self._error)
+        super().stop()
 
     def status(self) -> dict[str, Any]:
         return dict(self.http.get("/admin/status").json())

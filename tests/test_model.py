@@ -128,7 +128,6 @@ def test_embeddings_are_unit_vectors(q8) -> None:
 
 
 def test_shape_mismatch_is_a_load_error(tmp_path: Path) -> None:
-    from gguf import GGUFWriter  # noqa: F401 - the writer below produces a mismatching file
     path = write_tiny_llama(tmp_path / "bad.gguf", qtype=Q.F32)
     data = bytearray(path.read_bytes())
     key = b"llama.feed_forward_length"

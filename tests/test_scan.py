@@ -7,7 +7,6 @@ error for a truncated file, `load_config` for every written config, the real app
 from __future__ import annotations
 
 import difflib
-import functools
 import json
 import shutil
 import tomllib
@@ -24,7 +23,6 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.scan import (FoundModel, assign_aliases, clean_name, format_count, main,
                           scan_dir)
-from tests import ggufgen
 from tests.ggufgen import write_tiny_llama
 
 Q = GGMLQuantizationType

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-from pathlib import Path
 
 import pytest
 

@@ -1,0 +1,72 @@
+"""A Starlette app served by Hypercorn on 127.0.0.1 from a background thread, for tests."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ThreadedServer:
+    """Serves `app` until stop(); start() returns once `ready_path` answers."""
+
+    ready_path = "/v1/models"
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            config = Config()
+            config.bind = [f"127.0.0.1:{self.port}"]
+            config.accesslog = None
+            await serve(self.app, config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported by stop()
+            self._error = exc
+
+    def start_serving(self, timeout: float = 30.0) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(self.url + self.ready_path, timeout=1).raise_for_status()
+                return
+            except httpx.HTTPError:
+                assert self._thread.is_alive(), f"server died: {self._error!r}"
+                time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def stop(self) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "server did not stop"
+        assert self._error is None, repr(self._error)
+
+    def on_loop(self, coro: Any, timeout: float = 10.0) -> Any:
+        """Run a coroutine on the server's own event loop and return its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
