@@ -47,8 +47,14 @@ async def _serve(request: Request, alias: str | None, stream: bool,
     try:
         planned = plan(served)
         if stream and chunks is not None:
-            response = EventStreamResponse(chunks(served, lease.alias, planned),
-                                           on_close=lambda: registry.release(lease))
+            assert planned is not None
+            planned.submit(served)  # a full queue is a 503 here, before any header goes out
+
+            def close() -> None:
+                planned.cancel()  # no-op once the stream ran: it cancels on its way out
+                registry.release(lease)
+
+            response = EventStreamResponse(chunks(served, lease.alias, planned), on_close=close)
             handed_off = True
             return response
         return _json(await cancel_on_disconnect(request, whole(served, lease.alias, planned)))

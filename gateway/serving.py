@@ -30,6 +30,16 @@ class Plan:
     prompt_tokens: int
     echo: list[str] = field(default_factory=list)  # completions with echo: text before each choice
     prompt_of: list[int] = field(default_factory=list)  # per choice: which prompt it continues
+    submitted: list[Any] | None = None  # streams: generations queued before the headers go out
+
+    def submit(self, served: ServedModel) -> None:
+        """Queue every choice now, so a full queue is a 503 before a stream starts; undone
+        with cancel() if the stream never runs."""
+        self.submitted = _submit_all(served, self.requests)
+
+    def cancel(self) -> None:
+        for generation in self.submitted or ():
+            generation.cancel()
 
 
 @dataclass
@@ -99,11 +109,24 @@ def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
     return Plan(requests, total, echo, prompt_of)
 
 
-async def _events(served: ServedModel,
-                  requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, Event]]:
-    """Submit every choice at once (they share the batch) and yield (choice index, event) as
-    events arrive. Leaving early, or an error in any choice, cancels all of them."""
+def _submit_all(served: ServedModel, requests: list[GenerationRequest]) -> list[Any]:
+    """Queue every choice at once (they share the batch); all or none."""
     generations: list[Any] = []
+    try:
+        for request in requests:
+            generations.append(served.scheduler.submit(request))
+    except BaseException:
+        for generation in generations:
+            generation.cancel()
+        raise
+    return generations
+
+
+async def _events(served: ServedModel, requests: list[GenerationRequest],
+                  submitted: list[Any] | None = None) -> AsyncIterator[tuple[int, Event]]:
+    """Yield (choice index, event) as events arrive, submitting every choice first unless the
+    plan already did. Leaving early, or an error in any choice, cancels all of them."""
+    generations: list[Any] = submitted or []
     pumps: list[asyncio.Task[None]] = []
     merged: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
 
@@ -117,8 +140,8 @@ async def _events(served: ServedModel,
             merged.put_nowait((index, None))
 
     try:
-        for request in requests:
-            generations.append(served.scheduler.submit(request))
+        if submitted is None:
+            generations = _submit_all(served, requests)
         pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
         running = len(pumps)
         while running:
@@ -230,7 +253,7 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
         yield chunk(index, p.ChoiceDelta(role="assistant", content=""))
     completion_tokens = 0
     cached = [0] * len(plan.requests)
-    async with contextlib.aclosing(_events(served, plan.requests)) as events:
+    async with contextlib.aclosing(_events(served, plan.requests, plan.submitted)) as events:
         async for index, event in events:
             if isinstance(event, PromptProgress):
                 yield chunk(index, p.ChoiceDelta(), progress=_progress(event))
@@ -279,7 +302,7 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
     completion_tokens = 0
     cached = [0] * len(plan.requests)
     offsets = [0] * len(plan.requests)
-    async with contextlib.aclosing(_events(served, plan.requests)) as events:
+    async with contextlib.aclosing(_events(served, plan.requests, plan.submitted)) as events:
         async for index, event in events:
             if isinstance(event, PromptProgress):
                 yield chunk(index, "", progress=_progress(event))

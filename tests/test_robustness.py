@@ -44,3 +44,34 @@ def test_nan_logits_fail_the_request_not_the_server(tmp_path: Path) -> None:
         r = client.post("/v1/chat/completions", json={"model": "bad", "stream": True, **body})
         assert r.status_code == 200  # headers went out before the failure: an error event
         assert "non-finite logits" in r.text and "[DONE]" not in r.text
+
+
+def test_a_full_queue_is_a_503_before_a_stream_starts(tmp_path: Path) -> None:
+    """max_queue is checked before any header goes out: a stream that cannot queue gets a plain
+    503 with Retry-After, not an error event inside a 200 stream."""
+    import httpx
+
+    from tests.servers import ThreadedServer
+
+    write_tiny_llama(tmp_path / "tiny.gguf", qtype=Q.Q8_0, seed=3)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("models:\n  - model: tiny.gguf\n    aliases: [tiny]\n"
+                   "    n_ctx: 4096\n    n_parallel: 1\n    max_queue: 0\n")
+    server = ThreadedServer(create_app(load_config(cfg)))
+    server.start_serving()
+    body = {"model": "tiny", "stream": True, "max_tokens": 4000,
+            "logit_bias": {"0": -100, "1": -100, "2": -100},  # no end-of-generation: runs long
+            "messages": [{"role": "user", "content": "hello there"}]}
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with client.stream("POST", "/v1/chat/completions", json=body) as first:
+                assert first.status_code == 200
+                lines = first.iter_lines()
+                assert any('"content":"' in line and '"content":""' not in line for line in lines
+                           if line.startswith("data:"))  # it is generating: the slot is taken
+                second = client.post("/v1/chat/completions", json=body)
+                assert second.status_code == 503, second.text
+                assert second.headers.get("retry-after")
+                assert second.json()["error"]["code"] == "server_busy"
+    finally:
+        server.stop()
