@@ -28,11 +28,20 @@ DONE = b"data: [DONE]\n\n"
 T = TypeVar("T")
 
 
+# Characters some line readers (Python's str.splitlines among them) take for line breaks; SSE
+# does not, but JSON may escape them, so we do and every client reads one event per line.
+_LINE_BREAKS_IN_JSON = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"}
+
+
 def sse(payload: BaseModel | dict[str, Any]) -> bytes:
     """One `data:` event. JSON never contains a raw newline, so one line is enough."""
     if isinstance(payload, BaseModel):
-        return b"data: " + payload.model_dump_json().encode() + b"\n\n"
-    return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+        text = payload.model_dump_json()
+    else:
+        text = json.dumps(payload, ensure_ascii=False)
+    for c, escaped in _LINE_BREAKS_IN_JSON.items():
+        text = text.replace(c, escaped)
+    return b"data: " + text.encode() + b"\n\n"
 
 
 async def sse_body(chunks: AsyncIterator[BaseModel]) -> AsyncIterator[bytes]:
