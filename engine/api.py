@@ -11,7 +11,7 @@ import numpy as np
 
 from .gguf import GGUFFile, ModelLoadError, read_header
 from .hparams import HParams
-from .model import Chunk, ContextOverflowError, Transformer
+from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -90,9 +90,7 @@ class Model:
     def embed(self, ids: list[int]) -> np.ndarray:
         """float32 [n_embd]: mean of the final normed hidden states, L2-normalised."""
         self.transformer.cache.tokens[0] = []
-        hidden = np.concatenate(self._prefill(list(ids), 0, "hidden"), axis=0)
-        v = hidden.mean(axis=0)
-        return (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
+        return pooled_embedding(np.concatenate(self._prefill(list(ids), 0, "hidden"), axis=0))
 
     def stream(self, ids: list[int], params: SamplingParams | None = None, max_tokens: int = 256,
                stop_at_eog: bool = True) -> Iterator[Sampled]:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import Chunk, ContextOverflowError
+from .model import Chunk, ContextOverflowError, pooled_embedding
 from .sampling import Sampled, Sampler, SamplingParams
 
 # Prompt tokens per step. A step of 128 tokens takes ~0.2 s on 2 cores, so a request arriving
@@ -292,8 +292,7 @@ class BatchRunner:
             emb.parts.append(h)
             emb.pos += len(chunk.tokens)
             if emb.pos == len(emb.prompt):
-                v = np.concatenate(emb.parts, axis=0).mean(axis=0)   # [n_embd]
-                emb.vector = (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
+                emb.vector = pooled_embedding(np.concatenate(emb.parts, axis=0))
                 emb.parts = []
                 self._release(emb, "stop")
                 result.finished.append(emb)

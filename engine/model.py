@@ -43,6 +43,12 @@ from .kernels.governor import ThreadGovernor
 from .kernels.pool import Graph, Pool
 
 
+def pooled_embedding(hidden: np.ndarray) -> np.ndarray:
+    """[n_tokens, n_embd] final normed hidden states -> float32 [n_embd]: their mean, L2-normalised."""
+    v = hidden.mean(axis=0)
+    return (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
+
+
 class ContextOverflowError(ValueError):
     """More tokens than a sequence's context holds."""
 

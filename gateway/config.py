@@ -460,6 +460,22 @@ def _section(data: dict[str, Any], key: str) -> Any:
     return {} if value is None else value
 
 
+def _entry_setting(key: str, value: Any, fields: dict[str, Any], extra: dict[str, Any],
+                   base_dir: Path, loc: Loc, problems: _Problems) -> None:
+    """A key that `defaults` and a `models` entry share: the chat template, one of our settings,
+    a llama-cpp-python key (kept in `extra`, with a warning) or an unknown key (an error)."""
+    if key == "chat_template":
+        fields.update(_chat_template(value, base_dir, loc + (key,), problems))
+    elif key in _ENTRY_KEYS:
+        fields[key] = value
+    elif key in LLAMA_CPP_MODEL_KEYS:
+        problems.warn(loc + (key,), "accepted for llama-cpp-python compatibility; "
+                                    "not used by modelyard yet")
+        extra[key] = value
+    else:
+        problems.add(loc + (key,), _unknown_key(key, _ENTRY_KEYS))
+
+
 def _prepare_defaults(raw: Any, base_dir: Path, problems: _Problems) -> dict[str, Any]:
     """The `defaults` keys that are valid, ready to merge under every entry."""
     loc: Loc = ("defaults",)
@@ -471,16 +487,8 @@ def _prepare_defaults(raw: Any, base_dir: Path, problems: _Problems) -> dict[str
     for key, value in raw.items():
         if key in _PER_MODEL_ONLY:
             problems.add(loc + (key,), "belongs in each entry of `models`, not in defaults")
-        elif key == "chat_template":
-            fields.update(_chat_template(value, base_dir, loc + (key,), problems))
-        elif key in _ENTRY_KEYS:
-            fields[key] = value
-        elif key in LLAMA_CPP_MODEL_KEYS:
-            problems.warn(loc + (key,), "accepted for llama-cpp-python compatibility; "
-                                        "not used by modelyard yet")
-            extra[key] = value
         else:
-            problems.add(loc + (key,), _unknown_key(key, _ENTRY_KEYS))
+            _entry_setting(key, value, fields, extra, base_dir, loc, problems)
     # Check the values once here, so a bad default is reported once, not once per model.
     try:
         _EntrySettings.model_validate(fields)
@@ -521,16 +529,8 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
                     alias_locs.append((name, loc + (key, j)))
                 else:
                     problems.add(loc + (key, j), f"an alias must be a non-empty string, got {name!r}")
-        elif key == "chat_template":
-            fields.update(_chat_template(value, base_dir, loc + (key,), problems))
-        elif key in _ENTRY_KEYS:
-            fields[key] = value
-        elif key in LLAMA_CPP_MODEL_KEYS:
-            problems.warn(loc + (key,), "accepted for llama-cpp-python compatibility; "
-                                        "not used by modelyard yet")
-            extra[key] = value
         else:
-            problems.add(loc + (key,), _unknown_key(key, _ENTRY_KEYS))
+            _entry_setting(key, value, fields, extra, base_dir, loc, problems)
 
     if "model" not in raw:
         problems.add(loc + ("model",), "required: the path of a GGUF file")
