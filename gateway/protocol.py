@@ -138,22 +138,18 @@ class ChatMessage(_Request):
         return message
 
 
-class ChatCompletionRequest(_Request):
-    messages: list[ChatMessage] = Field(min_length=1)
+class _GenerationRequest(_Request):
+    """Fields that chat and text completions share, as OpenAI's reference lists them for both."""
     model: str | None = None  # None -> the configured default model
     frequency_penalty: Penalty = 0.0
     logit_bias: dict[str, Bias] | None = None
-    logprobs: bool = False
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1, le=MAX_N)
     presence_penalty: Penalty = 0.0
     seed: int | None = None
-    stop: str | list[str] | None = Field(default=None)
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
     user: str | None = None
     # --- modelyard extras (llama.cpp-style sampling knobs) ---
@@ -162,6 +158,17 @@ class ChatCompletionRequest(_Request):
     repeat_penalty: float = Field(default=1.0, gt=0.0)
 
     _check_bias = field_validator("logit_bias")(_check_logit_bias)
+
+    def stop_list(self) -> list[str]:
+        return _stop_list(self.stop)
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
@@ -176,9 +183,6 @@ class ChatCompletionRequest(_Request):
         if value and not info.data.get("logprobs"):
             raise ValueError("logprobs must be true when top_logprobs is used")
         return value
-
-    def stop_list(self) -> list[str]:
-        return _stop_list(self.stop)
 
     def token_budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -268,29 +272,11 @@ class ChatCompletionChunk(_MayCarryProgress):
 
 # --------------------------------------------------------------------------------- completions
 
-class CompletionRequest(_Request):
-    model: str | None = None
+class CompletionRequest(_GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
-    frequency_penalty: Penalty = 0.0
-    logit_bias: dict[str, Bias] | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)
     max_tokens: int | None = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=1)
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    presence_penalty: Penalty = 0.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
-    user: str | None = None
-    # --- modelyard extras ---
-    top_k: int = Field(default=0, ge=0)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repeat_penalty: float = Field(default=1.0, gt=0.0)
-
-    _check_bias = field_validator("logit_bias")(_check_logit_bias)
 
     @field_validator("prompt")
     @classmethod
@@ -298,9 +284,6 @@ class CompletionRequest(_Request):
         if isinstance(value, list) and (not value or any(isinstance(p, list) and not p for p in value)):
             raise ValueError("prompt must not be an empty list")
         return value
-
-    def stop_list(self) -> list[str]:
-        return _stop_list(self.stop)
 
     def token_budget(self) -> int | None:
         return self.max_tokens
