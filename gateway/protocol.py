@@ -159,6 +159,13 @@ class _GenerationRequest(_Request):
 
     _check_bias = field_validator("logit_bias")(_check_logit_bias)
 
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        return value
+
     def stop_list(self) -> list[str]:
         return _stop_list(self.stop)
 
@@ -169,13 +176,6 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-
-    @field_validator("stop")
-    @classmethod
-    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences")
-        return value
 
     @field_validator("top_logprobs")
     @classmethod

@@ -201,3 +201,16 @@ def test_error_body_shape():
                                              param="x", code=None, n_ctx=8)).model_dump()
     assert body == {"error": {"message": "m", "type": "invalid_request_error", "param": "x",
                               "code": None, "n_ctx": 8}}
+
+
+@pytest.mark.parametrize("model, base", [
+    (p.ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}]}),
+    (p.CompletionRequest, {"prompt": "hi"}),
+])
+def test_too_many_stop_sequences_are_rejected_on_both_endpoints(model, base) -> None:
+    body = {**base, "stop": [f"s{i}" for i in range(p.MAX_STOP + 1)]}
+    with pytest.raises(RequestValidationError) as e:
+        parse_request(model, json.dumps(body).encode())
+    assert e.value.param == "stop"
+    ok = {**base, "stop": [f"s{i}" for i in range(p.MAX_STOP)]}
+    assert parse_request(model, json.dumps(ok).encode()).stop_list() == ok["stop"]
