@@ -53,6 +53,10 @@ def test_read_header_keeps_nothing_mapped(tiny: Path) -> None:
     meta, tensors = read_header(tiny)
     assert meta["general.architecture"] == "llama"
     assert "token_embd.weight" in tensors
+    assert str(tiny) not in Path("/proc/self/maps").read_text()
+    f = GGUFFile(tiny)  # the check above can see a mapping: an open file shows up there
+    assert str(tiny) in Path("/proc/self/maps").read_text()
+    f.close()
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.001, 0.01, 0.05, 0.2, 0.5, 0.9, 0.999])
