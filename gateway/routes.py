@@ -37,7 +37,8 @@ async def list_models(request: Request) -> Response:
 async def _serve(request: Request, alias: str | None, stream: bool,
                  plan: Callable[[ServedModel], serving.Plan | None],
                  whole: Callable[[ServedModel, str, Any], Awaitable[BaseModel]],
-                 chunks: Callable[[ServedModel, str, Any], AsyncIterator[BaseModel]] | None) -> Response:
+                 chunks: Callable[[ServedModel, str, Any], AsyncIterator[BaseModel | bytes]] | None,
+                 ) -> Response:
     started = time.perf_counter()
     registry = request.app.state.registry
     lease = await registry.acquire(alias)

@@ -1,7 +1,8 @@
 """One validated OpenAI request -> generation requests -> OpenAI response objects.
 
 Planning (template, tokenizing, context check) happens before anything is sent, so its errors are
-proper 400s; running yields protocol objects, either one whole response or stream chunks.
+proper 400s; running yields protocol objects, either one whole response or stream chunks (plain
+text chunks come as their SSE bytes already, filled into a template: they are most of a stream).
 Choices (`n`, several prompts) are submitted together and run side by side in the model's batch;
 the n choices of a prompt share its token list, so the scheduler reads the prompt once. If the
 consumer leaves, every choice is cancelled.
@@ -21,6 +22,7 @@ from . import protocol as p
 from .errors import context_length_exceeded, invalid_request
 from .scheduler import (Event, Finished, GenerationRequest, PromptProgress, ServedModel,
                         TextDelta, TokenInfo)
+from .streaming import TextEventTemplate
 
 
 @dataclass
@@ -142,6 +144,10 @@ async def _events(served: ServedModel, requests: list[GenerationRequest],
     try:
         if submitted is None:
             generations = _submit_all(served, requests)
+        if len(generations) == 1:  # the usual case: no pump task, one loop round less per token
+            async for event in generations[0]:
+                yield 0, event
+            return
         pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
         running = len(pumps)
         while running:
@@ -238,7 +244,7 @@ async def chat_completion(served: ServedModel, alias: str, req: p.ChatCompletion
 
 
 async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequest,
-                      plan: Plan) -> AsyncIterator[p.ChatCompletionChunk]:
+                      plan: Plan) -> AsyncIterator[p.ChatCompletionChunk | bytes]:
     cid, created = p.new_id("chatcmpl"), p.now()
 
     def chunk(index: int, delta: p.ChoiceDelta, logprobs: p.ChoiceLogprobs | None = None,
@@ -249,6 +255,8 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
         return p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[choice],
                                      prompt_progress=progress)
 
+    text_event = TextEventTemplate(chunk(TextEventTemplate.INDEX,
+                                         p.ChoiceDelta(content=TextEventTemplate.TEXT)))
     for index in range(len(plan.requests)):
         yield chunk(index, p.ChoiceDelta(role="assistant", content=""))
     completion_tokens = 0
@@ -258,8 +266,10 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
             if isinstance(event, PromptProgress):
                 yield chunk(index, p.ChoiceDelta(), progress=_progress(event))
             elif isinstance(event, TextDelta):
-                logprobs = _chat_logprobs(event.tokens) if req.logprobs else None
-                yield chunk(index, p.ChoiceDelta(content=event.text), logprobs)
+                if req.logprobs:
+                    yield chunk(index, p.ChoiceDelta(content=event.text), _chat_logprobs(event.tokens))
+                else:
+                    yield text_event.event(index, event.text)
             else:
                 completion_tokens += event.completion_tokens
                 cached[index] = event.cached_tokens
@@ -286,7 +296,7 @@ async def completion(served: ServedModel, alias: str, req: p.CompletionRequest,
 
 
 async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRequest,
-                            plan: Plan) -> AsyncIterator[p.Completion]:
+                            plan: Plan) -> AsyncIterator[p.Completion | bytes]:
     cid, created = p.new_id("cmpl"), p.now()
 
     def chunk(index: int, text: str, logprobs: p.CompletionLogprobs | None = None,
@@ -296,6 +306,7 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
         return p.Completion(id=cid, created=created, model=alias, choices=[choice],
                             prompt_progress=progress)
 
+    text_event = TextEventTemplate(chunk(TextEventTemplate.INDEX, TextEventTemplate.TEXT))
     for index, echo in enumerate(plan.echo):
         if echo:
             yield chunk(index, echo)
@@ -307,11 +318,12 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
             if isinstance(event, PromptProgress):
                 yield chunk(index, "", progress=_progress(event))
             elif isinstance(event, TextDelta):
-                logprobs = None
                 if req.wants_logprobs():
                     logprobs = _completion_logprobs(event.tokens, offsets[index])
                     offsets[index] += sum(len(t.text) for t in event.tokens)
-                yield chunk(index, event.text, logprobs)
+                    yield chunk(index, event.text, logprobs)
+                else:
+                    yield text_event.event(index, event.text)
             else:
                 completion_tokens += event.completion_tokens
                 cached[index] = event.cached_tokens
