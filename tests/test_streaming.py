@@ -1,12 +1,14 @@
 import asyncio
 import json
 
+import pydantic_core
 import pytest
 from starlette.requests import Request
 
 from gateway import protocol as p
 from gateway.errors import APIError
-from gateway.streaming import DONE, EventStreamResponse, cancel_on_disconnect, sse, sse_body
+from gateway.streaming import (DONE, EventStreamResponse, TextEventTemplate, _json_string,
+                               cancel_on_disconnect, sse, sse_body)
 
 
 def chunk(text: str) -> p.ChatCompletionChunk:
@@ -170,3 +172,42 @@ def test_unicode_line_separators_are_escaped_in_events() -> None:
     event = sse({"content": text}).decode()
     assert len(event.rstrip("\n").splitlines()) == 1
     assert _json.loads(event[len("data: "):])["content"] == text
+
+
+# --------------------------------------------------------------------------------- text templates
+
+TRICKY_TEXTS = ["", "a", " the", 'say "hi"', "back\\slash", "line\nbreak\ttab\r", "\x00\x01\x1f\x7f",
+                "a\u2028b\u2029c\u0085d", "héllo wörld", "日本語", "🙂👍🏽", "\ufffd", "-987654321",
+                TextEventTemplate.TEXT, '"index":-987654321', "}]},{"]
+
+
+def test_json_string_encoding_agrees_with_pydantic_on_every_code_point() -> None:
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    assert _json_string(every).encode() == pydantic_core.to_json(every)
+
+
+def _chat_chunk(cid: str, alias: str, index: int, text: str) -> p.ChatCompletionChunk:
+    return p.ChatCompletionChunk(id=cid, created=1700000000, model=alias, choices=[
+        p.ChunkChoice(index=index, delta=p.ChoiceDelta(content=text))])
+
+
+def _completion_chunk(cid: str, alias: str, index: int, text: str) -> p.Completion:
+    return p.Completion(id=cid, created=1700000000, model=alias, choices=[
+        p.CompletionChoice(index=index, text=text, finish_reason=None)])
+
+
+@pytest.mark.parametrize("make", [_chat_chunk, _completion_chunk])
+@pytest.mark.parametrize("alias", ["smollm2", "odd-987654321 \u2028 \"name\""])
+def test_text_event_template_gives_pydantics_event(make, alias) -> None:
+    """Each filled-in event parses to the same fields as pydantic's JSON of that chunk, and is in
+    fact the same bytes; an alias containing a marker does not confuse the template."""
+    template = TextEventTemplate(make("chatcmpl-x", alias, TextEventTemplate.INDEX,
+                                      TextEventTemplate.TEXT))
+    for index in (0, 1, 15):
+        for text in TRICKY_TEXTS:
+            ours = template.event(index, text)
+            expected = make("chatcmpl-x", alias, index, text)
+            assert ours.startswith(b"data: ") and ours.endswith(b"\n\n")
+            assert len(ours.decode().rstrip("\n").splitlines()) == 1
+            assert json.loads(ours[len(b"data: "):]) == json.loads(expected.model_dump_json())
+            assert ours == sse(expected)
