@@ -286,7 +286,10 @@ class _Outbox:
 
 
 HANDOFF_WAIT = 0.005   # seconds; bounds the wait for a busy or blocked event loop
-HANDOFF_ROUNDS = 4     # loop rounds after delivery: queue -> choice pump -> route -> socket
+# Loop rounds after delivery. A consumer woken in round k runs in round k + 1, after which this
+# callback runs again: a stream's route task writes its chunk to the socket in round 1 (one
+# choice) or 2 (several: a choice pump takes each event first, serving.py).
+HANDOFF_ROUNDS = 2
 
 
 def _deliver_all(loop: asyncio.AbstractEventLoop, items: list[tuple[_Job, Any]],

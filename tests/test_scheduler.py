@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from engine.sampling import SamplingParams
-from gateway.scheduler import (Finished, GenerationCancelled, GenerationRequest, PromptProgress,
-                               QueueFullError, Scheduler, SchedulerClosedError, StopScanner,
-                               TextDelta)
-from tests.scripted_model import FAIL, ScriptedModel, letters, script
+from gateway.scheduler import (HANDOFF_ROUNDS, Finished, Generation, GenerationCancelled,
+                               GenerationRequest, PromptProgress, QueueFullError, Scheduler,
+                               SchedulerClosedError, StopScanner, TextDelta)
+from tests.scripted_model import FAIL, SEP, ScriptedModel, ScriptedTokenizer, letters, script
 
 # ------------------------------------------------------------------ StopScanner
 
@@ -350,3 +350,61 @@ def test_metrics_record_queue_slots_batches_and_cache_hits():
     assert max(values("batch")) == 3 and max(values("queue")) >= 1 and max(values("active")) == 3
     assert values("queue")[-1] == 0 and values("active")[-1] == 0
     assert sum(values("hits")) == 8   # the slot held "abcdefgh" + SEP: all but the last token
+
+
+# ------------------------------------------------------------------ handoff to the event loop
+
+class _NoScheduler:
+    def _cancel(self, job):
+        pass
+
+
+class _Snapshot:
+    """Stands in for the handoff's threading.Event: notes what the consumers had seen when set."""
+
+    def __init__(self, seen):
+        self.seen = seen
+        self.at_set = None
+
+    def set(self):
+        self.at_set = list(self.seen)
+
+
+@pytest.mark.parametrize("rounds, complete", [(HANDOFF_ROUNDS, True), (HANDOFF_ROUNDS - 1, False)])
+def test_handoff_ends_once_every_stream_took_its_event(rounds, complete):
+    """The scheduler's wait for the loop ends after the consumers - a stream of one choice and
+    one of two choices (served through choice pumps) - have taken this step's events, and no
+    round earlier than needed."""
+    from gateway.scheduler import _deliver_all, _GenerationJob
+    from gateway.serving import _events
+
+    request = GenerationRequest([1, SEP], SamplingParams(), max_tokens=4)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        single = _GenerationJob(loop, request, ScriptedTokenizer())
+        pair = [_GenerationJob(loop, request, ScriptedTokenizer()) for _ in range(2)]
+        seen = []
+
+        async def stream(jobs):
+            generations = [Generation(_NoScheduler(), job) for job in jobs]
+            async for index, event in _events(None, [request] * len(jobs), generations):
+                seen.append(event.text)
+
+        consumers = [asyncio.ensure_future(stream([single])), asyncio.ensure_future(stream(pair))]
+        for _ in range(3):
+            await asyncio.sleep(0)  # every consumer waits for its first event
+        done = _Snapshot(seen)
+        items = [(single, TextDelta("a", [])), (pair[0], TextDelta("b", [])),
+                 (pair[1], TextDelta("c", []))]
+        loop.call_soon(_deliver_all, loop, items, done, rounds)
+        for _ in range(rounds + 3):
+            await asyncio.sleep(0)
+        for consumer in consumers:
+            consumer.cancel()
+        await asyncio.gather(*consumers, return_exceptions=True)
+        return done.at_set, seen
+
+    at_set, seen = asyncio.run(main())
+    assert sorted(seen) == ["a", "b", "c"]
+    assert (sorted(at_set) == ["a", "b", "c"]) is complete
