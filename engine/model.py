@@ -170,7 +170,7 @@ class Chunk:
 class _Activations:
     """Scratch rows for up to `capacity` tokens of one forward call (f32 unless said)."""
 
-    def __init__(self, hp: HParams, capacity: int, xq_row_bytes: dict[str, int]) -> None:
+    def __init__(self, hp: HParams, capacity: int, xq_bytes: dict[str, int]) -> None:
         self.capacity = capacity
         T, E, F = capacity, hp.n_embd, hp.n_ff
         self.x = np.empty((T, E), np.float32)            # residual stream
@@ -181,8 +181,8 @@ class _Activations:
         self.v = np.empty((T, hp.kv_dim), np.float32)
         self.g = np.empty((T, F), np.float32)            # gate, then silu(gate) * up in place
         self.u = np.empty((T, F), np.float32)            # up
-        # activations quantized for the matmuls, one buffer per block format: uint8 [T, row bytes]
-        self.xq = {act: np.empty((T, n), np.uint8) for act, n in xq_row_bytes.items()}
+        # activations quantized for the matmuls, one buffer per block format (quants.pack_activations)
+        self.xq = {act: np.empty(n, np.uint8) for act, n in xq_bytes.items()}
 
 
 def _addr(a: np.ndarray) -> int:
@@ -309,14 +309,14 @@ class Transformer:
         if self._acts is None or self._acts.capacity < n_tokens:
             old = self._acts.capacity if self._acts is not None else 4
             capacity = max(n_tokens, 2 * old)
-            row_bytes: dict[str, int] = {}
+            xq_bytes: dict[str, int] = {}
             for m in self.weights.matrices():
                 k = self.matmul_kernels.kernels(m.qtype)
                 if k.act is not None:
-                    row_bytes[k.act] = max(row_bytes.get(k.act, 0), k.act_row_bytes(m.n_cols))
+                    xq_bytes[k.act] = max(xq_bytes.get(k.act, 0), k.act_bytes(m.n_cols, capacity))
             self._acts = None  # free the old buffers before taking new ones
             self._graphs.clear()
-            self._acts = _Activations(self.hp, capacity, row_bytes)
+            self._acts = _Activations(self.hp, capacity, xq_bytes)
         return self._acts
 
     def _graph(self, output: str) -> tuple[Graph, np.ndarray | None]:
@@ -459,8 +459,7 @@ class _GraphBuilder:
                 xq = self.a.xq[k.act]
                 quantized[k.act] = _addr(xq)
                 self._node("task_quant", tasks.QUANT, fn=k.quantize_address, src=_addr(src),
-                           dst=_addr(xq), nb=n_cols // k.block_elems, src_row_bytes=4 * n_cols,
-                           dst_row_bytes=k.act_row_bytes(n_cols), m_at=m_at)  # rows packed
+                           dst=_addr(xq), nb=n_cols // k.block_elems, m_at=m_at)
         self.graph.barrier()
         out_args = []
         for w, out in targets:

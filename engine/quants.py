@@ -310,6 +310,50 @@ def _round_to_half(x: np.ndarray) -> np.ndarray:
         return np.where(big, x, x.astype(np.float16).astype(np.float32))
 
 
+def packed_activation_bytes(act: str, n_cols: int, m_rows: int) -> int:
+    """Bytes m_rows rows take in pack_activations' layout."""
+    activation_row_bytes(act, n_cols)
+    nb = n_cols // ACTIVATION_BLOCK[act]
+    if act == "q8_k":
+        return m_rows * nb * ACTIVATION_LAYOUTS[act].itemsize
+    k = 2 if act == "q8_1" else 1
+    return -(-m_rows // 2) * nb * 64 + -(-m_rows // 8) * nb * 32 * k
+
+
+def pack_activations(blocks: np.ndarray, act: str) -> np.ndarray:
+    """uint8 [M, activation_row_bytes] (ggml's blocks) -> uint8 [packed_activation_bytes]: the
+    layout the compiled matmul kernels read.
+
+    q8_0 / q8_1, for M rows of nb blocks:
+        qs      i8  [ceil(M / 2), nb, 2, 32]     rows in pairs: a block's values of rows 2p
+                                                 and 2p + 1 side by side
+        scales  f32 [ceil(M / 8), nb, k, 8]      rows in groups of 8: a block's d (q8_0's f16 d
+                                                 widened), then for q8_1 (k = 2) its s = d * sum(qs)
+    (rows past M are 0). A kernel takes a block of two rows with one 64-byte load, and a block's
+    scales of up to 8 rows with one vector load; every stride along the blocks is a constant.
+    q8_k: ggml's blocks as they are.
+    """
+    layout, elems = _activation_layout(act)
+    blocks = np.asarray(blocks, dtype=np.uint8)
+    if blocks.ndim != 2:
+        raise ValueError(f"activation blocks must be 2-D [M, row bytes], got shape {blocks.shape}")
+    if act == "q8_k":
+        return blocks.reshape(-1).copy()
+    m_rows = blocks.shape[0]
+    b = blocks.view(layout).reshape(m_rows, -1)  # [M, nb]
+    nb = b.shape[1]
+    qs = np.zeros((-(-m_rows // 2) * 2, nb, 32), np.int8)
+    qs[:m_rows] = b["qs"]
+    qs = qs.reshape(-1, 2, nb, 32).transpose(0, 2, 1, 3)                 # [pairs, nb, 2, 32]
+    fields = [b["d"]] + ([b["s"]] if act == "q8_1" else [])
+    scales = np.zeros((-(-m_rows // 8) * 8, nb, len(fields)), np.float32)
+    for i, field in enumerate(fields):
+        scales[:m_rows, :, i] = _f32(field)
+    scales = scales.reshape(-1, 8, nb, len(fields)).transpose(0, 2, 3, 1)  # [groups, nb, k, 8]
+    return np.concatenate([np.ascontiguousarray(qs).reshape(-1).view(np.uint8),
+                           np.ascontiguousarray(scales).reshape(-1).view(np.uint8)])
+
+
 def dequantize_activations(packed: np.ndarray, act: str, n_cols: int) -> np.ndarray:
     """uint8 [M, activation_row_bytes] -> float32 [M, n_cols]: d * q per block."""
     layout, elems = _activation_layout(act)

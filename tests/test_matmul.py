@@ -14,6 +14,7 @@ from engine.quants import (
     activation_type,
     dequantize,
     dequantize_activations,
+    pack_activations,
     quantize_activations,
     random_quant_matrix,
 )
@@ -40,6 +41,13 @@ def avx2() -> Iterator[MatmulKernels]:
 @pytest.fixture(scope="module")
 def no_vnni() -> Iterator[MatmulKernels]:
     with MatmulKernels(ALL_TYPES, vnni=False) as k:
+        yield k
+
+
+@pytest.fixture(scope="module")
+def narrow() -> Iterator[MatmulKernels]:
+    """No 512-bit row pairs (the same as avx2 on hosts without AVX-512)."""
+    with MatmulKernels(ALL_TYPES, wide=False) as k:
         yield k
 
 
@@ -108,6 +116,16 @@ def test_vnni_and_plain_avx2_give_the_same_bits(avx2: MatmulKernels, no_vnni: Ma
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
+def test_row_pairs_give_the_same_bits_as_single_rows(avx2: MatmulKernels, narrow: MatmulKernels,
+                                                     qtype: T) -> None:
+    """With AVX-512 two activation rows share each register, lane for lane the arithmetic of
+    one row alone: every batch size gives the narrow kernel's bits."""
+    for m in (1, 2, 3, 8, 11):
+        w, x = _case(qtype, m, seed=4)
+        np.testing.assert_array_equal(avx2.matmul(w, x), narrow.matmul(w, x))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
 def test_two_threads_give_the_same_bits(avx2: MatmulKernels, two_threads: MatmulKernels,
                                         always_split: None, qtype: T) -> None:
     for m in (1, 5):
@@ -117,10 +135,12 @@ def test_two_threads_give_the_same_bits(avx2: MatmulKernels, two_threads: Matmul
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
 def test_rows_do_not_depend_on_the_batch(avx2: MatmulKernels, qtype: T) -> None:
-    """A row's result is the same bits alone or in a batch (7 rows: tiles of 4, 2 and 1)."""
-    w, x = _case(qtype, 7, seed=2)
+    """A row's result is the same bits alone or in a batch that takes every tile size once
+    (M = sum(TILES): tiles of 4, 2 and 1 with TILES = (4, 2, 1))."""
+    m = sum(avx2.tiles)
+    w, x = _case(qtype, m, seed=2)
     together = avx2.matmul(w, x)
-    for i in range(7):
+    for i in range(m):
         np.testing.assert_array_equal(avx2.matmul(w, x[i:i + 1])[0], together[i])
 
 
@@ -131,7 +151,13 @@ def test_compiled_quantizer_writes_the_twins_bytes(avx2: MatmulKernels, act: str
     x[0, :256] = 0.0
     x[1] *= np.float32(1e-3)
     x[2, 256:] = np.round(x[2, 256:] * 4) / 4  # exact ties for the rounding mode
-    np.testing.assert_array_equal(avx2.quantize(x, act), quantize_activations(x, act))
+    expected = pack_activations(quantize_activations(x, act), act)
+    np.testing.assert_array_equal(avx2.quantize(x, act), expected)
+    # threads quantize disjoint row ranges into one buffer: the ranges write all of it, no more
+    split = np.zeros(expected.size, np.uint8)  # (an odd M's pad row is never written)
+    avx2.quantize(x, act, 0, 1, into=split)
+    avx2.quantize(x, act, 1, 3, into=split)
+    np.testing.assert_array_equal(split, expected)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)

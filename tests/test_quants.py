@@ -8,6 +8,7 @@ from gguf import quants as gguf_quants
 
 from engine.quants import (
     ACTIVATION_BLOCK,
+    ACTIVATION_LAYOUTS,
     SUPPORTED,
     QuantMatrix,
     T,
@@ -15,6 +16,8 @@ from engine.quants import (
     activation_type,
     dequantize,
     dequantize_activations,
+    pack_activations,
+    packed_activation_bytes,
     quantize_activations,
     random_quant_matrix,
     row_bytes,
@@ -167,3 +170,25 @@ def test_huge_activation_blocks_stay_finite() -> None:
     packed = quantize_activations(x, "q8_1").reshape(40)
     s = packed[4:8].copy().view(np.float32)[0]
     assert np.isfinite(s) and s == pytest.approx(128000.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("act", ["q8_0", "q8_1"])
+def test_packed_activations_hold_each_blocks_values_and_scales(act: str) -> None:
+    """pack_activations only moves ggml's block fields: row m's block b values sit in the pair
+    (m // 2) at half m % 2, its scales in group m // 8 at lane m % 8 (layout in its docstring)."""
+    rng = np.random.default_rng(5)
+    m_rows, nb = 11, 3
+    x = rng.normal(size=(m_rows, 32 * nb)).astype(np.float32)
+    blocks = quantize_activations(x, act).view(ACTIVATION_LAYOUTS[act]).reshape(m_rows, nb)
+    packed = pack_activations(quantize_activations(x, act), act)
+    assert packed.size == packed_activation_bytes(act, 32 * nb, m_rows)
+    pairs, groups, k = -(-m_rows // 2), -(-m_rows // 8), 2 if act == "q8_1" else 1
+    qs = packed[:pairs * nb * 64].view(np.int8).reshape(pairs, nb, 2, 32)
+    scales = packed[pairs * nb * 64:].view(np.float32).reshape(groups, nb, k, 8)
+    for m in range(m_rows):
+        for b in range(nb):
+            np.testing.assert_array_equal(qs[m // 2, b, m % 2], blocks["qs"][m, b])
+            assert scales[m // 8, b, 0, m % 8] == np.float32(blocks["d"][m, b])
+            if act == "q8_1":
+                assert scales[m // 8, b, 1, m % 8] == blocks["s"][m, b]
+    assert not qs[m_rows // 2, :, 1].any()  # the odd M's missing partner

@@ -10,15 +10,17 @@ FMA. A row's arithmetic never depends on the other rows of the batch or on the t
 each output row is bit-identical however the call is batched or split.
 
 IR builders are pure (type in, IR text out). Each module holds, for one weight type:
-    quantize_<act>(x, xq, nb, M)                       f32 [M, K] -> activation blocks
+    quantize_<act>(x, xq, nb, r0, r1, M)               rows [r0, r1) of f32 [M, K] -> packed blocks
     rows_<type>(w, xq, out, nb, r0, r1, M, N)         weight rows [r0, r1) against M rows
     matmul_<type>(w, x, xq, out, nb, M, N)            both, all rows (the one-thread path)
+The packed activations (engine.quants.pack_activations) keep q8_0/q8_1 rows in pairs and each
+block's scales of 8 rows side by side, so a tile of rows takes them with vector loads.
 (float types: rows_<type>(w, x, out, K, r0, r1, M, N) and no quantizer.)
 Callers must pass 0 <= r0 <= r1 <= N and valid buffers; the facade MatmulKernels checks all
 that. Row ranges let callers split the work across threads by weight rows. Inside rows_*, weight rows
 are the outer loop and activation rows the inner one, taken in tiles (TILES): each weight block is
 loaded and unpacked once per tile and used for all its rows, so the weights stream from memory
-once per call whatever M is.
+once per call whatever M is. With AVX-512 the legacy types run two rows per 512-bit register.
 
 Three instruction selections: the AVX2 one calls `llvm.x86.avx2.pmadd.ub.sw` (u8 x s8 -> pairwise
 i16 sums) and `llvm.x86.avx2.pmadd.wd` (i16 x i16 -> pairwise i32 sums), which LLVM does not form
@@ -45,20 +47,24 @@ from engine.quants import (
     SUPPORTED,
     WEIGHT_LAYOUTS,
     QuantMatrix,
-    activation_row_bytes,
     activation_type,
     dequantize,
     dequantize_activations,
+    packed_activation_bytes,
     quantize_activations,
 )
 
 T = GGMLQuantizationType
 # Activation rows per tile, largest first: one unpacked weight block serves a tile's rows, whose
-# accumulators live in registers (4 rows fit AVX2's 16; 8 measured no faster even with AVX-512's
-# 32: the per-row work, not the unpacking, dominates). Tiles of 2 make M = 2 and 3 share the
-# unpacking too (Q4_1 1536x576, M = 2: 45 -> 35 us).
-TILES = (4, 2, 1)
+# accumulators live in registers. Every tile must lie in one group of 8 rows of the packed scales
+# (tile sizes are powers of two, largest first, so each starts at a multiple of its size). Tiles of
+# 2 make M = 2 and 3 share the unpacking too (Q4_1 1536x576, M = 2: 45 -> 35 us).
+TILES = (8, 4, 2, 1)
+NARROW_TILES = (4, 2, 1)  # without AVX-512's 32 vector registers, 8 rows' accumulators spill
 PREFETCH_BYTES = 1024  # how far ahead in the weight row to prefetch
+# Tiles of at least this many rows compute a weight row's block scales in a pass of their own
+# (see _LegacyTiles); smaller ones inline them (a pass costs more than it saves for one row).
+SCALE_BUFFER_ROWS = 4
 
 
 # --- textual IR helpers -----------------------------------------------------------------------
@@ -124,6 +130,9 @@ class _Fn(IRFunction):
 
 DECLARATIONS = """
 declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
+declare <4 x float> @llvm.fma.v4f32(<4 x float>, <4 x float>, <4 x float>)
+declare <2 x float> @llvm.fma.v2f32(<2 x float>, <2 x float>, <2 x float>)
+declare <1 x float> @llvm.fma.v1f32(<1 x float>, <1 x float>, <1 x float>)
 declare float @llvm.fma.f32(float, float, float)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare float @llvm.vector.reduce.fmax.v32f32(<32 x float>)
@@ -138,6 +147,9 @@ declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
 declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
+declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)
+declare <64 x i8> @llvm.abs.v64i8(<64 x i8>, i1)
+declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
 """
 
 
@@ -191,6 +203,28 @@ class _IntOps:
                          f"<8 x i32> {u32}, <8 x i32> {s32})")
         return self.madd(self.maddubs(u, s), _splat("i16", 16, 1))
 
+    def dot_us_wide(self, u: str, s: str) -> str:
+        """dot_us on <64 x i8> (two blocks side by side) -> <16 x i32>: one AVX-512 vpdpbusd."""
+        f = self.f
+        u32 = f.let(f"bitcast <64 x i8> {u} to <16 x i32>")
+        s32 = f.let(f"bitcast <64 x i8> {s} to <16 x i32>")
+        return f.let(f"call <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32> zeroinitializer, "
+                     f"<16 x i32> {u32}, <16 x i32> {s32})")
+
+    def signed_wide(self, a: str) -> tuple[str, str]:
+        """Signed weights `a` (<32 x i8>) for dot_ss_wide: (|a| twice, a < 0 twice)."""
+        f = self.f
+        a2 = f.let(f"shufflevector <32 x i8> {a}, <32 x i8> poison, {_mask(list(range(32)) * 2)}")
+        mag = f.let(f"call <64 x i8> @llvm.abs.v64i8(<64 x i8> {a2}, i1 false)")
+        return mag, f.let(f"icmp slt <64 x i8> {a2}, zeroinitializer")
+
+    def dot_ss_wide(self, prepared: tuple[str, str], s: str) -> str:
+        """dot_ss on <64 x i8>: |a| times (s negated where a < 0); AVX-512 has no vpsignb."""
+        f = self.f
+        mag, negative = prepared
+        flipped = f.let(f"sub <64 x i8> zeroinitializer, {s}")
+        return self.dot_us_wide(mag, f.let(f"select <64 x i1> {negative}, <64 x i8> {flipped}, <64 x i8> {s}"))
+
     def signed(self, a: str) -> tuple[str, str]:
         """Prepare signed weights `a` (loop-invariant over activation rows) for dot_ss."""
         if self.avx2:  # u8 |a| times sign(a)*s: maddubs then sees an unsigned operand
@@ -231,61 +265,220 @@ V8F = "<8 x float>"
 # Legacy types accumulate in llama.cpp's order (ggml_vec_dot_q4_1_q8_1 and friends on x86):
 # per block one FMA into a single <8 x float> accumulator, the block-offset products summed
 # into a scalar, then hsum(acc) + offsets. So our dot products are llama.cpp's, bit for bit for
-# Q4_1/Q5_1/Q8_0 (Q4_0/Q5_0 take q8_1 activations here, see engine/quants.py). The serial
-# chain costs latency, which running two weight rows at once (ROW_TILE) hides.
+# Q4_1/Q5_1/Q8_0 (Q4_0/Q5_0 take q8_1 activations here, see engine/quants.py).
 LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
-_LEGACY_ACCS = (V8F, "float")  # [acc, offsets]
 _OFFSET = {T.Q4_0: -8.0, T.Q5_0: -16.0}  # these types' offsets are -8d or -16d
 
 
-def _legacy_block(qtype: GGMLQuantizationType, f: _Fn, ops: _IntOps, wbs: list[str],
-                  xss: list[list[str]], accs: list[list[str]]) -> list[list[str]]:
-    """GROUP weight blocks (wbs) of one row against each tile row's blocks (xss[t][g]).
+@dataclass(frozen=True)
+class _Tile:
+    """Activation rows m0 .. m0 + rows - 1, taken together against one weight row."""
+    m0: str  # i64 SSA value
+    rows: int
 
-    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against q8_0 / q8_1 activation blocks of 32:
-    Weight block: f16 d [| f16 m] [| u32 qh] | qs.
-    Activation block: q8_0 f16 dx | i8 y[32];  q8_1 f32 dx | f32 s = dx * sum(y) | i8 y[32].
+
+# A weight type's loop body, as three callbacks of _emit_rows:
+#   accs(rows)                        the (type, initial value) of a tile's loop-carried values
+#   block(w blocks, block indices, tile, values) -> values     one group of weight blocks
+#   finish(weight row, tile, values) -> one float per tile row
+_Accs = Callable[[int], list[tuple[str, str]]]
+_Block = Callable[[list[str], list[str], _Tile, list[str]], list[str]]
+_Finish = Callable[[str, _Tile, list[str]], list[str]]
+
+
+def _fma_vec(f: _Fn, n: int, a: str, b: str, c: str) -> str:
+    ty = f"<{n} x float>"
+    return f.let(f"call {ty} @llvm.fma.v{n}f32({ty} {a}, {ty} {b}, {ty} {c})")
+
+
+class _Packed:
+    """Byte addresses in packed q8_0 / q8_1 activations (engine.quants.pack_activations):
+
+        qs      [ceil(M / 2), nb, 2, 32] i8     rows in pairs
+        scales  [ceil(M / 8), nb, k, 8] f32     k = 1 (d) for q8_0, 2 (d, s) for q8_1
+
+    Strides along the blocks are constants (64 and 32 * k bytes), so a loop over blocks walks
+    all of them with one index.
+    """
+
+    def __init__(self, f: _Fn, act: str) -> None:
+        self.f = f
+        self.k = 2 if act == "q8_1" else 1
+        pairs = f.let(f"lshr i64 {f.add('%M', 1)}, 1")
+        self.scales = f.gep("%xq", f.mul(f.mul(pairs, "%nb"), 64))
+
+    def qs(self, row: str, b: str) -> str:
+        """Address of row's block b (a 64-byte load from an even row takes the pair's)."""
+        f = self.f
+        pair = f.let(f"lshr i64 {row}, 1")
+        odd = f.mul(f.let(f"and i64 {row}, 1"), 32)
+        return f.gep("%xq", f.add(f.mul(f.add(f.mul(pair, "%nb"), b), 64), odd))
+
+    def scale(self, row: str, b: str, which: int) -> str:
+        """Address of d (which = 0) or s (which = 1) of row's block b; the next rows of row's
+        group of 8 follow it."""
+        f = self.f
+        group = f.let(f"lshr i64 {row}, 3")
+        lane = f.mul(f.let(f"and i64 {row}, 7"), 4)
+        at = f.add(f.mul(f.add(f.mul(group, "%nb"), b), 32 * self.k), lane)
+        return f.gep(self.scales, at if which == 0 else f.add(at, 32))
+
+
+class _LegacyTiles:
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against packed q8_0 / q8_1 activations: the callbacks of
+    _emit_rows.
+
+    Weight block: f16 d [| f16 m] [| u32 qh] | qs. Activations (engine.quants.pack_activations):
+    y, the i8 values of a row's block, 32 per block, with rows paired: rows 2p and 2p+1 of block
+    b at xq + (p * nb + b) * 64 (+ 32 for the odd row); then dx [nb, M] f32 and, for q8_1,
+    s [nb, M] f32 (= dx * sum(y)), a block's scales of all rows side by side.
     q = nibbles (values 0..15 from the low then the high nibbles of qs), | bit j of qh << 4 (Q5),
     or the i8 qs (Q8_0). isum = sum(q * y) per 4-lane group (dot_us); all but Q8_0 take q
-    unsigned (maddubs needs one unsigned operand) and add the offset through s; Q8_0 is
-    signed (dot_ss: maddubs(|q|, sign(q) * y)). Per block and row, in order:
+    unsigned (maddubs needs one unsigned operand) and add the offset through s; Q8_0 is signed
+    (dot_ss: |q| times sign(q) * y). For a tile of rows m0 + t against weight row r:
 
-        acc = fma(splat(d * dx), float(isum), acc)
-        Q4_1/Q5_1:  offs = fma(m, s, offs)      (s = dx * sum(y), the q8_1 block's second slot)
-        Q4_0/Q5_0:  offs = fma(-8d or -16d, s, offs)
+        prologue, per block b:  scale[b, t] = d[b] * dx[b, m0 + t]      (one vector multiply)
+        per block b:            Q4_1/Q5_1:  offs = fma(m, s[b, m0 + t], offs)   (a vector too)
+                                Q4_0/Q5_0:  offs = fma(-8d or -16d, s[b, m0 + t], offs)
+                                per row t:  acc[t] = fma(splat(scale[b, t]), float(isum[t]), acc[t])
+        finish, per row t:      hsum(acc[t]) + offs[t]
+
+    Each lane does what llama.cpp does for its row, in the same order. With AVX-512 (`wide`) a
+    pair of rows shares one <16 x ...> register: lanes 0-7 are the even row's, 8-15 the odd
+    row's, so one vpdpbusd, conversion and FMA serve both (lane for lane the same arithmetic).
+    Scales go through a stack buffer written before the block loop, so each row's splat is a
+    broadcast load (or one permute for a pair), not two shuffles.
     """
-    out = [list(a) for a in accs]
-    qs_at = {T.Q4_0: 2, T.Q4_1: 4, T.Q5_0: 6, T.Q5_1: 8, T.Q8_0: 2}[qtype]
-    qh_at = {T.Q5_0: 2, T.Q5_1: 4}.get(qtype)
-    for g, w in enumerate(wbs):
-        if qtype == T.Q8_0:
-            prepared = ops.signed(f.load("<32 x i8>", w, qs_at))
-            d8 = f.f16_splat(w, 0)
-        else:
-            q = f.nibbles32(w, qs_at)
-            if qh_at is not None:
-                q = f.let(f"or <32 x i8> {q}, {f.bits32(f.load('i32', w, qh_at), 16)}")
-            if qtype in (T.Q4_1, T.Q5_1):  # f16 d | f16 m, converted together
-                dm = f.let(f"fpext <2 x half> {f.load('<2 x half>', w, 0)} to <2 x float>")
-                d = f.let(f"extractelement <2 x float> {dm}, i64 0")
-                m = f.let(f"extractelement <2 x float> {dm}, i64 1")
-            else:
-                d = f.let(f"fpext half {f.load('half', w, 0)} to float")
-                m = f.let(f"fmul float {d}, {_OFFSET[qtype]:.1f}")  # exact: a power of two
-        for t, x in enumerate(xss):
-            xb = x[g]
+
+    def __init__(self, qtype: GGMLQuantizationType, f: _Fn, ops: _IntOps, max_rows: int,
+                 w_block_bytes: int, wide: bool) -> None:
+        self.qtype, self.f, self.ops = qtype, f, ops
+        self.w_block_bytes = w_block_bytes
+        self.wide = wide
+        self.offsets = qtype != T.Q8_0
+        self.qs_at = {T.Q4_0: 2, T.Q4_1: 4, T.Q5_0: 6, T.Q5_1: 8, T.Q8_0: 2}[qtype]
+        self.qh_at = {T.Q5_0: 2, T.Q5_1: 4}.get(qtype)
+        self.packed = _Packed(f, "q8_0" if qtype == T.Q8_0 else "q8_1")
+        self.scales = f.let(f"alloca float, i64 {f.mul('%nb', max_rows)}, align 32")  # [nb, rows]
+
+    def _pairs(self, rows: int) -> int:
+        return rows // 2 if self.wide else 0
+
+    def accs(self, rows: int) -> list[tuple[str, str]]:
+        pairs = self._pairs(rows)
+        values = [("<16 x float>", "zeroinitializer")] * pairs + [(V8F, "zeroinitializer")] * (rows - 2 * pairs)
+        return values + [(f"<{rows} x float>", "zeroinitializer")] if self.offsets else values
+
+    def prologue(self, w_row: str, tile: _Tile) -> None:
+        f, n = self.f, tile.rows
+        vn = f"<{n} x float>"
+        if n < SCALE_BUFFER_ROWS:
+            return
+
+        def per_block(b: str, _: list[str]) -> list[str]:
+            d = f.let(f"fpext half {f.load('half', w_row, f.mul(b, self.w_block_bytes))} to float")
+            dx = f.load(vn, self.packed.scale(tile.m0, b, 0), 0, 4)
+            f.store(vn, f.let(f"fmul {vn} {f.splat_float(d, n)}, {dx}"), self.scales, f.mul(b, 4 * n), 4)
+            return []
+
+        f.loop("%nb", [], per_block)
+
+    def block(self, wbs: list[str], idx: list[str], tile: _Tile, values: list[str]) -> list[str]:
+        f, ops, qtype = self.f, self.ops, self.qtype
+        out = list(values)
+        n = tile.rows
+        pairs = self._pairs(n)
+        vn = f"<{n} x float>"
+        for w, b in zip(wbs, idx):
             if qtype == T.Q8_0:
-                isum = ops.dot_ss(prepared, f.load("<32 x i8>", xb, 2))
-                scale = f.let(f"fmul <8 x float> {d8}, {f.f16_splat(xb, 0)}")
+                raw = f.load("<32 x i8>", w, self.qs_at)
+                prepared = ops.signed(raw)
+                wide = ops.signed_wide(raw) if pairs else None
             else:
-                isum = ops.dot_us(q, f.load("<32 x i8>", xb, 8))
-                scale = f.splat_float(f.let(f"fmul float {d}, {f.load('float', xb, 0)}"))
-                out[t][1] = f.let(f"call float @llvm.fma.f32(float {m}, float {f.load('float', xb, 4)}, "
-                                  f"float {out[t][1]})")
-            fs = f.let(f"sitofp <8 x i32> {isum} to <8 x float>")
-            out[t][0] = f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {scale}, "
-                              f"<8 x float> {fs}, <8 x float> {out[t][0]})")
-    return out
+                q = f.nibbles32(w, self.qs_at)
+                if self.qh_at is not None:
+                    q = f.let(f"or <32 x i8> {q}, {f.bits32(f.load('i32', w, self.qh_at), 16)}")
+                q2 = f.let(f"shufflevector <32 x i8> {q}, <32 x i8> poison, {_mask(list(range(32)) * 2)}")
+                if qtype in (T.Q4_1, T.Q5_1):  # f16 d | f16 m, converted together
+                    dm = f.let(f"fpext <2 x half> {f.load('<2 x half>', w, 0)} to <2 x float>")
+                    d = f.let(f"extractelement <2 x float> {dm}, i64 0")
+                    m = f.let(f"extractelement <2 x float> {dm}, i64 1")
+                else:  # -8d or -16d: exact, a power of two
+                    d = f.let(f"fpext half {f.load('half', w, 0)} to float")
+                    m = f.let(f"fmul float {d}, {_OFFSET[qtype]:.1f}")
+                s = f.load(vn, self.packed.scale(tile.m0, b, 1), 0, 4)
+                out[n - pairs] = _fma_vec(f, n, f.splat_float(m, n), s, out[n - pairs])
+            scale_row = f.gep(self.scales, f.mul(b, 4 * n))
+            if n < SCALE_BUFFER_ROWS:  # few rows: the scales in a register, splat by shuffles
+                if qtype == T.Q8_0:
+                    d = f.let(f"fpext half {f.load('half', w, 0)} to float")
+                dx = f.load(vn, self.packed.scale(tile.m0, b, 0), 0, 4)
+                scales = f.let(f"fmul {vn} {f.splat_float(d, n)}, {dx}")
+            else:
+                scales = f.load(vn, scale_row, 0, 4)
+
+            def splat(lanes: list[int]) -> str:
+                if n < SCALE_BUFFER_ROWS or len(lanes) > 8:
+                    return f.let(f"shufflevector {vn} {scales}, {vn} poison, {_mask(lanes)}")
+                return f.splat_float(f.load("float", scale_row, 4 * lanes[0], 4))  # a broadcast load
+
+            for p in range(pairs):
+                y = f.load("<64 x i8>", self.packed.qs(f.add(tile.m0, 2 * p), b))
+                isum = ops.dot_ss_wide(wide, y) if qtype == T.Q8_0 else ops.dot_us_wide(q2, y)
+                fs = f.let(f"sitofp <16 x i32> {isum} to <16 x float>")
+                out[p] = _fma_vec(f, 16, splat([2 * p] * 8 + [2 * p + 1] * 8), fs, out[p])
+            for t in range(2 * pairs, n):
+                y = f.load("<32 x i8>", self.packed.qs(f.add(tile.m0, t), b))
+                isum = ops.dot_ss(prepared, y) if qtype == T.Q8_0 else ops.dot_us(q, y)
+                fs = f.let(f"sitofp <8 x i32> {isum} to <8 x float>")
+                k = pairs + t - 2 * pairs
+                out[k] = _fma_vec(f, 8, splat([t] * 8), fs, out[k])
+        return out
+
+    def finish(self, _w: str, tile: _Tile, values: list[str]) -> list[str]:
+        f, n = self.f, tile.rows
+        pairs = self._pairs(n)
+        row_accs = []
+        for p in range(pairs):
+            for h in range(2):
+                row_accs.append(f.let(f"shufflevector <16 x float> {values[p]}, <16 x float> poison, "
+                                      f"{_mask(range(8 * h, 8 * h + 8))}"))
+        row_accs += values[pairs:pairs + n - 2 * pairs]
+        results = []
+        for t in range(n):
+            total = _hsum_halves(f, row_accs[t])
+            if self.offsets:
+                off = f.let(f"extractelement <{n} x float> {values[n - pairs]}, i64 {t}")
+                total = f.let(f"fadd float {total}, {off}")
+            results.append(total)
+        return results
+
+
+def _row_tiles(f: _Fn, *, x_base: str, x_row_bytes: str, x_block_bytes: int,
+               acc_types: tuple[str, ...],
+               block: Callable[[list[str], list[list[str]], list[list[str]]], list[list[str]]],
+               finish: Callable[[list[str], str, str], str]) -> tuple[_Accs, _Block, _Finish]:
+    """Callbacks for activations stored row by row (q8_k blocks, or f32 values): each tile row
+    keeps its own accumulators (acc_types); block(w blocks, x blocks per row, accs per row) and
+    finish(row's accs, weight row, x row) work row by row."""
+    zero = {V8F: "zeroinitializer", "float": "0.0"}
+    k = len(acc_types)
+
+    def accs(rows: int) -> list[tuple[str, str]]:
+        return [(ty, zero[ty]) for _ in range(rows) for ty in acc_types]
+
+    def x_rows(tile: _Tile) -> list[str]:
+        return [f.gep(x_base, f.mul(f.add(tile.m0, t), x_row_bytes)) for t in range(tile.rows)]
+
+    def tile_block(wbs: list[str], idx: list[str], tile: _Tile, values: list[str]) -> list[str]:
+        xss = [[f.gep(x, f.mul(b, x_block_bytes)) for b in idx] for x in x_rows(tile)]
+        per_row = [values[t * k:(t + 1) * k] for t in range(tile.rows)]
+        return [v for row in block(wbs, xss, per_row) for v in row]
+
+    def tile_finish(w_row: str, tile: _Tile, values: list[str]) -> list[str]:
+        return [finish(values[t * k:(t + 1) * k], w_row, x) for t, x in enumerate(x_rows(tile))]
+
+    return accs, tile_block, tile_finish
 
 
 def _hsum_halves(f: _Fn, v: str) -> str:
@@ -296,11 +489,6 @@ def _hsum_halves(f: _Fn, v: str) -> str:
     r = f.let(f"fadd <4 x float> {r}, {f.let(f'shufflevector <4 x float> {r}, <4 x float> poison, {_mask([2, 3, 2, 3])}')}")
     a = f.let(f"extractelement <4 x float> {r}, i64 0")
     return f.let(f"fadd float {a}, {f.let(f'extractelement <4 x float> {r}, i64 1')}")
-
-
-def _legacy_finish(qtype: GGMLQuantizationType, f: _Fn, accs: list[str]) -> str:
-    total = _hsum_halves(f, accs[0])
-    return total if qtype == T.Q8_0 else f.let(f"fadd float {total}, {accs[1]}")
 
 
 def _k_scales_mins(f: _Fn, w: str) -> tuple[str, str]:
@@ -484,28 +672,32 @@ def _round_to_half(f: _Fn, x: str) -> str:
 
 
 def build_quantize_ir(act: str) -> str:
-    """quantize_<act>(ptr x, ptr xq, i64 nb, i64 M): x f32 [M, nb * block] -> M rows of blocks.
+    """quantize_<act>(ptr x, ptr xq, i64 nb, i64 r0, i64 r1, i64 M): rows [r0, r1) of x, f32
+    [M, nb * block], into the packed activations of all M rows (engine.quants.pack_activations:
+    q8_0/q8_1 keep each row's i8 values together and each block's scales of all rows side by
+    side; q8_k keeps ggml's blocks row by row), so threads can quantize disjoint row ranges.
 
     Per block, as ggml quantizes: d = max|x| / 127, q = roundeven(x * (127 / max|x|)) (0 when
-    max|x| == 0); no fast-math, so the numpy twin (engine.quants.quantize_activations) gives the
-    same bytes. q8_0 and q8_1 carry d (and q8_1's s = d * sum(q)) rounded to f16 like ggml's
-    blocks, so the products match llama.cpp's, only q8_1 keeps them in f32 slots.
-    Layouts: q8_0 f16 d | i8 q[32];  q8_1 f32 d | f32 d * sum(q) | i8 q[32];
-    q8_k f32 d | i8 q[256] | i16 bsums[16] (sums of each 16 q).
+    max|x| == 0); no fast-math, so the numpy twin (engine.quants.quantize_activations, then
+    pack_activations) gives the same bytes. q8_0 and q8_1 carry d (and q8_1's s = d * sum(q))
+    rounded to f16 like ggml's blocks (q8_0 as f16 itself, overflowing like ggml, q8_1 keeping a
+    value beyond f16's range), stored in f32 slots so the kernel needs no conversion.
     """
     elems = ACTIVATION_BLOCK[act]
-    xbytes = ACTIVATION_LAYOUTS[act].itemsize
-    f = _Fn(f"void @quantize_{act}(ptr noalias %x, ptr noalias %xq, i64 %nb, i64 %M)")
-    n_blocks = f.mul("%nb", "%M")
+    f = _Fn(f"void @quantize_{act}(ptr noalias %x, ptr noalias %xq, i64 %nb, i64 %r0, i64 %r1, i64 %M)")
+    first = f.mul("%r0", "%nb")
+    n_blocks = f.mul(f.let("sub i64 %r1, %r0"), "%nb")
+    packed = _Packed(f, act) if act != "q8_k" else None
 
-    def per_block(b: str, _: list[str]) -> list[str]:
+    def per_block(i: str, _: list[str]) -> list[str]:
+        b = f.add(first, i)  # m * nb + j: block j of row m
         src = f.gep("%x", f.mul(b, 4 * elems))
-        dst = f.gep("%xq", f.mul(b, xbytes))
         amax = _emit_absmax(f, src, elems // 32)
         d = f.let(f"fdiv float {amax}, 127.0")
         nonzero = f.let(f"fcmp one float {amax}, 0.0")
         inv = f.let(f"select i1 {nonzero}, float {f.let(f'fdiv float 127.0, {amax}')}, float 0.0")
         if act == "q8_k":
+            dst = f.gep("%xq", f.mul(b, ACTIVATION_LAYOUTS[act].itemsize))
             f.store("float", d, dst, 0)
             for c in range(elems // 32):
                 q = _emit_quantize_chunk(f, f.gep(src, 128 * c), f.gep(dst, 4 + 32 * c), inv)
@@ -514,15 +706,19 @@ def build_quantize_ir(act: str) -> str:
                                  f"{_mask(range(16 * half, 16 * half + 16))}")
                     s = f.let(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {part})")
                     f.store("i16", f.let(f"trunc i32 {s} to i16"), dst, 260 + 2 * (2 * c + half))
-        elif act == "q8_1":
-            f.store("float", _round_to_half(f, d), dst, 0)
-            q = _emit_quantize_chunk(f, src, f.gep(dst, 8), inv)
+            return []
+        assert packed is not None
+        m = f.let(f"udiv i64 {b}, %nb")
+        j = f.let(f"urem i64 {b}, %nb")
+        q = _emit_quantize_chunk(f, src, packed.qs(m, j), inv)
+        if act == "q8_1":
+            f.store("float", _round_to_half(f, d), packed.scale(m, j, 0), 0, 4)
             qsum = f.let(f"call i32 @llvm.vector.reduce.add.v32i32(<32 x i32> {q})")
             s = f.let(f"fmul float {d}, {f.let(f'sitofp i32 {qsum} to float')}")
-            f.store("float", _round_to_half(f, s), dst, 4)
+            f.store("float", _round_to_half(f, s), packed.scale(m, j, 1), 0, 4)
         else:
-            f.store("half", f.let(f"fptrunc float {d} to half"), dst, 0)
-            _emit_quantize_chunk(f, src, f.gep(dst, 2), inv)
+            dh = f.let(f"fptrunc float {d} to half")
+            f.store("float", f.let(f"fpext half {dh} to float"), packed.scale(m, j, 0), 0, 4)
         return []
 
     f.loop(n_blocks, [], per_block)
@@ -532,18 +728,17 @@ def build_quantize_ir(act: str) -> str:
 
 # --- rows kernels -----------------------------------------------------------------------------
 
-def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
-               w_row_bytes: str, x_row_bytes: str, x_base: str, acc_types: tuple[str, ...],
-               group: int, block: Callable[[list[str], list[list[str]], list[list[str]]], list[list[str]]],
-               finish: Callable[[list[str], str, str], str], prefetch: bool,
-               tiles: tuple[int, ...]) -> None:
+def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, w_row_bytes: str, group: int,
+               accs: _Accs, block: _Block, finish: _Finish, prefetch: bool,
+               tiles: tuple[int, ...], prologue: Callable[[str, _Tile], None] | None = None) -> None:
     """The shared loop nest, writing out[m * N + r]:
 
         for r in [r0, r1):                          weight rows (the split across threads)
             for each tile of tiles[0] activation rows, then of tiles[1] in what is left, ...:
+                prologue(w row, tile)                 (if given)
                 for each group of `group` blocks, then each leftover block:
-                    accs[t] = block(w[r, g], x[m0 + t, g], accs[t])   for t in the tile
-                out[m0 + t, r] = finish(accs[t], w row, x row)
+                    values = block(w[r, group], tile, values)
+                out[m0 + t, r] = finish(w row, tile, values)[t]
 
     A row's arithmetic does not depend on whether it sits in a tile, so each output row is the
     same whatever else is in the batch.
@@ -561,39 +756,32 @@ def _emit_rows(f: _Fn, *, n_blocks: str, w_block_bytes: int, x_block_bytes: int,
     n_groups = f.let(f"udiv i64 {n_blocks}, {group}")
     left_start = f.mul(n_groups, group)
     n_left = f.let(f"sub i64 {n_blocks}, {left_start}")
-    zero = {V8F: "zeroinitializer", "float": "0.0", "<2 x float>": "zeroinitializer"}
-    k = len(acc_types)
 
     def per_row(ri: str, _: list[str]) -> list[str]:
         r = f.add("%r0", ri)
         w_row = f.gep("%w", f.mul(r, w_row_bytes))
 
         def tile(m0: str, rows: int) -> list[str]:
-            x_rows = [f.gep(x_base, f.mul(f.add(m0, t), x_row_bytes)) for t in range(rows)]
+            t = _Tile(m0, rows)
 
-            def blocks(first: str, size: int, flat: list[str]) -> list[str]:
-                wbs, offs = [], []
-                for g in range(size):
-                    b = first if g == 0 else f.add(first, g)
-                    wbs.append(f.gep(w_row, f.mul(b, w_block_bytes)))
-                    offs.append(f.mul(b, x_block_bytes))
+            def blocks(first: str, size: int, values: list[str]) -> list[str]:
+                idx = [first if g == 0 else f.add(first, g) for g in range(size)]
+                wbs = [f.gep(w_row, f.mul(b, w_block_bytes)) for b in idx]
                 if prefetch:
                     ahead = f.gep(wbs[0], PREFETCH_BYTES)
                     f.do(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
-                xss = [[f.gep(x, off) for off in offs] for x in x_rows]
-                accs = [flat[t * k:(t + 1) * k] for t in range(rows)]
-                return [v for acc in block(wbs, xss, accs) for v in acc]
+                return block(wbs, idx, t, values)
 
-            flat: list[str] = [zero[ty] for _ in range(rows) for ty in acc_types]
-            types = [ty for _ in range(rows) for ty in acc_types]
-            flat = f.loop(n_groups, list(zip(types, flat)),
-                          lambda gi, fl: blocks(f.mul(gi, group), group, fl))
+            if prologue is not None:
+                prologue(w_row, t)
+            carried = accs(rows)
+            types = [ty for ty, _ in carried]
+            values = f.loop(n_groups, carried, lambda gi, v: blocks(f.mul(gi, group), group, v))
             if group > 1:
-                flat = f.loop(n_left, list(zip(types, flat)),
-                              lambda li, fl: blocks(f.add(left_start, li), 1, fl))
-            for t in range(rows):
-                result = finish(flat[t * k:(t + 1) * k], w_row, x_rows[t])
-                idx = f.add(f.mul(f.add(m0, t), "%N"), r)
+                values = f.loop(n_left, list(zip(types, values)),
+                                lambda li, v: blocks(f.add(left_start, li), 1, v))
+            for i, result in enumerate(finish(w_row, t, values)):
+                idx = f.add(f.mul(f.add(m0, i), "%N"), r)
                 dst = f.let(f"getelementptr inbounds float, ptr %out, i64 {idx}", "p")
                 f.do(f"store float {result}, ptr {dst}, align 4")
             return []
@@ -611,7 +799,7 @@ GROUP = {T.Q4_0: 2, T.Q4_1: 2, T.Q5_0: 2, T.Q5_1: 2, T.Q8_0: 2, T.Q4_K: 1, T.Q5_
 
 
 def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: bool = False,
-                    tiles: tuple[int, ...] = TILES) -> str:
+                    tiles: tuple[int, ...] = TILES, wide: bool = False) -> str:
     """The IR module for one weight type (see the module docstring for its functions).
 
     Quantized types: rows_<type>(ptr w, ptr xq, ptr out, i64 nb, i64 r0, i64 r1, i64 M, i64 N)
@@ -631,33 +819,34 @@ def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: b
         return DECLARATIONS + _build_float_rows(qtype, tiles)
     name = qtype.name.lower()
     elems, block_bytes = GGML_QUANT_SIZES[qtype]
-    x_block_bytes = ACTIVATION_LAYOUTS[act].itemsize
     assert ACTIVATION_BLOCK[act] == elems
-    body = None if qtype in LEGACY else _quant_body(qtype)
     f = _Fn(f"void @rows_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
             f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
     ops = _IntOps(f, avx2=not portable, vnni=vnni)
+    prologue = None
+    if qtype in LEGACY:
+        legacy = _LegacyTiles(qtype, f, ops, max(tiles), block_bytes, wide)
+        accs, block, finish, prologue = legacy.accs, legacy.block, legacy.finish, legacy.prologue
+    else:
+        body = _quant_body(qtype)
 
-    def block(wbs: list[str], xss: list[list[str]], accs: list[list[str]]) -> list[list[str]]:
-        if qtype in LEGACY:
-            return _legacy_block(qtype, f, ops, wbs, xss, accs)
-        assert body is not None
-        per_block = [body(f, ops, wb, [xs[g] for xs in xss]) for g, wb in enumerate(wbs)]
-        return [[_fold(f, [term for terms in per_block for term in terms[t]], acc[0])]
-                for t, acc in enumerate(accs)]
+        def k_block(wbs: list[str], xss: list[list[str]], row_accs: list[list[str]]) -> list[list[str]]:
+            per_block = [body(f, ops, wb, [xs[g] for xs in xss]) for g, wb in enumerate(wbs)]
+            return [[_fold(f, [term for terms in per_block for term in terms[t]], acc[0])]
+                    for t, acc in enumerate(row_accs)]
 
-    def finish(accs: list[str], _w: str, _x: str) -> str:
-        return _legacy_finish(qtype, f, accs) if qtype in LEGACY else f.hsum8(accs[0])
-
-    _emit_rows(f, n_blocks="%nb", w_block_bytes=block_bytes, x_block_bytes=x_block_bytes,
-               w_row_bytes=f.mul("%nb", block_bytes), x_row_bytes=f.mul("%nb", x_block_bytes),
-               x_base="%xq", acc_types=_LEGACY_ACCS if qtype in LEGACY else (V8F,),
-               group=GROUP[qtype], block=block, finish=finish, prefetch=not portable, tiles=tiles)
+        x_block_bytes = ACTIVATION_LAYOUTS[act].itemsize  # q8_k: ggml's blocks, row by row
+        accs, block, finish = _row_tiles(
+            f, x_base="%xq", x_row_bytes=f.mul("%nb", x_block_bytes), x_block_bytes=x_block_bytes,
+            acc_types=(V8F,), block=k_block, finish=lambda row_accs, _w, _x: f.hsum8(row_accs[0]))
+    _emit_rows(f, n_blocks="%nb", w_block_bytes=block_bytes, w_row_bytes=f.mul("%nb", block_bytes),
+               group=GROUP[qtype], accs=accs, block=block, finish=finish, prefetch=not portable,
+               tiles=tiles, prologue=prologue)
     f.do("ret void")
     fused = (f"define void @matmul_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %xq, "
              f"ptr noalias %out, i64 %nb, i64 %M, i64 %N) {{\n"
              f"entry:\n"
-             f"  call void @quantize_{act}(ptr %x, ptr %xq, i64 %nb, i64 %M)\n"
+             f"  call void @quantize_{act}(ptr %x, ptr %xq, i64 %nb, i64 0, i64 %M, i64 %M)\n"
              f"  call void @rows_{name}(ptr %w, ptr %xq, ptr %out, i64 %nb, i64 0, i64 %N, "
              f"i64 %M, i64 %N)\n"
              f"  ret void\n}}\n")
@@ -688,15 +877,15 @@ def _build_float_rows(qtype: GGMLQuantizationType, tiles: tuple[int, ...]) -> st
     tail0 = f.mul(n16, 16)
     n_tail = f.let(f"sub i64 %K, {tail0}")
 
-    def block(wbs: list[str], xss: list[list[str]], accs: list[list[str]]) -> list[list[str]]:
+    def block(wbs: list[str], xss: list[list[str]], row_accs: list[list[str]]) -> list[list[str]]:
         wv = [_float_widen(f, qtype, wbs[0], 8 * esize * h, 8) for h in range(2)]
         return [[f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {wv[h]}, "
                        f"<8 x float> {f.load(V8F, xs[0], 32 * h)}, <8 x float> {acc[h]})")
                  for h in range(2)]
-                for xs, acc in zip(xss, accs)]
+                for xs, acc in zip(xss, row_accs)]
 
-    def finish(accs: list[str], w_row: str, x_row: str) -> str:
-        s = f.hsum8(f.let(f"fadd <8 x float> {accs[0]}, {accs[1]}"))
+    def finish(row_accs: list[str], w_row: str, x_row: str) -> str:
+        s = f.hsum8(f.let(f"fadd <8 x float> {row_accs[0]}, {row_accs[1]}"))
 
         def tail(i: str, carried: list[str]) -> list[str]:
             k = f.add(tail0, i)
@@ -706,9 +895,11 @@ def _build_float_rows(qtype: GGMLQuantizationType, tiles: tuple[int, ...]) -> st
 
         return f.loop(n_tail, [("float", s)], tail)[0]
 
-    _emit_rows(f, n_blocks=n16, w_block_bytes=16 * esize, x_block_bytes=64,
-               w_row_bytes=f.mul("%K", esize), x_row_bytes=f.mul("%K", 4), x_base="%x",
-               acc_types=(V8F, V8F), group=1, block=block, finish=finish, prefetch=False,
+    accs, tile_block, tile_finish = _row_tiles(f, x_base="%x", x_row_bytes=f.mul("%K", 4),
+                                               x_block_bytes=64, acc_types=(V8F, V8F),
+                                               block=block, finish=finish)
+    _emit_rows(f, n_blocks=n16, w_block_bytes=16 * esize, w_row_bytes=f.mul("%K", esize),
+               group=1, accs=accs, block=tile_block, finish=tile_finish, prefetch=False,
                tiles=tiles)
     f.do("ret void")
     return f.text()
@@ -739,19 +930,18 @@ class TypeKernels:
     """One weight type's compiled functions, as ctypes calls and as addresses (for task graphs)."""
     qtype: GGMLQuantizationType
     act: str | None
-    x_block_bytes: int  # bytes of one activation block (0 for float types)
     block_elems: int
     rows: Callable[..., None]  # rows_<type>(w, x or xq, out, nb or K, r0, r1, M, N)
     fused: Callable[..., None] | None  # matmul_<type>(w, x, xq, out, nb, M, N)
-    quantize: Callable[..., None] | None  # quantize_<act>(x, xq, nb, M)
+    quantize: Callable[..., None] | None  # quantize_<act>(x, xq, nb, r0, r1, M)
     rows_address: int
     quantize_address: int  # 0 for float types
 
-    def act_row_bytes(self, n_cols: int) -> int:
-        """Bytes of one row of activations as the rows kernel takes them (f32 for float types)."""
+    def act_bytes(self, n_cols: int, m_rows: int) -> int:
+        """Bytes of m_rows rows of activations as the rows kernel takes them (f32 for float types)."""
         if self.act is None:
-            return 4 * n_cols
-        return n_cols // self.block_elems * self.x_block_bytes
+            return 4 * n_cols * m_rows
+        return packed_activation_bytes(self.act, n_cols, m_rows)
 
 
 class MatmulKernels:
@@ -763,7 +953,8 @@ class MatmulKernels:
     """
 
     def __init__(self, qtypes: Iterable[GGMLQuantizationType], n_threads: int = 1,
-                 portable: bool = False, pool: Pool | None = None, vnni: bool | None = None) -> None:
+                 portable: bool = False, pool: Pool | None = None, vnni: bool | None = None,
+                 wide: bool | None = None) -> None:
         wanted = set(qtypes)
         for q in wanted:
             if q not in SUPPORTED:
@@ -774,7 +965,10 @@ class MatmulKernels:
         # VNNI (AVX-512 VL or AVX-VNNI): one vpdpbusd for the u8 x s8 dot products
         host_vnni = jit.host_has("avxvnni") or (jit.host_has("avx512vnni") and jit.host_has("avx512vl"))
         self.vnni = not self.portable and host_vnni and vnni is not False
-        self.tiles = TILES
+        # AVX-512 (byte ops, 512-bit vpdpbusd): pairs of activation rows share a register
+        host_wide = all(jit.host_has(x) for x in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
+        self.wide = self.vnni and host_wide and wide is not False
+        self.tiles = TILES if jit.host_has("avx512vl") and not self.portable else NARROW_TILES
         self._kernels: dict[GGMLQuantizationType, TypeKernels] = {}
         self._quantizers: dict[str, Callable[..., None]] = {}
         for q in sorted(wanted, key=lambda t: t.value):
@@ -788,19 +982,19 @@ class MatmulKernels:
         self._step = np.zeros(8, np.int64)  # a STEP block whose n_tokens is M (see tasks.py)
 
     def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
-        lib = jit.compile_cached("matmul", (qtype.name, self.portable, self.vnni, self.tiles),
-                                 lambda: build_matmul_ir(qtype, self.portable, self.vnni, self.tiles))
+        lib = jit.compile_cached("matmul", (qtype.name, self.portable, self.vnni, self.tiles, self.wide),
+                                 lambda: build_matmul_ir(qtype, self.portable, self.vnni, self.tiles,
+                                                         self.wide))
         name = qtype.name.lower()
         act = activation_type(qtype)
         rows = lib.function(f"rows_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)
         rows_address = lib.address(f"rows_{name}")
         if act is None:
-            return TypeKernels(qtype, None, 0, 1, rows, None, None, rows_address, 0)
+            return TypeKernels(qtype, None, 1, rows, None, None, rows_address, 0)
         fused = lib.function(f"matmul_{name}", None, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64)
-        quantize = lib.function(f"quantize_{act}", None, _PTR, _PTR, _I64, _I64)
+        quantize = lib.function(f"quantize_{act}", None, _PTR, _PTR, _I64, _I64, _I64, _I64)
         self._quantizers.setdefault(act, quantize)
-        return TypeKernels(qtype, act, ACTIVATION_LAYOUTS[act].itemsize,
-                           GGML_QUANT_SIZES[qtype][0], rows, fused, quantize, rows_address,
+        return TypeKernels(qtype, act, GGML_QUANT_SIZES[qtype][0], rows, fused, quantize, rows_address,
                            lib.address(f"quantize_{act}"))
 
     @property
@@ -851,13 +1045,13 @@ class MatmulKernels:
                 self._run_split(k, w, x_addr, out_addr, w.n_cols, m)
                 return out
             nb = w.n_cols // k.block_elems
-            xq = self._scratch_for(m * nb * k.x_block_bytes)
+            xq = self._scratch_for(k.act_bytes(w.n_cols, m))
             if not split:
                 assert k.fused is not None
                 k.fused(w.address, x_addr, xq, out_addr, nb, m, n)
             else:
                 assert k.quantize is not None
-                k.quantize(x_addr, xq, nb, m)
+                k.quantize(x_addr, xq, nb, 0, m, m)
                 self._run_split(k, w, xq, out_addr, nb, m)
         return out
 
@@ -872,18 +1066,28 @@ class MatmulKernels:
                                  n_rows=w.n_rows, m_at=tasks.M_TOKENS)
         self._pool.run_task(t.address["task_matmul"], args, int(self._step.ctypes.data))
 
-    def quantize(self, x: np.ndarray, act: str) -> np.ndarray:
-        """The compiled activation quantizer: float32 [M, K] -> uint8 [M, row bytes] (for tests)."""
+    def quantize(self, x: np.ndarray, act: str, r0: int = 0, r1: int | None = None,
+                 into: np.ndarray | None = None) -> np.ndarray:
+        """The compiled activation quantizer (for tests): rows [r0, r1) of x, float32 [M, K],
+        into `into` (or a fresh zeroed buffer): uint8 [M * packed row bytes], laid out as
+        engine.quants.pack_activations."""
         fn = self._quantizers.get(act)
         if fn is None:
             raise ValueError(f"no {act} quantizer compiled here (have {sorted(self._quantizers)})")
         if not isinstance(x, np.ndarray) or x.ndim != 2:
             raise ValueError("activations must be a 2-D numpy array [M, K]")
-        row = activation_row_bytes(act, x.shape[1])
+        m = x.shape[0]
+        r1 = m if r1 is None else r1
+        if not 0 <= r0 <= r1 <= m:
+            raise ValueError(f"row range [{r0}, {r1}) is not within [0, {m}]")
+        size = packed_activation_bytes(act, x.shape[1], m)
         x = self._activations(x, x.shape[1])
-        out = np.empty((x.shape[0], row), np.uint8)
-        fn(_address(x), _address(out), x.shape[1] // ACTIVATION_BLOCK[act], x.shape[0])
-        return out
+        if into is None:
+            into = np.zeros(size, np.uint8)
+        elif into.shape != (size,) or into.dtype != np.uint8 or not into.flags.c_contiguous:
+            raise ValueError(f"into must be a contiguous uint8 array of {size} bytes")
+        fn(_address(x), _address(into), x.shape[1] // ACTIVATION_BLOCK[act], r0, r1, m)
+        return into
 
     def close(self) -> None:
         if self._own_pool and self._pool is not None:

@@ -81,8 +81,7 @@ STEP = _layout("n_tokens:i64", "n_out:i64", "positions:ptr", "kv_rows:ptr", "chu
 MATMUL = _layout("fn:ptr", "w:ptr", "x:ptr", "out:ptr", "nb:i64", "n_rows:i64", "m_at:i64")
 NORM = _layout("fn:ptr", "x:ptr", "residual:ptr", "weight:ptr", "out:ptr", "n:i64", "eps:float",
                "m_at:i64", "gather:i64")
-QUANT = _layout("fn:ptr", "src:ptr", "dst:ptr", "nb:i64", "src_row_bytes:i64",
-                "dst_row_bytes:i64", "m_at:i64")
+QUANT = _layout("fn:ptr", "src:ptr", "dst:ptr", "nb:i64", "m_at:i64")
 SILU = _layout("fn:ptr", "gate:ptr", "up:ptr", "n:i64", "m_at:i64")
 ROPE_STORE = _layout("rope:ptr", "q:ptr", "k:ptr", "v:ptr", "n_head:i64", "n_kv_head:i64",
                      "head_dim:i64", "half_rot:i64", "cos:ptr", "sin:ptr", "n_table:i64",
@@ -214,14 +213,12 @@ def _task_norm() -> str:
 
 
 def _task_quant() -> str:
-    """My rows of src quantized to activation blocks: fn(src + r0 rows, dst + r0 rows, nb, r1 - r0)."""
+    """My rows of src quantized into the packed activations of all M rows: fn(src, dst, nb, r0, r1, M)."""
     f = IRFunction(f"void @task_quant{_SIG}")
     a = QUANT.load(f, "%args")
     m = _step_count(f, a["m_at"])
     r0, r1 = _row_range(f, m)
-    src = f.gep(a["src"], f.mul(r0, a["src_row_bytes"]))
-    dst = f.gep(a["dst"], f.mul(r0, a["dst_row_bytes"]))
-    f.do(f"call void {a['fn']}(ptr {src}, ptr {dst}, i64 {a['nb']}, i64 {f.let(f'sub i64 {r1}, {r0}')})")
+    f.do(f"call void {a['fn']}(ptr {a['src']}, ptr {a['dst']}, i64 {a['nb']}, i64 {r0}, i64 {r1}, i64 {m})")
     f.do("ret void")
     return f.text()
 
