@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -221,12 +221,16 @@ class _GenerationJob(_Job):
         super().__init__(loop, batch.Sequence(request.prompt_ids, params=request.params,
                                               max_tokens=request.max_tokens))
         self.request = request
-        self.events: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        # one consumer: a deque and the future it waits on is all an asyncio.Queue did here
+        self.events: deque[Event | BaseException] = deque()
+        self.waiter: asyncio.Future[None] | None = None
         self.decoder = tokenizer.incremental_decoder(skip_special=True)
         self.scanner: StopScanner[TokenInfo | None] = StopScanner(request.stop)
 
     def deliver(self, event: Any) -> None:
-        self.events.put_nowait(event)
+        self.events.append(event)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
 
 class _EmbeddingJob(_Job):
@@ -325,7 +329,14 @@ class Generation:
     async def __anext__(self) -> Event:
         if self._done:
             raise StopAsyncIteration
-        event = await self._job.events.get()
+        job = self._job
+        while not job.events:
+            job.waiter = job.loop.create_future()
+            try:
+                await job.waiter
+            finally:
+                job.waiter = None
+        event = job.events.popleft()
         if isinstance(event, BaseException):
             self._done = True
             raise event
