@@ -182,7 +182,7 @@ class _Activations:
         self.g = np.empty((T, F), np.float32)            # gate, then silu(gate) * up in place
         self.u = np.empty((T, F), np.float32)            # up
         # activations quantized for the matmuls, one buffer per block format (quants.pack_activations)
-        self.xq = {act: np.empty(n, np.uint8) for act, n in xq_bytes.items()}
+        self.xq = {act: quants.empty_packed(n) for act, n in xq_bytes.items()}
 
 
 def _addr(a: np.ndarray) -> int:

@@ -320,6 +320,14 @@ def packed_activation_bytes(act: str, n_cols: int, m_rows: int) -> int:
     return -(-m_rows // 2) * nb * 64 + -(-m_rows // 8) * nb * 32 * k
 
 
+def empty_packed(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 buffer for packed activations, 64-byte aligned so that no 32- or
+    64-byte block load straddles a cache line."""
+    raw = np.empty(nbytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + nbytes]
+
+
 def pack_activations(blocks: np.ndarray, act: str) -> np.ndarray:
     """uint8 [M, activation_row_bytes] (ggml's blocks) -> uint8 [packed_activation_bytes]: the
     layout the compiled matmul kernels read.

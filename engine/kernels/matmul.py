@@ -50,6 +50,7 @@ from engine.quants import (
     activation_type,
     dequantize,
     dequantize_activations,
+    empty_packed,
     packed_activation_bytes,
     quantize_activations,
 )
@@ -685,12 +686,10 @@ def build_quantize_ir(act: str) -> str:
     """
     elems = ACTIVATION_BLOCK[act]
     f = _Fn(f"void @quantize_{act}(ptr noalias %x, ptr noalias %xq, i64 %nb, i64 %r0, i64 %r1, i64 %M)")
-    first = f.mul("%r0", "%nb")
-    n_blocks = f.mul(f.let("sub i64 %r1, %r0"), "%nb")
     packed = _Packed(f, act) if act != "q8_k" else None
 
-    def per_block(i: str, _: list[str]) -> list[str]:
-        b = f.add(first, i)  # m * nb + j: block j of row m
+    def per_block(m: str, j: str) -> None:  # block j of row m
+        b = f.add(f.mul(m, "%nb"), j)
         src = f.gep("%x", f.mul(b, 4 * elems))
         amax = _emit_absmax(f, src, elems // 32)
         d = f.let(f"fdiv float {amax}, 127.0")
@@ -706,10 +705,8 @@ def build_quantize_ir(act: str) -> str:
                                  f"{_mask(range(16 * half, 16 * half + 16))}")
                     s = f.let(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {part})")
                     f.store("i16", f.let(f"trunc i32 {s} to i16"), dst, 260 + 2 * (2 * c + half))
-            return []
+            return
         assert packed is not None
-        m = f.let(f"udiv i64 {b}, %nb")
-        j = f.let(f"urem i64 {b}, %nb")
         q = _emit_quantize_chunk(f, src, packed.qs(m, j), inv)
         if act == "q8_1":
             f.store("float", _round_to_half(f, d), packed.scale(m, j, 0), 0, 4)
@@ -719,9 +716,8 @@ def build_quantize_ir(act: str) -> str:
         else:
             dh = f.let(f"fptrunc float {d} to half")
             f.store("float", f.let(f"fpext half {dh} to float"), packed.scale(m, j, 0), 0, 4)
-        return []
 
-    f.loop(n_blocks, [], per_block)
+    f.loop_range("%r0", "%r1", lambda m: f.loop("%nb", [], lambda j, _: per_block(m, j) or []))
     f.do("ret void")
     return f.text()
 
@@ -1010,7 +1006,7 @@ class MatmulKernels:
 
     def _scratch_for(self, nbytes: int) -> int:
         if self._scratch.nbytes < nbytes:
-            self._scratch = np.empty(max(nbytes, 2 * self._scratch.nbytes), np.uint8)
+            self._scratch = empty_packed(max(nbytes, 2 * self._scratch.nbytes))
             self._scratch_address = int(self._scratch.ctypes.data)
         return self._scratch_address
 
