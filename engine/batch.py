@@ -345,9 +345,20 @@ class BatchRunner:
         return False
 
     def _sample(self, items: list[tuple[Sequence, np.ndarray]]) -> list[Sampled]:
-        if self._pool is None or len(items) < 2:
+        """Sample each sequence; the costly ones (random draws, logprobs) on the pool when
+        there are several. Greedy without logprobs is one pass over the logits (~20 us): handing
+        it to a thread would cost more than it saves."""
+        costly = [i for i, (seq, _) in enumerate(items) if _costly(seq.params)]
+        if self._pool is None or len(costly) < 2:
             return [seq.sampler.sample(row) for seq, row in items]
-        return list(self._pool.map(lambda item: item[0].sampler.sample(item[1]), items))
+        results: list[Sampled | None] = [None] * len(items)
+        done = self._pool.map(lambda i: items[i][0].sampler.sample(items[i][1]), costly)
+        for i, (seq, row) in enumerate(items):
+            if not _costly(seq.params):
+                results[i] = seq.sampler.sample(row)
+        for i, sampled in zip(costly, done):
+            results[i] = sampled
+        return results  # type: ignore[return-value]
 
     def _take(self, seq: Sequence, sampled: Sampled, result: StepResult) -> None:
         if seq.stop_at_eog and sampled.token in self.eog:
@@ -369,6 +380,10 @@ class BatchRunner:
         occ.state, occ.finish_reason = State.FINISHED, reason
         if isinstance(occ, Sequence):
             occ.pending = None
+
+
+def _costly(params: SamplingParams) -> bool:
+    return params.temperature > 0.0 or params.logprobs or params.top_logprobs > 0
 
 
 __all__ = ["BatchRunner", "Embedding", "PREFILL_BUDGET", "Sequence", "State", "StepError",

@@ -26,6 +26,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     top_logprobs: int = 0          # how many alternatives to report per token (0 = none)
+    logprobs: bool = True          # report the chosen token's logprob (False: nan, one pass
+                                   # over the vocabulary saved per token)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -47,7 +49,7 @@ class NonFiniteLogitsError(ValueError):
 @dataclass
 class Sampled:
     token: int
-    logprob: float                                     # log p(token) under the model
+    logprob: float                                     # log p(token) under the model (nan if not asked)
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
 
 
@@ -95,6 +97,8 @@ class Sampler:
             raise NonFiniteLogitsError(f"the model produced non-finite logits ({best})")
         token = int(np.argmax(x)) if p.temperature == 0.0 else self._draw(x, best)
         self.accept(token)
+        if not (p.logprobs or p.top_logprobs):
+            return Sampled(token, float("nan"))
         raw = np.asarray(logits, dtype=np.float32)                       # [n_vocab]
         m = float(raw.max())
         lse = m + float(np.log(np.exp(raw - m).sum(dtype=np.float64)))  # log sum exp

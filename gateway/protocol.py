@@ -455,6 +455,7 @@ def sampling_params(req: GenerationRequestBody, choice: int = 0) -> engine.Sampl
         logit_bias={int(k): v for k, v in (req.logit_bias or {}).items()},
         seed=seed,
         top_logprobs=req.n_top_logprobs(),
+        logprobs=req.wants_logprobs(),
     )
 
 

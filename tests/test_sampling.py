@@ -117,6 +117,16 @@ def test_logprobs_are_the_models_log_softmax() -> None:
         assert lp == pytest.approx(ref[t], abs=1e-6)
 
 
+def test_without_logprobs_the_same_tokens_come_and_no_logprob() -> None:
+    """logprobs=False skips the log-softmax only: the draws are the same."""
+    for temperature in (0.0, 0.9):
+        with_lp = Sampler(SamplingParams(temperature=temperature, seed=3))
+        without = Sampler(SamplingParams(temperature=temperature, seed=3, logprobs=False))
+        for _ in range(20):
+            a, b = with_lp.sample(LOGITS), without.sample(LOGITS)
+            assert a.token == b.token and np.isfinite(a.logprob) and np.isnan(b.logprob)
+
+
 @pytest.mark.parametrize("kwargs", [{"temperature": -1}, {"top_p": 0.0}, {"top_p": 1.5},
                                     {"min_p": 2.0}, {"top_k": -1}, {"top_logprobs": -2}])
 def test_bad_parameters_are_rejected(kwargs: dict) -> None:
