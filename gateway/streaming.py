@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from json.encoder import encode_basestring
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from json.encoder import encode_basestring
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
