@@ -214,7 +214,7 @@ class _IntOps:
         return self.madd(self.maddubs(u, s), _splat("i16", 16, 1))
 
     def dot_us_wide(self, u: str, s: str) -> str:
-        """dot_us on <64 x i8> (two blocks side by side) -> <16 x i32>: one AVX-512 vpdpbusd."""
+        """dot_us on <64 x i8> (two rows' blocks side by side) -> <16 x i32> (AVX-512 VNNI)."""
         f = self.f
         u32 = f.let(f"bitcast <64 x i8> {u} to <16 x i32>")
         s32 = f.let(f"bitcast <64 x i8> {s} to <16 x i32>")
@@ -354,10 +354,11 @@ class _LegacyTiles:
         finish, per row t:      hsum(acc[t]) + offs[t]
 
     Each lane does what llama.cpp does for its row, in the same order. With AVX-512 (`wide`) a
-    pair of rows shares one <16 x ...> register: lanes 0-7 are the even row's, 8-15 the odd
-    row's, so one vpdpbusd, conversion and FMA serve both (lane for lane the same arithmetic).
-    Scales go through a stack buffer written before the block loop, so each row's splat is a
-    broadcast load (or one permute for a pair), not two shuffles.
+    pair of rows shares one <16 x ...> vector: lanes 0-7 are the even row's, 8-15 the odd row's
+    (one 64-byte activation load, one permute for both rows' scales; lane for lane the same
+    arithmetic). Scales go through a stack buffer written before the block loop, so a row's
+    splat is a broadcast load or a pair's one permute, not a multiply and two shuffles.
+    (bench_matmul, Q4_1 1536x576, 8 rows: 129 us with per-row scales, 95 narrow, 75 wide.)
     """
 
     def __init__(self, qtype: GGMLQuantizationType, f: _Fn, ops: _IntOps, max_rows: int,
@@ -825,10 +826,10 @@ def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: b
     name = qtype.name.lower()
     elems, block_bytes = GGML_QUANT_SIZES[qtype]
     assert ACTIVATION_BLOCK[act] == elems
-    # LLVM splits 512-bit vectors into 256-bit halves unless the function asks for them
-    zmm = ' "prefer-vector-width"="512" "min-legal-vector-width"="512"' if wide else ""
+    # (LLVM splits the 512-bit pair vectors into 256-bit halves here: asking for zmm registers
+    # with "prefer-vector-width"="512" measured no faster on Zen 5, so the halves stay)
     f = _Fn(f"void @rows_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
-            f"i64 %r0, i64 %r1, i64 %M, i64 %N){zmm}")
+            f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
     ops = _IntOps(f, avx2=not portable, vnni=vnni)
     prologue = None
     if qtype in LEGACY:
