@@ -1,12 +1,15 @@
 """Engine speed on one model: prints one JSON line.
 
-    python scripts/bench_engine.py MODEL.gguf [--threads 1 2] [--repeat 3]
+    python scripts/bench_engine.py MODEL.gguf [--threads 1 2] [--repeat 3] [--batch 8]
 
 For each thread count, a fresh process loads the model (kernel cache warm after the first run) and
 measures: load seconds, prefill tokens/s at 128 and 512 prompt tokens, decode tokens/s over 128
 tokens after a short prompt (`decode_tok_s` through Model.stream, sampler included;
 `decode_forward_tok_s` one forward call and an argmax per token, as bench_compare.py measures
-it), and peak RSS. Figures are medians over --repeat runs in that process.
+it), batched decode (`decode_batch<B>_tok_s`: B sequences of 100 cached tokens each decoding
+together, one forward call per step for all of them, tokens of all sequences per second, as the
+server's continuous batching runs them), and peak RSS. Figures are medians over --repeat runs in
+that process.
 """
 from __future__ import annotations
 
@@ -20,13 +23,13 @@ import time
 from pathlib import Path
 
 
-def measure(model_path: str, threads: int, repeat: int) -> dict:
+def measure(model_path: str, threads: int, repeat: int, batch: int) -> dict:
     t0 = time.perf_counter()
     import engine  # noqa: PLC0415 - the import is part of what a cold start costs
     import numpy as np  # noqa: PLC0415
     from engine.model import Chunk  # noqa: PLC0415
 
-    model = engine.load(model_path, n_ctx=1024, n_threads=threads)
+    model = engine.load(model_path, n_ctx=1024, n_threads=threads, n_slots=batch)
     load_s = time.perf_counter() - t0
     text = ("The quick brown fox jumps over the lazy dog while the curious cat watches from "
             "the old wooden fence, thinking about dinner and the long winter ahead. ") * 40
@@ -60,6 +63,18 @@ def measure(model_path: str, threads: int, repeat: int) -> dict:
             tok = int(np.argmax(tr.forward([Chunk(0, [tok], 8 + i)], "last")[0]))
         runs.append(128 / (time.perf_counter() - t))
     out["decode_forward_tok_s"] = round(statistics.median(runs), 1)
+    runs = []
+    for _ in range(repeat):
+        for s in range(batch):  # B different prompts of 100 tokens
+            tr.cache.tokens[s] = []
+            tr.forward([Chunk(s, ids[s:s + 100], 0)], "last")
+        toks = [ids[100 + s] for s in range(batch)]
+        t = time.perf_counter()
+        for i in range(64):
+            logits = tr.forward([Chunk(s, [toks[s]], 100 + i) for s in range(batch)], "last")
+            toks = [int(np.argmax(row)) for row in logits]
+        runs.append(64 * batch / (time.perf_counter() - t))
+    out[f"decode_batch{batch}_tok_s"] = round(statistics.median(runs), 1)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     model.close()
     return out
@@ -70,18 +85,19 @@ def main() -> None:
     ap.add_argument("model", nargs="?", help="GGUF file (default: SmolLM2 from the cache)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8, help="sequences decoding together")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.model is None:
         from engine.default_model import default_model_path
         args.model = str(default_model_path())
     if args.child is not None:
-        print(json.dumps(measure(args.model, args.child, args.repeat)))
+        print(json.dumps(measure(args.model, args.child, args.repeat, args.batch)))
         return
     results = []
     for threads in args.threads:
         proc = subprocess.run([sys.executable, __file__, args.model, "--child", str(threads),
-                               "--repeat", str(args.repeat)],
+                               "--repeat", str(args.repeat), "--batch", str(args.batch)],
                               capture_output=True, text=True, check=True)
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     print(json.dumps({"model": Path(args.model).name, "runs": results}))
