@@ -10,17 +10,18 @@ FMA. A row's arithmetic never depends on the other rows of the batch or on the t
 each output row is bit-identical however the call is batched or split.
 
 IR builders are pure (type in, IR text out). Each module holds, for one weight type:
-    quantize_<act>(x, xq, nb, r0, r1, M)               rows [r0, r1) of f32 [M, K] -> packed blocks
+    quantize_<act>(x, xq, nb, r0, r1, M)              rows [r0, r1) of f32 [M, K] -> packed blocks
     rows_<type>(w, xq, out, nb, r0, r1, M, N)         weight rows [r0, r1) against M rows
     matmul_<type>(w, x, xq, out, nb, M, N)            both, all rows (the one-thread path)
-The packed activations (engine.quants.pack_activations) keep q8_0/q8_1 rows in pairs and each
-block's scales of 8 rows side by side, so a tile of rows takes them with vector loads.
-(float types: rows_<type>(w, x, out, K, r0, r1, M, N) and no quantizer.)
-Callers must pass 0 <= r0 <= r1 <= N and valid buffers; the facade MatmulKernels checks all
-that. Row ranges let callers split the work across threads by weight rows. Inside rows_*, weight rows
-are the outer loop and activation rows the inner one, taken in tiles (TILES): each weight block is
-loaded and unpacked once per tile and used for all its rows, so the weights stream from memory
-once per call whatever M is. With AVX-512 the legacy types run two rows per 512-bit register.
+(float types: rows_<type>(w, x, out, K, r0, r1, M, N) and no quantizer.) The packed activations
+(engine.quants.pack_activations) keep q8_0/q8_1 rows in pairs and each block's scales of 8 rows
+side by side, so a tile of rows takes them with vector loads; threads quantize disjoint row
+ranges into the one buffer. Callers must pass 0 <= r0 <= r1 <= N and valid buffers; the facade
+MatmulKernels checks all that. Row ranges let callers split the work across threads by weight
+rows. Inside rows_*, weight rows are the outer loop and activation rows the inner one, taken in
+tiles (TILES): each weight block is loaded and unpacked once per tile and used for all its rows,
+so the weights stream from memory once per call whatever M is. With AVX-512 the legacy types
+take two rows per 512-bit vector.
 
 Three instruction selections: the AVX2 one calls `llvm.x86.avx2.pmadd.ub.sw` (u8 x s8 -> pairwise
 i16 sums) and `llvm.x86.avx2.pmadd.wd` (i16 x i16 -> pairwise i32 sums), which LLVM does not form
@@ -338,10 +339,8 @@ class _LegacyTiles:
     """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against packed q8_0 / q8_1 activations: the callbacks of
     _emit_rows.
 
-    Weight block: f16 d [| f16 m] [| u32 qh] | qs. Activations (engine.quants.pack_activations):
-    y, the i8 values of a row's block, 32 per block, with rows paired: rows 2p and 2p+1 of block
-    b at xq + (p * nb + b) * 64 (+ 32 for the odd row); then dx [nb, M] f32 and, for q8_1,
-    s [nb, M] f32 (= dx * sum(y)), a block's scales of all rows side by side.
+    Weight block: f16 d [| f16 m] [| u32 qh] | qs. Activations (_Packed): y, a row's block of 32
+    i8 values, rows in pairs; its scale dx and, for q8_1, s = dx * sum(y), 8 rows side by side.
     q = nibbles (values 0..15 from the low then the high nibbles of qs), | bit j of qh << 4 (Q5),
     or the i8 qs (Q8_0). isum = sum(q * y) per 4-lane group (dot_us); all but Q8_0 take q
     unsigned (maddubs needs one unsigned operand) and add the offset through s; Q8_0 is signed
@@ -409,7 +408,8 @@ class _LegacyTiles:
                 q = f.nibbles32(w, self.qs_at)
                 if self.qh_at is not None:
                     q = f.let(f"or <32 x i8> {q}, {f.bits32(f.load('i32', w, self.qh_at), 16)}")
-                q2 = f.let(f"shufflevector <32 x i8> {q}, <32 x i8> poison, {_mask(list(range(32)) * 2)}")
+                if pairs:  # the block for both rows of a pair
+                    q2 = f.let(f"shufflevector <32 x i8> {q}, <32 x i8> poison, {_mask(list(range(32)) * 2)}")
                 if qtype in (T.Q4_1, T.Q5_1):  # f16 d | f16 m, converted together
                     dm = f.let(f"fpext <2 x half> {f.load('<2 x half>', w, 0)} to <2 x float>")
                     d = f.let(f"extractelement <2 x float> {dm}, i64 0")
@@ -442,8 +442,7 @@ class _LegacyTiles:
                 y = f.load("<32 x i8>", self.packed.qs(f.add(tile.m0, t), b))
                 isum = ops.dot_ss(prepared, y) if qtype == T.Q8_0 else ops.dot_us(q, y)
                 fs = f.let(f"sitofp <8 x i32> {isum} to <8 x float>")
-                k = pairs + t - 2 * pairs
-                out[k] = _fma_vec(f, 8, splat([t] * 8), fs, out[k])
+                out[t - pairs] = _fma_vec(f, 8, splat([t] * 8), fs, out[t - pairs])
         return out
 
     def finish(self, _w: str, tile: _Tile, values: list[str]) -> list[str]:
