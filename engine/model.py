@@ -37,7 +37,7 @@ from . import quants
 from .gguf import GGUFFile, ModelLoadError
 from .hparams import HParams
 from .kernels import ops, tasks
-from .kernels.attention import AttentionKernel
+from .kernels.attention import AttentionKernel, f16acc_scratch_floats
 from .kernels.matmul import MatmulKernels
 from .kernels.governor import ThreadGovernor
 from .kernels.pool import Graph, Pool
@@ -357,8 +357,10 @@ class Transformer:
         return b.graph, out_args
 
     def _scratch_stride(self) -> int:
-        """Floats of attention scratch per thread: a scores row (exact path) or q in f16 (f16acc)."""
-        return max(-(-self.n_ctx // 8) * 8 + 8, self.hp.head_dim)
+        """Floats of attention scratch per thread: a scores row (exact path) or the f16 q rows of
+        the heads the f16acc path runs together."""
+        hp = self.hp
+        return max(-(-self.n_ctx // 8) * 8 + 8, f16acc_scratch_floats(hp.n_head, hp.n_head_kv, hp.head_dim))
 
     # -- the eager twin --------------------------------------------------------------------------
     def forward_eager(self, chunks: list[Chunk], output: str = "last") -> list[np.ndarray]:

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engine.kernels.attention import AttentionKernel, attention_exact, attention_reference, split_work
+from engine.kernels.attention import (AttentionKernel, attention_exact, attention_reference,
+                                      f16acc_scratch_floats, split_work)
 
 # The kernel and its twin keep the accumulator f16-rounded after every key (llama.cpp's order);
 # float32 differences in a dot product or exp can move one rounding by an f16 ulp of the
@@ -95,14 +96,57 @@ def test_future_keys_do_not_leak(kernels):
     assert not np.allclose(before[4:], after[4:])
 
 
-def test_gqa_head_mapping_is_contiguous_blocks(kernels):
-    """Head h reads kv head h // (n_head // n_kv_head), not h % n_kv_head."""
-    n_head, n_kv_head, head_dim = 6, 2, 64
-    q, k, v = make_case(np.random.default_rng(4), 1, 3, n_head, n_kv_head, head_dim, 4)
-    got = kernels[1](q, k, v, 3)
+# (n_head, n_kv_head): groups of 3, 4, 1, 6 and 16 (more than GROUP_MAX: runs of 8 + 8)
+GROUPINGS = [(9, 3), (8, 2), (4, 4), (6, 1), (16, 1)]
+
+
+@pytest.mark.parametrize("f16c", [True, False])
+@pytest.mark.parametrize("head_dim", [64, 72])
+@pytest.mark.parametrize("n_head,n_kv_head", GROUPINGS)
+def test_heads_run_together_give_the_bits_of_one_head_at_a_time(n_head, n_kv_head, head_dim, f16c):
+    """Head h reads kv head h // (n_head // n_kv_head), and gets the same bits when the heads of
+    its kv head run through the keys together as when it is the only head (a group of one)."""
+    kern = AttentionKernel(f16c=f16c)
+    group = n_head // n_kv_head
+    # 2 queries; 38 and 39 keys: blocks of four plus a tail of single keys; x3 makes new maxima
+    q, k, v = make_case(np.random.default_rng([n_head, head_dim]), 2, 37, n_head, n_kv_head, head_dim, 40)
+    q *= 3
+    got = kern(q, k, v, 37)
     for h in range(n_head):
-        single = kernels[1](q[:, h:h + 1].copy(), k[:, h // 3:h // 3 + 1].copy(), v[:, h // 3:h // 3 + 1].copy(), 3)
-        assert np.array_equal(got[:, h], single[:, 0])
+        kv = slice(h // group, h // group + 1)
+        single = kern(q[:, h:h + 1].copy(), k[:, kv].copy(), v[:, kv].copy(), 37)
+        assert np.array_equal(got[:, h].view(np.uint32), single[:, 0].view(np.uint32)), h
+
+
+def run_items(kern: AttentionKernel, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int,
+              out: np.ndarray, w_begin: int, w_end: int) -> None:
+    """The f16acc function itself over items [w_begin, w_end), as one thread of a split runs it."""
+    n_q, n_head, head_dim = q.shape
+    scratch = np.empty(f16acc_scratch_floats(n_head, k.shape[1], head_dim), np.float32)
+    kern._f16acc(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, scratch.ctypes.data,
+                 n_q, n_head, k.shape[1], head_dim, pos0, 1 / math.sqrt(head_dim), w_begin, w_end)
+
+
+@pytest.mark.parametrize("n_head,n_kv_head", GROUPINGS)
+def test_item_ranges_that_cut_groups_give_the_same_bits(kernels, n_head, n_kv_head):
+    """Ranges cut anywhere (mid-group, mid-run) write exactly their items, with the bits of the
+    whole range: a run of heads ends at the range's edge without changing any head's result."""
+    n_q, pos0, head_dim = 3, 10, 64
+    q, k, v = make_case(np.random.default_rng([n_head, 1]), n_q, pos0, n_head, n_kv_head, head_dim, 16)
+    n_items = n_q * n_head
+    whole = np.full_like(q, np.nan)
+    run_items(kernels[1], q, k, v, pos0, whole, 0, n_items)
+    assert np.array_equal(whole, kernels[1](q, k, v, pos0))
+    rng = np.random.default_rng(n_head)
+    for _ in range(6):
+        cuts = np.sort(rng.choice(np.arange(1, n_items), size=3, replace=False))
+        out = np.full_like(q, np.nan)
+        for lo, hi in zip([0, *cuts], [*cuts, n_items]):
+            before = out.copy()
+            run_items(kernels[1], q, k, v, pos0, out, int(lo), int(hi))
+            items, items_before = out.reshape(n_items, head_dim), before.reshape(n_items, head_dim)
+            assert np.isnan(items[hi:]).all() and np.array_equal(items[:lo], items_before[:lo], equal_nan=True)
+        assert np.array_equal(out.view(np.uint32), whole.view(np.uint32)), cuts
 
 
 def test_large_scores_stay_finite(kernels):

@@ -20,11 +20,19 @@ attention_f16acc (decode and small batches; llama.cpp's one-row path): one onlin
     go together: their maxima and exponents first (one vector exp), then one pass over the
     accumulator applies their four steps in order (16 lanes wide when head_dim allows), without
     the rescales when none of the four sets a new max (a rescale by 1 changes nothing).
+    The query heads of one kv head (a run of up to GROUP_MAX consecutive items) take the keys
+    together: each head keeps its own q16 row, max, sum and accumulator and sees exactly the
+    operations above, in the same order, so its bits do not depend on the company it keeps; the
+    key and value rows are converted from f16 once for the run, and the heads' accumulator
+    chains (fma -> f16 round -> next key, latency-bound alone) are independent work the CPU
+    overlaps. Key and value rows are prefetched PREFETCH_KEYS ahead: in a forward pass they are
+    cold, the matmuls having streamed the weights through the caches since the last step.
 
 One work item is one (query, head) pair, w = query * n_head + head, over the keys it may see
 (cache rows 0 .. pos0 + query). A thread runs a contiguous range of items with its own scratch
 row, so threads never share writes; `split_work` cuts the ranges by cost (later queries see
-more keys).
+more keys). attention_f16acc takes a range in runs of heads sharing a kv head; a run ends where
+the group, the range or GROUP_MAX does.
 """
 from __future__ import annotations
 
@@ -51,6 +59,9 @@ FUNCTION_F16ACC = "attention_f16acc"  # online softmax, f16 accumulator: its one
 # llama.cpp's CPU flash attention takes its tiled (f32) path once a batch has this many queries,
 # and its one-query-row path (f16 accumulator) below; we follow the same switch.
 TILED_MIN_QUERIES = 64
+# attention_f16acc runs up to this many query heads of one kv head together (one pass over keys)
+GROUP_MAX = 8
+PREFETCH_KEYS = 16  # how many key rows ahead attention_f16acc prefetches
 
 
 def load_half(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool,
@@ -192,111 +203,202 @@ def _define_exact(module: ir.Module, f16c: bool) -> None:
     b.ret_void()
 
 
+def _keys_per_score_pass(n: int) -> int:
+    """Keys whose dot products share one pass over head_dim when n heads go together: each key
+    takes a register for its converted row and one accumulator per head; stay within 16."""
+    return next(kp for kp in (ROWS, 2, 1) if kp * (n + 1) + 1 <= 15)
+
+
+def _prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
+    """A read prefetch into all cache levels (never faults, changes no result)."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = b.module.globals.get("llvm.prefetch.p0")
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32]), name="llvm.prefetch.p0")
+    b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
+def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def f16acc_scratch_floats(n_head: int, n_kv_head: int, head_dim: int) -> int:
+    """Scratch floats per thread for attention_f16acc: the q16 rows of the heads run together."""
+    return min(n_head // max(n_kv_head, 1), GROUP_MAX) * head_dim
+
+
 def _define_f16acc(module: ir.Module, f16c: bool) -> None:
-    b, args = _define(module, FUNCTION_F16ACC, "q16")  # q16: [head_dim], q rounded to f16
+    b, args = _define(module, FUNCTION_F16ACC, "q16")  # q16: [run heads, head_dim], q in f16
     q, k, v, out, q16, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end = args
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
     wide = b.icmp_signed("==", b.and_(head_dim, i64(2 * VEC - 1)), i64(0))  # 16-lane passes fit
+    one = const(F32, 1.0)
 
-    with counted_loop(b, w_begin, w_end, 1, "w") as w:
+    def heads(w: ir.Value, n: int) -> None:
+        """Items w .. w + n - 1 (one query, consecutive heads of one kv head) in one pass over
+        the keys: each head keeps its own q16 row, running max and sum and f16 accumulator (its
+        output row), with exactly the operations it would see alone; key and value rows are
+        converted from f16 once for all n."""
         it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0)
-        n_keys, n_keys_block, q_row, out_row, k_head, v_head = (
-            it.n_keys, it.n_keys_block, it.q_row, it.out_row, it.k_head, it.v_head)
+        n_keys, n_keys_block, k_head, v_head = it.n_keys, it.n_keys_block, it.k_head, it.v_head
+        off = [b.mul(b.add(w, i64(j)), head_dim) for j in range(n)]
+        out_rows = [gep(b, out, o) for o in off]
+        q16_rows = [gep(b, q16, b.mul(i64(j), head_dim)) for j in range(n)]
 
         # q rounded to f16 once per item, as ggml converts Q for its f16 dot products
         with counted_loop(b, i64(0), head_dim, VEC, "qr") as c:
-            store(b, round_half8(b, load(b, q_row, c, V8F32), f16c), q16, c)
-            store(b, const(V8F32, 0.0), out_row, c)
-        m_run = variable(b, F32, const(F32, -math.inf), "m_run")   # running max score
-        s_run = variable(b, F32, const(F32, 0.0), "s_run")         # running sum of exp
+            for j in range(n):  # read q before zeroing out: they may be the same row
+                store(b, round_half8(b, load(b, gep(b, q, off[j]), c, V8F32), f16c), q16_rows[j], c)
+                store(b, const(V8F32, 0.0), out_rows[j], c)
+        m_run = [variable(b, F32, const(F32, -math.inf), f"m_run{j}") for j in range(n)]  # running max
+        s_run = [variable(b, F32, const(F32, 0.0), f"s_run{j}") for j in range(n)]       # sum of exp
 
-        def update(score: ir.Value, v_row: ir.Value) -> None:
-            """One key: rescale the f16 accumulator on a new max, then add p * v (ggml's order)."""
-            m_old = b.load(m_run)
-            new_max = b.fcmp_ordered(">", score, m_old)
-            diff = b.select(new_max, b.fsub(m_old, score), b.fsub(score, m_old))  # <= 0
-            e = ops.exp(b, ops.splat(b, diff))                                    # [8] x same
-            one = const(V8F32, 1.0)
-            ms, vs = b.select(new_max, e, one), b.select(new_max, one, e)
-            b.store(b.select(new_max, score, m_old), m_run)
-            ms0 = b.extract_element(ms, ir.Constant(I32, 0))
-            vs0 = b.extract_element(vs, ir.Constant(I32, 0))
-            b.store(fmuladd(b, b.load(s_run), ms0, vs0), s_run)
-            with counted_loop(b, i64(0), head_dim, VEC, "cv") as c:
-                acc = round_half8(b, b.fmul(load(b, out_row, c, V8F32), ms), f16c)
-                acc = round_half8(b, fmuladd(b, load_half8(b, v_row, c, f16c), vs, acc), f16c)
-                store(b, acc, out_row, c)
+        def scores(rows: list[ir.Value]) -> list[list[ir.Value]]:
+            """[head][key] the scores scale * (q16 . k) of len(rows) keys: per lane an fma chain
+            over head_dim, then hsum's fixed tree, the same bits whichever keys share a pass."""
+            kp = min(_keys_per_score_pass(n), len(rows))
+            sums: list[list[ir.Value]] = [[] for _ in range(n)]
+            for r0 in range(0, len(rows), kp):
+                accs = [[variable(b, V8F32, const(V8F32, 0.0), f"acc{j}_{r}") for r in range(kp)]
+                        for j in range(n)]
+                with counted_loop(b, i64(0), head_dim, VEC, "c") as c:
+                    ks = [load_half8(b, rows[r0 + r], c, f16c) for r in range(kp)]
+                    for j in range(n):
+                        qc = load(b, q16_rows[j], c, V8F32)
+                        for r in range(kp):
+                            b.store(fmuladd(b, qc, ks[r], b.load(accs[j][r])), accs[j][r])
+                for j in range(n):
+                    sums[j] += [b.load(a) for a in accs[j]]
+            if len(rows) == ROWS:
+                return [[b.extract_element(s4, ir.Constant(I32, r)) for r in range(ROWS)]
+                        for s4 in (b.fmul(ops.hsum4x8(b, sums[j]), ops.splat(b, scale, 4))
+                                   for j in range(n))]
+            return [[b.fmul(ops.hsum(b, a), scale) for a in sums[j]] for j in range(n)]
 
-        def update4(s4: ir.Value, v_rows: list[ir.Value]) -> None:
-            """Four keys in order, with the same arithmetic as four update() calls: the running
-            max and the exponents come first (one <4 x float> exp), then one pass over the
-            accumulator applies the four steps. A key that sets no new max has ms = 1, and
-            round(acc * 1) = acc, so when none of the four does, the pass skips the rescales."""
-            m = b.load(m_run)
+        def softmax_steps(j: int, s: list[ir.Value]) -> tuple[list[ir.Value], list[ir.Value], ir.Value]:
+            """Head j's running max and sum over keys s in order; each key's accumulator factors
+            ms (rescale, e^(m_old - s) on a new max, else 1) and vs (e^(s - m), 1 on a new max),
+            and whether any of them set a new max. One exp call for the keys together."""
+            m = b.load(m_run[j])
             new_max, diffs = [], []
-            for r in range(ROWS):
-                sr = b.extract_element(s4, ir.Constant(I32, r))
+            for sr in s:
                 nm = b.fcmp_ordered(">", sr, m)
-                diffs.append(b.select(nm, b.fsub(m, sr), b.fsub(sr, m)))            # <= 0
+                diffs.append(b.select(nm, b.fsub(m, sr), b.fsub(sr, m)))  # <= 0
                 new_max.append(nm)
                 m = b.select(nm, sr, m)
-            b.store(m, m_run)
-            diff4 = ir.Constant(V4F32, ir.Undefined)
-            for r, d in enumerate(diffs):
-                diff4 = b.insert_element(diff4, d, ir.Constant(I32, r))
-            e4 = ops.exp(b, diff4)
-            one = const(F32, 1.0)
-            ms, vs = [], []
-            for r in range(ROWS):
-                er = b.extract_element(e4, ir.Constant(I32, r))
-                ms.append(b.select(new_max[r], er, one))
-                vs.append(b.select(new_max[r], one, er))
-                b.store(fmuladd(b, b.load(s_run), ms[r], vs[r]), s_run)
+            b.store(m, m_run[j])
+            if len(s) == ROWS:
+                diff4 = ir.Constant(V4F32, ir.Undefined)
+                for r, d in enumerate(diffs):
+                    diff4 = b.insert_element(diff4, d, ir.Constant(I32, r))
+                e4 = ops.exp(b, diff4)
+                es = [b.extract_element(e4, ir.Constant(I32, r)) for r in range(ROWS)]
+            else:  # one key: the <8 x float> exp of its splat, lane 0 (the same bits per lane)
+                es = [b.extract_element(ops.exp(b, ops.splat(b, d)), ir.Constant(I32, 0)) for d in diffs]
+            ms = [b.select(nm, e, one) for nm, e in zip(new_max, es)]
+            vs = [b.select(nm, one, e) for nm, e in zip(new_max, es)]
+            for r in range(len(s)):
+                b.store(fmuladd(b, b.load(s_run[j]), ms[r], vs[r]), s_run[j])
             any_new = new_max[0]
             for nm in new_max[1:]:
                 any_new = b.or_(any_new, nm)
+            return ms, vs, any_new
 
-            def accumulate(rescale: bool, lanes: int) -> None:
-                # elementwise, so the lane count changes no bit: 16 where head_dim allows (one
-                # AVX-512 conversion instead of two; the f16 conversions are the bottleneck)
-                msv, vsv = [ops.splat(b, x, lanes) for x in ms], [ops.splat(b, x, lanes) for x in vs]
-                with counted_loop(b, i64(0), head_dim, lanes, "cv4") as c:
-                    acc = load(b, out_row, c, ir.VectorType(F32, lanes))
-                    for r in range(ROWS):
-                        if rescale:
-                            acc = round_half8(b, b.fmul(acc, msv[r]), f16c)
-                        acc = round_half8(b, fmuladd(b, load_half(b, v_rows[r], c, f16c, lanes), vsv[r], acc), f16c)
-                    store(b, acc, out_row, c)
+        def accumulate(v_rows: list[ir.Value], factors: list[tuple[list[ir.Value], list[ir.Value], ir.Value]],
+                       lanes: int) -> None:
+            """acc = f16(acc * ms) then f16(acc + v * vs), key by key, for every head; the value
+            rows converted once per chunk of lanes. A head with no new max among these keys has
+            ms = 1 and f16(acc * 1) = acc, so it skips the rescales (a branch that goes the same
+            way across the pass). Elementwise, so the lane count changes no bit: 16 where head_dim
+            allows (one AVX-512 conversion instead of two)."""
+            vty = ir.VectorType(F32, lanes)
+            splats = [([ops.splat(b, x, lanes) for x in ms], [ops.splat(b, x, lanes) for x in vs])
+                      for ms, vs, _ in factors]
+            with counted_loop(b, i64(0), head_dim, lanes, "cv") as c:
+                vals = [load_half(b, row, c, f16c, lanes) for row in v_rows]
+                for j, (msv, vsv) in enumerate(splats):
+                    acc0 = load(b, out_rows[j], c, vty)
+                    results = []
+                    with b.if_else(factors[j][2], likely=False) as (then_rescale, then_add):
+                        for rescale, branch in ((True, then_rescale), (False, then_add)):
+                            with branch:
+                                acc = acc0
+                                for r, val in enumerate(vals):
+                                    if rescale:
+                                        acc = round_half8(b, b.fmul(acc, msv[r]), f16c)
+                                    acc = round_half8(b, fmuladd(b, val, vsv[r], acc), f16c)
+                                results.append((acc, b.block))
+                    acc = b.phi(vty)
+                    for value, block in results:
+                        acc.add_incoming(value, block)
+                    store(b, acc, out_rows[j], c)
 
-            with b.if_else(any_new, likely=False) as (then_rescale, then_add):
-                for rescale, branch in ((True, then_rescale), (False, then_add)):
-                    with branch:
-                        with b.if_else(wide) as (w16, w8):
-                            with w16:
-                                accumulate(rescale, 2 * VEC)
-                            with w8:
-                                accumulate(rescale, VEC)
+        def keys(t: ir.Value, count: int) -> None:
+            """Keys t .. t + count - 1 for all n heads: scores, softmax steps, accumulation."""
+            k_rows = [gep(b, k_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(count)]
+            v_rows = [gep(b, v_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(count)]
+            s = scores(k_rows)
+            factors = [softmax_steps(j, s[j]) for j in range(n)]
+            if count == 1:  # one key is always applied with its rescale, 8 lanes (ggml's order)
+                factors = [(ms, vs, ir.Constant(ir.IntType(1), 1)) for ms, vs, _ in factors]
+                accumulate(v_rows, factors, VEC)
+                return
+            with b.if_else(wide) as (w16, w8):
+                with w16:
+                    accumulate(v_rows, factors, 2 * VEC)
+                with w8:
+                    accumulate(v_rows, factors, VEC)
 
+        def prefetch_rows(first: ir.Value, stop: ir.Value) -> None:
+            """Ask for key and value rows first .. stop - 1 (clamped to the last key) ahead of
+            use: the cache rows are cold after the step's matmuls streamed the weights through."""
+            with counted_loop(b, first, stop, 1, "pf") as t:
+                row = b.mul(_min(b, t, b.sub(n_keys, i64(1))), row_stride)
+                for base in (k_head, v_head):
+                    with counted_loop(b, i64(0), head_dim, 32, "pfc") as c:  # 32 f16: one line
+                        _prefetch(b, gep(b, base, b.add(row, c)))
+                    _prefetch(b, gep(b, base, b.add(row, b.sub(head_dim, i64(1)))))
+
+        prefetch_rows(i64(0), i64(PREFETCH_KEYS))
         with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
-            rows = [gep(b, k_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(ROWS)]
-            accs = [variable(b, V8F32, const(V8F32, 0.0), f"acc{r}") for r in range(ROWS)]
-            with counted_loop(b, i64(0), head_dim, VEC, "c") as c:
-                qc = load(b, q16, c, V8F32)
-                for r in range(ROWS):
-                    b.store(fmuladd(b, qc, load_half8(b, rows[r], c, f16c), b.load(accs[r])), accs[r])
-            s4 = b.fmul(ops.hsum4x8(b, [b.load(a) for a in accs]), ops.splat(b, scale, 4))
-            update4(s4, [gep(b, v_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(ROWS)])
+            ahead = b.add(t, i64(PREFETCH_KEYS))
+            prefetch_rows(ahead, b.add(ahead, i64(ROWS)))
+            keys(t, ROWS)
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
-            row = gep(b, k_head, b.mul(t, row_stride))
-            acc = variable(b, V8F32, const(V8F32, 0.0), "acc")
-            with counted_loop(b, i64(0), head_dim, VEC, "ct") as c:
-                b.store(fmuladd(b, load(b, q16, c, V8F32), load_half8(b, row, c, f16c), b.load(acc)), acc)
-            update(b.fmul(ops.hsum(b, b.load(acc)), scale), gep(b, v_head, b.mul(t, row_stride)))
+            keys(t, 1)
 
-        inv_s = ops.splat(b, b.fdiv(const(F32, 1.0), b.load(s_run)))  # s_run >= 1: the max key adds 1
-        with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
-            store(b, b.fmul(load(b, out_row, c, V8F32), inv_s), out_row, c)
+        for j in range(n):
+            inv_s = ops.splat(b, b.fdiv(const(F32, 1.0), b.load(s_run[j])))  # s_run >= 1: the max key adds 1
+            with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
+                store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_s), out_rows[j], c)
+
+    # items w_begin <= w < w_end, taken in runs of up to GROUP_MAX consecutive heads of one kv
+    # head (a run ends where the group or the range does)
+    pre = b.block
+    head_bb = b.append_basic_block("w.head")
+    body_bb = b.append_basic_block("w.body")
+    done_bb = b.append_basic_block("w.done")
+    b.branch(head_bb)
+    b.position_at_end(head_bb)
+    w = b.phi(I64, name="w")
+    w.add_incoming(w_begin, pre)
+    b.cbranch(b.icmp_signed("<", w, w_end), body_bb, done_bb)
+    b.position_at_end(body_bb)
+    left_in_group = b.sub(group, b.srem(b.srem(w, n_head), group))
+    n = _min(b, _min(b, left_in_group, b.sub(w_end, w)), i64(GROUP_MAX))
+    next_bb = b.append_basic_block("w.next")
+    cases = [b.append_basic_block(f"heads{g}") for g in range(1, GROUP_MAX + 1)]
+    switch = b.switch(n, cases[0])
+    for g, case in enumerate(cases, 1):
+        switch.add_case(i64(g), case)
+        b.position_at_end(case)
+        heads(w, g)
+        b.branch(next_bb)
+    b.position_at_end(next_bb)
+    w.add_incoming(b.add(w, n), next_bb)
+    b.branch(head_bb)
+    b.position_at_end(done_bb)
     b.ret_void()
 
 
@@ -304,7 +406,8 @@ def build_attention_module(f16c: bool) -> ir.Module:
     """Both attention functions, same signature:
     void f(q, k, v, out, scratch, n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end)
     over items w_begin <= w < w_end; head_dim % 8 == 0. scratch: the exact kernel's scores row
-    (round_up(pos0 + n_q, 8) floats), the f16-accumulator kernel's q16 row (head_dim floats)."""
+    (round_up(pos0 + n_q, 8) floats), the f16-accumulator kernel's q16 rows
+    (f16acc_scratch_floats: one head_dim row per head of a run)."""
     module = ops.new_module("attention")
     _define_exact(module, f16c)
     _define_f16acc(module, f16c)
@@ -399,7 +502,7 @@ class AttentionKernel:
         if n_q >= TILED_MIN_QUERIES:
             fn, stride = self._exact, -(-(pos0 + n_q) // VEC) * VEC  # scratch: a scores row
         else:
-            fn, stride = self._f16acc, head_dim                      # scratch: q rounded to f16
+            fn, stride = self._f16acc, f16acc_scratch_floats(n_head, n_kv_head, head_dim)  # q16 rows
         work = n_head * head_dim * (n_q * pos0 + n_q * (n_q + 1) // 2)  # key-row x dim products
         if self._pool is None or self.n_threads == 1 or work < self.parallel_min_work:
             scores = np.empty(stride, np.float32)
