@@ -96,7 +96,7 @@ def test_future_keys_do_not_leak(kernels):
     assert not np.allclose(before[4:], after[4:])
 
 
-# (n_head, n_kv_head): groups of 3, 4, 1, 6 and 16 (more than GROUP_MAX: runs of 8 + 8)
+# (n_head, n_kv_head): groups of 3, 4, 1, 6 and 16 (the last two longer than GROUP_MAX: several runs)
 GROUPINGS = [(9, 3), (8, 2), (4, 4), (6, 1), (16, 1)]
 
 
