@@ -62,6 +62,7 @@ TILED_MIN_QUERIES = 64
 # attention_f16acc runs up to this many query heads of one kv head together (one pass over keys);
 # 8 gained ~5% more on groups of 8 but tripled the module's compile time (0.4 -> 1.4 s)
 GROUP_MAX = 4
+VG = ir.VectorType(F32, GROUP_MAX)  # one lane per head of a run
 PREFETCH_KEYS = 16  # how many key rows ahead attention_f16acc prefetches
 
 
@@ -252,8 +253,8 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
             for j in range(n):  # read q before zeroing out: they may be the same row
                 store(b, round_half8(b, load(b, gep(b, q, off[j]), c, V8F32), f16c), q16_rows[j], c)
                 store(b, const(V8F32, 0.0), out_rows[j], c)
-        m_run = [variable(b, F32, const(F32, -math.inf), f"m_run{j}") for j in range(n)]  # running max
-        s_run = [variable(b, F32, const(F32, 0.0), f"s_run{j}") for j in range(n)]       # sum of exp
+        m_run = variable(b, VG, const(VG, -math.inf), "m_run")  # [head] running max score
+        s_run = variable(b, VG, const(VG, 0.0), "s_run")        # [head] running sum of exp
 
         def scores(rows: list[ir.Value]) -> list[list[ir.Value]]:
             """[head][key] the scores scale * (q16 . k) of len(rows) keys: per lane an fma chain
@@ -277,34 +278,41 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
                                    for j in range(n))]
             return [[b.fmul(ops.hsum(b, a), scale) for a in sums[j]] for j in range(n)]
 
-        def softmax_steps(j: int, s: list[ir.Value]) -> tuple[list[ir.Value], list[ir.Value], ir.Value]:
-            """Head j's running max and sum over keys s in order; each key's accumulator factors
-            ms (rescale, e^(m_old - s) on a new max, else 1) and vs (e^(s - m), 1 on a new max),
-            and whether any of them set a new max. One exp call for the keys together."""
-            m = b.load(m_run[j])
+        def softmax_steps(s: list[list[ir.Value]]) -> list[tuple[list[ir.Value], list[ir.Value], ir.Value]]:
+            """Per head, the running max and sum over its keys' scores s[head] in key order; each
+            key's accumulator factors ms (rescale: e^(m_old - s) on a new max, else 1) and vs
+            (e^(s - m), 1 on a new max), and whether any key set a new max. The heads are lanes
+            of one <GROUP_MAX x float> (elementwise, so each lane has the bits of a lone head),
+            and one exp call serves all keys and heads."""
+            n_k = len(s[0])
+            m = b.load(m_run)
             new_max, diffs = [], []
-            for sr in s:
+            for r in range(n_k):
+                sr = const(VG, 0.0)  # lanes past n heads: harmless filler
+                for j in range(n):
+                    sr = b.insert_element(sr, s[j][r], ir.Constant(I32, j))
                 nm = b.fcmp_ordered(">", sr, m)
                 diffs.append(b.select(nm, b.fsub(m, sr), b.fsub(sr, m)))  # <= 0
                 new_max.append(nm)
                 m = b.select(nm, sr, m)
-            b.store(m, m_run[j])
-            if len(s) == ROWS:
-                diff4 = ir.Constant(V4F32, ir.Undefined)
-                for r, d in enumerate(diffs):
-                    diff4 = b.insert_element(diff4, d, ir.Constant(I32, r))
-                e4 = ops.exp(b, diff4)
-                es = [b.extract_element(e4, ir.Constant(I32, r)) for r in range(ROWS)]
-            else:  # one key: the <8 x float> exp of its splat, lane 0 (the same bits per lane)
-                es = [b.extract_element(ops.exp(b, ops.splat(b, d)), ir.Constant(I32, 0)) for d in diffs]
-            ms = [b.select(nm, e, one) for nm, e in zip(new_max, es)]
-            vs = [b.select(nm, one, e) for nm, e in zip(new_max, es)]
-            for r in range(len(s)):
-                b.store(fmuladd(b, b.load(s_run[j]), ms[r], vs[r]), s_run[j])
+            b.store(m, m_run)
+            lanes = list(range(GROUP_MAX * n_k))
+            joined = diffs[0] if n_k == 1 else ops.shuffle(
+                b, ops.shuffle(b, diffs[0], diffs[1], lanes[:2 * GROUP_MAX]),
+                ops.shuffle(b, diffs[2], diffs[3], lanes[:2 * GROUP_MAX]), lanes)
+            e_all = ops.exp(b, joined)
+            es = [ops.shuffle(b, e_all, e_all, lanes[r * GROUP_MAX:(r + 1) * GROUP_MAX]) for r in range(n_k)]
+            ones = const(VG, 1.0)
+            ms = [b.select(nm, e, ones) for nm, e in zip(new_max, es)]
+            vs = [b.select(nm, ones, e) for nm, e in zip(new_max, es)]
+            for r in range(n_k):
+                b.store(fmuladd(b, b.load(s_run), ms[r], vs[r]), s_run)
             any_new = new_max[0]
             for nm in new_max[1:]:
                 any_new = b.or_(any_new, nm)
-            return ms, vs, any_new
+            lane = [ir.Constant(I32, j) for j in range(n)]
+            return [([b.extract_element(x, lane[j]) for x in ms], [b.extract_element(x, lane[j]) for x in vs],
+                     b.extract_element(any_new, lane[j])) for j in range(n)]
 
         def accumulate(v_rows: list[ir.Value], factors: list[tuple[list[ir.Value], list[ir.Value], ir.Value]],
                        lanes: int) -> None:
@@ -340,7 +348,7 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
             k_rows = [gep(b, k_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(count)]
             v_rows = [gep(b, v_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(count)]
             s = scores(k_rows)
-            factors = [softmax_steps(j, s[j]) for j in range(n)]
+            factors = softmax_steps(s)
             if count == 1:  # one key is always applied with its rescale, 8 lanes (ggml's order)
                 factors = [(ms, vs, ir.Constant(ir.IntType(1), 1)) for ms, vs, _ in factors]
                 accumulate(v_rows, factors, VEC)
@@ -369,8 +377,9 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
             keys(t, 1)
 
+        inv_sums = b.fdiv(const(VG, 1.0), b.load(s_run))  # s_run >= 1: the max key adds 1
         for j in range(n):
-            inv_s = ops.splat(b, b.fdiv(const(F32, 1.0), b.load(s_run[j])))  # s_run >= 1: the max key adds 1
+            inv_s = ops.splat(b, b.extract_element(inv_sums, ir.Constant(I32, j)))
             with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
                 store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_s), out_rows[j], c)
 
