@@ -235,7 +235,6 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
     wide = b.icmp_signed("==", b.and_(head_dim, i64(2 * VEC - 1)), i64(0))  # 16-lane passes fit
-    one = const(F32, 1.0)
 
     def heads(w: ir.Value, n: int) -> None:
         """Items w .. w + n - 1 (one query, consecutive heads of one kv head) in one pass over
