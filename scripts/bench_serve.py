@@ -72,9 +72,10 @@ def run_level(url: str, model: str, n_clients: int, args: argparse.Namespace) ->
     errors: list[str] = []
     lock = threading.Lock()
 
+    clients = [_client(url) for _ in range(n_clients)]  # made before the clock starts
+
     def client_loop(number: int) -> None:
-        client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0,
-                               timeout=600)
+        client = clients[number]
         for r in range(args.requests):
             topic = TOPICS[(number * args.requests + r) % len(TOPICS)]
             prompt = f"Write a long story about {topic}. (client {number}, request {r})"
@@ -119,12 +120,19 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0,
+                         timeout=600)
+
+
 def bench(name: str, url: str, model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"\n{name}: {url} model={model}", file=sys.stderr)
-    warm = argparse.Namespace(**{**vars(args), "max_tokens": 8})
-    client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0,
-                           timeout=600)
-    one_stream(client, model, "Hello!", warm)  # loads the model, compiles, fills caches
+    # warm up: load the model and compile, then one short round at the highest concurrency so
+    # every batch size has run once (first runs of a size build its step graph and try thread
+    # counts) before anything is timed
+    warm = argparse.Namespace(**{**vars(args), "max_tokens": 8, "requests": 1})
+    one_stream(_client(url), model, "Hello!", warm)
+    run_level(url, model, max(args.levels), warm)
     print(f"{'clients':>7} {'total tok/s':>11} {'stream tok/s':>12} {'TTFT p50':>9} "
           f"{'TTFT p95':>9} {'errors':>6}", file=sys.stderr)
     rows = []
