@@ -6,7 +6,8 @@ fields are little-endian; "f16" is IEEE half.
 
 The matmul kernels (engine/kernels/matmul.py) never dequantize weights: they quantize the
 activations to 8-bit blocks (q8_0 / q8_1 / q8_k, ggml's scheme) and take integer dot products.
-`quantize_activations` is the numpy twin of that step, bit for bit.
+`quantize_activations` is the numpy twin of that step, bit for bit (ggml's block layout), and
+`pack_activations` rearranges its blocks into the layout the kernels read.
 """
 from __future__ import annotations
 
