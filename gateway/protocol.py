@@ -111,6 +111,15 @@ def _stop_list(stop: str | list[str] | None) -> list[str]:
     return [s for s in ([stop] if isinstance(stop, str) else stop) if s]
 
 
+def _prompt_batch(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """A `prompt` or `input` field as its batch: each a string or a list of token ids."""
+    if isinstance(value, str):
+        return [value]
+    if all(isinstance(x, int) for x in value):
+        return [list(value)]  # type: ignore[arg-type]
+    return list(value)  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------------- chat
 
 class TextContentPart(_Request):
@@ -169,6 +178,9 @@ class _GenerationRequest(_Request):
     def stop_list(self) -> list[str]:
         return _stop_list(self.stop)
 
+    def include_usage_in_stream(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -192,9 +204,6 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def n_top_logprobs(self) -> int:
         return (self.top_logprobs or 0) if self.logprobs else 0
-
-    def include_usage_in_stream(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class TopLogprob(_Response):
@@ -294,17 +303,9 @@ class CompletionRequest(_GenerationRequest):
     def n_top_logprobs(self) -> int:
         return self.logprobs or 0
 
-    def include_usage_in_stream(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
     def prompts(self) -> list[str | list[int]]:
         """The batch of prompts: each a string or a list of token ids."""
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+        return _prompt_batch(self.prompt)
 
 
 class CompletionLogprobs(_Response):
@@ -352,12 +353,7 @@ class EmbeddingRequest(_Request):
         return value
 
     def inputs(self) -> list[str | list[int]]:
-        x = self.input
-        if isinstance(x, str):
-            return [x]
-        if all(isinstance(v, int) for v in x):
-            return [list(x)]  # type: ignore[arg-type]
-        return list(x)  # type: ignore[arg-type]
+        return _prompt_batch(self.input)
 
 
 class Embedding(_Response):
