@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -19,8 +19,11 @@ from starlette.routing import BaseRoute, Route
 from . import protocol as p
 from . import serving
 from .metrics import observe_request
+from .registry import Lease
 from .scheduler import ServedModel
 from .streaming import EventStreamResponse, cancel_on_disconnect
+
+R = TypeVar("R", p.ChatCompletionRequest, p.CompletionRequest)
 
 
 def _json(body: BaseModel) -> JSONResponse:
@@ -34,31 +37,34 @@ async def list_models(request: Request) -> Response:
     return _json(p.ModelList(data=cards))
 
 
-async def _serve(request: Request, alias: str | None, stream: bool,
-                 plan: Callable[[ServedModel], serving.Plan | None],
-                 whole: Callable[[ServedModel, str, Any], Awaitable[BaseModel]],
-                 chunks: Callable[[ServedModel, str, Any], AsyncIterator[BaseModel | bytes]] | None,
-                 ) -> Response:
+async def _acquire(request: Request, alias: str | None) -> tuple[Lease, ServedModel]:
+    """A lease on the model, and the model as the handlers see it (recording into the metrics)."""
     started = time.perf_counter()
-    registry = request.app.state.registry
-    lease = await registry.acquire(alias)
+    lease = await request.app.state.registry.acquire(alias)
     request.state.model = lease.alias  # for the request log and metrics
-    served = observe_request(lease.model, request.app.state.metrics, lease.alias, started)
+    return lease, observe_request(lease.model, request.app.state.metrics, lease.alias, started)
+
+
+async def _generate(request: Request, req: R, plan: Callable[[ServedModel, R], serving.Plan],
+                    whole: Callable[[ServedModel, str, R, serving.Plan], Awaitable[BaseModel]],
+                    chunks: Callable[[ServedModel, str, R, serving.Plan],
+                                     AsyncIterator[BaseModel | bytes]]) -> Response:
+    registry = request.app.state.registry
+    lease, served = await _acquire(request, req.model)
     handed_off = False
     try:
-        planned = plan(served)
-        if stream and chunks is not None:
-            assert planned is not None
+        planned = plan(served, req)
+        if req.stream:
             planned.submit(served)  # a full queue is a 503 here, before any header goes out
 
             def close() -> None:
                 planned.cancel()  # no-op once the stream ran: it cancels on its way out
                 registry.release(lease)
 
-            response = EventStreamResponse(chunks(served, lease.alias, planned), on_close=close)
+            response = EventStreamResponse(chunks(served, lease.alias, req, planned), on_close=close)
             handed_off = True
             return response
-        return _json(await cancel_on_disconnect(request, whole(served, lease.alias, planned)))
+        return _json(await cancel_on_disconnect(request, whole(served, lease.alias, req, planned)))
     finally:
         if not handed_off:
             registry.release(lease)
@@ -66,32 +72,23 @@ async def _serve(request: Request, alias: str | None, stream: bool,
 
 async def chat_completions(request: Request) -> Response:
     req = p.parse_request(p.ChatCompletionRequest, await request.body())
-    return await _serve(
-        request, req.model, req.stream,
-        plan=lambda served: serving.plan_chat(served, req),
-        whole=lambda served, alias, plan: serving.chat_completion(served, alias, req, plan),
-        chunks=lambda served, alias, plan: serving.chat_chunks(served, alias, req, plan),
-    )
+    return await _generate(request, req, serving.plan_chat, serving.chat_completion,
+                           serving.chat_chunks)
 
 
 async def completions(request: Request) -> Response:
     req = p.parse_request(p.CompletionRequest, await request.body())
-    return await _serve(
-        request, req.model, req.stream,
-        plan=lambda served: serving.plan_completion(served, req),
-        whole=lambda served, alias, plan: serving.completion(served, alias, req, plan),
-        chunks=lambda served, alias, plan: serving.completion_chunks(served, alias, req, plan),
-    )
+    return await _generate(request, req, serving.plan_completion, serving.completion,
+                           serving.completion_chunks)
 
 
 async def embeddings(request: Request) -> Response:
     req = p.parse_request(p.EmbeddingRequest, await request.body())
-    return await _serve(
-        request, req.model, False,
-        plan=lambda served: None,
-        whole=lambda served, alias, _: serving.embeddings(served, alias, req),
-        chunks=None,
-    )
+    lease, served = await _acquire(request, req.model)
+    try:
+        return _json(await cancel_on_disconnect(request, serving.embeddings(served, lease.alias, req)))
+    finally:
+        request.app.state.registry.release(lease)
 
 
 def routes() -> list[BaseRoute]:
