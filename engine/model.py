@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from .ggml_types import GGMLQuantizationType
 
 from . import quants
 from .gguf import GGUFFile, ModelLoadError
@@ -497,4 +496,4 @@ class _GraphBuilder:
         self.graph.barrier()
 
 
-__all__ = ["Chunk", "ContextOverflowError", "KVCache", "Transformer", "GGMLQuantizationType"]
+__all__ = ["Chunk", "ContextOverflowError", "KVCache", "Transformer"]
