@@ -32,15 +32,23 @@ class Plan:
     prompt_tokens: int
     echo: list[str] = field(default_factory=list)  # completions with echo: text before each choice
     prompt_of: list[int] = field(default_factory=list)  # per choice: which prompt it continues
-    submitted: list[Any] | None = None  # streams: generations queued before the headers go out
+    submitted: list[Any] = field(default_factory=list)  # the generations, once submitted
 
     def submit(self, served: ServedModel) -> None:
-        """Queue every choice now, so a full queue is a 503 before a stream starts; undone
-        with cancel() if the stream never runs."""
-        self.submitted = _submit_all(served, self.requests)
+        """Queue every choice at once (they share the batch); all or none. Streams call it before
+        the headers go out, so a full queue is a 503; cancel() undoes it if the stream never runs."""
+        generations: list[Any] = []
+        try:
+            for request in self.requests:
+                generations.append(served.scheduler.submit(request))
+        except BaseException:
+            for generation in generations:
+                generation.cancel()
+            raise
+        self.submitted = generations
 
     def cancel(self) -> None:
-        for generation in self.submitted or ():
+        for generation in self.submitted:
             generation.cancel()
 
 
@@ -111,24 +119,9 @@ def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
     return Plan(requests, total, echo, prompt_of)
 
 
-def _submit_all(served: ServedModel, requests: list[GenerationRequest]) -> list[Any]:
-    """Queue every choice at once (they share the batch); all or none."""
-    generations: list[Any] = []
-    try:
-        for request in requests:
-            generations.append(served.scheduler.submit(request))
-    except BaseException:
-        for generation in generations:
-            generation.cancel()
-        raise
-    return generations
-
-
-async def _events(served: ServedModel, requests: list[GenerationRequest],
-                  submitted: list[Any] | None = None) -> AsyncIterator[tuple[int, Event]]:
-    """Yield (choice index, event) as events arrive, submitting every choice first unless the
-    plan already did. Leaving early, or an error in any choice, cancels all of them."""
-    generations: list[Any] = submitted or []
+async def _events(generations: list[Any]) -> AsyncIterator[tuple[int, Event]]:
+    """Yield (choice index, event) as the submitted choices' events arrive. Leaving early, or an
+    error in any choice, cancels all of them."""
     pumps: list[asyncio.Task[None]] = []
     merged: asyncio.Queue[tuple[int, Event | BaseException | None]] = asyncio.Queue()
 
@@ -142,8 +135,6 @@ async def _events(served: ServedModel, requests: list[GenerationRequest],
             merged.put_nowait((index, None))
 
     try:
-        if submitted is None:
-            generations = _submit_all(served, requests)
         if len(generations) == 1:  # the usual case: no pump task, one loop round less per token
             async for event in generations[0]:
                 yield 0, event
@@ -168,7 +159,8 @@ async def _events(served: ServedModel, requests: list[GenerationRequest],
 async def _collect(served: ServedModel, plan: Plan) -> list[ChoiceResult]:
     results = [ChoiceResult() for _ in plan.requests]
     parts: list[list[str]] = [[] for _ in plan.requests]
-    async with contextlib.aclosing(_events(served, plan.requests)) as events:
+    plan.submit(served)
+    async with contextlib.aclosing(_events(plan.submitted)) as events:
         async for index, event in events:
             result = results[index]
             if isinstance(event, TextDelta):
@@ -261,7 +253,7 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
         yield chunk(index, p.ChoiceDelta(role="assistant", content=""))
     completion_tokens = 0
     cached = [0] * len(plan.requests)
-    async with contextlib.aclosing(_events(served, plan.requests, plan.submitted)) as events:
+    async with contextlib.aclosing(_events(plan.submitted)) as events:
         async for index, event in events:
             if isinstance(event, PromptProgress):
                 yield chunk(index, p.ChoiceDelta(), progress=_progress(event))
@@ -313,7 +305,7 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
     completion_tokens = 0
     cached = [0] * len(plan.requests)
     offsets = [0] * len(plan.requests)
-    async with contextlib.aclosing(_events(served, plan.requests, plan.submitted)) as events:
+    async with contextlib.aclosing(_events(plan.submitted)) as events:
         async for index, event in events:
             if isinstance(event, PromptProgress):
                 yield chunk(index, "", progress=_progress(event))

@@ -388,7 +388,7 @@ def test_handoff_ends_once_every_stream_took_its_event(rounds, complete):
 
         async def stream(jobs):
             generations = [Generation(_NoScheduler(), job) for job in jobs]
-            async for index, event in _events(None, [request] * len(jobs), generations):
+            async for index, event in _events(generations):
                 seen.append(event.text)
 
         consumers = [asyncio.ensure_future(stream([single])), asyncio.ensure_future(stream(pair))]
