@@ -95,21 +95,19 @@ def _load_weights(f: GGUFFile, hp: HParams) -> Weights:
         if t.shape != shape:
             raise ModelLoadError(path, f"tensor {name} has shape {list(t.shape)}, the "
                                        f"hyperparameters say {list(shape)}")
+        if t.qtype not in quants.SUPPORTED:
+            raise ModelLoadError(path, f"tensor {name}: type {t.qtype.name} is not supported "
+                                       f"(supported: {', '.join(sorted(q.name for q in quants.SUPPORTED))})")
         return t
 
     def matrix(name: str, n_cols: int, n_rows: int) -> quants.QuantMatrix:
         t = info(name, (n_cols, n_rows))
-        if t.qtype not in quants.SUPPORTED:
-            raise ModelLoadError(path, f"tensor {name}: type {t.qtype.name} is not supported "
-                                       f"(supported: {', '.join(sorted(q.name for q in quants.SUPPORTED))})")
         raw = f.tensor_data(name).reshape(n_rows, -1)  # uint8 [n_rows, row_bytes]
         return quants.QuantMatrix(raw, t.qtype, n_rows, n_cols)
 
     def vector(name: str, n: int) -> np.ndarray:
         t = info(name, (n,))
         raw = f.tensor_data(name).reshape(1, -1)
-        if t.qtype not in quants.SUPPORTED:
-            raise ModelLoadError(path, f"tensor {name}: type {t.qtype.name} is not supported")
         return np.ascontiguousarray(quants.dequantize(raw, t.qtype, n)[0], dtype=np.float32)
 
     E, F = hp.n_embd, hp.n_ff

@@ -138,6 +138,23 @@ def test_shape_mismatch_is_a_load_error(tmp_path: Path) -> None:
         engine.load(path, n_ctx=32)
 
 
+@pytest.mark.parametrize("tensor", ["blk.0.attn_q.weight", "output_norm.weight"])
+def test_unsupported_tensor_type_is_a_load_error(tmp_path: Path, tensor: str) -> None:
+    """A matrix or a norm vector in a type the engine has no kernel for (I32: same size as F32,
+    so the file itself stays valid) is named in the error."""
+    path = write_tiny_llama(tmp_path / "i32.gguf", qtype=Q.F32)
+    data = bytearray(path.read_bytes())
+    key = len(tensor).to_bytes(8, "little") + tensor.encode()
+    pos = data.index(key) + len(key)
+    n_dims = int.from_bytes(data[pos:pos + 4], "little")
+    type_at = pos + 4 + 8 * n_dims
+    assert int.from_bytes(data[type_at:type_at + 4], "little") == Q.F32
+    data[type_at:type_at + 4] = int(Q.I32).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(engine.ModelLoadError, match=f"{tensor}: type I32 is not supported"):
+        engine.load(path, n_ctx=32)
+
+
 def test_truncated_model_is_a_load_error(tmp_path: Path) -> None:
     path = write_tiny_llama(tmp_path / "t.gguf", qtype=Q.Q4_0)
     data = path.read_bytes()
