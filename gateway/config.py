@@ -163,7 +163,6 @@ class Config(_ServerSettings):
     """A complete, checked configuration."""
 
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
-    defaults: dict[str, Any] = Field(default_factory=dict)  # as written, for reference
     models: list[ModelEntry] = Field(min_length=1)
     source: Path | None = None             # the file this came from; None = built in code
     warnings: list[str] = Field(default_factory=list)  # accepted-but-unused keys
@@ -418,8 +417,7 @@ def _build(data: Any, base_dir: Path, problems: _Problems, source: Path) -> Conf
     server = _validate(_ServerSettings, {k: data[k] for k in ("host", "port", "default_model")
                                          if k in data}, (), problems)
     registry = _validate(RegistrySettings, _section(data, "registry"), ("registry",), problems)
-    raw_defaults = _section(data, "defaults")
-    defaults = _prepare_defaults(raw_defaults, base_dir, problems)
+    defaults = _prepare_defaults(_section(data, "defaults"), base_dir, problems)
 
     raw_models = data.get("models")
     entries: list[ModelEntry | None] = []
@@ -446,7 +444,6 @@ def _build(data: Any, base_dir: Path, problems: _Problems, source: Path) -> Conf
         return None
     try:
         return Config(**server.model_dump(), registry=registry,
-                      defaults=raw_defaults if isinstance(raw_defaults, dict) else {},
                       models=[e for e in entries if e is not None], source=source)
     except ValidationError as e:  # a check above missed something; still report, never crash
         for err in e.errors():
