@@ -120,7 +120,6 @@ class PreTokenizer:
     patterns: tuple[str, ...]      # applied in order; each splits the pieces of the previous one
     ignore_merges: bool = False    # a piece that is already a token is not merged up from bytes
     add_bos: bool = False          # llama.cpp's default when the file has no add_bos_token
-    has_bos: bool = True           # False: no default BOS id (ChatGLM)
 
 
 _PRE_TOKENIZERS: dict[str, PreTokenizer] = {p.name: p for p in (
@@ -130,7 +129,7 @@ _PRE_TOKENIZERS: dict[str, PreTokenizer] = {p.name: p for p in (
     PreTokenizer("falcon", (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]")),
     PreTokenizer("llama3", (_LLAMA3,), ignore_merges=True, add_bos=True),
     PreTokenizer("dbrx", (_LLAMA3,)),
-    PreTokenizer("chatglm4", (_LLAMA3,), has_bos=False),
+    PreTokenizer("chatglm4", (_LLAMA3,)),
     PreTokenizer("qwen2", (_QWEN2,)),
     PreTokenizer("qwen35", (_QWEN35,)),
     PreTokenizer("seed-coder", (_SEED_CODER,)),
@@ -433,7 +432,6 @@ class Tokenizer:
             if i is not None:
                 eog.add(i)
                 self._types[i] = TokenType.CONTROL
-        eog.discard(None)
         return frozenset(i for i in eog if i is not None)
 
     # -- queries --------------------------------------------------------------------------------
