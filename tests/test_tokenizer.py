@@ -14,6 +14,7 @@ import random
 import pytest
 
 from engine.tokenizer import KNOWN_PRE_TOKENIZERS, SPM_SPACE, Tokenizer, TokenType
+from tests.ggufgen import byte_to_unicode
 from tests.refs import REFS_DIR
 
 REFS = REFS_DIR
@@ -176,17 +177,9 @@ def test_incremental_decoder_holds_back_partial_characters(smollm: Tokenizer) ->
 
 # -- synthetic byte-level BPE vocabularies --------------------------------------------------------
 def _byte_symbols() -> list[str]:
-    """GPT-2's byte -> character map, restated from its definition for the tests."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    out, n = [], 0
-    for b in range(256):
-        if b in keep:
-            out.append(chr(b))
-        else:
-            out.append(chr(256 + n))
-            n += 1
-    return out
+    """GPT-2's byte -> character map as the tests' GGUF writer restates it (not the engine's)."""
+    b2u = byte_to_unicode()
+    return [b2u[b] for b in range(256)]
 
 
 def bpe_meta(pre: str | None = "gpt-2", merges: tuple[str, ...] = (),
