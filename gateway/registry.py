@@ -303,27 +303,7 @@ class Registry:
     def snapshot(self) -> list[dict[str, Any]]:
         """Per entry: state, memory, in flight, queued, last use (unix time), load stats, last
         error; retiring instances (left the config or changed settings, still draining) too."""
-        now_mono, now_wall = time.monotonic(), time.time()
-        rows = []
-        for slot in self._all_slots():
-            rows.append({
-                "model": str(slot.entry.model),
-                "aliases": list(slot.entry.aliases),
-                "state": slot.state.value,
-                "pinned": slot.entry.pinned,
-                "memory_bytes": slot.memory_bytes,
-                "in_flight": slot.in_flight,
-                "queued": _scheduler_count(slot.model, "queued"),
-                "active": _scheduler_count(slot.model, "active"),
-                "n_ctx": slot.entry.n_ctx,
-                "last_used": (None if slot.last_used is None
-                              else now_wall - (now_mono - slot.last_used)),
-                "load_seconds": slot.load_seconds,
-                "load_count": slot.load_count,
-                "last_error": slot.last_error,
-                "retiring": slot.retired,
-            })
-        return rows
+        return [self._row(slot) for slot in self._all_slots()]
 
     def apply(self, config: Config) -> ApplyResult:
         """Switch to a new (already validated) config without a restart.
@@ -554,8 +534,23 @@ class Registry:
                 self._begin_drain(victim)
 
     def _row(self, slot: _Slot) -> dict[str, Any]:
-        [row] = [r for r, s in zip(self.snapshot(), self._all_slots()) if s is slot]
-        return row
+        return {
+            "model": str(slot.entry.model),
+            "aliases": list(slot.entry.aliases),
+            "state": slot.state.value,
+            "pinned": slot.entry.pinned,
+            "memory_bytes": slot.memory_bytes,
+            "in_flight": slot.in_flight,
+            "queued": _scheduler_count(slot.model, "queued"),
+            "active": _scheduler_count(slot.model, "active"),
+            "n_ctx": slot.entry.n_ctx,
+            "last_used": (None if slot.last_used is None
+                          else time.time() - (time.monotonic() - slot.last_used)),
+            "load_seconds": slot.load_seconds,
+            "load_count": slot.load_count,
+            "last_error": slot.last_error,
+            "retiring": slot.retired,
+        }
 
     def _notify(self) -> None:
         self._changed.set()
