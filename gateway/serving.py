@@ -60,6 +60,11 @@ class ChoiceResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
 
+    def finish(self, event: Finished) -> None:
+        self.finish_reason = event.finish_reason
+        self.completion_tokens = event.completion_tokens
+        self.cached_tokens = event.cached_tokens
+
 
 def _check_logit_bias(served: ServedModel, bias: dict[str, float] | None) -> None:
     n_vocab = served.model.n_vocab
@@ -167,28 +172,27 @@ async def _collect(served: ServedModel, plan: Plan) -> list[ChoiceResult]:
                 parts[index].append(event.text)
                 result.tokens.extend(event.tokens)
             elif isinstance(event, Finished):
-                result.finish_reason = event.finish_reason
-                result.completion_tokens = event.completion_tokens
-                result.cached_tokens = event.cached_tokens
+                result.finish(event)
     for result, texts in zip(results, parts):
         result.text = "".join(texts)
     return results
 
 
-def _cached_tokens(plan: Plan, cached: list[int]) -> int:
+def _cached_tokens(plan: Plan, results: list[ChoiceResult]) -> int:
     """Prompt tokens served from cache, billed once per prompt: of the n choices of a prompt,
     the one that read it itself reused the least."""
     per_prompt: dict[int, int] = {}
-    for prompt, n in zip(plan.prompt_of, cached):
-        per_prompt[prompt] = min(per_prompt.get(prompt, n), n)
+    for prompt, r in zip(plan.prompt_of, results):
+        per_prompt[prompt] = min(per_prompt.get(prompt, r.cached_tokens), r.cached_tokens)
     return sum(per_prompt.values())
 
 
-def _usage(plan: Plan, completion_tokens: int, cached: list[int]) -> p.Usage:
+def _usage(plan: Plan, results: list[ChoiceResult]) -> p.Usage:
+    completion_tokens = sum(r.completion_tokens for r in results)
     return p.Usage(prompt_tokens=plan.prompt_tokens, completion_tokens=completion_tokens,
                    total_tokens=plan.prompt_tokens + completion_tokens,
                    prompt_tokens_details=p.PromptTokensDetails(
-                       cached_tokens=_cached_tokens(plan, cached)))
+                       cached_tokens=_cached_tokens(plan, results)))
 
 
 def _progress(event: PromptProgress) -> p.PromptProgress:
@@ -229,10 +233,8 @@ async def chat_completion(served: ServedModel, alias: str, req: p.ChatCompletion
         logprobs=_chat_logprobs(r.tokens) if req.logprobs else None,
         finish_reason=r.finish_reason,  # type: ignore[arg-type]
     ) for index, r in enumerate(results)]
-    usage = _usage(plan, sum(r.completion_tokens for r in results),
-                   [r.cached_tokens for r in results])
     return p.ChatCompletion(id=p.new_id("chatcmpl"), created=p.now(), model=alias, choices=choices,
-                            usage=usage)
+                            usage=_usage(plan, results))
 
 
 async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequest,
@@ -251,8 +253,7 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
                                          p.ChoiceDelta(content=TextEventTemplate.TEXT)))
     for index in range(len(plan.requests)):
         yield chunk(index, p.ChoiceDelta(role="assistant", content=""))
-    completion_tokens = 0
-    cached = [0] * len(plan.requests)
+    results = [ChoiceResult() for _ in plan.requests]  # only what usage needs
     async with contextlib.aclosing(_events(plan.submitted)) as events:
         async for index, event in events:
             if isinstance(event, PromptProgress):
@@ -263,12 +264,11 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
                 else:
                     yield text_event.event(index, event.text)
             else:
-                completion_tokens += event.completion_tokens
-                cached[index] = event.cached_tokens
+                results[index].finish(event)
                 yield chunk(index, p.ChoiceDelta(), finish=event.finish_reason)
     if req.include_usage_in_stream():
         yield p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[],
-                                    usage=_usage(plan, completion_tokens, cached))
+                                    usage=_usage(plan, results))
 
 
 # --------------------------------------------------------------------------------- completions
@@ -281,10 +281,8 @@ async def completion(served: ServedModel, alias: str, req: p.CompletionRequest,
         logprobs=_completion_logprobs(r.tokens, 0) if req.wants_logprobs() else None,
         finish_reason=r.finish_reason,  # type: ignore[arg-type]
     ) for index, (r, echo) in enumerate(zip(results, plan.echo))]
-    usage = _usage(plan, sum(r.completion_tokens for r in results),
-                   [r.cached_tokens for r in results])
     return p.Completion(id=p.new_id("cmpl"), created=p.now(), model=alias, choices=choices,
-                        usage=usage)
+                        usage=_usage(plan, results))
 
 
 async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRequest,
@@ -302,8 +300,7 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
     for index, echo in enumerate(plan.echo):
         if echo:
             yield chunk(index, echo)
-    completion_tokens = 0
-    cached = [0] * len(plan.requests)
+    results = [ChoiceResult() for _ in plan.requests]  # only what usage needs
     offsets = [0] * len(plan.requests)
     async with contextlib.aclosing(_events(plan.submitted)) as events:
         async for index, event in events:
@@ -317,12 +314,11 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
                 else:
                     yield text_event.event(index, event.text)
             else:
-                completion_tokens += event.completion_tokens
-                cached[index] = event.cached_tokens
+                results[index].finish(event)
                 yield chunk(index, "", finish=event.finish_reason)
     if req.include_usage_in_stream():
         yield p.Completion(id=cid, created=created, model=alias, choices=[],
-                           usage=_usage(plan, completion_tokens, cached))
+                           usage=_usage(plan, results))
 
 
 # --------------------------------------------------------------------------------- embeddings
