@@ -148,13 +148,10 @@ def _key(entry: ModelEntry) -> str:
 
 
 def _scheduler_count(model: Loaded | None, name: str) -> int:
-    """A count a loaded model's scheduler keeps (`queued`: waiting for a slot, `active`: holding
-    one), duck-typed on the model itself or on its `scheduler`; 0 when it has none."""
-    for holder in (model, getattr(model, "scheduler", None)):
-        n = getattr(holder, name, None)
-        if isinstance(n, int):
-            return n
-    return 0
+    """A count a served model keeps (`queued`: waiting for a slot, `active`: holding one; see
+    scheduler.ServedModel); 0 for a loaded object without a scheduler."""
+    n = getattr(model, name, None)
+    return n if isinstance(n, int) else 0
 
 
 class Registry:

@@ -20,14 +20,25 @@ MB = 1 << 20
 class FakeScheduler:
     def __init__(self) -> None:
         self.queued = 0
+        self.active = 0
 
 
 class FakeServed:
+    """Shaped like scheduler.ServedModel: its counts are its scheduler's."""
+
     def __init__(self, entry: ModelEntry) -> None:
         self.entry = entry
         self.memory_bytes = 3 * MB
         self.scheduler = FakeScheduler()
         self.closed = False
+
+    @property
+    def queued(self) -> int:
+        return self.scheduler.queued
+
+    @property
+    def active(self) -> int:
+        return self.scheduler.active
 
     def close(self) -> None:
         self.closed = True
