@@ -154,21 +154,12 @@ def _define_exact(module: ir.Module, f16c: bool) -> None:
         max4 = variable(b, V4F32, const(V4F32, -math.inf), "max4")
         with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
             rows = [gep(b, k_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(ROWS)]
-            accs = [variable(b, V8F32, const(V8F32, 0.0), f"acc{r}") for r in range(ROWS)]
-            with counted_loop(b, i64(0), head_dim, VEC, "c") as c:
-                qc = load(b, q_row, c, V8F32)
-                for r in range(ROWS):
-                    b.store(fmuladd(b, qc, load_half8(b, rows[r], c, f16c), b.load(accs[r])), accs[r])
-            s4 = b.fmul(ops.hsum4x8(b, [b.load(a) for a in accs]), ops.splat(b, scale, 4))
+            s4 = _scores(b, [q_row], rows, head_dim, scale, f16c)[0]
             store(b, s4, scores, t)
             b.store(ops.maxnum(b, b.load(max4), s4), max4)
         max1 = variable(b, F32, const(F32, -math.inf), "max1")
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
-            row = gep(b, k_head, b.mul(t, row_stride))
-            acc = variable(b, V8F32, const(V8F32, 0.0), "acc")
-            with counted_loop(b, i64(0), head_dim, VEC, "ct") as c:
-                b.store(fmuladd(b, load(b, q_row, c, V8F32), load_half8(b, row, c, f16c), b.load(acc)), acc)
-            s = b.fmul(ops.hsum(b, b.load(acc)), scale)
+            s = _scores(b, [q_row], [gep(b, k_head, b.mul(t, row_stride))], head_dim, scale, f16c)[0]
             store(b, s, scores, t)
             b.store(ops.maxnum(b, b.load(max1), s), max1)
         mx = ops.splat(b, ops.maxnum(b, ops.hmax(b, b.load(max4)), b.load(max1)))
@@ -209,6 +200,34 @@ def _keys_per_score_pass(n: int) -> int:
     """Keys whose dot products share one pass over head_dim when n heads go together: each key
     takes a register for its converted row and one accumulator per head; stay within 16."""
     return next(kp for kp in (ROWS, 2, 1) if kp * (n + 1) + 1 <= 15)
+
+
+def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], head_dim: ir.Value,
+            scale: ir.Value, f16c: bool) -> list[ir.Value]:
+    """Per query row (head), scale * (q . k) for ROWS key rows (a <ROWS x float>) or one (a float).
+
+    Per lane an fma chain over head_dim, then hsum4x8's or hsum's (equal) fixed tree: the same
+    bits whichever keys and heads share a pass over head_dim. Each key row is converted from f16
+    once per pass for all the heads.
+    """
+    n = len(q_rows)
+    kp = min(_keys_per_score_pass(n), len(k_rows))
+    sums: list[list[ir.Value]] = [[] for _ in range(n)]  # [head][key] <8 x float> lane sums
+    for r0 in range(0, len(k_rows), kp):
+        accs = [[variable(b, V8F32, const(V8F32, 0.0), f"acc{j}_{r}") for r in range(kp)]
+                for j in range(n)]
+        with counted_loop(b, i64(0), head_dim, VEC, "c") as c:
+            ks = [load_half8(b, k_rows[r0 + r], c, f16c) for r in range(kp)]
+            for j in range(n):
+                qc = load(b, q_rows[j], c, V8F32)
+                for r in range(kp):
+                    b.store(fmuladd(b, qc, ks[r], b.load(accs[j][r])), accs[j][r])
+        for j in range(n):
+            sums[j] += [b.load(a) for a in accs[j]]
+    if len(k_rows) == ROWS:
+        return [b.fmul(ops.hsum4x8(b, sums[j]), ops.splat(b, scale, ROWS)) for j in range(n)]
+    assert len(k_rows) == 1
+    return [b.fmul(ops.hsum(b, sums[j][0]), scale) for j in range(n)]
 
 
 def _prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
@@ -256,26 +275,11 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
         s_run = variable(b, VG, const(VG, 0.0), "s_run")        # [head] running sum of exp
 
         def scores(rows: list[ir.Value]) -> list[list[ir.Value]]:
-            """[head][key] the scores scale * (q16 . k) of len(rows) keys: per lane an fma chain
-            over head_dim, then hsum's fixed tree, the same bits whichever keys share a pass."""
-            kp = min(_keys_per_score_pass(n), len(rows))
-            sums: list[list[ir.Value]] = [[] for _ in range(n)]
-            for r0 in range(0, len(rows), kp):
-                accs = [[variable(b, V8F32, const(V8F32, 0.0), f"acc{j}_{r}") for r in range(kp)]
-                        for j in range(n)]
-                with counted_loop(b, i64(0), head_dim, VEC, "c") as c:
-                    ks = [load_half8(b, rows[r0 + r], c, f16c) for r in range(kp)]
-                    for j in range(n):
-                        qc = load(b, q16_rows[j], c, V8F32)
-                        for r in range(kp):
-                            b.store(fmuladd(b, qc, ks[r], b.load(accs[j][r])), accs[j][r])
-                for j in range(n):
-                    sums[j] += [b.load(a) for a in accs[j]]
-            if len(rows) == ROWS:
-                return [[b.extract_element(s4, ir.Constant(I32, r)) for r in range(ROWS)]
-                        for s4 in (b.fmul(ops.hsum4x8(b, sums[j]), ops.splat(b, scale, 4))
-                                   for j in range(n))]
-            return [[b.fmul(ops.hsum(b, a), scale) for a in sums[j]] for j in range(n)]
+            """[head][key] the scores scale * (q16 . k) of len(rows) keys (see _scores)."""
+            per_head = _scores(b, q16_rows, rows, head_dim, scale, f16c)
+            if len(rows) == 1:
+                return [[s] for s in per_head]
+            return [[b.extract_element(s4, ir.Constant(I32, r)) for r in range(ROWS)] for s4 in per_head]
 
         def softmax_steps(s: list[list[ir.Value]]) -> list[tuple[list[ir.Value], list[ir.Value], ir.Value]]:
             """Per head, the running max and sum over its keys' scores s[head] in key order; each
