@@ -13,6 +13,7 @@ File layout (little-endian, version 2 or 3):
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -48,10 +49,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 _SCALARS: dict[GGUFValueType, str] = {
@@ -95,10 +93,7 @@ class _Cursor:
         self.need(n, what)
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return raw.decode("utf-8", errors="replace")
+        return raw.decode("utf-8", errors="replace")
 
     def strings(self, count: int, what: str) -> list[str]:
         """`count` strings in a row (vocabularies hold ~100k of them).
@@ -130,11 +125,10 @@ class _Cursor:
         heads = np.cumsum(lens + 8) - lens - 8                          # [count] prefix offsets
         keep = np.ones(region.shape[0], dtype=bool)
         keep[(heads[:, None] + np.arange(1, 8)).ravel()] = False        # drop 7 of the 8 bytes
-        joined = region[keep]                                           # NUL-free text + 1 byte/string
-        joined_text = np.delete(joined, np.cumsum(lens + 1) - lens - 1)
-        if count and not joined_text.all():  # a NUL inside some string: one by one
-            return self._strings_one_by_one(start, count, what)
+        joined = region[keep]                                           # 1 byte + text per string
         joined[np.cumsum(lens + 1) - lens - 1] = 0                      # each string starts with NUL
+        if np.count_nonzero(joined) != joined.shape[0] - count:  # a NUL inside some string
+            return self._strings_one_by_one(start, count, what)
         try:
             return joined.tobytes().decode("utf-8").split("\0")[1:]
         except UnicodeDecodeError:
@@ -182,10 +176,7 @@ def tensor_nbytes(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
     if shape[0] % block_elems:
         raise ValueError(f"row length {shape[0]} is not a multiple of the {qtype.name} "
                          f"block size {block_elems}")
-    n = 1
-    for d in shape:
-        n *= d
-    return n // block_elems * block_bytes
+    return math.prod(shape) // block_elems * block_bytes
 
 
 def _parse(buf: memoryview, path: str, file_size: int
