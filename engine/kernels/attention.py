@@ -49,7 +49,6 @@ from engine.kernels.jit import compile_cached, host_has
 from engine.kernels.pool import Pool
 from engine.kernels.ops import F32, F32P, I16, I32, I64, V8F32, VEC, const, counted_loop, fmuladd, gep, i64, load, store, variable
 
-V8I16 = ir.VectorType(I16, VEC)
 V8I32 = ir.VectorType(I32, VEC)
 V4F32 = ir.VectorType(F32, 4)
 ROWS = 4  # key/value rows per step: 4 accumulators + q + conversions fit in 16 registers
@@ -86,12 +85,7 @@ def load_half(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool,
     return b.bitcast(b.or_(mag, sign), vf32)
 
 
-def load_half8(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool) -> ir.Value:
-    """8 f16 values (stored as i16) at base[index] as <8 x float>."""
-    return load_half(b, base, index, f16c, VEC)
-
-
-def round_half8(b: ir.IRBuilder, x: ir.Value, f16c: bool) -> ir.Value:
+def round_half(b: ir.IRBuilder, x: ir.Value, f16c: bool) -> ir.Value:
     """A float vector rounded to the nearest f16 values (kept as float), as storing to f16 would.
 
     With F16C: vcvtps2ph + vcvtph2ps. Portable: Veltkamp's split keeps the top 11 significant
@@ -184,13 +178,13 @@ def _define_exact(module: ir.Module, f16c: bool) -> None:
             with counted_loop(b, i64(0), head_dim, VEC, "cv") as c:
                 o = load(b, out_row, c, V8F32)
                 for r in range(ROWS):
-                    o = fmuladd(b, ps[r], load_half8(b, rows[r], c, f16c), o)
+                    o = fmuladd(b, ps[r], load_half(b, rows[r], c, f16c), o)
                 store(b, o, out_row, c)
         with counted_loop(b, n_keys_block, n_keys, 1, "ut") as t:
             p1 = ops.splat(b, load(b, scores, t))
             row = gep(b, v_head, b.mul(t, row_stride))
             with counted_loop(b, i64(0), head_dim, VEC, "cvt") as c:
-                store(b, fmuladd(b, p1, load_half8(b, row, c, f16c), load(b, out_row, c, V8F32)), out_row, c)
+                store(b, fmuladd(b, p1, load_half(b, row, c, f16c), load(b, out_row, c, V8F32)), out_row, c)
         with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
             store(b, b.fmul(load(b, out_row, c, V8F32), inv_l), out_row, c)
     b.ret_void()
@@ -217,7 +211,7 @@ def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], hea
         accs = [[variable(b, V8F32, const(V8F32, 0.0), f"acc{j}_{r}") for r in range(kp)]
                 for j in range(n)]
         with counted_loop(b, i64(0), head_dim, VEC, "c") as c:
-            ks = [load_half8(b, k_rows[r0 + r], c, f16c) for r in range(kp)]
+            ks = [load_half(b, k_rows[r0 + r], c, f16c) for r in range(kp)]
             for j in range(n):
                 qc = load(b, q_rows[j], c, V8F32)
                 for r in range(kp):
@@ -269,7 +263,7 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
         # q rounded to f16 once per item, as ggml converts Q for its f16 dot products
         with counted_loop(b, i64(0), head_dim, VEC, "qr") as c:
             for j in range(n):  # read q before zeroing out: they may be the same row
-                store(b, round_half8(b, load(b, gep(b, q, off[j]), c, V8F32), f16c), q16_rows[j], c)
+                store(b, round_half(b, load(b, gep(b, q, off[j]), c, V8F32), f16c), q16_rows[j], c)
                 store(b, const(V8F32, 0.0), out_rows[j], c)
         m_run = variable(b, VG, const(VG, -math.inf), "m_run")  # [head] running max score
         s_run = variable(b, VG, const(VG, 0.0), "s_run")        # [head] running sum of exp
@@ -338,8 +332,8 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
                                 acc = acc0
                                 for r, val in enumerate(vals):
                                     if rescale:
-                                        acc = round_half8(b, b.fmul(acc, msv[r]), f16c)
-                                    acc = round_half8(b, fmuladd(b, val, vsv[r], acc), f16c)
+                                        acc = round_half(b, b.fmul(acc, msv[r]), f16c)
+                                    acc = round_half(b, fmuladd(b, val, vsv[r], acc), f16c)
                                 results.append((acc, b.block))
                     acc = b.phi(vty)
                     for value, block in results:
