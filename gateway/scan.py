@@ -199,7 +199,10 @@ def _judge(parts: list[Path], stem: str) -> FoundModel | Skipped:
     problem = _not_servable(meta, headers, parts)
     if problem:
         return Skipped(first, problem)
-    hp = HParams.from_metadata(meta, str(first))  # checked in _not_servable
+    try:
+        hp = HParams.from_metadata(meta, str(first))
+    except ModelLoadError as e:  # an architecture or shape the engine cannot run
+        return Skipped(first, e.problem)
     tensors = [t for _, ts in headers for t in ts.values()]
     name = meta.get("general.name")
     return FoundModel(
@@ -217,7 +220,8 @@ def _judge(parts: list[Path], stem: str) -> FoundModel | Skipped:
 
 def _not_servable(meta: dict[str, Any], headers: list[tuple[dict[str, Any], dict[str, TensorInfo]]],
                   parts: list[Path]) -> str | None:
-    """Why the engine could not serve this model, or None."""
+    """Why this file is not a whole language model, or None (its hyperparameters are judged
+    after)."""
     kind = meta.get("general.type")
     if kind == "mmproj" or any(k.startswith("clip.") for k in meta):
         return "a vision projector (mmproj), not a language model"
@@ -238,10 +242,6 @@ def _not_servable(meta: dict[str, Any], headers: list[tuple[dict[str, Any], dict
             return f"the parts hold {n_tensors} tensors, the first part announces {expected}"
     if not headers[0][1]:
         return "no tensors (a vocabulary-only file?)"
-    try:
-        HParams.from_metadata(meta, str(parts[0]))
-    except ModelLoadError as e:
-        return e.problem
     return None
 
 
