@@ -42,8 +42,6 @@ F64 = ir.DoubleType()
 V8F64 = ir.VectorType(F64, VEC)
 F32P = F32.as_pointer()
 
-FloatTy = ir.Type  # F32 or a vector of F32
-
 
 def new_module(name: str) -> ir.Module:
     return ir.Module(name=name)
