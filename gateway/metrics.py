@@ -265,20 +265,13 @@ class _ObservedScheduler:
 
 
 class _ObservedGeneration:
-    """The scheduler's generation handle (async context manager and iterator), observed."""
+    """The scheduler's generation handle as serving uses it (iterate, cancel), observed."""
 
     def __init__(self, inner: Any, owner: _ObservedScheduler, request: Any) -> None:
         self._inner = inner
         self._owner = owner
         self._request = request
         self._events: AsyncIterator[Any] | None = None
-
-    async def __aenter__(self) -> _ObservedGeneration:
-        await self._inner.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> Any:
-        return await self._inner.__aexit__(*exc)
 
     def __aiter__(self) -> _ObservedGeneration:
         return self
