@@ -27,7 +27,7 @@ import sys
 import tempfile
 import tomllib
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,6 @@ EXIT_USAGE = 2     # bad arguments, unreadable existing config
 
 HEADER = ("Written by `modelyard scan`. Edit freely: `modelyard scan DIR --update FILE` "
           "keeps your edits and adds new models.")
-
-Report = Callable[[str], None]
 
 
 class ScanError(Exception):
@@ -720,22 +718,23 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return run_scan(_parser(prog).parse_args(argv))
 
 
-def run_scan(args: argparse.Namespace, report: Report | None = None,
-             out: Report | None = None) -> int:
-    """Run the scan the arguments ask for. `report` gets stderr lines, `out` the stdout config."""
-    say = report or (lambda line: print(line, file=sys.stderr))
-    write_out = out or (lambda text: sys.stdout.write(text))
+def run_scan(args: argparse.Namespace) -> int:
+    """Run the scan the arguments ask for: the config on stdout (or to FILE), reports on stderr."""
     try:
-        return _run(args, say, write_out)
+        return _run(args)
     except ScanError as e:
-        say(f"modelyard scan: {e}")
+        _say(f"modelyard scan: {e}")
         return EXIT_USAGE
     except OSError as e:  # the output folder is not writable, the disk is full, ...
-        say(f"modelyard scan: cannot write: {e}")
+        _say(f"modelyard scan: cannot write: {e}")
         return EXIT_USAGE
 
 
-def _run(args: argparse.Namespace, say: Report, write_out: Report) -> int:
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     root: Path = args.dir
     if not root.is_dir():
         raise ScanError(f"{root}: not a folder")
@@ -744,18 +743,18 @@ def _run(args: argparse.Namespace, say: Report, write_out: Report) -> int:
 
     result = scan_dir(root, exclude=[target] if target else [])
     for line in _skip_lines(result.skipped, root):
-        say(line)
+        _say(line)
     found = result.found
     if existing:
         known = [m for m in found if m.path.resolve() in existing.model_files]
         found = [m for m in found if m.path.resolve() not in existing.model_files]
         if known:
-            say(f"{len(known)} model{'s' if len(known) != 1 else ''} already in {target}")
+            _say(f"{len(known)} model{'s' if len(known) != 1 else ''} already in {target}")
     if not found:
         if existing:
-            say(f"no new models under {root}; {target} is unchanged")
+            _say(f"no new models under {root}; {target} is unchanged")
             return EXIT_OK
-        say(f"no servable GGUF model under {root}; nothing written")
+        _say(f"no servable GGUF model under {root}; nothing written")
         return EXIT_NOTHING
 
     aliases = assign_aliases(found, existing.aliases if existing else ())
@@ -773,21 +772,21 @@ def _run(args: argparse.Namespace, say: Report, write_out: Report) -> int:
     except ConfigError as e:
         if existing is None or existing.problems is None:
             raise ScanError(f"the config written would not load, so nothing was written:\n{e}")
-        say(f"warning: {target} had problems before this update and still has them:\n"
+        _say(f"warning: {target} had problems before this update and still has them:\n"
             f"{existing.problems}")
 
     if target is None:
-        write_out(text)
+        sys.stdout.write(text)
     else:
         if existing and not kept:
             backup = target.with_name(target.name + ".bak")
             backup.write_text(existing.text, encoding="utf-8")
-            say(f"could not append to {target}'s text, so it was rewritten from its values "
+            _say(f"could not append to {target}'s text, so it was rewritten from its values "
                 f"(comments are lost); the old text is in {backup}")
         _write_atomically(target, text)
     verb = "added" if existing else "wrote"
     where = f" to {target}" if existing else f" {target}" if target else " to stdout"
-    say(f"{verb}{where}: {len(found)} model{'s' if len(found) != 1 else ''} "
+    _say(f"{verb}{where}: {len(found)} model{'s' if len(found) != 1 else ''} "
         f"({', '.join(a[0] for a in aliases)}); {len(result.skipped)} file"
         f"{'s' if len(result.skipped) != 1 else ''} skipped")
     return EXIT_OK
