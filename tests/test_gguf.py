@@ -27,6 +27,14 @@ def _tensor_offset_field(data: bytes, name: str) -> int:
     return pos + 4 + 8 * n_dims + 4
 
 
+def _assert_rejected(data: bytes, path: Path, match: str) -> None:
+    """Written to `path`, `data` is refused with a ModelLoadError that names the file."""
+    path.write_bytes(data)
+    with pytest.raises(ModelLoadError, match=match) as e:
+        GGUFFile(path)
+    assert str(path) in str(e.value)
+
+
 def test_reads_like_gguf_py(tiny: Path) -> None:
     f = GGUFFile(tiny)
     r = GGUFReader(tiny)
@@ -62,11 +70,8 @@ def test_read_header_keeps_nothing_mapped(tiny: Path) -> None:
 @pytest.mark.parametrize("fraction", [0.0, 0.001, 0.01, 0.05, 0.2, 0.5, 0.9, 0.999])
 def test_truncated_file_is_rejected(tiny: Path, tmp_path: Path, fraction: float) -> None:
     data = tiny.read_bytes()
-    cut = tmp_path / "cut.gguf"
-    cut.write_bytes(data[:int(len(data) * fraction)])
-    with pytest.raises(ModelLoadError) as e:
-        GGUFFile(cut)
-    assert str(cut) in str(e.value)
+    _assert_rejected(data[:int(len(data) * fraction)], tmp_path / "cut.gguf",
+                     "truncated|too short|can hold")
 
 
 def test_every_header_truncation_is_rejected(tiny: Path, tmp_path: Path) -> None:
@@ -85,10 +90,7 @@ def test_tensor_offset_past_the_end(tiny: Path, tmp_path: Path) -> None:
     data = bytearray(tiny.read_bytes())
     pos = _tensor_offset_field(bytes(data), "blk.0.attn_q.weight")
     struct.pack_into("<Q", data, pos, len(data) * 4 // 32 * 32)
-    bad = tmp_path / "offset.gguf"
-    bad.write_bytes(bytes(data))
-    with pytest.raises(ModelLoadError, match="blk.0.attn_q.weight.*beyond the end"):
-        GGUFFile(bad)
+    _assert_rejected(bytes(data), tmp_path / "offset.gguf", "blk.0.attn_q.weight.*beyond the end")
 
 
 def test_misaligned_tensor_offset(tiny: Path, tmp_path: Path) -> None:
@@ -96,20 +98,14 @@ def test_misaligned_tensor_offset(tiny: Path, tmp_path: Path) -> None:
     pos = _tensor_offset_field(bytes(data), "output_norm.weight")
     (old,) = struct.unpack_from("<Q", data, pos)
     struct.pack_into("<Q", data, pos, old + 1)
-    bad = tmp_path / "misaligned.gguf"
-    bad.write_bytes(bytes(data))
-    with pytest.raises(ModelLoadError, match="aligned"):
-        GGUFFile(bad)
+    _assert_rejected(bytes(data), tmp_path / "misaligned.gguf", "aligned")
 
 
 def test_unknown_tensor_type(tiny: Path, tmp_path: Path) -> None:
     data = bytearray(tiny.read_bytes())
     pos = _tensor_offset_field(bytes(data), "output_norm.weight") - 4
     struct.pack_into("<I", data, pos, 9999)
-    bad = tmp_path / "type.gguf"
-    bad.write_bytes(bytes(data))
-    with pytest.raises(ModelLoadError, match="unknown tensor type 9999"):
-        GGUFFile(bad)
+    _assert_rejected(bytes(data), tmp_path / "type.gguf", "unknown tensor type 9999")
 
 
 @pytest.mark.parametrize("head, message", [
@@ -118,11 +114,7 @@ def test_unknown_tensor_type(tiny: Path, tmp_path: Path) -> None:
     (b"GGUF\x00\x00\x00\x03", "big-endian"),
 ])
 def test_bad_magic_and_version(tiny: Path, tmp_path: Path, head: bytes, message: str) -> None:
-    data = head + tiny.read_bytes()[8:]
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(data)
-    with pytest.raises(ModelLoadError, match=message):
-        GGUFFile(bad)
+    _assert_rejected(head + tiny.read_bytes()[8:], tmp_path / "bad.gguf", message)
 
 
 def test_missing_and_non_gguf_files(tmp_path: Path) -> None:
