@@ -58,6 +58,13 @@ NODE_BYTES = 24             # {ptr task, ptr args, i64 flags}
 
 _FUTEX_SYSCALL = 202        # x86-64 Linux
 _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
+_WAKE_ALL = "2147483647"    # futex_wake's count: every sleeper
+
+
+def _futex(result: str, op: int, value: str) -> str:
+    """An IR line: result = syscall(futex, the job word, op, value, no timeout)."""
+    return (f"  {result} = call i64 (i64, ...) @syscall(i64 {_FUTEX_SYSCALL}, ptr %pool, i32 {op}, "
+            f"i32 {value}, ptr null, ptr null, i32 0)")
 
 
 def build_pool_ir(x86: bool, linux_futex: bool) -> str:
@@ -69,7 +76,7 @@ def build_pool_ir(x86: bool, linux_futex: bool) -> str:
   %still = icmp eq i32 %again, %seen
   br i1 %still, label %futex, label %woke
 futex:
-  %r = call i64 (i64, ...) @syscall(i64 {_FUTEX_SYSCALL}, ptr %pool, i32 {_FUTEX_WAIT_PRIVATE}, i32 %seen, ptr null, ptr null, i32 0)
+{_futex("%r", _FUTEX_WAIT_PRIVATE, "%seen")}
   br label %woke
 woke:
   %sl2 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
@@ -78,10 +85,9 @@ woke:
   %any = icmp ne i32 %n_sleep, 0
   br i1 %any, label %wake, label %run
 wake:
-  %w = call i64 (i64, ...) @syscall(i64 {_FUTEX_SYSCALL}, ptr %pool, i32 {_FUTEX_WAKE_PRIVATE}, i32 2147483647, ptr null, ptr null, i32 0)
+{_futex("%w", _FUTEX_WAKE_PRIVATE, _WAKE_ALL)}
   br label %run"""
-        wake_all = (f"  %w = call i64 (i64, ...) @syscall(i64 {_FUTEX_SYSCALL}, ptr %pool, "
-                    f"i32 {_FUTEX_WAKE_PRIVATE}, i32 2147483647, ptr null, ptr null, i32 0)")
+        wake_all = _futex("%w", _FUTEX_WAKE_PRIVATE, _WAKE_ALL)
     else:
         wake_all = ""
         sleep = """  %u = call i32 @usleep(i32 200)
