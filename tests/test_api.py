@@ -439,9 +439,7 @@ class TestIdleServer:
     @classmethod
     def server(cls, tiny_models, smollm2_path, tmp_path_factory):
         _, b = tiny_models
-        config = write_config(tmp_path_factory.mktemp("cfg") / "idle.toml", {})
-        config = config.with_suffix(".yaml")
-        write_config(config, {
+        config = write_config(tmp_path_factory.mktemp("cfg") / "idle.yaml", {
             "registry": {"idle_timeout": "1s", "max_loaded_models": 2},
             "models": [
                 {"model": str(b), "aliases": ["tiny-b"], "n_ctx": 128, "pinned": True},
