@@ -164,14 +164,10 @@ def test_cancel_on_disconnect():
 
 def test_unicode_line_separators_are_escaped_in_events() -> None:
     """U+2028, U+2029 and U+0085 stay inside their JSON string: every reader sees one line."""
-    import json as _json
-
-    from gateway.streaming import sse
-
     text = "a\u2028b\u2029c\u0085d"
     event = sse({"content": text}).decode()
     assert len(event.rstrip("\n").splitlines()) == 1
-    assert _json.loads(event[len("data: "):])["content"] == text
+    assert json.loads(event[len("data: "):])["content"] == text
 
 
 # --------------------------------------------------------------------------------- text templates
