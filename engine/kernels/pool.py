@@ -28,8 +28,8 @@ Worker state machine (the job word and the stop flag drive it; only pool_run/poo
     any state but executing --stop flag (close)--> exited
 
 Control block (one per pool; hot words on their own 64-byte lines):
-    0: i32 job   8: ptr nodes   16: i64 n_nodes   24: ptr step   32: i64 n_threads
-   40: i64 active (threads taking part in this graph)   64: i32 stop   128: i32 sleepers
+    0: i32 job   8: ptr nodes   16: i64 n_nodes   24: ptr step
+   32: i64 active (threads taking part in this graph)   64: i32 stop   128: i32 sleepers
   192: i32 barrier count   256: i32 barrier generation   320: i64 slow barrier waits
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ JOB_PAUSES = 1024           # ~25 us of `pause` waiting for a job before yieldin
 SLEEP_AFTER_YIELDS = 8000   # then ~3 ms of sched_yield (~0.4 us each when idle) before sleeping
 BARRIER = 1                 # node flag: all threads meet after this node
 
-_JOB, _NODES, _N_NODES, _STEP, _N_THREADS, _ACTIVE = 0, 8, 16, 24, 32, 40
+_JOB, _NODES, _N_NODES, _STEP, _ACTIVE = 0, 8, 16, 24, 32
 _STOP, _SLEEPERS, _BAR_COUNT, _BAR_GEN, _SLOW_WAITS = 64, 128, 192, 256, 320
 _CONTROL_BYTES = 384
 NODE_BYTES = 24             # {ptr task, ptr args, i64 flags}
@@ -348,7 +348,6 @@ class Pool:
         self.n_threads = n_threads
         self._fns = _load()
         self._control, self._address = _aligned_zeros(_CONTROL_BYTES)
-        ctypes.c_int64.from_address(self._address + _N_THREADS).value = n_threads
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         for tid in range(1, n_threads):
