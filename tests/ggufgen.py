@@ -45,6 +45,15 @@ def byte_to_unicode() -> dict[int, str]:
     return mapping
 
 
+def tensor_type_field(data: bytes, name: str) -> int:
+    """Byte position of a tensor's u32 type in a GGUF header (its u64 data offset follows it),
+    found by the tensor's name, so tests can corrupt one field of a valid file."""
+    key = len(name).to_bytes(8, "little") + name.encode()
+    pos = data.index(key) + len(key)
+    n_dims = int.from_bytes(data[pos:pos + 4], "little")
+    return pos + 4 + 8 * n_dims
+
+
 def _learn_merges(n_merges: int) -> tuple[list[str], list[str]]:
     b2u = byte_to_unicode()
     words = [[b2u[b] for b in (" " + w).encode()] for w in SAMPLE.split(" ")]

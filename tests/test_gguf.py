@@ -10,21 +10,13 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
 from engine.gguf import GGUFFile, ModelLoadError, read_header
-from tests.ggufgen import write_tiny_llama
+from tests.ggufgen import tensor_type_field, write_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("gguf") / "tiny.gguf",
                             qtype=GGMLQuantizationType.F32)
-
-
-def _tensor_offset_field(data: bytes, name: str) -> int:
-    """Byte position of a tensor's u64 data offset in the header (found by its name)."""
-    key = struct.pack("<Q", len(name)) + name.encode()
-    pos = data.index(key) + len(key)
-    (n_dims,) = struct.unpack_from("<I", data, pos)
-    return pos + 4 + 8 * n_dims + 4
 
 
 def _assert_rejected(data: bytes, path: Path, match: str) -> None:
@@ -88,14 +80,14 @@ def test_every_header_truncation_is_rejected(tiny: Path, tmp_path: Path) -> None
 
 def test_tensor_offset_past_the_end(tiny: Path, tmp_path: Path) -> None:
     data = bytearray(tiny.read_bytes())
-    pos = _tensor_offset_field(bytes(data), "blk.0.attn_q.weight")
+    pos = tensor_type_field(bytes(data), "blk.0.attn_q.weight") + 4
     struct.pack_into("<Q", data, pos, len(data) * 4 // 32 * 32)
     _assert_rejected(bytes(data), tmp_path / "offset.gguf", "blk.0.attn_q.weight.*beyond the end")
 
 
 def test_misaligned_tensor_offset(tiny: Path, tmp_path: Path) -> None:
     data = bytearray(tiny.read_bytes())
-    pos = _tensor_offset_field(bytes(data), "output_norm.weight")
+    pos = tensor_type_field(bytes(data), "output_norm.weight") + 4
     (old,) = struct.unpack_from("<Q", data, pos)
     struct.pack_into("<Q", data, pos, old + 1)
     _assert_rejected(bytes(data), tmp_path / "misaligned.gguf", "aligned")
@@ -103,7 +95,7 @@ def test_misaligned_tensor_offset(tiny: Path, tmp_path: Path) -> None:
 
 def test_unknown_tensor_type(tiny: Path, tmp_path: Path) -> None:
     data = bytearray(tiny.read_bytes())
-    pos = _tensor_offset_field(bytes(data), "output_norm.weight") - 4
+    pos = tensor_type_field(bytes(data), "output_norm.weight")
     struct.pack_into("<I", data, pos, 9999)
     _assert_rejected(bytes(data), tmp_path / "type.gguf", "unknown tensor type 9999")
 

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as Q
 
 import engine
 from engine.model import Chunk
-from tests.ggufgen import write_tiny_llama
+from tests.ggufgen import tensor_type_field, write_tiny_llama
 from tests.reference_llama import ReferenceLlama
 
 K_QUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
@@ -144,10 +144,7 @@ def test_unsupported_tensor_type_is_a_load_error(tmp_path: Path, tensor: str) ->
     so the file itself stays valid) is named in the error."""
     path = write_tiny_llama(tmp_path / "i32.gguf", qtype=Q.F32)
     data = bytearray(path.read_bytes())
-    key = len(tensor).to_bytes(8, "little") + tensor.encode()
-    pos = data.index(key) + len(key)
-    n_dims = int.from_bytes(data[pos:pos + 4], "little")
-    type_at = pos + 4 + 8 * n_dims
+    type_at = tensor_type_field(bytes(data), tensor)
     assert int.from_bytes(data[type_at:type_at + 4], "little") == Q.F32
     data[type_at:type_at + 4] = int(Q.I32).to_bytes(4, "little")
     path.write_bytes(bytes(data))
