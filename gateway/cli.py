@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import logging
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+from . import scan
 from .config import Config, ConfigError, default_config, load_config
 from .watch import WatchOptions
 
@@ -57,16 +57,12 @@ def _parser() -> argparse.ArgumentParser:
                        "network file systems may not deliver (also: WATCHFILES_FORCE_POLLING=1)")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"], help="default: info")
+    serve.set_defaults(run=serve_command)
     _add_scan_command(commands)
     return parser
 
 
 def _add_scan_command(commands: Any) -> None:
-    """`modelyard scan`, when the skeleton-config generator (gateway/scan.py) is present."""
-    if importlib.util.find_spec(f"{__package__}.scan") is None:
-        return
-    from . import scan
-
     parser = commands.add_parser("scan", help="write a config for the GGUF models in a folder",
                                  description="Write a config for the GGUF models under DIR.")
     scan.add_scan_arguments(parser)
@@ -136,12 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(args, "log_level", "info").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # modelyard.watch says what changed
-    if args.command == "serve":
-        return serve_command(args)
-    run = getattr(args, "run", None)
-    if run is not None:
-        return int(run(args) or 0)
-    return 1  # pragma: no cover - argparse rejects unknown commands
+    return int(args.run(args))
 
 
 if __name__ == "__main__":
