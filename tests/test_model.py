@@ -90,7 +90,9 @@ def test_batched_sequences_equal_separate_runs(q8) -> None:
 
 def test_prefix_reuse_gives_same_continuation(q8) -> None:
     ids = q8.tokenizer.encode(PROMPT)
+    q8.transformer.cache.tokens[0] = []  # whatever earlier tests left there: a fresh context
     fresh = list(q8.generate(ids, max_tokens=8, stop_at_eog=False))
+    assert q8.transformer.cache.tokens[0][:len(ids)] == ids
     again = list(q8.generate(ids, max_tokens=8, stop_at_eog=False))  # slot already holds ids
     assert fresh == again
 
