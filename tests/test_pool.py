@@ -55,13 +55,27 @@ define void @read_step(ptr %args, ptr %step, i64 %tid, i64 %n) {
   store i64 %v, ptr %p
   ret void
 }
+
+declare i32 @usleep(i32)
+
+; thread 1 sleeps 20 ms: the others wait for it at the barrier that ends the graph
+define void @late(ptr %args, ptr %step, i64 %tid, i64 %n) {
+entry:
+  %one = icmp eq i64 %tid, 1
+  br i1 %one, label %sleep, label %done
+sleep:
+  %r = call i32 @usleep(i32 20000)
+  br label %done
+done:
+  ret void
+}
 """
 
 
 @pytest.fixture(scope="module")
 def task() -> dict[str, int]:
     lib = jit.compile_ir(TEST_IR)
-    return {name: lib.address(name) for name in ("mark", "snapshot", "read_step")}
+    return {name: lib.address(name) for name in ("mark", "snapshot", "read_step", "late")}
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
@@ -173,4 +187,13 @@ def test_a_graph_can_run_on_fewer_threads(task) -> None:
         p.run(g, threads=1)
         p.run(g, threads=9)  # clamped to the pool's size
         assert marks.tolist() == [6, 4, 2]
-        assert p.slow_waits >= 0
+
+
+def test_a_barrier_wait_past_the_pause_phase_is_counted(task) -> None:
+    """Thread 0 waits ~20 ms for a sleeping thread 1, far past the ~6 us of `pause`."""
+    with Pool(2) as p:
+        assert p.slow_waits == 0
+        p.run_task(task["mark"], np.zeros(2, np.int64), threads=1)  # no barrier on one thread
+        assert p.slow_waits == 0
+        p.run_task(task["late"], np.zeros(1, np.int64))
+        assert p.slow_waits >= 1
