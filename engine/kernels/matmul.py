@@ -257,14 +257,13 @@ class _IntOps:
 # --- per-type block bodies --------------------------------------------------------------------
 # A body handles one weight block against the same block of several activation rows: it unpacks
 # the weights once and returns, per row, the block's contribution as terms
-#     _Vec(value, scale): float(value) * scale, value <8 x i32> (or <8 x float>), scale a splat
+#     _Vec(value, scale): float(value) * scale, value <8 x i32>, scale a splat
 # which _fold adds into that row's <8 x float> accumulator.
 
 @dataclass(frozen=True)
 class _Vec:
-    value: str  # <8 x i32>, or <8 x float> when is_float
+    value: str  # <8 x i32>
     scale: str  # <8 x float>, a splat
-    is_float: bool = False
 
 
 _Terms = list[_Vec]
@@ -471,11 +470,10 @@ def _row_tiles(f: _Fn, *, x_base: str, x_row_bytes: str, x_block_bytes: int,
     """Callbacks for activations stored row by row (q8_k blocks, or f32 values): each tile row
     keeps its own accumulators (acc_types); block(w blocks, x blocks per row, accs per row) and
     finish(row's accs, weight row, x row) work row by row."""
-    zero = {V8F: "zeroinitializer", "float": "0.0"}
     k = len(acc_types)
 
     def accs(rows: int) -> list[tuple[str, str]]:
-        return [(ty, zero[ty]) for _ in range(rows) for ty in acc_types]
+        return [(ty, "zeroinitializer") for _ in range(rows) for ty in acc_types]
 
     def x_rows(tile: _Tile) -> list[str]:
         return [f.gep(x_base, f.mul(f.add(tile.m0, t), x_row_bytes)) for t in range(tile.rows)]
@@ -641,7 +639,7 @@ def _fold(f: _Fn, terms: _Terms, acc: str) -> str:
     """
     part = None
     for t in terms:
-        fs = t.value if t.is_float else f.let(f"sitofp <8 x i32> {t.value} to <8 x float>")
+        fs = f.let(f"sitofp <8 x i32> {t.value} to <8 x float>")
         part = (f.let(f"fmul <8 x float> {fs}, {t.scale}") if part is None else
                 f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {fs}, <8 x float> {t.scale}, <8 x float> {part})"))
     return f.let(f"fadd <8 x float> {acc}, {part}")
@@ -935,7 +933,6 @@ MIN_SPLIT_BYTES = 256 << 10
 @dataclass(frozen=True)
 class TypeKernels:
     """One weight type's compiled functions, as ctypes calls and as addresses (for task graphs)."""
-    qtype: GGMLQuantizationType
     act: str | None
     block_elems: int
     rows: Callable[..., None]  # rows_<type>(w, x or xq, out, nb or K, r0, r1, M, N)
@@ -997,16 +994,12 @@ class MatmulKernels:
         rows = lib.function(f"rows_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)
         rows_address = lib.address(f"rows_{name}")
         if act is None:
-            return TypeKernels(qtype, None, 1, rows, None, None, rows_address, 0)
+            return TypeKernels(None, 1, rows, None, None, rows_address, 0)
         fused = lib.function(f"matmul_{name}", None, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64)
         quantize = lib.function(f"quantize_{act}", None, _PTR, _PTR, _I64, _I64, _I64, _I64)
         self._quantizers.setdefault(act, quantize)
-        return TypeKernels(qtype, act, GGML_QUANT_SIZES[qtype][0], rows, fused, quantize, rows_address,
+        return TypeKernels(act, GGML_QUANT_SIZES[qtype][0], rows, fused, quantize, rows_address,
                            lib.address(f"quantize_{act}"))
-
-    @property
-    def qtypes(self) -> frozenset[GGMLQuantizationType]:
-        return frozenset(self._kernels)
 
     def kernels(self, qtype: GGMLQuantizationType) -> TypeKernels:
         k = self._kernels.get(qtype)
