@@ -207,20 +207,20 @@ class _IntOps:
         never saturate here).
         """
         if self.vnni:
-            f = self.f
-            u32 = f.let(f"bitcast <32 x i8> {u} to <8 x i32>")
-            s32 = f.let(f"bitcast <32 x i8> {s} to <8 x i32>")
-            return f.let(f"call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> zeroinitializer, "
-                         f"<8 x i32> {u32}, <8 x i32> {s32})")
+            return self._vpdpbusd(u, s, 8)
         return self.madd(self.maddubs(u, s), _splat("i16", 16, 1))
 
     def dot_us_wide(self, u: str, s: str) -> str:
         """dot_us on <64 x i8> (two rows' blocks side by side) -> <16 x i32> (AVX-512 VNNI)."""
-        f = self.f
-        u32 = f.let(f"bitcast <64 x i8> {u} to <16 x i32>")
-        s32 = f.let(f"bitcast <64 x i8> {s} to <16 x i32>")
-        return f.let(f"call <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32> zeroinitializer, "
-                     f"<16 x i32> {u32}, <16 x i32> {s32})")
+        return self._vpdpbusd(u, s, 16)
+
+    def _vpdpbusd(self, u: str, s: str, lanes: int) -> str:
+        """<4 * lanes x i8> u (unsigned) and s (signed) -> <lanes x i32>: sums of four products."""
+        f, ty = self.f, f"<{lanes} x i32>"
+        u32 = f.let(f"bitcast <{4 * lanes} x i8> {u} to {ty}")
+        s32 = f.let(f"bitcast <{4 * lanes} x i8> {s} to {ty}")
+        return f.let(f"call {ty} @llvm.x86.avx512.vpdpbusd.{32 * lanes}({ty} zeroinitializer, "
+                     f"{ty} {u32}, {ty} {s32})")
 
     def signed_wide(self, a: str) -> tuple[str, str]:
         """Signed weights `a` (<32 x i8>) for dot_ss_wide: (|a| twice, a < 0 twice)."""
