@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from engine.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from engine.kernels import jit
+from engine.kernels import jit, tasks
 from engine.kernels.irtext import IRFunction
 from engine.kernels.pool import Pool
 from engine.quants import (
@@ -980,10 +980,14 @@ class MatmulKernels:
         self._own_pool = pool is None and n_threads > 1
         self._pool = Pool(n_threads) if self._own_pool else pool
         self.n_threads = self._pool.n_threads if self._pool is not None else 1
+        # the task that splits a matmul across the pool, compiled now rather than at the first split
+        self._split_task = (tasks.load_tasks(jit.host_has("f16c")).address["task_matmul"]
+                            if self._pool is not None else 0)
+        self._step = np.zeros(len(tasks.STEP.fields), np.int64)  # a STEP block: n_tokens is M
+        self._step_address = _address(self._step)
         self._lock = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         self._scratch_address = 0
-        self._step = np.zeros(8, np.int64)  # a STEP block whose n_tokens is M (see tasks.py)
 
     def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
         lib = jit.compile_cached("matmul", (qtype.name, self.portable, self.vnni, self.tiles, self.wide),
@@ -1057,14 +1061,11 @@ class MatmulKernels:
 
     def _run_split(self, k: TypeKernels, w: QuantMatrix, x_addr: int, out_addr: int, nb: int,
                    m: int) -> None:
-        from engine.kernels import tasks  # noqa: PLC0415 - tasks builds on this module
-
         assert self._pool is not None
-        t = tasks.load_tasks(jit.host_has("f16c"))
-        self._step[tasks.M_TOKENS // 8] = m
+        tasks.STEP.set(self._step, "n_tokens", m)
         args = tasks.MATMUL.pack(fn=k.rows_address, w=w.address, x=x_addr, out=out_addr, nb=nb,
                                  n_rows=w.n_rows, m_at=tasks.M_TOKENS)
-        self._pool.run_task(t.address["task_matmul"], args, int(self._step.ctypes.data))
+        self._pool.run_task(self._split_task, args, self._step_address)
 
     def quantize(self, x: np.ndarray, act: str, r0: int = 0, r1: int | None = None,
                  into: np.ndarray | None = None) -> np.ndarray:
