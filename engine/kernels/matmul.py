@@ -973,10 +973,7 @@ class MatmulKernels:
         host_wide = all(jit.host_has(x) for x in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
         self.wide = self.vnni and host_wide and wide is not False
         self.tiles = TILES if jit.host_has("avx512vl") and not self.portable else NARROW_TILES
-        self._kernels: dict[GGMLQuantizationType, TypeKernels] = {}
-        self._quantizers: dict[str, Callable[..., None]] = {}
-        for q in sorted(wanted, key=lambda t: t.value):
-            self._kernels[q] = self._load(q)
+        self._kernels = {q: self._load(q) for q in sorted(wanted, key=lambda t: t.value)}
         self._own_pool = pool is None and n_threads > 1
         self._pool = Pool(n_threads) if self._own_pool else pool
         self.n_threads = self._pool.n_threads if self._pool is not None else 1
@@ -1001,7 +998,6 @@ class MatmulKernels:
             return TypeKernels(None, 1, rows, None, None, rows_address, 0)
         fused = lib.function(f"matmul_{name}", None, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64)
         quantize = lib.function(f"quantize_{act}", None, _PTR, _PTR, _I64, _I64, _I64, _I64)
-        self._quantizers.setdefault(act, quantize)
         return TypeKernels(act, GGML_QUANT_SIZES[qtype][0], rows, fused, quantize, rows_address,
                            lib.address(f"quantize_{act}"))
 
@@ -1072,9 +1068,10 @@ class MatmulKernels:
         """The compiled activation quantizer (for tests): rows [r0, r1) of x, float32 [M, K],
         into `into` (or a fresh zeroed buffer): uint8 [M * packed row bytes], laid out as
         engine.quants.pack_activations."""
-        fn = self._quantizers.get(act)
+        quantizers = {k.act: k.quantize for k in self._kernels.values() if k.act is not None}
+        fn = quantizers.get(act)
         if fn is None:
-            raise ValueError(f"no {act} quantizer compiled here (have {sorted(self._quantizers)})")
+            raise ValueError(f"no {act} quantizer compiled here (have {sorted(quantizers)})")
         if not isinstance(x, np.ndarray) or x.ndim != 2:
             raise ValueError("activations must be a 2-D numpy array [M, K]")
         m = x.shape[0]
