@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.kernels.attention import (AttentionKernel, attention_exact, attention_reference,
-                                      f16acc_scratch_floats, split_work)
+                                      f16acc_scratch_floats)
 
 # The kernel and its twin keep the accumulator f16-rounded after every key (llama.cpp's order);
 # float32 differences in a dot product or exp can move one rounding by an f16 ulp of the
@@ -72,6 +72,12 @@ def test_matches_numpy_twin(kernels, case, group, head_dim, threads):
 def test_threads_give_identical_results(kernels):
     q, k, v = make_case(np.random.default_rng(1), 29, 11, 9, 3, 64, 48)
     assert np.array_equal(kernels[1](q, k, v, 11), kernels[2](q, k, v, 11))
+
+
+def test_fewer_items_than_threads(kernels):
+    """One (query, head) item over two threads: one thread gets nothing to do."""
+    q, k, v = make_case(np.random.default_rng(4), 1, 6, 1, 1, 64, 8)
+    assert np.array_equal(kernels[2](q, k, v, 6), kernels[1](q, k, v, 6))
 
 
 def test_prefill_equals_token_by_token_decode(kernels):
@@ -188,18 +194,6 @@ def test_empty_query_batch(kernels):
     q = np.zeros((0, 4, 64), np.float32)
     k = np.zeros((8, 2, 64), np.float16)
     assert kernels[1](q, k, k, 3).shape == (0, 4, 64)
-
-
-@pytest.mark.parametrize("n_q,n_head,pos0,n_parts", [(1, 9, 100, 2), (37, 9, 0, 2), (512, 9, 0, 3), (2, 1, 0, 4)])
-def test_split_work_covers_items_with_balanced_cost(n_q, n_head, pos0, n_parts):
-    parts = split_work(n_q, n_head, pos0, n_parts)
-    assert parts[0][0] == 0 and parts[-1][1] == n_q * n_head
-    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
-    assert all(hi > lo for lo, hi in parts) and len(parts) <= n_parts
-    cost = pos0 + 1 + np.arange(n_q * n_head) // n_head
-    shares = [cost[lo:hi].sum() for lo, hi in parts]
-    if len(parts) == n_parts:
-        assert max(shares) - min(shares) <= 2 * cost.max()
 
 
 @pytest.mark.parametrize("mutate,error", [

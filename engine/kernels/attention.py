@@ -30,9 +30,9 @@ attention_f16acc (decode and small batches; llama.cpp's one-row path): one onlin
 
 One work item is one (query, head) pair, w = query * n_head + head, over the keys it may see
 (cache rows 0 .. pos0 + query). A thread runs a contiguous range of items with its own scratch
-row, so threads never share writes; `split_work` cuts the ranges by cost (later queries see
-more keys). attention_f16acc takes a range in runs of heads sharing a kv head; a run ends where
-the group, the range or GROUP_MAX does.
+row, so threads never share writes; tasks.split_attention cuts the ranges by cost (later
+queries see more keys). attention_f16acc takes a range in runs of heads sharing a kv head; a run
+ends where the group, the range or GROUP_MAX does.
 """
 from __future__ import annotations
 
@@ -421,20 +421,6 @@ def build_attention_module(f16c: bool) -> ir.Module:
     return module
 
 
-def split_work(n_q: int, n_head: int, pos0: int, n_parts: int) -> list[tuple[int, int]]:
-    """Cut the items w = query * n_head + head into <= n_parts contiguous ranges of ~equal cost.
-
-    An item's cost is the number of keys it reads, pos0 + query + 1.
-    """
-    n_items = n_q * n_head
-    if n_parts <= 1 or n_items <= 1:
-        return [(0, n_items)]
-    cost = np.cumsum(pos0 + 1 + np.arange(n_items) // n_head)  # [n_items]
-    targets = cost[-1] * np.arange(1, n_parts) / n_parts
-    cuts = [0, *(int(c) + 1 for c in np.searchsorted(cost, targets)), n_items]
-    return [(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
-
-
 def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int) -> None:
     if not (isinstance(q, np.ndarray) and q.dtype == np.float32 and q.ndim == 3 and q.flags.c_contiguous):
         raise TypeError("q must be a C-contiguous float32 array [n_q, n_head, head_dim]")
@@ -526,11 +512,8 @@ class AttentionKernel:
 
         assert self._pool is not None
         n_q, n_head, head_dim = q.shape
-        parts = split_work(n_q, n_head, pos0, self.n_threads)
-        parts += [(parts[-1][1], parts[-1][1])] * (self.n_threads - len(parts))
+        seg_start, segs = tasks.split_attention([(n_q, pos0)], n_head, self.n_threads)
         chunks = np.array([[0, n_q, pos0, 0]], np.int64)                    # [1, 4]
-        segs = np.array([[0, lo, hi] for lo, hi in parts], np.int64)       # [n_threads, 3]
-        seg_start = np.arange(self.n_threads + 1, dtype=np.int64)
         scratch = np.empty((self.n_threads, stride), np.float32)           # [thread, stride]
         step = tasks.STEP.pack(n_tokens=n_q, n_out=0, positions=0, kv_rows=0,
                                chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
