@@ -136,7 +136,7 @@ def test_two_threads_give_the_same_bits(avx2: MatmulKernels, two_threads: Matmul
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
 def test_rows_do_not_depend_on_the_batch(avx2: MatmulKernels, qtype: T) -> None:
     """A row's result is the same bits alone or in a batch that takes every tile size once
-    (M = sum(TILES): tiles of 4, 2 and 1 with TILES = (4, 2, 1))."""
+    (M = the sum of the instance's tile sizes, e.g. 8 + 4 + 2 + 1)."""
     m = sum(avx2.tiles)
     w, x = _case(qtype, m, seed=2)
     together = avx2.matmul(w, x)

@@ -1,7 +1,7 @@
 """A small builder for textual LLVM IR: SSA names, blocks, counted loops, byte-addressed memory.
 
-The matmul, pool and task kernels are written as IR text through this class (ops.py and
-attention.py use llvmlite's ir builder instead). Pointers are opaque (`ptr`) and all address
+The matmul and task kernels are written as IR text through this class (pool.py writes its
+functions as one IR template; ops.py and attention.py use llvmlite's ir builder instead). Pointers are opaque (`ptr`) and all address
 arithmetic is `getelementptr i8` by byte offsets: no ptrtoint/inttoptr.
 """
 from __future__ import annotations

@@ -623,7 +623,7 @@ def _q6_k_body() -> _Body:
 
 
 def _quant_body(qtype: GGMLQuantizationType) -> _Body:
-    """The K-quant block bodies (legacy types go through _legacy_block)."""
+    """The K-quant block bodies (legacy types go through _LegacyTiles)."""
     if qtype in (T.Q4_K, T.Q5_K):
         return _k4_5_body(qtype)
     if qtype == T.Q6_K:
@@ -807,7 +807,7 @@ def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: b
 
     Quantized types: rows_<type>(ptr w, ptr xq, ptr out, i64 nb, i64 r0, i64 r1, i64 M, i64 N)
     with nb = blocks per row, looping as _emit_rows shows; per block the type's body (docstrings
-    of _legacy_block, _k4_5_body, _q6_k_body) unpacks the weights once and integer-dots them with
+    of _LegacyTiles, _k4_5_body, _q6_k_body) unpacks the weights once and integer-dots them with
     each activation row's block; legacy types fold each block into the row's accumulators in
     llama.cpp's order, K-quants sum a block's terms and add them to the row's <8 x float>
     accumulator. The AVX2 path prefetches PREFETCH_BYTES ahead.
