@@ -85,35 +85,29 @@ def _optimize_to_object(ir_text: str) -> bytes:
 class CompiledLibrary:
     """Machine code for one IR module, loaded into this process."""
 
-    def __init__(self, ir_text: str | None, *, use_cache: bool = True, key: str | None = None) -> None:
+    def __init__(self, ir_text: str | None, *, key: str | None = None) -> None:
+        """Compile ir_text (or load its cached object); with ir_text None, the cached object
+        `key` (see compile_cached)."""
         _init()
         self.key = key if ir_text is None else cache_key(ir_text)
         path = cache_dir() / f"{self.key}.o"
-        obj: bytes | None = None
-        self.from_cache = False
-        if use_cache and path.is_file():
+        self.from_cache = path.is_file()
+        if self.from_cache:
             obj = path.read_bytes()
-            self.from_cache = True
-        if obj is None:
-            if ir_text is None:
-                raise FileNotFoundError(path)
+        elif ir_text is None:
+            raise FileNotFoundError(path)
+        else:
             obj = _optimize_to_object(ir_text)
-            if use_cache:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(obj)
-                os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(obj)
+            os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
         triple = llvm.get_process_triple()
         empty = llvm.parse_assembly(f'target triple = "{triple}"\n')
         self._engine = llvm.create_mcjit_compiler(empty, _target_machine())
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self._engine.finalize_object()
         self._functions: dict[str, object] = {}
-
-    @classmethod
-    def from_cache(cls, key: str) -> "CompiledLibrary":
-        """The cached object `key` (see compile_cached), with no IR at hand."""
-        return cls(None, key=key)
 
     def address(self, name: str) -> int:
         addr = self._engine.get_function_address(name)
@@ -182,7 +176,7 @@ def compile_cached(name: str, params: tuple[object, ...], build: Callable[[], st
         with _lib_lock:
             lib = _libraries.get(key)
             if lib is None:
-                lib = _libraries[key] = CompiledLibrary.from_cache(key)
+                lib = _libraries[key] = CompiledLibrary(None, key=key)
             _libraries[index.name] = lib
             return lib
     lib = compile_ir(build())
