@@ -363,8 +363,9 @@ def pack_activations(blocks: np.ndarray, act: str) -> np.ndarray:
                            np.ascontiguousarray(scales).reshape(-1).view(np.uint8)])
 
 
-def dequantize_activations(packed: np.ndarray, act: str, n_cols: int) -> np.ndarray:
-    """uint8 [M, activation_row_bytes] -> float32 [M, n_cols]: d * q per block."""
+def dequantize_activations(blocks: np.ndarray, act: str, n_cols: int) -> np.ndarray:
+    """uint8 [M, activation_row_bytes] (ggml's blocks, not packed) -> float32 [M, n_cols]:
+    d * q per block."""
     layout, elems = _activation_layout(act)
-    b = _blocks(np.asarray(packed), layout, n_cols, elems)
-    return (_f32(b["d"])[..., None] * _f32(b["qs"])).reshape(packed.shape[0], n_cols)
+    b = _blocks(np.asarray(blocks), layout, n_cols, elems)
+    return (_f32(b["d"])[..., None] * _f32(b["qs"])).reshape(blocks.shape[0], n_cols)

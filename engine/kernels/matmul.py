@@ -1107,14 +1107,14 @@ def matmul_reference(w: QuantMatrix, x: np.ndarray) -> np.ndarray:
     if act is None:
         xs = x
     else:
-        packed = quantize_activations(x, act)
-        xs = dequantize_activations(packed, act, w.n_cols)
+        blocks = quantize_activations(x, act)  # [M, row bytes], ggml's blocks
+        xs = dequantize_activations(blocks, act, w.n_cols)
     wd = dequantize(w.raw, w.qtype, w.n_cols).astype(np.float64)  # [N, K]
     y = xs.astype(np.float64) @ wd.T                               # [M, N]
     if act == "q8_1":
         # The kernel adds each weight block's offset (m, or -8d / -16d) times the activation
         # block's stored s = f16(d * sum(q)), not times the exact d * sum(q) that xs implies.
-        b = packed.view(ACTIVATION_LAYOUTS[act]).reshape(x.shape[0], -1)   # [M, nb]
+        b = blocks.view(ACTIVATION_LAYOUTS[act]).reshape(x.shape[0], -1)   # [M, nb]
         delta = b["s"].astype(np.float64) - (b["d"].astype(np.float64)
                                              * b["qs"].astype(np.int64).sum(axis=-1))
         y += delta @ _block_offsets(w).T
