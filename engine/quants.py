@@ -292,14 +292,16 @@ def quantize_activations(x: np.ndarray, act: str) -> np.ndarray:
     inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
     q = np.rint(xb * inv[..., None]).astype(np.int8)
     out = np.zeros((m_rows, k // elems), dtype=layout)
+    out["qs"] = q
     # ggml keeps q8_0/q8_1 scales as f16: round them the same way (q8_1 keeps f32 slots, and
     # keeps a value beyond f16's range as it is rather than overflowing to inf)
-    out["d"] = d if act == "q8_k" else d.astype(np.float16)
-    out["qs"] = q
-    if act == "q8_1":
+    if act == "q8_0":
+        out["d"] = d.astype(np.float16)
+    elif act == "q8_1":
         out["d"] = _round_to_half(d)
         out["s"] = _round_to_half(d * q.astype(np.int32).sum(axis=-1).astype(np.float32))
-    elif act == "q8_k":
+    else:  # q8_k
+        out["d"] = d
         out["bsums"] = q.reshape(m_rows, k // elems, 16, 16).astype(np.int32).sum(axis=-1)
     return out.view(np.uint8).reshape(m_rows, -1)
 
