@@ -571,6 +571,16 @@ class ServedModel:
     def memory_bytes(self) -> int:
         return int(self.model.memory_bytes)
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot (the registry reports it)."""
+        return self.scheduler.queued
+
+    @property
+    def active(self) -> int:
+        """Requests generating in a slot (the registry reports it)."""
+        return self.scheduler.active
+
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """Render the chat template and tokenize it, special tokens parsed as such."""
         text = self.chat_template.render(messages, add_generation_prompt=True)

@@ -352,6 +352,29 @@ def test_metrics_record_queue_slots_batches_and_cache_hits():
     assert sum(values("hits")) == 8   # the slot held "abcdefgh" + SEP: all but the last token
 
 
+def test_served_model_reports_its_queue_and_slots():
+    """The registry's /admin/models rows read `queued` and `active` from the served model."""
+    from gateway.scheduler import ServedModel
+
+    async def main():
+        gate = threading.Semaphore(0)
+        served = ServedModel(ScriptedModel(n_slots=1, gate=gate), None, name="fake", max_queue=4)
+        try:
+            running = served.scheduler.submit(request("aaa"))
+            waiting = served.scheduler.submit(request("b"))
+            gate.release()
+            await running.__anext__()          # the first holds the one slot, the second waits
+            counts = (served.active, served.queued)
+            gate.release(100)
+            await asyncio.wait_for(asyncio.gather(drain(running), drain(waiting)), 10)
+            return counts, (served.active, served.queued)
+        finally:
+            gate.release(100)
+            served.scheduler.close()
+
+    assert asyncio.run(main()) == ((1, 1), (0, 0))
+
+
 # ------------------------------------------------------------------ handoff to the event loop
 
 class _NoScheduler:
