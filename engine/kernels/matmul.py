@@ -683,8 +683,8 @@ def _round_to_half(f: _Fn, x: str) -> str:
 def build_quantize_ir(act: str) -> str:
     """quantize_<act>(ptr x, ptr xq, i64 nb, i64 r0, i64 r1, i64 M): rows [r0, r1) of x, f32
     [M, nb * block], into the packed activations of all M rows (engine.quants.pack_activations:
-    q8_0/q8_1 keep each row's i8 values together and each block's scales of all rows side by
-    side; q8_k keeps ggml's blocks row by row), so threads can quantize disjoint row ranges.
+    q8_0/q8_1 keep a block's i8 values of rows in pairs and its scales of 8 rows side by side,
+    see _Packed; q8_k keeps ggml's blocks row by row), so threads can quantize disjoint row ranges.
 
     Per block, as ggml quantizes: d = max|x| / 127, q = roundeven(x * (127 / max|x|)) (0 when
     max|x| == 0); no fast-math, so the numpy twin (engine.quants.quantize_activations, then
