@@ -98,17 +98,12 @@ class _EntrySettings(BaseModel):
             raise ValueError("must be at least 1")
         return v
 
-    @field_validator("n_threads", mode="before")
-    @classmethod
-    def _all_cores(cls, v: object) -> object:
-        # llama-cpp-python reads -1 as "every core"
-        if v == -1 and not isinstance(v, bool):
-            return os.cpu_count() or 1
-        return v
-
     @field_validator("n_threads")
     @classmethod
-    def _positive_threads(cls, v: int) -> int:
+    def _threads(cls, v: int) -> int:
+        # after pydantic's int parsing, so -1 also works from "${THREADS:--1}"
+        if v == -1:  # llama-cpp-python reads -1 as "every core"
+            return os.cpu_count() or 1
         if v < 1:
             raise ValueError("must be at least 1 (or -1 for every core)")
         return v

@@ -203,6 +203,7 @@ def test_environment_variables_expand_with_defaults(folder: Path,
     monkeypatch.setenv("MODEL_DIR", str(folder / "models"))
     monkeypatch.delenv("UNSET_BUDGET", raising=False)
     monkeypatch.setenv("EMPTY", "")
+    monkeypatch.delenv("THREADS", raising=False)
     c = load_config(write(folder, "c.yaml", """
         host: ${EMPTY:-::1}
         port: ${MY_PORT}
@@ -211,8 +212,10 @@ def test_environment_variables_expand_with_defaults(folder: Path,
         models:
           - model: ${MODEL_DIR}/small.gguf
             aliases: ["cost-$${literal}"]
+            n_threads: ${THREADS:--1}
     """))
     assert (c.host, c.port, c.registry.memory_budget) == ("::1", 9123, GiB)
+    assert c.models[0].n_threads == (os.cpu_count() or 1)  # "-1" from the variable: every core
     assert c.models[0].model == folder / "models" / "small.gguf"
     assert c.models[0].aliases == ["cost-${literal}"]
 
