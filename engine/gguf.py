@@ -277,17 +277,19 @@ class _MappedPart:
             self.map = None
 
 
-_SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+# llama.cpp's names for the parts of a split model: NAME-00001-of-0000N.gguf (the generator in
+# gateway/scan.py groups files by the same pattern, so what it writes, this loads)
+SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})(?P<suffix>\.gguf)$", re.I)
 
 
 def split_part_paths(path: Path, count: int) -> list[Path]:
-    """The files of a model split in `count` parts, from the first part's name (llama.cpp's
-    `NAME-00001-of-0000N.gguf` scheme)."""
-    m = _SPLIT_NAME.match(path.name)
+    """The files of a model split in `count` parts, from the first part's name (SPLIT_NAME)."""
+    m = SPLIT_NAME.match(path.name)
     if m is None or int(m["no"]) != 1:
         raise ModelLoadError(path, f"metadata says the model is split in {count} files, but the "
                                    f"name does not follow NAME-00001-of-{count:05d}.gguf")
-    return [path.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    return [path.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}{m['suffix']}")
+            for i in range(1, count + 1)]
 
 
 class GGUFFile:

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from gguf import LlamaFileType
 
-from engine.gguf import MAGIC, ModelLoadError, TensorInfo, read_header
+from engine.gguf import MAGIC, SPLIT_NAME, ModelLoadError, TensorInfo, read_header
 from engine.hparams import HParams
 
 from .config import ConfigError, ModelEntry, load_config
@@ -93,7 +93,6 @@ class ScanResult:
 
 
 NOT_GGUF = "not a GGUF file"
-_SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.I)
 
 
 def scan_dir(root: str | os.PathLike[str], *, exclude: Iterable[Path] = ()) -> ScanResult:
@@ -110,7 +109,7 @@ def scan_dir(root: str | os.PathLike[str], *, exclude: Iterable[Path] = ()) -> S
     splits: dict[tuple[Path, str, int], dict[int, Path]] = {}
 
     for path in _unique_files(root, excluded, skipped):
-        match = _SPLIT_NAME.match(path.name)
+        match = SPLIT_NAME.match(path.name)
         if match and int(match["count"]) > 1:
             key = (path.parent, match["prefix"], int(match["count"]))
             splits.setdefault(key, {})[int(match["no"])] = path

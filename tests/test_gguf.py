@@ -152,6 +152,18 @@ def test_split_model_opens_as_one(tmp_path: Path) -> None:
     b.close()
 
 
+def test_split_model_named_in_capitals_opens(tmp_path: Path) -> None:
+    """NAME-00001-of-00003.GGUF: the other parts are looked for with the first part's suffix
+    (the config generator groups parts case-insensitively, so what it lists must load)."""
+    first = write_tiny_llama(tmp_path / "split.gguf", qtype=GGMLQuantizationType.F32,
+                             split_max_tensors=8)
+    for part in sorted(tmp_path.glob("split-*-of-00003.gguf")):
+        part.rename(part.with_suffix(".GGUF"))
+    f = GGUFFile(first.with_suffix(".GGUF"))
+    assert {t.part for t in f.tensors.values()} == {0, 1, 2}
+    f.close()
+
+
 def test_split_model_with_a_missing_part(tmp_path: Path) -> None:
     first = write_tiny_llama(tmp_path / "split.gguf", qtype=GGMLQuantizationType.F32,
                              split_max_tensors=8)
