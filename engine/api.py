@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .gguf import GGUFFile, ModelLoadError, read_header
+from .gguf import GGUFFile, ModelLoadError, read_header, split_part_paths
 from .hparams import HParams
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .sampling import Sampled, Sampler, SamplingParams
@@ -145,7 +145,10 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) -> int:
-    """Bytes a load would hold (mapped file + KV cache), from the header alone."""
+    """Bytes a load would hold (mapped files + KV cache, as Model.memory_bytes counts them), from
+    the first file's header alone."""
     meta, _ = read_header(path)
     hp = HParams.from_metadata(meta, str(path))
-    return os.path.getsize(path) + hp.kv_bytes_per_token() * n_ctx * n_slots
+    count = meta.get("split.count", 1)
+    files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
+    return sum(os.path.getsize(f) for f in files) + hp.kv_bytes_per_token() * n_ctx * n_slots

@@ -170,3 +170,6 @@ def test_split_model_loads_and_equals_the_whole_file(tmp_path: Path) -> None:
         ids = a.tokenizer.encode(PROMPT)
         assert np.array_equal(a.logits(ids), b.logits(ids))
         assert b.memory_bytes > a.memory_bytes - 1  # every part is counted
+        # the registry's budget estimate, from the first header alone, says the same
+        assert engine.estimate_memory(whole, 32) == a.memory_bytes
+        assert engine.estimate_memory(first, 32) == b.memory_bytes
