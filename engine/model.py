@@ -36,7 +36,7 @@ from . import quants
 from .gguf import GGUFFile, ModelLoadError
 from .hparams import HParams
 from .kernels import ops, tasks
-from .kernels.attention import AttentionKernel, f16acc_scratch_floats
+from .kernels.attention import AttentionKernel, exact_scratch_floats, f16acc_scratch_floats
 from .kernels.matmul import MatmulKernels
 from .kernels.governor import ThreadGovernor
 from .kernels.pool import Graph, Pool
@@ -283,7 +283,7 @@ class Transformer:
         result = None
         if out_args is not None:
             result = np.empty((n_out, self.hp.n_vocab), np.float32)                # logits
-            tasks.MATMUL.set(out_args, "out", _addr(result))
+            tasks.MATMUL.fill(out_args, out=_addr(result))
         tasks.STEP.fill(self._step, n_tokens=T, n_out=n_out, positions=_addr(positions),
                         kv_rows=_addr(kv_rows), chunks=_addr(chunk_table),
                         seg_start=_addr(seg_start), segs=_addr(segs), out_rows=_addr(out_rows))
@@ -357,7 +357,8 @@ class Transformer:
         """Floats of attention scratch per thread: a scores row (exact path) or the f16 q rows of
         the heads the f16acc path runs together."""
         hp = self.hp
-        return max(-(-self.n_ctx // 8) * 8 + 8, f16acc_scratch_floats(hp.n_head, hp.n_head_kv, hp.head_dim))
+        return max(exact_scratch_floats(self.n_ctx),
+                   f16acc_scratch_floats(hp.n_head, hp.n_head_kv, hp.head_dim))
 
     # -- the eager twin --------------------------------------------------------------------------
     def forward_eager(self, chunks: list[Chunk], output: str = "last") -> list[np.ndarray]:
@@ -463,7 +464,7 @@ class _GraphBuilder:
         out_args = []
         for w, out in targets:
             k = mk.kernels(w.qtype)
-            nb = w.n_cols if k.act is None else w.n_cols // k.block_elems
+            nb = w.n_cols // k.block_elems  # float types: block_elems 1, nb = K
             out_args.append(self._node(
                 "task_matmul", tasks.MATMUL, fn=k.rows_address, w=w.address,
                 x=quantized[k.act], out=0 if out is None else _addr(out), nb=nb,

@@ -237,6 +237,11 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
+def exact_scratch_floats(n_keys: int) -> int:
+    """Scratch floats per thread for attention_exact: a scores row, whole vectors."""
+    return -(-n_keys // VEC) * VEC
+
+
 def f16acc_scratch_floats(n_head: int, n_kv_head: int, head_dim: int) -> int:
     """Scratch floats per thread for attention_f16acc: the q16 rows of the heads run together."""
     return min(n_head // max(n_kv_head, 1), GROUP_MAX) * head_dim
@@ -493,7 +498,7 @@ class AttentionKernel:
 
         n_items = n_q * n_head
         if n_q >= TILED_MIN_QUERIES:
-            fn, stride = self._exact, -(-(pos0 + n_q) // VEC) * VEC  # scratch: a scores row
+            fn, stride = self._exact, exact_scratch_floats(pos0 + n_q)  # scratch: a scores row
         else:
             fn, stride = self._f16acc, f16acc_scratch_floats(n_head, n_kv_head, head_dim)  # q16 rows
         work = n_head * head_dim * (n_q * pos0 + n_q * (n_q + 1) // 2)  # key-row x dim products
