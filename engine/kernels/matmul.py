@@ -1051,7 +1051,7 @@ class MatmulKernels:
     def _run_split(self, k: TypeKernels, w: QuantMatrix, x_addr: int, out_addr: int, nb: int,
                    m: int) -> None:
         assert self._pool is not None
-        tasks.STEP.set(self._step, "n_tokens", m)
+        tasks.STEP.fill(self._step, n_tokens=m)
         args = tasks.MATMUL.pack(fn=k.rows_address, w=w.address, x=x_addr, out=out_addr, nb=nb,
                                  n_rows=w.n_rows, m_at=tasks.M_TOKENS)
         self._pool.run_task(self._split_task, args, self._step_address)

@@ -51,9 +51,6 @@ class Layout:
                 out[i] = int(v)
         return out
 
-    def set(self, args: np.ndarray, name: str, value: int) -> None:
-        args[self._index[name]] = value  # type: ignore[attr-defined]
-
     def fill(self, args: np.ndarray, **values: int) -> None:
         """Overwrite integer/pointer fields of an existing block in place."""
         index = self._index  # type: ignore[attr-defined]
