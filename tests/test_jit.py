@@ -38,6 +38,16 @@ def test_a_warm_cache_skips_building_the_ir(tmp_path: Path, monkeypatch: pytest.
     assert built == [41, 42]
 
 
+def test_an_unwritable_cache_still_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache only saves time: where it cannot be written, kernels compile and run anyway."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MODELYARD_CACHE", str(blocker))  # the cache folder cannot be made
+    monkeypatch.setattr(jit, "_libraries", {})
+    lib = jit.compile_cached("answer", (5,), lambda: IR % 5)
+    assert lib.function("answer", ctypes.c_int64)() == 5 and not lib.from_cache
+
+
 def test_a_stale_index_entry_rebuilds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path))
     monkeypatch.setattr(jit, "_libraries", {})

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
+
+log = logging.getLogger(__name__)
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -82,6 +85,18 @@ def _optimize_to_object(ir_text: str) -> bytes:
     return tm.emit_object(mod)
 
 
+def _store(path: Path, data: bytes) -> None:
+    """Write a cache file atomically (a concurrent reader sees all or nothing). The cache only
+    saves time: where it cannot be written (read-only, full), the kernels still compile and run."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("kernel cache not written (%s): %s", path, e)
+
+
 class CompiledLibrary:
     """Machine code for one IR module, loaded into this process."""
 
@@ -98,10 +113,7 @@ class CompiledLibrary:
             raise FileNotFoundError(path)
         else:
             obj = _optimize_to_object(ir_text)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(obj)
-            os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
+            _store(path, obj)
         triple = llvm.get_process_triple()
         empty = llvm.parse_assembly(f'target triple = "{triple}"\n')
         self._engine = llvm.create_mcjit_compiler(empty, _target_machine())
@@ -180,13 +192,7 @@ def compile_cached(name: str, params: tuple[object, ...], build: Callable[[], st
             _libraries[index.name] = lib
             return lib
     lib = compile_ir(build())
-    try:
-        index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(lib.key)
-        os.replace(tmp, index)
-    except OSError:
-        pass  # a read-only cache still works, just without the shortcut
+    _store(index, lib.key.encode())
     with _lib_lock:
         _libraries[index.name] = lib
     return lib
