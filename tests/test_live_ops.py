@@ -62,13 +62,6 @@ class HeldGeneration:
     def cancel(self) -> None:
         self._inner.cancel()
 
-    async def __aenter__(self) -> HeldGeneration:
-        await self._inner.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> Any:
-        return await self._inner.__aexit__(*exc)
-
     def __aiter__(self) -> HeldGeneration:
         return self
 
