@@ -11,3 +11,10 @@ def smollm2_path() -> Path:
     from engine.default_model import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    from tests.model_files import gemma3_path
+
+    return gemma3_path()

@@ -1,5 +1,9 @@
-"""Where llama.cpp's reference outputs live: ../shared/refs/smollm2 beside the checkout (CI lays
-a copy of shared/ next to its clone, as the developers' machines have it)."""
+"""Where llama.cpp's reference outputs live: tests/data, copied from the team's shared refs so a
+fresh clone passes its tests with no sibling folders. Each folder keeps its README (how the
+outputs were made and how close is close enough)."""
 from pathlib import Path
 
-REFS_DIR = Path(__file__).resolve().parents[2] / "shared" / "refs" / "smollm2"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+REFS_DIR = DATA_DIR / "smollm2"     # SmolLM2-135M-Instruct Q4_1
+GEMMA3_DIR = DATA_DIR / "gemma3"    # Gemma 3 270M Q4_K_M
+SYNTH_DIR = DATA_DIR / "synth"      # tiny random-weight models of the other families and types

@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct (Q4_1) against llama.cpp's own outputs in ../shared/refs/smollm2.
+"""SmolLM2-135M-Instruct (Q4_1) against llama.cpp's own outputs in tests/data/smollm2.
 
 Tolerances come from the issue, which takes them from llama.cpp's run-to-run spread (batched versus
 token-by-token evaluation moves its logits by up to 1.1-1.6 and flips 1-3% of top-1 tokens).

@@ -1,7 +1,7 @@
 """Tokenizer tests.
 
 The real vocabulary (SmolLM2, GPT-2 byte-level BPE, pre-tokenizer "smollm") is checked against
-llama.cpp's own ids in ../shared/refs/smollm2. Everything else uses small synthetic
+llama.cpp's own ids in tests/data/smollm2. Everything else uses small synthetic
 vocabularies with expectations derived by hand from llama.cpp's algorithm, or from a naive
 re-statement of that algorithm written here.
 """
