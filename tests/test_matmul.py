@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from engine.kernels import matmul
+from engine.kernels.matmul import facade
 from engine.kernels.matmul import MatmulKernels, matmul_reference
 from engine.quants import (
     SUPPORTED,
+    TYPES,
     T,
     activation_type,
     dequantize,
@@ -66,7 +68,7 @@ def two_threads() -> Iterator[MatmulKernels]:
 @pytest.fixture
 def always_split(monkeypatch: pytest.MonkeyPatch) -> None:
     """Split even tiny matrices across threads (normally only big ones are worth it)."""
-    monkeypatch.setattr(matmul, "MIN_SPLIT_BYTES", 1)
+    monkeypatch.setattr(facade, "MIN_SPLIT_BYTES", 1)
 
 
 def _case(qtype: T, m: int, seed: int = 0) -> tuple:
@@ -217,3 +219,13 @@ def test_bad_calls_raise_clear_errors(avx2: MatmulKernels) -> None:
         MatmulKernels([T.Q2_K])
     with pytest.raises(ValueError, match="n_threads"):
         MatmulKernels([T.Q8_0], n_threads=0)
+
+
+def test_every_type_record_names_a_built_kernel_family() -> None:
+    """A type is one record (engine.quants.TYPES): its kernel family exists and takes the
+    activation format the record says (float types take f32 activations)."""
+    for t in TYPES.values():
+        if t.kernel == "float":
+            assert t.act is None, t.name
+        else:
+            assert t.kernel in matmul.FAMILIES and t.act is not None, t.name

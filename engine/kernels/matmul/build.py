@@ -1,0 +1,70 @@
+"""build_matmul_ir: one weight type's IR module, from its record (engine.quants.TYPES) and the
+tile family that record names (FAMILIES).
+
+Quantized types: rows_<type>(ptr w, ptr xq, ptr out, i64 nb, i64 r0, i64 r1, i64 M, i64 N)
+with nb = blocks per row, looping as loops.emit_rows shows; per block the family's tiles
+(legacy.LegacyTiles, kquants.*_body) unpack the weights once and integer-dot them with each
+activation row's block; legacy types fold each block into the row's accumulators in llama.cpp's
+order, K-quants sum a block's terms and add them to the row's <8 x float> accumulator. The AVX2
+path prefetches PREFETCH_BYTES ahead. The module also holds quantize_<act> (quantizer.py) and
+matmul_<type>(w, x, xq, out, nb, M, N), both in one call (the one-thread path).
+
+Float types: rows_<type>(ptr w, ptr x, ptr out, i64 K, ...) (floats.py), no quantizer.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.ggml_types import GGMLQuantizationType
+from engine.kernels.matmul import kquants
+from engine.kernels.matmul.floats import build_float_rows
+from engine.kernels.matmul.isa import DECLARATIONS, IntOps, MatmulFn
+from engine.kernels.matmul.legacy import LegacyTiles
+from engine.kernels.matmul.loops import TILES, RowCallbacks, emit_rows
+from engine.kernels.matmul.quantizer import build_quantize_ir
+from engine.quants import QuantType, quant_type
+
+
+def _legacy_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+                  wide: bool) -> RowCallbacks:
+    legacy = LegacyTiles(t, f, ops, max(tiles), wide)
+    return RowCallbacks(legacy.accs, legacy.block, legacy.finish, legacy.prologue)
+
+
+# A tile family: (type record, function being built, integer ops, tile sizes, AVX-512 row pairs)
+# -> emit_rows' callbacks. Each record's `kernel` names one of these (or "float").
+Family = Callable[[QuantType, MatmulFn, IntOps, tuple[int, ...], bool], RowCallbacks]
+FAMILIES: dict[str, Family] = {
+    "legacy": _legacy_tiles,
+    "q4_5_k": kquants.q4_5_k_tiles,
+    "q6_k": kquants.q6_k_tiles,
+}
+
+
+def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: bool = False,
+                    tiles: tuple[int, ...] = TILES, wide: bool = False) -> str:
+    """The IR module for one weight type (see the module docstring for its functions)."""
+    t = quant_type(qtype)
+    act = t.act
+    if act is None:
+        return DECLARATIONS + build_float_rows(t, tiles)
+    name = qtype.name.lower()
+    block_bytes = t.block_bytes
+    # (LLVM splits the 512-bit pair vectors into 256-bit halves here: asking for zmm registers
+    # with "prefer-vector-width"="512" measured no faster on Zen 5, so the halves stay)
+    f = MatmulFn(f"void @rows_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
+                 f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
+    ops = IntOps(f, avx2=not portable, vnni=vnni)
+    c = FAMILIES[t.kernel](t, f, ops, tiles, wide)
+    emit_rows(f, n_blocks="%nb", w_block_bytes=block_bytes, w_row_bytes=f.mul("%nb", block_bytes),
+              group=t.group, accs=c.accs, block=c.block, finish=c.finish, prefetch=not portable,
+              tiles=tiles, prologue=c.prologue)
+    f.do("ret void")
+    fused = (f"define void @matmul_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %xq, "
+             f"ptr noalias %out, i64 %nb, i64 %M, i64 %N) {{\n"
+             f"entry:\n"
+             f"  call void @quantize_{act}(ptr %x, ptr %xq, i64 %nb, i64 0, i64 %M, i64 %M)\n"
+             f"  call void @rows_{name}(ptr %w, ptr %xq, ptr %out, i64 %nb, i64 0, i64 %N, "
+             f"i64 %M, i64 %N)\n"
+             f"  ret void\n}}\n")
+    return DECLARATIONS + build_quantize_ir(act) + f.text() + fused

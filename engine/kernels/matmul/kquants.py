@@ -1,0 +1,195 @@
+"""The K-quant tiles (Q4_K, Q5_K, Q6_K: super-blocks of 256 values) against q8_k activations.
+
+Each type has a body that unpacks one weight super-block and integer-dots it with the same block
+of several activation rows (q8_k: f32 d | i8 qs[256] | i16 bsums[16], row by row); the block's
+terms are folded into the row's <8 x float> accumulator. super_block_tiles turns a body into the
+callbacks of loops.emit_rows.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.activations import ACTIVATION_LAYOUTS
+from engine.kernels.matmul.isa import IntOps, MatmulFn, V8F, i8_const, shuffle_mask, splat_const
+from engine.kernels.matmul.loops import RowCallbacks, row_tiles
+from engine.quants import QuantType
+
+# A body handles one weight block against the same block of several activation rows: it unpacks
+# the weights once and returns, per row, the block's contribution as terms
+#     Term(value, scale): float(value) * scale, value <8 x i32>, scale a splat
+# which fold adds into that row's <8 x float> accumulator.
+
+@dataclass(frozen=True)
+class Term:
+    value: str  # <8 x i32>
+    scale: str  # <8 x float>, a splat
+
+
+Terms = list[Term]
+Body = Callable[[MatmulFn, IntOps, str, list[str]], list[Terms]]
+
+
+def k_scales_mins(f: MatmulFn, w: str) -> tuple[str, str]:
+    """Q4_K/Q5_K: the 12 packed scale bytes at w+4 -> (<8 x i16> sc, <8 x i16> mn).
+
+    As 32-bit words W0, W1, W2 (bytes 0-3, 4-7, 8-11): sc[0..3] = W0 & 0x3f per byte,
+    mn[0..3] = W1 & 0x3f, sc[4..7] = (W2 & 0xf) | (W0 >> 6) << 4, mn[4..7] = (W2 >> 4) | (W1 >> 6) << 4.
+    """
+    w0, w1, w2 = (f.load("i32", w, 4 + 4 * k) for k in range(3))
+
+    def low6(word: str) -> str:
+        return f.let(f"and i32 {word}, {0x3F3F3F3F}")
+
+    def top2(word: str) -> str:  # top 2 bits of each byte, moved to bits 4..5
+        s = f.let(f"lshr i32 {word}, 6")
+        s = f.let(f"and i32 {s}, {0x03030303}")
+        return f.let(f"shl i32 {s}, 4")
+
+    sc_hi = f.let(f"or i32 {f.let(f'and i32 {w2}, {0x0F0F0F0F}')}, {top2(w0)}")
+    w2_high = f.let(f"lshr i32 {w2}, 4")
+    mn_hi = f.let(f"or i32 {f.let(f'and i32 {w2_high}, {0x0F0F0F0F}')}, {top2(w1)}")
+
+    def bytes8(lo: str, hi: str) -> str:
+        v = f.let(f"insertelement <2 x i32> poison, i32 {lo}, i64 0")
+        v = f.let(f"insertelement <2 x i32> {v}, i32 {hi}, i64 1")
+        return f.let(f"zext <8 x i8> {f.let(f'bitcast <2 x i32> {v} to <8 x i8>')} to <8 x i16>")
+
+    return bytes8(low6(w0), sc_hi), bytes8(low6(w1), mn_hi)
+
+
+def q4_5_k_body(t: QuantType) -> Body:
+    """Q4_K / Q5_K against q8_k (f32 dx | i8 y[256] | i16 bsums[16]).
+
+    Per chunk c of 32 qs bytes: low nibbles are sub-block 2c, high nibbles 2c+1 (Q5_K: plus 16
+    where bit 2c / 2c+1 of qh[l] is set). isum += madd(maddubs(q, y), splat(sc[j])) keeps the
+    scaled integer sums in i32 lanes; the mins need only the activation block sums:
+    sum_j mn[j] * (bsums[2j] + bsums[2j+1]) = madd(bsums, mn with each repeated twice).
+    Terms: d*dx * isum and -dmin*dx * minsum.
+    """
+    qs_at = t.offset("qs")
+    qh_at = t.offset("qh") if t.has("qh") else None  # Q5_K
+
+    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+        d, dmin = f.f16_splat(w, 0), f.f16_splat(w, 2)
+        sc, mn = k_scales_mins(f, w)
+        mn16 = f.let(f"shufflevector <8 x i16> {mn}, <8 x i16> poison, {shuffle_mask(j // 2 for j in range(16))}")
+        qh = f.load("<32 x i8>", w, qh_at) if qh_at is not None else None
+        isums = ["zeroinitializer"] * len(xs)
+        for c in range(4):
+            qs = f.load("<32 x i8>", w, qs_at + 32 * c)
+            halves = [f.let(f"and <32 x i8> {qs}, {splat_const('i8', 32, 15)}"),
+                      f.let(f"lshr <32 x i8> {qs}, {splat_const('i8', 32, 4)}")]
+            for h in range(2):
+                j = 2 * c + h
+                q = halves[h]
+                if qh is not None:
+                    bit = f.let(f"and <32 x i8> {qh}, {splat_const('i8', 32, i8_const(1 << j))}")
+                    is_set = f.let(f"icmp ne <32 x i8> {bit}, zeroinitializer")
+                    high = f.let(f"select <32 x i1> {is_set}, <32 x i8> {splat_const('i8', 32, 16)}, "
+                                 f"<32 x i8> zeroinitializer")
+                    q = f.let(f"or <32 x i8> {q}, {high}")
+                scale = f.let(f"shufflevector <8 x i16> {sc}, <8 x i16> poison, {shuffle_mask([j] * 16)}")
+                for t, x in enumerate(xs):
+                    y = f.load("<32 x i8>", x, 4 + 32 * j)
+                    part = ops.madd(ops.maddubs(q, y), scale)
+                    isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
+        out: list[Terms] = []
+        for t, x in enumerate(xs):
+            dx = f.f32_splat(x, 0)
+            minsum = ops.madd(f.load("<16 x i16>", x, 260), mn16)
+            neg_dmin_dx = f.let(f"fneg <8 x float> {f.let(f'fmul <8 x float> {dmin}, {dx}')}")
+            out.append([Term(isums[t], f.let(f"fmul <8 x float> {d}, {dx}")), Term(minsum, neg_dmin_dx)])
+        return out
+
+    return block
+
+
+def q6_k_body() -> Body:
+    """Q6_K against q8_k.
+
+    Per half h and l < 32 the four 6-bit vectors are built from ql[64h + l], ql[64h + 32 + l] and
+    the 2-bit fields of qh[32h + l] (see engine/quant_k.py); vector v covers values 128h + 32v +
+    (0..31), whose scales are scales[8h + 2v] (first 16) and scales[8h + 2v + 1] (next 16): the
+    i16 lanes of maddubs split the same way, so madd with [s_a x8, s_b x8] applies them.
+    q is unsigned (0..63); the -32 offset comes off once: corr = 32 * madd(bsums, scales).
+    Term: d*dx * (isum - corr).
+    """
+
+    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+        d = f.f16_splat(w, 208)
+        sc16 = f.let(f"sext <16 x i8> {f.load('<16 x i8>', w, 192)} to <16 x i16>")
+        isums = ["zeroinitializer"] * len(xs)
+        low4, hi2 = splat_const("i8", 32, 15), splat_const("i8", 32, 0x30)
+        for h in range(2):
+            qa = f.load("<32 x i8>", w, 64 * h)
+            qb = f.load("<32 x i8>", w, 64 * h + 32)
+            qh = f.load("<32 x i8>", w, 128 + 32 * h)
+            # the 2-bit fields qh >> 0, 2, 4, 6, each moved to bits 4..5
+            moved = [f.let(f"shl <32 x i8> {qh}, {splat_const('i8', 32, 4)}"),
+                     f.let(f"shl <32 x i8> {qh}, {splat_const('i8', 32, 2)}"),
+                     qh,
+                     f.let(f"lshr <32 x i8> {qh}, {splat_const('i8', 32, 2)}")]
+            qh_bits = [f.let(f"and <32 x i8> {v}, {hi2}") for v in moved]
+            nib = [f.let(f"and <32 x i8> {qa}, {low4}"), f.let(f"and <32 x i8> {qb}, {low4}"),
+                   f.let(f"lshr <32 x i8> {qa}, {splat_const('i8', 32, 4)}"),
+                   f.let(f"lshr <32 x i8> {qb}, {splat_const('i8', 32, 4)}")]
+            for v in range(4):
+                q = f.let(f"or <32 x i8> {nib[v]}, {qh_bits[v]}")
+                g = 8 * h + 2 * v
+                scale = f.let(f"shufflevector <16 x i16> {sc16}, <16 x i16> poison, {shuffle_mask([g] * 8 + [g + 1] * 8)}")
+                for t, x in enumerate(xs):
+                    y = f.load("<32 x i8>", x, 4 + 128 * h + 32 * v)
+                    part = ops.madd(ops.maddubs(q, y), scale)
+                    isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
+        out: list[Terms] = []
+        for t, x in enumerate(xs):
+            dx = f.f32_splat(x, 0)
+            corr = ops.madd(f.load("<16 x i16>", x, 260), sc16)
+            corr = f.let(f"shl <8 x i32> {corr}, {splat_const('i32', 8, 5)}")
+            isum = f.let(f"sub <8 x i32> {isums[t]}, {corr}")
+            out.append([Term(isum, f.let(f"fmul <8 x float> {d}, {dx}"))])
+        return out
+
+    return block
+
+
+def fold(f: MatmulFn, terms: Terms, acc: str) -> str:
+    """Add a group of terms to one row's <8 x float> accumulator.
+
+    The group's sum is formed first (fmul, then FMAs) and added to the accumulator once, so the
+    loop-carried chain is one fadd per group rather than one FMA per term.
+    """
+    part = None
+    for t in terms:
+        fs = f.let(f"sitofp <8 x i32> {t.value} to <8 x float>")
+        part = (f.let(f"fmul <8 x float> {fs}, {t.scale}") if part is None else
+                f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {fs}, <8 x float> {t.scale}, <8 x float> {part})"))
+    return f.let(f"fadd <8 x float> {acc}, {part}")
+
+
+
+def super_block_tiles(body: Body, f: MatmulFn, ops: IntOps) -> RowCallbacks:
+    """emit_rows' callbacks for a super-block body against q8_k rows: per tile row one
+    <8 x float> accumulator; a block's terms are summed (fold), then hsum at the end."""
+
+    def k_block(wbs: list[str], xss: list[list[str]], row_accs: list[list[str]]) -> list[list[str]]:
+        per_block = [body(f, ops, wb, [xs[g] for xs in xss]) for g, wb in enumerate(wbs)]
+        return [[fold(f, [term for terms in per_block for term in terms[t]], acc[0])]
+                for t, acc in enumerate(row_accs)]
+
+    x_block_bytes = ACTIVATION_LAYOUTS["q8_k"].itemsize  # q8_k: ggml's blocks, row by row
+    accs, block, finish = row_tiles(
+        f, x_base="%xq", x_row_bytes=f.mul("%nb", x_block_bytes), x_block_bytes=x_block_bytes,
+        acc_types=(V8F,), block=k_block, finish=lambda row_accs, _w, _x: f.hsum8(row_accs[0]))
+    return RowCallbacks(accs, block, finish)
+
+
+def q4_5_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+                 wide: bool) -> RowCallbacks:
+    return super_block_tiles(q4_5_k_body(t), f, ops)
+
+
+def q6_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+               wide: bool) -> RowCallbacks:
+    return super_block_tiles(q6_k_body(), f, ops)

@@ -1,0 +1,151 @@
+"""The loop nest every matmul kernel shares (emit_rows), and row_tiles, the callbacks for
+activations stored row by row (q8_k blocks, f32 values).
+
+    for r in [r0, r1):                      weight rows: the split across threads
+        for each tile of activation rows:   TILES, largest first
+            for each group of weight blocks: values = block(...)
+            out[m0 + t, r] = finish(...)[t]
+
+Weight rows are the outer loop and activation rows the inner one, taken in tiles: each weight
+block is loaded and unpacked once per tile and used for all its rows, so the weights stream from
+memory once per call whatever M is. A type's tiles (legacy.py, kquants.py, floats.py) supply the
+callbacks. (An M > 1 GEMM with register-blocked tiles over several weight rows is a loop nest of
+its own beside this one.)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.kernels.matmul.isa import MatmulFn
+
+# Activation rows per tile, largest first: one unpacked weight block serves a tile's rows, whose
+# accumulators live in registers. Every tile must lie in one group of 8 rows of the packed scales
+# (tile sizes are powers of two, largest first, so each starts at a multiple of its size). Tiles of
+# 2 make M = 2 and 3 share the unpacking too (Q4_1 1536x576, M = 2: 45 -> 35 us).
+TILES = (8, 4, 2, 1)
+NARROW_TILES = (4, 2, 1)  # without AVX-512's 32 vector registers, 8 rows' accumulators spill
+PREFETCH_BYTES = 1024  # how far ahead in the weight row to prefetch
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Activation rows m0 .. m0 + rows - 1, taken together against one weight row."""
+    m0: str  # i64 SSA value
+    rows: int
+
+
+# A weight type's loop body, as three callbacks of emit_rows:
+#   accs(rows)                        the (type, initial value) of a tile's loop-carried values
+#   block(w blocks, block indices, tile, values) -> values     one group of weight blocks
+#   finish(weight row, tile, values) -> one float per tile row
+Accs = Callable[[int], list[tuple[str, str]]]
+Block = Callable[[list[str], list[str], Tile, list[str]], list[str]]
+Finish = Callable[[str, Tile, list[str]], list[str]]
+Prologue = Callable[[str, Tile], None]  # (weight row, tile), before the tile's block loop
+
+
+@dataclass(frozen=True)
+class RowCallbacks:
+    """What a type's tiles give emit_rows."""
+    accs: Accs
+    block: Block
+    finish: Finish
+    prologue: Prologue | None = None
+
+
+def row_tiles(f: MatmulFn, *, x_base: str, x_row_bytes: str, x_block_bytes: int,
+              acc_types: tuple[str, ...],
+              block: Callable[[list[str], list[list[str]], list[list[str]]], list[list[str]]],
+              finish: Callable[[list[str], str, str], str]) -> tuple[Accs, Block, Finish]:
+    """Callbacks for activations stored row by row (q8_k blocks, or f32 values): each tile row
+    keeps its own accumulators (acc_types); block(w blocks, x blocks per row, accs per row) and
+    finish(row's accs, weight row, x row) work row by row."""
+    k = len(acc_types)
+
+    def accs(rows: int) -> list[tuple[str, str]]:
+        return [(ty, "zeroinitializer") for _ in range(rows) for ty in acc_types]
+
+    def x_rows(tile: Tile) -> list[str]:
+        return [f.gep(x_base, f.mul(f.add(tile.m0, t), x_row_bytes)) for t in range(tile.rows)]
+
+    def tile_block(wbs: list[str], idx: list[str], tile: Tile, values: list[str]) -> list[str]:
+        xss = [[f.gep(x, f.mul(b, x_block_bytes)) for b in idx] for x in x_rows(tile)]
+        per_row = [values[t * k:(t + 1) * k] for t in range(tile.rows)]
+        return [v for row in block(wbs, xss, per_row) for v in row]
+
+    def tile_finish(w_row: str, tile: Tile, values: list[str]) -> list[str]:
+        return [finish(values[t * k:(t + 1) * k], w_row, x) for t, x in enumerate(x_rows(tile))]
+
+    return accs, tile_block, tile_finish
+
+
+
+# --- rows kernels -----------------------------------------------------------------------------
+
+def emit_rows(f: MatmulFn, *, n_blocks: str, w_block_bytes: int, w_row_bytes: str, group: int,
+              accs: Accs, block: Block, finish: Finish, prefetch: bool,
+              tiles: tuple[int, ...], prologue: Prologue | None = None) -> None:
+    """The shared loop nest, writing out[m * N + r]:
+
+        for r in [r0, r1):                          weight rows (the split across threads)
+            for each tile of tiles[0] activation rows, then of tiles[1] in what is left, ...:
+                prologue(w row, tile)                 (if given)
+                for each group of `group` blocks, then each leftover block:
+                    values = block(w[r, group], tile, values)
+                out[m0 + t, r] = finish(w row, tile, values)[t]
+
+    A row's arithmetic does not depend on whether it sits in a tile, so each output row is the
+    same whatever else is in the batch.
+    """
+    n_rows = f.let("sub i64 %r1, %r0")
+    # tile stages, largest first: stage i takes as many tiles of tiles[i] rows as fit in what the
+    # earlier stages left (M = 7 with (4, 2, 1): one tile of 4, one of 2, one single row)
+    stages: list[tuple[int, str, str]] = []  # (rows per tile, first row, tile count)
+    start, left = "0", "%M"
+    for size in tiles:
+        count = f.let(f"udiv i64 {left}, {size}")
+        stages.append((size, start, count))
+        start = f.add(start, f.mul(count, size))
+        left = f.let(f"sub i64 %M, {start}")
+    n_groups = f.let(f"udiv i64 {n_blocks}, {group}")
+    left_start = f.mul(n_groups, group)
+    n_left = f.let(f"sub i64 {n_blocks}, {left_start}")
+
+    def per_row(ri: str, _: list[str]) -> list[str]:
+        r = f.add("%r0", ri)
+        w_row = f.gep("%w", f.mul(r, w_row_bytes))
+
+        def tile(m0: str, rows: int) -> list[str]:
+            t = Tile(m0, rows)
+
+            def blocks(first: str, size: int, values: list[str]) -> list[str]:
+                idx = [first if g == 0 else f.add(first, g) for g in range(size)]
+                wbs = [f.gep(w_row, f.mul(b, w_block_bytes)) for b in idx]
+                if prefetch:
+                    ahead = f.gep(wbs[0], PREFETCH_BYTES)
+                    f.do(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
+                return block(wbs, idx, t, values)
+
+            if prologue is not None:
+                prologue(w_row, t)
+            carried = accs(rows)
+            types = [ty for ty, _ in carried]
+            values = f.loop(n_groups, carried, lambda gi, v: blocks(f.mul(gi, group), group, v))
+            if group > 1:
+                values = f.loop(n_left, list(zip(types, values)),
+                                lambda li, v: blocks(f.add(left_start, li), 1, v))
+            for i, result in enumerate(finish(w_row, t, values)):
+                idx = f.add(f.mul(f.add(m0, i), "%N"), r)
+                dst = f.let(f"getelementptr inbounds float, ptr %out, i64 {idx}", "p")
+                f.do(f"store float {result}, ptr {dst}, align 4")
+            return []
+
+        for size, first, count in stages:
+            f.loop(count, [], lambda ti, _, size=size, first=first:
+                   tile(f.add(first, f.mul(ti, size)), size))
+        return []
+
+    f.loop(n_rows, [], per_row)
+
+
