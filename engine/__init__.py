@@ -6,9 +6,10 @@
     model.close()
 """
 from .api import Model, estimate_memory, load
+from .constraint import Constraint, ConstraintError, TokenizerAdapter
 from .gguf import ModelLoadError
 from .model import ContextOverflowError
 from .sampling import Sampled, SamplingParams
 
-__all__ = ["ContextOverflowError", "Model", "ModelLoadError", "Sampled", "SamplingParams",
-           "estimate_memory", "load"]
+__all__ = ["Constraint", "ConstraintError", "ContextOverflowError", "Model", "ModelLoadError", "Sampled", "SamplingParams",
+           "TokenizerAdapter", "estimate_memory", "load"]

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .constraint import Constraint, MaskFiller
 from .model import Chunk, ContextOverflowError, pooled_embedding
 from .sampling import Sampled, Sampler, SamplingParams
 
@@ -86,12 +87,14 @@ class _Occupant:
 class Sequence(_Occupant):
     """One generation: prompt in, up to `max_tokens` sampled tokens out.
 
-    finish_reason: "stop" (end-of-generation token, or end("stop")), "length" (max_tokens or a
-    full slot), "cancelled", "error".
+    finish_reason: "stop" (end-of-generation token, its grammar complete, or end("stop")),
+    "length" (max_tokens or a full slot), "cancelled", "error". A `constraint` (a grammar, see
+    engine/constraint.py) limits every sampled token to what it allows.
     """
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
     stop_at_eog: bool = True
+    constraint: Constraint | None = None
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
     generated: list[int] = field(default_factory=list, init=False)
@@ -160,6 +163,8 @@ class BatchRunner:
         threads = sample_threads if sample_threads is not None else getattr(model, "n_threads", 1)
         self._pool = (ThreadPoolExecutor(threads, thread_name_prefix="sample")
                       if threads > 1 else None)
+        self._threads = max(1, threads)
+        self._masks: MaskFiller | None = None  # made when the first constrained sequence comes
 
     # -- what the caller sees ----------------------------------------------------------------
 
@@ -344,18 +349,33 @@ class BatchRunner:
             seq.pos = best
         return False
 
+    def _allowed(self, items: list[tuple[Sequence, np.ndarray]]) -> list[np.ndarray | None]:
+        """Per item, the tokens its grammar allows (None: unconstrained), all masks of the step
+        computed in one parallel call."""
+        allowed: list[np.ndarray | None] = [None] * len(items)
+        constrained = [i for i, (seq, _) in enumerate(items) if seq.constraint is not None]
+        if constrained:
+            if self._masks is None:
+                self._masks = MaskFiller(self._threads)
+            masks = self._masks.fill([items[i][0].constraint for i in constrained])  # type: ignore[misc]
+            for i, mask in zip(constrained, masks):
+                allowed[i] = mask
+        return allowed
+
     def _sample(self, items: list[tuple[Sequence, np.ndarray]]) -> list[Sampled]:
         """Sample each sequence; the costly ones (random draws, logprobs) on the pool when
         there are several. Greedy without logprobs is one pass over the logits (~20 us): handing
         it to a thread would cost more than it saves."""
+        allowed = self._allowed(items)
         costly = [i for i, (seq, _) in enumerate(items) if _costly(seq.params)]
         if self._pool is None or len(costly) < 2:
-            return [seq.sampler.sample(row) for seq, row in items]
+            return [seq.sampler.sample(row, mask) for (seq, row), mask in zip(items, allowed)]
         results: list[Sampled | None] = [None] * len(items)
-        done = self._pool.map(lambda i: items[i][0].sampler.sample(items[i][1]), costly)
+        done = self._pool.map(lambda i: items[i][0].sampler.sample(items[i][1], allowed[i]),
+                              costly)
         for i, (seq, row) in enumerate(items):
             if not _costly(seq.params):
-                results[i] = seq.sampler.sample(row)
+                results[i] = seq.sampler.sample(row, allowed[i])
         for i, sampled in zip(costly, done):
             results[i] = sampled
         return results  # type: ignore[return-value]
@@ -367,7 +387,11 @@ class BatchRunner:
             return
         seq.generated.append(sampled.token)
         result.sampled.append((seq, sampled))
-        if len(seq.generated) >= seq.max_tokens or seq.pos >= self.n_ctx:
+        if seq.constraint is not None and (not seq.constraint.consume(sampled.token)
+                                           or seq.constraint.done):
+            self._release(seq, "stop")  # the grammar is complete: only end-of-generation follows
+            result.finished.append(seq)
+        elif len(seq.generated) >= seq.max_tokens or seq.pos >= self.n_ctx:
             self._release(seq, "length")  # no room to evaluate the token: the slot is full
             result.finished.append(seq)
         else:

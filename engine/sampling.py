@@ -1,7 +1,7 @@
 """Logits -> next token: penalties, bias, greedy or seeded random sampling, logprobs.
 
 Order of operations (vLLM's and llama.cpp's, which agree here):
-    logit_bias -> repetition/presence/frequency penalties -> [greedy if temperature == 0]
+    [grammar mask: disallowed tokens -> -inf] -> logit_bias -> repetition/presence/frequency penalties -> [greedy if temperature == 0]
     -> top-k -> temperature -> softmax -> min-p -> top-p -> draw
 Reported logprobs come from the model's own distribution (log-softmax of the raw logits), as
 OpenAI reports them, whatever the sampling settings.
@@ -70,10 +70,12 @@ class Sampler:
     def accept(self, token: int) -> None:
         self.generated[token] += 1
 
-    def _adjusted(self, logits: np.ndarray) -> np.ndarray:
+    def _adjusted(self, logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
         p = self.params
         x = logits.astype(np.float32, copy=True)  # [n_vocab]
         n = x.shape[0]
+        if allowed is not None:  # bool [n_vocab] from a grammar (engine/constraint.py)
+            np.copyto(x, np.float32(-np.inf), where=~allowed)
         for tok, bias in p.logit_bias.items():
             if 0 <= tok < n:
                 x[tok] += bias
@@ -88,12 +90,15 @@ class Sampler:
             x[toks] -= counts * p.frequency_penalty + p.presence_penalty
         return x
 
-    def sample(self, logits: np.ndarray) -> Sampled:
-        """Pick the next token from one position's logits [n_vocab] and record it."""
+    def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> Sampled:
+        """Pick the next token from one position's logits [n_vocab] and record it; `allowed`
+        (bool [n_vocab]) restricts the choice to a grammar's tokens."""
         p = self.params
-        x = self._adjusted(logits)
+        x = self._adjusted(logits, allowed)
         best = float(x.max())
         if not np.isfinite(best):  # NaN or +inf: broken weights or activations, not a choice
+            if allowed is not None and best == -np.inf and np.isfinite(logits).all():
+                raise NonFiniteLogitsError("the grammar allows no token here")
             raise NonFiniteLogitsError(f"the model produced non-finite logits ({best})")
         token = int(np.argmax(x)) if p.temperature == 0.0 else self._draw(x, best)
         self.accept(token)

@@ -61,6 +61,8 @@ class GenerationRequest:
     max_tokens: int                      # already capped to what the context leaves
     stop: tuple[str, ...] = ()
     logprobs: bool = False               # attach TokenInfo to deltas
+    constraint: engine.Constraint | None = None  # a grammar this choice alone follows
+    keep_special: bool = False           # decode control tokens too (tool-call markers)
 
 
 @dataclass(frozen=True)
@@ -219,12 +221,13 @@ class _GenerationJob(_Job):
     def __init__(self, loop: asyncio.AbstractEventLoop, request: GenerationRequest,
                  tokenizer: Any) -> None:
         super().__init__(loop, batch.Sequence(request.prompt_ids, params=request.params,
-                                              max_tokens=request.max_tokens))
+                                              max_tokens=request.max_tokens,
+                                              constraint=request.constraint))
         self.request = request
         # one consumer: a deque and the future it waits on is all an asyncio.Queue did here
         self.events: deque[Event | BaseException] = deque()
         self.waiter: asyncio.Future[None] | None = None
-        self.decoder = tokenizer.incremental_decoder(skip_special=True)
+        self.decoder = tokenizer.incremental_decoder(skip_special=not request.keep_special)
         self.scanner: StopScanner[TokenInfo | None] = StopScanner(request.stop)
 
     def deliver(self, event: Any) -> None:
