@@ -1,0 +1,487 @@
+"""Tool calls per model family: how the chat template wants them written, the grammar that
+enforces it, and the reader that turns a reply (or a prefix of one, while it streams) back into
+text, reasoning and calls.
+
+The family is recognised by the markers its template contains, as llama.cpp does:
+
+    family        the model writes                                        recognised by
+    hermes        <tool_call>{"name": n, "arguments": {..}}</tool_call>   "<tool_call>" (Hermes,
+                  (one block per call; Qwen3: <think>..</think> first)     Qwen2.5, Qwen3)
+    llama3        [<|python_tag|>]{"name": n, "parameters": {..}}          "<|start_header_id|>ipython"
+    mistral       [TOOL_CALLS][{"name": n, "arguments": {..}}, ..]         "[TOOL_CALLS]"
+    mistral-args  [TOOL_CALLS]n[ARGS]{..} per call                         "[TOOL_CALLS]" + "[ARGS]"
+    generic       {"tool_calls": [{"name": n, "arguments": {..}}]}        anything else; a system
+                  or {"response": "text"}                                  note tells the model so
+
+`grammar(tools, choice, parallel)` gives Lark text for llguidance. With `auto`, text is free
+until the marker appears, then exactly the offered tools' schemas are allowed (the marker is a
+lazy lexeme); with `required` or a named tool, a call is forced from the first token. Markers
+that are control tokens of the vocabulary are written `<[id]>`, so text can never imitate them.
+
+`read(text, final)` is the single parser: while streaming it returns only what can no longer
+change (a suffix that may be the start of a marker is held back), and once final it returns the
+answer, so a streamed reply adds up to exactly the whole one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+@dataclass
+class CallText:
+    name: str
+    arguments: str        # the arguments object as the model wrote it (a prefix while streaming)
+    complete: bool = False
+
+
+@dataclass
+class Reply:
+    content: str = ""
+    reasoning: str = ""
+    calls: list[CallText] = field(default_factory=list)
+
+
+Choice = str  # "auto", "required", or the name of the tool that must be called
+
+
+def _call_schema(tool: dict[str, Any], args_key: str) -> dict[str, Any]:
+    params = tool.get("parameters") or {"type": "object", "properties": {}}
+    return {"type": "object", "properties": {"name": {"const": tool["name"]}, args_key: params},
+            "required": ["name", args_key], "additionalProperties": False}
+
+
+def _union(schemas: list[dict[str, Any]]) -> dict[str, Any]:
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _offered(tools: list[dict[str, Any]], choice: Choice) -> list[dict[str, Any]]:
+    if choice in ("auto", "required"):
+        return tools
+    return [t for t in tools if t["name"] == choice]
+
+
+def _lark_string(text: str) -> str:
+    return json.dumps(text)
+
+
+_JSON_OPTIONS = '%llguidance {}\n'
+_WS = r'/[ \t\r\n]*/'
+
+
+class ToolFormat:
+    """One family's way of writing calls. `special(text)` gives the id of a control token whose
+    text is exactly `text` (None otherwise): markers that are such tokens match only them."""
+
+    family = "generic"
+    args_key = "arguments"
+    marker = ""
+    system_note = False   # True: the template knows no tools; a system message explains the format
+
+    def __init__(self, special: Callable[[str], int | None] = lambda text: None,
+                 thinking: bool = False) -> None:
+        self.special = special
+        self.thinking = thinking
+
+    # -- grammar ---------------------------------------------------------------------------------
+    def _mark(self, text: str) -> str:
+        token = self.special(text)
+        return f"<[{token}]>" if token is not None else _lark_string(text)
+
+    def _json(self, schema: dict[str, Any]) -> str:
+        return "%json " + json.dumps(schema)
+
+    def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
+        raise NotImplementedError
+
+    def _lazy_after_marker(self, body: str, choice: Choice) -> str:
+        """Free text, or text up to the marker and then `body` (auto); or `body` at once."""
+        mark = self._mark(self.marker)
+        think = ""
+        if self.thinking:
+            think = "think? "
+        lines = [_JSON_OPTIONS]
+        if choice == "auto":
+            if self.special(self.marker) is not None:  # text cannot contain a control token
+                lines.append(f"start: FREE? | FREE? {mark} {body}")
+                lines.append("FREE: /(?s:.+)/")
+            else:
+                escaped = re.escape(self.marker)
+                lines.append(f"start: FREE | pre {body}")
+                lines.append(f"FREE: /(?s:.*)/ & ~/(?s:.*){escaped}(?s:.*)/")
+                lines.append(f"pre[lazy]: /(?s:.*){escaped}/")
+        else:
+            lines.append(f"start: {think}{_WS} {mark} {body}")
+            if self.thinking:
+                lines.append(f"think[lazy]: /{_ws_re()}<think>(?s:.*)<\\/think>/")
+        return "\n".join(lines) + "\n"
+
+    # -- prompt ----------------------------------------------------------------------------------
+    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """Messages and `tools` (OpenAI's {"type": "function", "function": {...}} entries) as
+        this family's template takes them."""
+        return messages, tools
+
+    # -- reading ---------------------------------------------------------------------------------
+    def read(self, text: str, final: bool) -> Reply:
+        raise NotImplementedError
+
+    def _split_thinking(self, text: str, final: bool) -> tuple[str, str, bool]:
+        """(reasoning, rest, reasoning_closed) for replies that may open with <think>."""
+        stripped = text.lstrip()
+        if not self.thinking or not stripped:
+            return "", text, True
+        if not stripped.startswith(THINK_OPEN):
+            if not final and THINK_OPEN.startswith(stripped):
+                return "", "", False  # maybe the start of <think>
+            return "", text, True
+        inner = stripped[len(THINK_OPEN):]
+        end = inner.find(THINK_CLOSE)
+        if end < 0:
+            return (_settled(inner, THINK_CLOSE, final) if not final else inner.strip()), "", final
+        return inner[:end].strip(), inner[end + len(THINK_CLOSE):], True
+
+
+def _ws_re() -> str:
+    return r"[ \t\r\n]*"
+
+
+def _settled(text: str, marker: str, final: bool) -> str:
+    """Text that can no longer change: stripped, and while streaming without trailing
+    whitespace or a suffix that may begin `marker`."""
+    if final:
+        return text.strip()
+    text = text.lstrip()
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-k:]):
+            text = text[:-k]
+            break
+    return text.rstrip()
+
+
+# --------------------------------------------------------------------------------- JSON scanning
+
+_WS_CHARS = " \t\r\n"
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS_CHARS:
+        i += 1
+    return i
+
+
+def _value_end(text: str, i: int) -> int | None:
+    """End of the JSON object or array starting at text[i], or None if it is not complete."""
+    depth, in_string, escaped = 0, False, False
+    for j in range(i, len(text)):
+        c = text[j]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return None
+
+
+_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(\w+)"\s*:\s*')
+
+
+def _read_call(text: str, i: int, args_key: str) -> tuple[CallText | None, int]:
+    """The call object at text[i] ({"name": .., args_key: {..}}), as far as it is written, and
+    where it ends. Name and arguments may come in either order in a complete object."""
+    end = _value_end(text, i)
+    if end is not None:  # complete: read it properly (any member order)
+        try:
+            members = _members(text, i)
+        except ValueError:
+            members = {}
+        name = members.get("name")
+        args = members.get(args_key) or members.get("arguments") or members.get("parameters")
+        if name is not None and isinstance(name[0], str):
+            raw = args[1] if args is not None else "{}"
+            return CallText(name[0], raw, True), end
+        return None, end
+    m = _HEAD.match(text, i)
+    if m is None or m.group(2) not in (args_key, "arguments", "parameters"):
+        return None, len(text)
+    return CallText(json.loads(m.group(1)), text[m.end():].rstrip()), len(text)
+
+
+def _members(text: str, i: int) -> dict[str, tuple[Any, str]]:
+    """A complete JSON object's members: key -> (value, the value's text)."""
+    decoder = json.JSONDecoder()
+    out: dict[str, tuple[Any, str]] = {}
+    i = _skip_ws(text, i + 1)
+    if text[i] == "}":
+        return out
+    while True:
+        key, i = decoder.raw_decode(text, i)
+        i = _skip_ws(text, i)
+        if text[i] != ":":
+            raise ValueError("expected ':'")
+        start = _skip_ws(text, i + 1)
+        value, i = decoder.raw_decode(text, start)
+        out[str(key)] = (value, text[start:i])
+        i = _skip_ws(text, i)
+        if text[i] == "}":
+            return out
+        if text[i] != ",":
+            raise ValueError("expected ','")
+        i = _skip_ws(text, i + 1)
+
+
+def _calls_in(text: str, args_key: str) -> list[CallText]:
+    """Call objects in `text` (one after another, or the items of one array)."""
+    calls: list[CallText] = []
+    i = 0
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return calls
+        call, i = _read_call(text, i, args_key)
+        if call is not None:
+            calls.append(call)
+
+
+# --------------------------------------------------------------------------------- families
+
+class HermesFormat(ToolFormat):
+    family = "hermes"
+    marker = "<tool_call>"
+    closer = "</tool_call>"
+
+    def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
+        schema = _union([_call_schema(t, self.args_key) for t in _offered(tools, choice)])
+        call = f"{_WS} {self._json(schema)} {_WS} {_lark_string(self.closer)} {_WS}"
+        more = f' ({self._mark(self.marker)} call)*' if parallel else ""
+        return self._lazy_after_marker("calls", choice) + f"calls: call{more}\ncall: {call}\n"
+
+    def read(self, text: str, final: bool) -> Reply:
+        reasoning, rest, closed = self._split_thinking(text, final)
+        reply = Reply(reasoning=reasoning)
+        if not closed:
+            return reply
+        at = rest.find(self.marker)
+        reply.content = _settled(rest if at < 0 else rest[:at], self.marker, final or at >= 0)
+        if at >= 0:
+            for block in rest[at:].split(self.marker)[1:]:
+                reply.calls += _calls_in(block.split(self.closer)[0], self.args_key)[:1]
+        return reply
+
+
+class Llama3Format(ToolFormat):
+    family = "llama3"
+    args_key = "parameters"
+    marker = "<|python_tag|>"
+
+    def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
+        schema = _union([_call_schema(t, self.args_key) for t in _offered(tools, choice)])
+        tag = f"{self._mark(self.marker)}? " if self.special(self.marker) is not None else ""
+        call = f"call: {tag}{self._json(schema)}\n"
+        if choice == "auto":  # a call is the whole reply; other replies must not start with "{"
+            return _JSON_OPTIONS + "start: TEXT | call\nTEXT: /[^{](?s:.*)/\n" + call
+        return _JSON_OPTIONS + "start: call\n" + call
+
+    def read(self, text: str, final: bool) -> Reply:
+        body = text.lstrip()
+        if body.startswith(self.marker):
+            body = body[len(self.marker):].lstrip()
+        elif not final and (not body or self.marker.startswith(body)):
+            return Reply()
+        if body.startswith("{"):
+            call, _ = _read_call(body, 0, self.args_key)
+            if call is not None or not final:
+                return Reply(calls=[call] if call else [])
+        return Reply(content=text.strip() if final else text.lstrip().rstrip())
+
+
+class MistralFormat(ToolFormat):
+    family = "mistral"
+    marker = "[TOOL_CALLS]"
+
+    def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
+        item = _union([_call_schema(t, self.args_key) for t in _offered(tools, choice)])
+        array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
+        if not parallel:
+            array["maxItems"] = 1
+        return self._lazy_after_marker("calls", choice) + f"calls: {_WS} {self._json(array)}\n"
+
+    def read(self, text: str, final: bool) -> Reply:
+        at = text.find(self.marker)
+        reply = Reply(content=_settled(text if at < 0 else text[:at], self.marker,
+                                       final or at >= 0))
+        if at >= 0:
+            reply.calls = _calls_in(text[at + len(self.marker):], self.args_key)
+        return reply
+
+    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        # Mistral's templates insist on 9-character alphanumeric call ids
+        def short(call_id: str) -> str:
+            return hashlib.sha1(call_id.encode()).hexdigest()[:9]
+
+        out = []
+        for m in messages:
+            m = dict(m)
+            if m.get("tool_calls"):
+                m["tool_calls"] = [{**c, "id": short(c["id"])} for c in m["tool_calls"]]
+            if m.get("tool_call_id"):
+                m["tool_call_id"] = short(m["tool_call_id"])
+            out.append(m)
+        return out, tools
+
+
+class MistralArgsFormat(MistralFormat):
+    family = "mistral-args"
+    args_marker = "[ARGS]"
+
+    def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
+        mark, args = self._mark(self.marker), self._mark(self.args_marker)
+        alternatives = [f"{_lark_string(t['name'])} {args} "
+                        f"{self._json(t.get('parameters') or {'type': 'object'})}"
+                        for t in _offered(tools, choice)]
+        more = f" ({mark} call)*" if parallel else ""
+        return (self._lazy_after_marker("calls", choice) + f"calls: call{more}\n"
+                + "call: " + " | ".join(alternatives) + "\n")
+
+    def read(self, text: str, final: bool) -> Reply:
+        at = text.find(self.marker)
+        reply = Reply(content=_settled(text if at < 0 else text[:at], self.marker,
+                                       final or at >= 0))
+        if at < 0:
+            return reply
+        for block in text[at:].split(self.marker)[1:]:
+            name, sep, raw = block.partition(self.args_marker)
+            if not sep:
+                continue
+            end = _value_end(raw, _skip_ws(raw, 0)) if raw.strip() else None
+            reply.calls.append(CallText(name.strip(), raw.strip() if end is None else raw[:end].strip(),
+                                        end is not None))
+        return reply
+
+
+class GenericFormat(ToolFormat):
+    """For templates with no tool syntax: the reply is one JSON object, explained in a system
+    note."""
+    family = "generic"
+    system_note = True
+
+    def schema(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> dict[str, Any]:
+        calls: dict[str, Any] = {
+            "type": "array", "minItems": 1,
+            "items": _union([_call_schema(t, "arguments") for t in _offered(tools, choice)])}
+        if not parallel:
+            calls["maxItems"] = 1
+        with_calls = {"type": "object", "properties": {"tool_calls": calls},
+                      "required": ["tool_calls"], "additionalProperties": False}
+        if choice != "auto":
+            return with_calls
+        answer = {"type": "object", "properties": {"response": {"type": "string"}},
+                  "required": ["response"], "additionalProperties": False}
+        return {"anyOf": [with_calls, answer]}
+
+    def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
+        return _JSON_OPTIONS + f"start: {self._json(self.schema(tools, choice, parallel))}\n"
+
+    def note(self, tools: list[dict[str, Any]]) -> str:
+        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        return ("You can call these tools:\n" + listed + "\n\nReply with one JSON object and "
+                'nothing else: {"tool_calls": [{"name": <tool name>, "arguments": <arguments '
+                'object>}]} to call tools, or {"response": <your answer as a string>} to '
+                "answer directly.")
+
+    def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        out: list[dict[str, Any]] = []
+        for m in messages:
+            if m.get("tool_calls"):  # as this format writes them
+                calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                         for c in m["tool_calls"]]
+                out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls},
+                                                                       ensure_ascii=False)})
+            elif m["role"] == "tool":  # a template without tools may not know the role
+                out.append({"role": "user", "content": f"Result of tool call {m.get('name', '')} "
+                            f"({m.get('tool_call_id', '')}): {m.get('content', '')}"})
+            else:
+                out.append(m)
+        if tools:
+            note = self.note([t["function"] for t in tools])
+            if out and out[0]["role"] == "system":
+                out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{note}"}
+            else:
+                out.insert(0, {"role": "system", "content": note})
+        return out, None
+
+    def read(self, text: str, final: bool) -> Reply:
+        body = text.lstrip()
+        if not body:
+            return Reply()
+        if not body.startswith("{"):
+            return Reply(content=text.strip() if final else "")
+        head = re.match(r'\{\s*"(\w+)"\s*:\s*', body)
+        if head is None:
+            return Reply(content=text.strip()) if final else Reply()
+        rest = body[head.end():]
+        if head.group(1) == "tool_calls":
+            return Reply(calls=_calls_in(rest, "arguments"))
+        if head.group(1) == "response":
+            return Reply(content=_json_string_prefix(rest, final))
+        return Reply(content=text.strip()) if final else Reply()
+
+
+def _json_string_prefix(text: str, final: bool) -> str:
+    """The decoded part of the JSON string starting at text[0] ('"') that is complete."""
+    if not text.startswith('"'):
+        return ""
+    i, escaped = 1, False
+    while i < len(text):
+        c = text[i]
+        if escaped:
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif c == '"':
+            return str(json.loads(text[:i + 1]))
+        i += 1
+    part = text[1:]
+    cut = part.rfind("\\")  # an escape that may be unfinished ("\u00" ...): leave it for later
+    if cut >= 0 and len(part) - cut < 6:
+        part = part[:cut]
+    try:
+        return str(json.loads('"' + part + '"'))
+    except json.JSONDecodeError:
+        return ""
+
+
+# --------------------------------------------------------------------------------- detection
+
+def detect(template: str | None, special: Callable[[str], int | None] = lambda text: None
+           ) -> ToolFormat:
+    """The family a chat template's markers say (generic when none is recognised)."""
+    source = template or ""
+    thinking = THINK_OPEN in source
+    if "<tool_call>" in source:
+        return HermesFormat(special, thinking)
+    if "[TOOL_CALLS]" in source:
+        return (MistralArgsFormat if "[ARGS]" in source else MistralFormat)(special)
+    if "<|start_header_id|>ipython" in source or "<|python_tag|>" in source or (
+            '"parameters"' in source and "<|start_header_id|>" in source):
+        return Llama3Format(special)
+    return GenericFormat(special)
