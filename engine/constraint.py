@@ -95,7 +95,8 @@ class TokenizerAdapter:
 
 
 def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "invalid grammar"
+    """llguidance's message on one line (regex errors come with a caret drawing)."""
+    return " ".join(message.split()) or "invalid grammar"
 
 
 class Constraint:

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .constraint import JSON_STYLE
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
@@ -95,7 +97,8 @@ class ToolFormat:
         return f"<[{token}]>" if token is not None else _lark_string(text)
 
     def _json(self, schema: dict[str, Any]) -> str:
-        return "%json " + json.dumps(schema)
+        # fixed separators, as for response_format (a small model pads free whitespace forever)
+        return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE})
 
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
         raise NotImplementedError

@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_serializer)
 
+from .protocol_tools import (ResponseFormat, ToolCall, ToolCallDelta, ToolCallIn, ToolChoice,
+                             ToolDefinition)
+
 if TYPE_CHECKING:
     import engine
 
@@ -131,6 +134,8 @@ class ChatMessage(_Request):
     role: Literal["developer", "system", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant messages
+    tool_call_id: str | None = None             # tool messages
 
     def text(self) -> str:
         """Content as one string: text parts are joined by newlines."""
@@ -144,6 +149,10 @@ class ChatMessage(_Request):
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:  # arguments as objects, as Hugging Face templates expect them
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 
@@ -165,6 +174,10 @@ class _GenerationRequest(_Request):
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     repeat_penalty: float = Field(default=1.0, gt=0.0)
+    # --- structured output (OpenAI's response_format; llama.cpp's json_schema and grammar) ---
+    response_format: ResponseFormat | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
 
     _check_bias = field_validator("logit_bias")(_check_logit_bias)
 
@@ -188,6 +201,9 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @field_validator("top_logprobs")
     @classmethod
@@ -228,9 +244,19 @@ class AssistantMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # modelyard/llama.cpp extra: a <think> span
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("tool_calls", "reasoning_content"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(_Response):
@@ -253,6 +279,8 @@ class ChatCompletion(_Response):
 class ChoiceDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: Any) -> dict[str, Any]:

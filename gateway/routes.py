@@ -54,6 +54,7 @@ async def _generate(request: Request, req: R, plan: Callable[[ServedModel, R], s
     handed_off = False
     try:
         planned = plan(served, req)
+        await planned.prepare(served)  # grammars compile on a worker thread
         if req.stream:
             planned.submit(served)  # a full queue is a 503 here, before any header goes out
 

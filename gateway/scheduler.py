@@ -43,6 +43,8 @@ import numpy as np
 import engine
 from engine import batch
 from engine.chat import ChatTemplate, ChatTemplateError
+from engine.tool_formats import ToolFormat
+from engine.tool_formats import detect as detect_tool_format
 
 from .metrics import NULL_METRICS, MetricsSink
 
@@ -584,10 +586,26 @@ class ServedModel:
         """Requests generating in a slot (the registry reports it)."""
         return self.scheduler.active
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+    def chat_prompt(self, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Render the chat template and tokenize it, special tokens parsed as such."""
-        text = self.chat_template.render(messages, add_generation_prompt=True)
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
         return self.text_prompt(text)
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model's template writes tool calls (engine/tool_formats.py), found once."""
+        fmt = self.__dict__.get("_tool_format")
+        if fmt is None:
+            tok = self.tokenizer
+
+            def control_token(text: str) -> int | None:
+                token = tok.token_id(text)
+                return token if token is not None and tok.is_special(token) else None
+
+            fmt = self.__dict__["_tool_format"] = detect_tool_format(self.chat_template.source,
+                                                                     control_token)
+        return fmt
 
     def text_prompt(self, text: str) -> list[int]:
         """Tokenize a prompt; BOS is added when the model wants it and the text lacks it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ from .errors import context_length_exceeded, invalid_request
 from .scheduler import (Event, Finished, GenerationRequest, PromptProgress, ServedModel,
                         TextDelta, TokenInfo)
 from .streaming import TextEventTemplate
+from .structured import Output, chat_output, completion_output
+from .tool_stream import ReplyReader, finish_reason
 
 
 @dataclass
@@ -33,6 +36,23 @@ class Plan:
     echo: list[str] = field(default_factory=list)  # completions with echo: text before each choice
     prompt_of: list[int] = field(default_factory=list)  # per choice: which prompt it continues
     submitted: list[Any] = field(default_factory=list)  # the generations, once submitted
+    output: Output = field(default_factory=Output)       # the grammar, the tool-call format
+
+    async def prepare(self, served: ServedModel) -> None:
+        """Compile the grammar (on a worker thread; a 400 if it does not compile) and give each
+        choice its own copy. Call before submit()."""
+        constraint = await self.output.compile(served.tokenizer)
+        if constraint is None:
+            return
+        keep = self.output.tool_format is not None and (
+            self.output.tool_format.special(self.output.tool_format.marker) is not None)
+        self.requests = [dataclasses.replace(r, constraint=constraint.copy(), keep_special=keep)
+                         for r in self.requests]
+
+    def reader(self) -> ReplyReader | None:
+        """A fresh reader for one choice's reply when it may hold tool calls."""
+        fmt = self.output.tool_format
+        return ReplyReader(fmt) if fmt is not None else None
 
     def submit(self, served: ServedModel) -> None:
         """Queue every choice at once (they share the batch); all or none. Streams call it before
@@ -91,9 +111,10 @@ def _generation(served: ServedModel, req: p.GenerationRequestBody, ids: list[int
 
 def plan_chat(served: ServedModel, req: p.ChatCompletionRequest) -> Plan:
     _check_logit_bias(served, req.logit_bias)
-    ids = served.chat_prompt([m.for_template() for m in req.messages])
+    output = chat_output(req, served.tool_format)
+    ids = served.chat_prompt(output.messages, output.template_tools)
     return Plan([_generation(served, req, ids, i, "messages") for i in range(req.n)], len(ids),
-                prompt_of=[0] * req.n)
+                prompt_of=[0] * req.n, output=output)
 
 
 def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
@@ -121,7 +142,7 @@ def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
             requests.append(_generation(served, req, ids, i, "prompt"))
             echo.append(text if req.echo else "")
             prompt_of.append(number)
-    return Plan(requests, total, echo, prompt_of)
+    return Plan(requests, total, echo, prompt_of, output=completion_output(req))
 
 
 async def _events(generations: list[Any]) -> AsyncIterator[tuple[int, Event]]:
@@ -227,12 +248,19 @@ def _completion_logprobs(tokens: list[TokenInfo], offset: int) -> p.CompletionLo
 async def chat_completion(served: ServedModel, alias: str, req: p.ChatCompletionRequest,
                           plan: Plan) -> p.ChatCompletion:
     results = await _collect(served, plan)
-    choices = [p.ChatChoice(
-        index=index,
-        message=p.AssistantMessage(content=r.text),
-        logprobs=_chat_logprobs(r.tokens) if req.logprobs else None,
-        finish_reason=r.finish_reason,  # type: ignore[arg-type]
-    ) for index, r in enumerate(results)]
+    choices = []
+    for index, r in enumerate(results):
+        message, reason = p.AssistantMessage(content=r.text), r.finish_reason
+        reader = plan.reader()
+        if reader is not None:
+            reader.push(r.text)
+            reader.finish()
+            message, reason = reader.message(), finish_reason(r.finish_reason, reader)
+        choices.append(p.ChatChoice(
+            index=index, message=message,
+            logprobs=_chat_logprobs(r.tokens) if req.logprobs else None,
+            finish_reason=reason,  # type: ignore[arg-type]
+        ))
     return p.ChatCompletion(id=p.new_id("chatcmpl"), created=p.now(), model=alias, choices=choices,
                             usage=_usage(plan, results))
 
@@ -254,10 +282,25 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
     for index in range(len(plan.requests)):
         yield chunk(index, p.ChoiceDelta(role="assistant", content=""))
     results = [ChoiceResult() for _ in plan.requests]  # only what usage needs
+    readers = [plan.reader() for _ in plan.requests]
     async with contextlib.aclosing(_events(plan.submitted)) as events:
         async for index, event in events:
+            reader = readers[index]
             if isinstance(event, PromptProgress):
                 yield chunk(index, p.ChoiceDelta(), progress=_progress(event))
+            elif reader is not None:  # tool calls possible: deltas as the reader finds them
+                if isinstance(event, TextDelta):
+                    deltas = reader.push(event.text)
+                else:
+                    deltas = reader.finish()
+                for n, delta in enumerate(deltas):
+                    logprobs = _chat_logprobs(event.tokens) if (
+                        req.logprobs and n == 0 and isinstance(event, TextDelta)) else None
+                    yield chunk(index, delta, logprobs)
+                if isinstance(event, Finished):
+                    results[index].finish(event)
+                    yield chunk(index, p.ChoiceDelta(),
+                                finish=finish_reason(event.finish_reason, reader))
             elif isinstance(event, TextDelta):
                 if req.logprobs:
                     yield chunk(index, p.ChoiceDelta(content=event.text), _chat_logprobs(event.tokens))
