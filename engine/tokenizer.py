@@ -19,7 +19,6 @@ is replaced only when bytes become text. IncrementalDecoder streams that text to
 from __future__ import annotations
 
 import codecs
-import heapq
 import itertools
 import logging
 import operator
@@ -30,11 +29,12 @@ from typing import Any
 
 import regex
 
+from .tokenizer_merge import bpe_merge, spm_merge
+
 log = logging.getLogger(__name__)
 
 SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 _WORD_CACHE_MAX = 200_000  # pre-token words remembered per tokenizer (cleared when full)
-_NO_RANK = 1 << 62
 
 
 class TokenType(IntEnum):
@@ -541,21 +541,7 @@ class Tokenizer:
         (the order llama.cpp's priority queue pops them in)."""
         if self._pre.ignore_merges and word in self._id_of:
             return (self._id_of[word],)
-        parts = list(word)
-        ranks = self._ranks
-        pair_rank = [ranks.get((parts[i], parts[i + 1]), _NO_RANK) for i in range(len(parts) - 1)]
-        while pair_rank:
-            best = min(pair_rank)
-            if best == _NO_RANK:
-                break
-            i = pair_rank.index(best)
-            parts[i] = parts[i] + parts[i + 1]
-            del parts[i + 1]
-            del pair_rank[i]
-            if i > 0:
-                pair_rank[i - 1] = ranks.get((parts[i - 1], parts[i]), _NO_RANK)
-            if i < len(parts) - 1:
-                pair_rank[i] = ranks.get((parts[i], parts[i + 1]), _NO_RANK)
+        parts, _ = bpe_merge(word, self._ranks)
         ids: list[int] = []
         for p in parts:
             tid = self._id_of.get(p)
@@ -572,51 +558,19 @@ class Tokenizer:
         """llama.cpp's SPM: start from single characters; repeatedly merge the adjacent pair whose
         concatenation is a token with the highest score (leftmost on ties); characters left
         without a token become <0xXX> byte tokens."""
-        n = len(text)
-        if n == 0:
-            return []
-        sym = list(text)                     # symbol text; "" once merged into its left neighbour
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        id_of, scores = self._id_of, self._scores
-        heap: list[tuple[float, int, int, str]] = []
-
-        def push(left: int, right: int) -> None:
-            joined = sym[left] + sym[right]
-            tid = id_of.get(joined)
-            if tid is not None:
-                heapq.heappush(heap, (-scores[tid], left, right, joined))
-
-        for i in range(n - 1):
-            push(i, i + 1)
-        while heap:
-            _, left, right, joined = heapq.heappop(heap)
-            if not sym[left] or not sym[right] or sym[left] + sym[right] != joined:
-                continue  # stale: one side has merged since this pair was queued
-            sym[left], sym[right] = joined, ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prv[nxt[right]] = left
-            if prv[left] >= 0:
-                push(prv[left], left)
-            if nxt[left] >= 0:
-                push(left, nxt[left])
-
+        id_of = self._id_of
         out: list[int] = []
-        i = 0
-        while i != -1:
-            tid = id_of.get(sym[i])
+        for piece in spm_merge(text, id_of, self._scores)[0]:
+            tid = id_of.get(piece)
             if tid is not None:
                 out.append(tid)
             else:
-                for b in sym[i].encode("utf-8"):
+                for b in piece.encode("utf-8"):
                     bid = self._byte_ids[b]
                     if bid is None:
                         bid = self.unk_id
                     if bid is not None:
                         out.append(bid)
-            i = nxt[i]
         return out
 
     # -- decoding -------------------------------------------------------------------------------

@@ -1,0 +1,85 @@
+"""The merge loops against plain restatements of their definitions, and their cost by counting.
+
+The naive mergers below rescan every pair after each merge (quadratic, obviously right); the heap
+versions must give the same symbols on random strings over small alphabets, where ties, overlaps
+("aaa") and stale queue entries are common. Cost is checked without a clock: every pop is one
+O(log n) heap operation, and the pops must stay within 3n for any string shape.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.tokenizer_merge import bpe_merge, spm_merge
+
+RANKS = {pair: r for r, pair in enumerate([
+    ("a", "b"), ("b", "c"), ("ab", "c"), ("c", "c"), ("a", "a"), ("aa", "a"), (" ", "a"),
+    (" a", "b"), ("b", "b"), ("aa", "aa"), ("abc", "abc"), ("bb", "a"), ("c", "a"), ("ca", "b"),
+    ("aaaa", "aaaa"), ("b", " "), ("cc", "cc")])}
+
+VOCAB = ["a", "b", "c", "▁", "ab", "bc", "abc", "aa", "aaa", "aaaa", "▁a", "▁ab", "cc", "ccc",
+         "ba", "bab", "aab", "ca", "cab", "▁▁", "aaaaaaaa", "b▁", "abab"]
+SCORES = [-float(i % 7) for i in range(len(VOCAB))]   # many ties on purpose
+ID_OF = {t: i for i, t in enumerate(VOCAB)}
+
+
+def naive_bpe(parts: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    parts = list(parts)
+    while True:
+        found = [(ranks[p], i) for i, p in enumerate(zip(parts, parts[1:])) if p in ranks]
+        if not found:
+            return parts
+        _, i = min(found)
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+def naive_spm(text: str, id_of: dict[str, int], scores: list[float]) -> list[str]:
+    parts = list(text)
+    while True:
+        found = [(-scores[id_of[a + b]], i) for i, (a, b) in enumerate(zip(parts, parts[1:]))
+                 if a + b in id_of]
+        if not found:
+            return parts
+        _, i = min(found)
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+@pytest.mark.parametrize("alphabet", ["ab", "abc", "abc ", "a"])
+def test_bpe_merge_equals_the_naive_merger_on_random_strings(alphabet: str) -> None:
+    rng = random.Random(alphabet)
+    for _ in range(400):
+        word = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert bpe_merge(list(word), RANKS)[0] == naive_bpe(list(word), RANKS), word
+
+
+@pytest.mark.parametrize("alphabet", ["ab", "abc", "abc▁", "a", "ab▁x"])
+def test_spm_merge_equals_the_naive_merger_on_random_strings(alphabet: str) -> None:
+    rng = random.Random(alphabet)
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert spm_merge(text, ID_OF, SCORES)[0] == naive_spm(text, ID_OF, SCORES), text
+
+
+def _shapes(n: int) -> dict[str, str]:
+    rng = random.Random(n)
+    return {"one character": "a" * n, "two alternating": "ab" * (n // 2),
+            "random abc": "".join(rng.choice("abc") for _ in range(n)),
+            "runs": "".join(rng.choice("abc") * rng.randint(1, 30) for _ in range(n))[:n]}
+
+
+@pytest.mark.parametrize("n", [1_000, 16_000, 64_000])
+def test_merge_work_is_linear_in_heap_operations_for_every_shape(n: int) -> None:
+    for name, text in _shapes(n).items():
+        _, pops = bpe_merge(list(text), RANKS)
+        assert pops <= 3 * len(text), (name, pops)
+        _, pops = spm_merge(text.replace(" ", "▁"), ID_OF, SCORES)
+        assert pops <= 3 * len(text), (name, pops)
+
+
+def test_a_run_of_one_character_merges_as_derived_by_hand() -> None:
+    # "a a" (rank 4) merges left first: aa a a a -> aa aa a; then "aa a" (5) beats "aa aa" (9)
+    assert bpe_merge(list("aaaaa"), RANKS)[0] == ["aa", "aaa"]
+    # nine: aa aa aa aa a; "aa a" (5) at the end before "aa aa" (9): aa aa aa aaa; then leftmost
+    # "aa aa": aaaa aa aaa
+    assert bpe_merge(list("a" * 9), RANKS)[0] == ["aaaa", "aa", "aaa"]
