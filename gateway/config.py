@@ -86,6 +86,7 @@ class _EntrySettings(BaseModel):
     idle_timeout: Duration | None = None   # None = registry.idle_timeout; 0 = never
     chat_template: str | None = None       # template text; None = the GGUF's own
     chat_template_path: Path | None = None  # where chat_template was read from, for watching
+    chat_format: str | None = None         # a built-in template by name (engine/chat_formats.py)
     pinned: bool = False                   # never evicted, loaded at start-up
 
     @field_validator("n_ctx")
@@ -96,6 +97,17 @@ class _EntrySettings(BaseModel):
                              "supported yet; give a size such as 4096")
         if v < 1:
             raise ValueError("must be at least 1")
+        return v
+
+    @field_validator("chat_format")
+    @classmethod
+    def _known_format(cls, v: str | None) -> str | None:
+        from engine.chat_formats import FORMAT_NAMES, builtin_name
+
+        if v is not None and builtin_name(v) is None:
+            close = difflib.get_close_matches(v.strip().lower(), FORMAT_NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown chat format {v!r}{hint} (known: {', '.join(FORMAT_NAMES)})")
         return v
 
     @field_validator("n_threads")
@@ -138,7 +150,7 @@ class ModelEntry(_EntrySettings):
         everything that shapes the loaded object (or the scheduler wrapped around it) is here.
         """
         return (str(self.model), self.n_ctx, self.n_threads, self.n_parallel, self.max_queue,
-                self.chat_template)
+                self.chat_template, self.chat_format)
 
     @property
     def name(self) -> str:
@@ -206,7 +218,7 @@ def default_config() -> Config:
 
 _TOP_KEYS = ("host", "port", "default_model", "registry", "defaults", "models")
 _ENTRY_KEYS = ("model", "aliases", "model_alias", "n_ctx", "n_threads", "n_parallel",
-               "max_queue", "idle_timeout", "chat_template", "pinned")
+               "max_queue", "idle_timeout", "chat_template", "chat_format", "pinned")
 _PER_MODEL_ONLY = ("model", "aliases", "model_alias")
 
 # llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet).
@@ -220,7 +232,7 @@ LLAMA_CPP_MODEL_KEYS = frozenset({
     "rope_scaling_type", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
     "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "mul_mat_q",
     "logits_all", "embedding", "offload_kqv", "flash_attn", "last_n_tokens_size", "lora_base",
-    "lora_path", "numa", "chat_format", "clip_model_path", "cache", "cache_type", "cache_size",
+    "lora_path", "numa", "clip_model_path", "cache", "cache_type", "cache_size",
     "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
     "draft_model", "draft_model_num_pred_tokens", "type_k", "type_v", "verbose",
 })

@@ -541,6 +541,7 @@ class Registry:
             "queued": _scheduler_count(slot.model, "queued"),
             "active": _scheduler_count(slot.model, "active"),
             "n_ctx": slot.entry.n_ctx,
+            "chat_format": getattr(slot.model, "chat_format", None),  # which template, and why
             "last_used": (None if slot.last_used is None
                           else time.time() - (time.monotonic() - slot.last_used)),
             "load_seconds": slot.load_seconds,

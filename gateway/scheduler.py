@@ -43,6 +43,7 @@ import numpy as np
 import engine
 from engine import batch
 from engine.chat import ChatTemplate, ChatTemplateError
+from engine.chat_formats import TemplateChoice, choose_template
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 
@@ -564,6 +565,8 @@ class Scheduler:
 class ServedModel:
     """What the registry holds for a loaded model: engine model + scheduler + chat template."""
 
+    chat_format: str | None = None  # which template and why (chat_formats.TemplateChoice)
+
     def __init__(self, model: Any, template: ChatTemplate, *, name: str, max_queue: int,
                  metrics: MetricsSink = NULL_METRICS) -> None:
         self.model = model
@@ -619,16 +622,25 @@ class ServedModel:
         self.model.close()
 
 
-def _template_for(model: Any, override: str | None) -> ChatTemplate:
+def _template_for(model: Any, entry: ModelEntry) -> tuple[ChatTemplate, TemplateChoice]:
+    """The entry's template (engine/chat_formats.py says which wins); a file template that does
+    not compile falls back to the built-in its vocabulary suggests."""
     tok = model.tokenizer
     tokens = model.metadata.get("tokenizer.ggml.tokens") or []
-    if override is not None:  # config.py has validated that it compiles
-        return ChatTemplate.for_model(override, tokens, tok.bos_id, tok.eos_id)
+    choice = choose_template(model.metadata, config_template=entry.chat_template,
+                             chat_format=entry.chat_format)
     try:
-        return ChatTemplate.for_model(model.chat_template, tokens, tok.bos_id, tok.eos_id)
+        template = ChatTemplate.for_model(choice.source, tokens, tok.bos_id, tok.eos_id)
     except ChatTemplateError as exc:
-        log.warning("%s: %s; using ChatML instead", model.path, exc)
-        return ChatTemplate.for_model(None, tokens, tok.bos_id, tok.eos_id)
+        if choice.origin != "gguf":
+            raise  # config.py compiled it already: only the file's own can fail here
+        meta = {k: v for k, v in model.metadata.items() if k != "tokenizer.chat_template"}
+        fallback = choose_template(meta)
+        choice = TemplateChoice(fallback.source, "built-in", fallback.name,
+                                f"the file's chat template does not compile ({exc})")
+        log.warning("%s: %s; using %s instead", model.path, exc, choice.describe())
+        template = ChatTemplate.for_model(choice.source, tokens, tok.bos_id, tok.eos_id)
+    return template, choice
 
 
 def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) -> ServedModel:
@@ -637,9 +649,12 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
     model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
                         n_slots=entry.n_parallel)
     try:
-        template = _template_for(model, entry.chat_template)
-        return ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
-                           metrics=metrics)
+        template, choice = _template_for(model, entry)
+        log.info("%s: chat template: %s", entry.name, choice.describe())
+        served = ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
+                             metrics=metrics)
+        served.chat_format = choice.describe()
+        return served
     except BaseException:
         model.close()
         raise

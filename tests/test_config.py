@@ -284,13 +284,33 @@ def test_llama_cpp_python_config_loads_unchanged_with_warnings(folder: Path) -> 
     small, other = c.models
     assert small.aliases == ["small"] and small.n_ctx == 2048
     assert small.n_threads == (os.cpu_count() or 1)  # llama-cpp-python's -1: every core
-    assert small.extra == {"n_gpu_layers": -1, "chat_format": "chatml", "verbose": False}
+    assert small.extra == {"n_gpu_layers": -1, "verbose": False}
+    assert small.chat_format == "chatml"  # used: picks the built-in template
     assert other.aliases == ["models/other.gguf"]  # llama-cpp-python's default: the model path
     assert other.extra == {"n_batch": 512}
     warned = {w.split(": ")[1] for w in c.warnings}
     assert warned == {"api_key", "interrupt_requests", "models.0.n_gpu_layers",
-                      "models.0.chat_format", "models.0.verbose", "models.1.n_batch"}
+                      "models.0.verbose", "models.1.n_batch"}
     assert any("not enforced" in w for w in c.warnings if "api_key" in w)
+
+
+def test_unknown_chat_format_is_a_config_error_with_a_suggestion(folder: Path) -> None:
+    path = write(folder, "c.yaml", """
+        models:
+          - model: models/small.gguf
+            chat_format: lama-3
+        """)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "c.yaml:3: models.0.chat_format: unknown chat format 'lama-3'; did you mean " \
+        "'llama-3'?" in str(e.value)
+
+
+def test_chat_format_change_means_a_reload_of_the_model(folder: Path) -> None:
+    a = load_config(write(folder, "a.yaml", "models: [{model: models/small.gguf}]"))
+    b = load_config(write(folder, "b.yaml",
+                          "models: [{model: models/small.gguf, chat_format: zephyr}]"))
+    assert a.models[0].settings_key() != b.models[0].settings_key()
 
 
 def test_llama_cpp_python_yaml_config_warnings_carry_line_numbers(folder: Path) -> None:
