@@ -6,7 +6,7 @@ activation format the matmul kernels quantize x to, its numpy dequantization (th
 checked against gguf-py), how to make realistic random blocks, and which kernel tile family of
 engine/kernels/matmul/ computes with it. Adding a type is one record here (plus its family's
 code if no existing family fits). Layouts and dequantizers live per family in quant_legacy.py,
-quant_k.py; the activation formats in activations.py.
+quant_k.py, quant_iq.py; the activation formats in activations.py.
 
 The matmul kernels never dequantize weights: they quantize the activations to 8-bit blocks
 (q8_0 / q8_1 / q8_k, ggml's scheme, engine.activations) and take integer dot products.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from engine import quant_k, quant_legacy
+from engine import quant_iq, quant_k, quant_legacy
 from engine.activations import (  # noqa: F401 - re-exported: the activation half of the format
     ACTIVATION_BLOCK,
     ACTIVATION_LAYOUTS,
@@ -45,7 +45,8 @@ class QuantType:
 
     kernel names the tile family that engine.kernels.matmul.build.FAMILIES builds the matmul
     with: "float" (f32 activations, FMA), "legacy" (32-value blocks against packed q8_0/q8_1),
-    "q4_5_k", "q6_k" (super-blocks against q8_k).
+    "q2_k", "q3_k", "q4_5_k", "q6_k", "iq4_xs" (super-blocks against q8_k). IQ4_NL is a legacy
+    type with a codebook: the Q8_0 path after one lookup.
     """
     qtype: GGMLQuantizationType
     layout: np.dtype        # one block (float types: one value)
@@ -55,6 +56,7 @@ class QuantType:
     kernel: str             # tile family in engine.kernels.matmul.build.FAMILIES
     group: int = 1          # blocks the kernel folds in per loop step
     zero: int = 0           # legacy 4/5-bit without a min: value = d * (q + zero)
+    codebook: tuple[int, ...] | None = None  # 4-bit index -> signed 8-bit value (IQ4_*)
 
     @property
     def name(self) -> str:
@@ -102,12 +104,20 @@ _TYPES = [
               quant_legacy.random_scales(32), "legacy", group=2),
     QuantType(T.Q8_0, quant_legacy.Q8_0, "q8_0", quant_legacy.dequantize_q8_0,
               quant_legacy.random_scales(127), "legacy", group=2),
+    QuantType(T.IQ4_NL, quant_iq.IQ4_NL, "q8_0", quant_iq.dequantize_iq4_nl,
+              quant_iq.random_iq4_nl_scales, "legacy", group=2, codebook=quant_iq.CODEBOOK),
+    QuantType(T.Q2_K, quant_k.Q2_K, "q8_k", quant_k.dequantize_q2_k,
+              quant_k.random_q2_k_scales, "q2_k"),
+    QuantType(T.Q3_K, quant_k.Q3_K, "q8_k", quant_k.dequantize_q3_k,
+              quant_k.random_q3_k_scales, "q3_k"),
     QuantType(T.Q4_K, quant_k.Q4_K, "q8_k", quant_k.dequantize_q4_5_k,
               quant_k.random_scales(16), "q4_5_k"),
     QuantType(T.Q5_K, quant_k.Q5_K, "q8_k", quant_k.dequantize_q4_5_k,
               quant_k.random_scales(32), "q4_5_k"),
     QuantType(T.Q6_K, quant_k.Q6_K, "q8_k", quant_k.dequantize_q6_k,
               quant_k.random_q6_k_scales, "q6_k"),
+    QuantType(T.IQ4_XS, quant_iq.IQ4_XS, "q8_k", quant_iq.dequantize_iq4_xs,
+              quant_iq.random_iq4_xs_scales, "iq4_xs", codebook=quant_iq.CODEBOOK),
 ]
 TYPES: dict[GGMLQuantizationType, QuantType] = {t.qtype: t for t in _TYPES}
 SUPPORTED: frozenset[GGMLQuantizationType] = frozenset(TYPES)

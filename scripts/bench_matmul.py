@@ -1,6 +1,11 @@
-"""Matmul throughput in GB/s of weight bytes, for SmolLM2-135M's shapes.
+"""Matmul throughput in GB/s of weight bytes per tensor type, for SmolLM2-135M's shapes.
 
     python scripts/bench_matmul.py [--types Q4_1,Q8_0] [--threads 1,2] [--m 1] [--portable]
+                                   [--no-vnni]
+
+Every type the engine supports is measured by default (engine.quants.TYPES); a shape whose
+row length is not a whole number of the type's blocks (576 for the 256-value super-blocks of
+the K-quants and IQ4_XS) shows '-'.
 
 Each figure is the best of several timed runs of many back-to-back calls (the weights of one
 matrix stay partly in cache between calls, as they would not in a real decode step, so the
@@ -14,7 +19,7 @@ import time
 import numpy as np
 
 from engine.kernels.matmul import MatmulKernels
-from engine.quants import QuantMatrix, T, block_size, random_quant_matrix
+from engine.quants import TYPES, QuantMatrix, T, block_size, random_quant_matrix
 
 # (n_rows, n_cols): attention q/o (and k/v), FFN gate/up, FFN down, output (Q8_0 in the model)
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -51,16 +56,18 @@ def bench(mk: MatmulKernels, mats: list[QuantMatrix], m: int, min_seconds: float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--types", default="Q4_0,Q4_1,Q5_0,Q5_1,Q8_0,Q4_K,Q5_K,Q6_K,F16,BF16,F32")
+    ap.add_argument("--types", default=",".join(t.name for t in sorted(TYPES, key=lambda t: t.value)))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--m", type=int, default=1, help="activation rows per call")
     ap.add_argument("--portable", action="store_true", help="generic IR instead of AVX2")
+    ap.add_argument("--no-vnni", action="store_true", help="plain AVX2 even where VNNI exists")
     args = ap.parse_args()
     types = [T[name] for name in args.types.split(",")]
     rng = np.random.default_rng(0)
     print(f"M={args.m}; GB/s of weight bytes (us per call)")
     for n_threads in (int(s) for s in args.threads.split(",")):
-        mk = MatmulKernels(types, n_threads=n_threads, portable=args.portable)
+        mk = MatmulKernels(types, n_threads=n_threads, portable=args.portable,
+                           vnni=False if args.no_vnni else None)
         isa = "portable" if mk.portable else "avx2" + " vnni" * mk.vnni + " avx512-pairs" * mk.wide
         print(f"threads={n_threads} ({isa}, tiles {mk.tiles})")
         header = "  type  " + "".join(f"{f'{r}x{c}':>18}" for r, c in SHAPES) + f"{'stream':>18}"
@@ -81,7 +88,7 @@ def main() -> None:
             mats = [QuantMatrix(one.raw.copy(), t, rows, cols) for _ in range(max(2, (96 << 20) // one.nbytes))]
             gbs, us = bench(mk, mats, args.m)
             cells.append(f"{gbs:10.1f} ({us:5.0f})")
-            print(f"  {t.name:5s} " + "".join(cells))
+            print(f"  {t.name:6s}" + "".join(cells))
         mk.close()
 
 

@@ -25,7 +25,9 @@ FILE_TYPE = {
     GGMLQuantizationType.Q4_0: LlamaFileType.MOSTLY_Q4_0, GGMLQuantizationType.Q4_1: LlamaFileType.MOSTLY_Q4_1,
     GGMLQuantizationType.Q5_0: LlamaFileType.MOSTLY_Q5_0, GGMLQuantizationType.Q5_1: LlamaFileType.MOSTLY_Q5_1,
     GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M, GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
-    GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+    GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K, GGMLQuantizationType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
+    GGMLQuantizationType.Q3_K: LlamaFileType.MOSTLY_Q3_K_M, GGMLQuantizationType.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL,
+    GGMLQuantizationType.IQ4_XS: LlamaFileType.MOSTLY_IQ4_XS,
 }
 SAMPLE = ("the quick brown fox jumps over the lazy dog. hello world, this is a tiny model "
           "that speaks in random tokens; the end. Hello there! What is the capital of France?")
@@ -93,7 +95,7 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
                      chat_template: str | None = CHATML, split_max_tensors: int = 0) -> Path:
     """Write a valid llama-architecture GGUF with random weights; returns its path.
 
-    K-quant types need n_embd and n_ff to be multiples of 256. With split_max_tensors, the model
+    K-quant and IQ4_XS types need n_embd and n_ff to be multiples of 256. With split_max_tensors, the model
     is split in parts of that many tensors (NAME-00001-of-0000N.gguf); the first part is returned.
     """
     path = Path(path)

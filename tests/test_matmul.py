@@ -27,7 +27,7 @@ N_ROWS = 13  # odd: leftover rows after any even split
 
 
 def _n_cols(qtype: T) -> int:
-    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+    if TYPES[qtype].block_elems == 256:  # K-quants, IQ4_XS
         return 512
     if qtype in (T.F32, T.F16, T.BF16):
         return 77  # not a multiple of the 16-wide chunks: exercises the scalar tail
@@ -215,8 +215,8 @@ def test_bad_calls_raise_clear_errors(avx2: MatmulKernels) -> None:
     only_q8 = MatmulKernels([T.Q8_0])
     with pytest.raises(ValueError, match="no kernel compiled for Q4_1"):
         only_q8.matmul(w, x)
-    with pytest.raises(ValueError, match="unsupported tensor type Q2_K"):
-        MatmulKernels([T.Q2_K])
+    with pytest.raises(ValueError, match="unsupported tensor type IQ2_XXS"):
+        MatmulKernels([T.IQ2_XXS])
     with pytest.raises(ValueError, match="n_threads"):
         MatmulKernels([T.Q8_0], n_threads=0)
 

@@ -13,13 +13,14 @@ from engine.model import Chunk
 from tests.ggufgen import tensor_type_field, write_tiny_llama
 from tests.reference_llama import ReferenceLlama
 
-K_QUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
-ALL_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+SUPER_BLOCKS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}  # rows of 256-value blocks
+ALL_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K,
+             Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS]
 PROMPT = "hello world, the quick brown fox"
 
 
 def _write(tmp: Path, qtype: Q, **kw) -> Path:
-    dims = dict(n_embd=256, n_ff=512, n_head=4, n_head_kv=2) if qtype in K_QUANTS else {}
+    dims = dict(n_embd=256, n_ff=512, n_head=4, n_head_kv=2) if qtype in SUPER_BLOCKS else {}
     return write_tiny_llama(tmp / f"tiny-{qtype.name}.gguf", qtype=qtype, **{**dims, **kw})
 
 

@@ -24,7 +24,7 @@ from engine.quants import (
 )
 
 ALL_TYPES = sorted(SUPPORTED, key=lambda t: t.value)
-K_QUANTS = {T.Q4_K, T.Q5_K, T.Q6_K}
+SUPER_BLOCKS = {t for t in SUPPORTED if GGML_QUANT_SIZES[t][0] == 256}  # K-quants, IQ4_XS
 ACTS = ["q8_0", "q8_1", "q8_k"]
 
 
@@ -43,14 +43,14 @@ def test_row_bytes_rejects_partial_blocks_and_unsupported_types() -> None:
         row_bytes(T.Q4_0, 48)
     with pytest.raises(ValueError, match="multiple of 256"):
         row_bytes(T.Q4_K, 576)
-    with pytest.raises(ValueError, match="unsupported tensor type Q2_K"):
-        row_bytes(T.Q2_K, 256)
+    with pytest.raises(ValueError, match="unsupported tensor type IQ2_XXS"):
+        row_bytes(T.IQ2_XXS, 256)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=_ids(ALL_TYPES))
 def test_dequantize_matches_gguf_on_random_blocks(qtype: T) -> None:
     rng = np.random.default_rng(qtype.value)
-    n_cols = 512 if qtype in K_QUANTS else 96
+    n_cols = 512 if qtype in SUPER_BLOCKS else 96
     w = random_quant_matrix(qtype, 7, n_cols, rng)
     ours = dequantize(w.raw, qtype, n_cols)  # [7, n_cols]
     theirs = np.asarray(gguf_quants.dequantize(w.raw, qtype), dtype=np.float32).reshape(7, n_cols)
@@ -97,7 +97,8 @@ def test_activation_types() -> None:
     assert activation_type(T.F16) is None
     assert activation_type(T.Q8_0) == "q8_0"
     assert {activation_type(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)} == {"q8_1"}
-    assert {activation_type(t) for t in K_QUANTS} == {"q8_k"}
+    assert activation_type(T.IQ4_NL) == "q8_0"  # as llama.cpp pairs them
+    assert {activation_type(t) for t in SUPER_BLOCKS} == {"q8_k"}
 
 
 def _activations(rng: np.random.Generator, m: int, k: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.ggml_types import GGMLQuantizationType
-from engine.kernels.matmul import kquants
+from engine.kernels.matmul import iquants, kquants
 from engine.kernels.matmul.floats import build_float_rows
 from engine.kernels.matmul.isa import DECLARATIONS, IntOps, MatmulFn
 from engine.kernels.matmul.legacy import LegacyTiles
@@ -36,8 +36,11 @@ def _legacy_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...]
 Family = Callable[[QuantType, MatmulFn, IntOps, tuple[int, ...], bool], RowCallbacks]
 FAMILIES: dict[str, Family] = {
     "legacy": _legacy_tiles,
+    "q2_k": kquants.q2_k_tiles,
+    "q3_k": kquants.q3_k_tiles,
     "q4_5_k": kquants.q4_5_k_tiles,
     "q6_k": kquants.q6_k_tiles,
+    "iq4_xs": iquants.iq4_xs_tiles,
 }
 
 

@@ -102,6 +102,7 @@ declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
 declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)
+declare <32 x i8> @llvm.x86.avx2.pshuf.b(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
 declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)
 declare <64 x i8> @llvm.abs.v64i8(<64 x i8>, i1)
@@ -186,6 +187,31 @@ class IntOps:
         if self.avx2:  # u8 |a| times sign(a)*s: maddubs then sees an unsigned operand
             return self.f.let(f"call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> {a}, <32 x i8> {a})"), a
         return a, a
+
+    def dot_ss_pairs(self, prepared: tuple[str, str], s: str) -> str:
+        """<16 x i16>, lane k = a[2k]s[2k] + a[2k+1]s[2k+1] (both signed, within +-127, so the
+        AVX2 form's |a| x sign(a)s never saturates): for sums scaled per group of 16 by madd."""
+        f = self.f
+        mag, a = prepared
+        if self.avx2:
+            return self.maddubs(mag, f.let(f"call <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8> {s}, <32 x i8> {a})"))
+        aw = f.let(f"sext <32 x i8> {a} to <32 x i16>")
+        sw = f.let(f"sext <32 x i8> {s} to <32 x i16>")
+        return self._pairs(f.let(f"mul <32 x i16> {aw}, {sw}"), 16, "i16")
+
+    def lookup(self, idx: str, table: tuple[int, ...]) -> str:
+        """<32 x i8> indices 0..15 -> <32 x i8> table[idx] (a 16-entry signed codebook): one
+        vpshufb on AVX2 (the table in both 128-bit lanes), one lane at a time in portable IR."""
+        f = self.f
+        if self.avx2:
+            both = vec_const("i8", [*table, *table])
+            return f.let(f"call <32 x i8> @llvm.x86.avx2.pshuf.b(<32 x i8> {both}, <32 x i8> {idx})")
+        codes, v = vec_const("i8", table), "poison"
+        for k in range(32):
+            i = f.let(f"extractelement <32 x i8> {idx}, i64 {k}")
+            code = f.let(f"extractelement <16 x i8> {codes}, i8 {i}")
+            v = f.let(f"insertelement <32 x i8> {v}, i8 {code}, i64 {k}")
+        return v
 
     def dot_ss(self, prepared: tuple[str, str], s: str) -> str:
         """<8 x i32>, lane k = sum of a[j]*s[j] for j in 4k..4k+3 (both signed)."""

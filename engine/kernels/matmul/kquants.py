@@ -1,4 +1,5 @@
-"""The K-quant tiles (Q4_K, Q5_K, Q6_K: super-blocks of 256 values) against q8_k activations.
+"""The K-quant tiles (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: super-blocks of 256 values) against q8_k
+activations.
 
 Each type has a body that unpacks one weight super-block and integer-dots it with the same block
 of several activation rows (q8_k: f32 d | i8 qs[256] | i16 bsums[16], row by row); the block's
@@ -11,7 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.activations import ACTIVATION_LAYOUTS
-from engine.kernels.matmul.isa import IntOps, MatmulFn, V8F, i8_const, shuffle_mask, splat_const
+from engine.kernels.matmul.isa import (
+    V8F,
+    IntOps,
+    MatmulFn,
+    i8_const,
+    shuffle_mask,
+    splat_const,
+    vec_const,
+)
 from engine.kernels.matmul.loops import RowCallbacks, row_tiles
 from engine.quants import QuantType
 
@@ -56,6 +65,115 @@ def k_scales_mins(f: MatmulFn, w: str) -> tuple[str, str]:
         return f.let(f"zext <8 x i8> {f.let(f'bitcast <2 x i32> {v} to <8 x i8>')} to <8 x i16>")
 
     return bytes8(low6(w0), sc_hi), bytes8(low6(w1), mn_hi)
+
+
+def _add_scaled(f: MatmulFn, ops: IntOps, q: str, scale: str, xs: list[str], y_at: int,
+                isums: list[str]) -> None:
+    """isums[t] += madd(maddubs(q, y_t), scale) for the 32 activation values at y_at of each row:
+    q unsigned, scale <16 x i16> (one i16 per pair of maddubs lanes)."""
+    for t, x in enumerate(xs):
+        part = ops.madd(ops.maddubs(q, f.load("<32 x i8>", x, y_at)), scale)
+        isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
+
+
+def _pair_scales(f: MatmulFn, sc16: str, g: int) -> str:
+    """<16 x i16> [sc16[g] x8, sc16[g + 1] x8]: the scales of values 16g .. 16g + 31."""
+    return f.let(f"shufflevector <16 x i16> {sc16}, <16 x i16> poison, {shuffle_mask([g] * 8 + [g + 1] * 8)}")
+
+
+def _low2(f: MatmulFn, qs: str, j: int) -> str:
+    """Bits 2j, 2j + 1 of each byte: Q2_K/Q3_K's 2-bit field j of a 32-byte chunk."""
+    shifted = qs if j == 0 else f.let(f"lshr <32 x i8> {qs}, {splat_const('i8', 32, 2 * j)}")
+    return f.let(f"and <32 x i8> {shifted}, {splat_const('i8', 32, 3)}")
+
+
+def q2_k_body(t: QuantType) -> Body:
+    """Q2_K against q8_k.
+
+    Values 128h + 32j + l (l < 32) are bits 2j.. of qs[32h + l], in 16 sub-blocks of 16 with
+    4-bit scale sc and min mn (scales[g] = sc | mn << 4). As in Q6_K, maddubs' i16 lanes split
+    a 32-value vector into its two sub-blocks, so madd with [sc[g] x8, sc[g+1] x8] scales them;
+    the mins take the activation block sums: minsum = madd(bsums, mn).
+    Terms: d*dx * isum and -dmin*dx * minsum.
+    """
+    qs_at, d_at, dmin_at, scales_at = (t.offset(k) for k in ("qs", "d", "dmin", "scales"))
+
+    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+        d, dmin = f.f16_splat(w, d_at), f.f16_splat(w, dmin_at)
+        packed = f.load("<16 x i8>", w, scales_at)
+        sc = f.let(f"and <16 x i8> {packed}, {splat_const('i8', 16, 15)}")
+        mn = f.let(f"lshr <16 x i8> {packed}, {splat_const('i8', 16, 4)}")
+        sc16 = f.let(f"zext <16 x i8> {sc} to <16 x i16>")
+        mn16 = f.let(f"zext <16 x i8> {mn} to <16 x i16>")
+        isums = ["zeroinitializer"] * len(xs)
+        for h in range(2):
+            qs = f.load("<32 x i8>", w, qs_at + 32 * h)
+            for j in range(4):
+                _add_scaled(f, ops, _low2(f, qs, j), _pair_scales(f, sc16, 8 * h + 2 * j), xs,
+                            4 + 128 * h + 32 * j, isums)
+        out: list[Terms] = []
+        for i, x in enumerate(xs):
+            dx = f.f32_splat(x, 0)
+            minsum = ops.madd(f.load("<16 x i16>", x, 260), mn16)
+            neg_dmin_dx = f.let(f"fneg <8 x float> {f.let(f'fmul <8 x float> {dmin}, {dx}')}")
+            out.append([Term(isums[i], f.let(f"fmul <8 x float> {d}, {dx}")), Term(minsum, neg_dmin_dx)])
+        return out
+
+    return block
+
+
+def q3_k_scales(f: MatmulFn, w: str, at: int) -> str:
+    """Q3_K's 12 scale bytes at w + at -> <16 x i16> signed scales (6 bits, minus 32).
+
+    Scale k: low 4 bits from byte k % 8 (its low nibble for k < 8, else its high one), top 2
+    bits from bits 2 (k // 4) of byte 8 + k % 4.
+    """
+    b8 = f.load("<8 x i8>", w, at)
+    lo = f.let(f"and <8 x i8> {b8}, {splat_const('i8', 8, 15)}")
+    hi = f.let(f"lshr <8 x i8> {b8}, {splat_const('i8', 8, 4)}")
+    low = f.let(f"shufflevector <8 x i8> {lo}, <8 x i8> {hi}, {shuffle_mask(range(16))}")
+    top = f.let(f"shufflevector <4 x i8> {f.load('<4 x i8>', w, at + 8)}, <4 x i8> poison, "
+                f"{shuffle_mask(list(range(4)) * 4)}")
+    top = f.let(f"lshr <16 x i8> {top}, {vec_const('i8', [2 * (k // 4) for k in range(16)])}")
+    top = f.let(f"and <16 x i8> {top}, {splat_const('i8', 16, 3)}")
+    top = f.let(f"shl <16 x i8> {top}, {splat_const('i8', 16, 4)}")
+    sc = f.let(f"zext <16 x i8> {f.let(f'or <16 x i8> {low}, {top}')} to <16 x i16>")
+    return f.let(f"sub <16 x i16> {sc}, {splat_const('i16', 16, 32)}")
+
+
+def q3_k_body(t: QuantType) -> Body:
+    """Q3_K against q8_k.
+
+    As Q2_K, plus a third bit: bit 4h + j of hmask[l]; q = low2 - (bit ? 0 : 4). The kernel
+    takes qu = low2 | (bit ? 4 : 0) (unsigned, 0..7, for maddubs) and takes the 4 off once, as
+    Q6_K does its 32: corr = 4 * madd(bsums, sc). Term: d*dx * (isum - corr).
+    """
+    qs_at, hm_at, scales_at, d_at = (t.offset(k) for k in ("qs", "hmask", "scales", "d"))
+
+    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+        d = f.f16_splat(w, d_at)
+        sc16 = q3_k_scales(f, w, scales_at)
+        hm = f.load("<32 x i8>", w, hm_at)
+        isums = ["zeroinitializer"] * len(xs)
+        for h in range(2):
+            qs = f.load("<32 x i8>", w, qs_at + 32 * h)
+            for j in range(4):
+                bit = f.let(f"and <32 x i8> {hm}, {splat_const('i8', 32, i8_const(1 << (4 * h + j)))}")
+                is_set = f.let(f"icmp ne <32 x i8> {bit}, zeroinitializer")
+                high = f.let(f"select <32 x i1> {is_set}, <32 x i8> {splat_const('i8', 32, 4)}, "
+                             f"<32 x i8> zeroinitializer")
+                q = f.let(f"or <32 x i8> {_low2(f, qs, j)}, {high}")
+                _add_scaled(f, ops, q, _pair_scales(f, sc16, 8 * h + 2 * j), xs, 4 + 128 * h + 32 * j, isums)
+        out: list[Terms] = []
+        for i, x in enumerate(xs):
+            dx = f.f32_splat(x, 0)
+            corr = ops.madd(f.load("<16 x i16>", x, 260), sc16)
+            corr = f.let(f"shl <8 x i32> {corr}, {splat_const('i32', 8, 2)}")
+            isum = f.let(f"sub <8 x i32> {isums[i]}, {corr}")
+            out.append([Term(isum, f.let(f"fmul <8 x float> {d}, {dx}"))])
+        return out
+
+    return block
 
 
 def q4_5_k_body(t: QuantType) -> Body:
@@ -183,6 +301,16 @@ def super_block_tiles(body: Body, f: MatmulFn, ops: IntOps) -> RowCallbacks:
         f, x_base="%xq", x_row_bytes=f.mul("%nb", x_block_bytes), x_block_bytes=x_block_bytes,
         acc_types=(V8F,), block=k_block, finish=lambda row_accs, _w, _x: f.hsum8(row_accs[0]))
     return RowCallbacks(accs, block, finish)
+
+
+def q2_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+               wide: bool) -> RowCallbacks:
+    return super_block_tiles(q2_k_body(t), f, ops)
+
+
+def q3_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+               wide: bool) -> RowCallbacks:
+    return super_block_tiles(q3_k_body(t), f, ops)
 
 
 def q4_5_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],

@@ -1,5 +1,6 @@
-"""The legacy types' tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: 32-value blocks) against packed q8_0 /
-q8_1 activations.
+"""The legacy types' tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL: 32-value blocks) against
+packed q8_0 / q8_1 activations. IQ4_NL is Q8_0 once its 4-bit indices are looked up in the
+codebook (one vpshufb), with q8_0 activations as llama.cpp pairs them.
 
 Legacy types accumulate in llama.cpp's order (ggml_vec_dot_q4_1_q8_1 and friends on x86):
 per block one FMA into a single <8 x float> accumulator, the block-offset products summed
@@ -20,14 +21,15 @@ SCALE_BUFFER_ROWS = 4
 
 
 class LegacyTiles:
-    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 against packed q8_0 / q8_1 activations: the callbacks of
-    emit_rows.
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL against packed q8_0 / q8_1 activations: the
+    callbacks of emit_rows.
 
     Weight block: f16 d [| f16 m] [| u32 qh] | qs. Activations (Packed): y, a row's block of 32
     i8 values, rows in pairs; its scale dx and, for q8_1, s = dx * sum(y), 8 rows side by side.
     q = nibbles (values 0..15 from the low then the high nibbles of qs), | bit j of qh << 4 (Q5),
-    or the i8 qs (Q8_0). isum = sum(q * y) per 4-lane group (dot_us); all but Q8_0 take q
-    unsigned (maddubs needs one unsigned operand) and add the offset through s; Q8_0 is signed
+    or the i8 qs (Q8_0), or the codebook values of the nibbles (IQ4_NL). isum = sum(q * y) per
+    4-lane group (dot_us); the 4- and 5-bit types take q unsigned (maddubs needs one unsigned
+    operand) and add the offset through s; Q8_0 and IQ4_NL are signed
     (dot_ss: |q| times sign(q) * y). For a tile of rows m0 + t against weight row r:
 
         prologue, per block b:  scale[b, t] = d[b] * dx[b, m0 + t]      (one vector multiply)
@@ -87,7 +89,10 @@ class LegacyTiles:
         vn = f"<{n} x float>"
         for w, b in zip(wbs, idx):
             if self.signed:
-                raw = f.load("<32 x i8>", w, self.qs_at)
+                if qt.codebook is None:  # Q8_0: the i8 quants themselves
+                    raw = f.load("<32 x i8>", w, self.qs_at)
+                else:  # IQ4_NL: 4-bit indices into the codebook
+                    raw = ops.lookup(f.nibbles32(w, self.qs_at), qt.codebook)
                 prepared = ops.signed(raw)
                 wide = ops.signed_wide(raw) if pairs else None
             else:
