@@ -224,7 +224,9 @@ def _read_call(text: str, i: int, args_key: str) -> tuple[CallText | None, int]:
     m = _HEAD.match(text, i)
     if m is None or m.group(2) not in (args_key, "arguments", "parameters"):
         return None, len(text)
-    return CallText(json.loads(m.group(1)), text[m.end():].rstrip()), len(text)
+    args_end = _value_end(text, m.end())  # the arguments may be complete before the call is
+    raw = text[m.end():args_end] if args_end is not None else text[m.end():].rstrip()
+    return CallText(json.loads(m.group(1)), raw), len(text)
 
 
 def _members(text: str, i: int) -> dict[str, tuple[Any, str]]:
@@ -319,8 +321,15 @@ class MistralFormat(ToolFormat):
     family = "mistral"
     marker = "[TOOL_CALLS]"
 
+    @staticmethod
+    def _with_id(schema: dict[str, Any]) -> dict[str, Any]:
+        # Nemo writes a 9-character call id after the arguments; we answer with our own ids
+        props = {**schema["properties"], "id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}}
+        return {**schema, "properties": props}
+
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
-        item = _union([_call_schema(t, self.args_key) for t in _offered(tools, choice)])
+        item = _union([self._with_id(_call_schema(t, self.args_key))
+                       for t in _offered(tools, choice)])
         array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
         if not parallel:
             array["maxItems"] = 1
@@ -424,12 +433,16 @@ class GenericFormat(ToolFormat):
                             f"({m.get('tool_call_id', '')}): {m.get('content', '')}"})
             else:
                 out.append(m)
-        if tools:
+        if tools:  # in the system message; without one, before the first user turn (some
+            # templates, Gemma's among them, refuse a system role)
             note = self.note([t["function"] for t in tools])
-            if out and out[0]["role"] == "system":
-                out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{note}"}
+            first = next((i for i, m in enumerate(out) if m["role"] in ("system", "user")), None)
+            if first is None:
+                out.insert(0, {"role": "user", "content": note})
+            elif out[first]["role"] == "system":
+                out[first] = {**out[first], "content": f"{out[first]['content']}\n\n{note}"}
             else:
-                out.insert(0, {"role": "system", "content": note})
+                out[first] = {**out[first], "content": f"{note}\n\n{out[first]['content']}"}
         return out, None
 
     def read(self, text: str, final: bool) -> Reply:
