@@ -109,6 +109,26 @@ def _locate(schema: Any, path: str, error: str) -> tuple[str, str]:
     return path, error
 
 
+def closed(schema: Any) -> Any:
+    """`schema` with every object that lists `properties` but says nothing of
+    `additionalProperties` closed to the listed ones, as llama.cpp's converter does: a tool
+    takes its declared parameters, and a small model left free to invent keys rambles until
+    max_tokens (the JSON then never closes)."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) if k in _SUBSCHEMA_ONE or k in _SUBSCHEMA_LISTS else v
+           for k, v in schema.items()}
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in schema[key].items()}
+    if "properties" in out and "additionalProperties" not in out and \
+            "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 # --------------------------------------------------------------------------------- requests
 
 def _generation_output(req: p.GenerationRequestBody) -> Output:
@@ -128,9 +148,9 @@ def _generation_output(req: p.GenerationRequestBody) -> Output:
                                   "'json_schema'", "response_format.json_schema")
         schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else ANY_OBJECT
         param = "response_format.json_schema.schema"
-        return Output(_schema_grammar(schema, param), param, {param: schema})
+        return Output(_schema_grammar(closed(schema), param), param, {param: schema})
     if req.json_schema is not None:
-        return Output(_schema_grammar(req.json_schema, "json_schema"), "json_schema",
+        return Output(_schema_grammar(closed(req.json_schema), "json_schema"), "json_schema",
                       {"json_schema": req.json_schema})
     if req.grammar is not None:
         try:
@@ -178,7 +198,8 @@ def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat) -> Output
     schemas = {f"tools[{i}].function.parameters": f["parameters"] for i, f in enumerate(functions)}
     template_tools = [{"type": "function", "function": f} for f in functions]
     messages, template_tools_out = tool_format.prompt(history, template_tools)
-    return Output(lark_grammar(tool_format.grammar(functions, mode, req.parallel_tool_calls)),
+    constrained = [{**f, "parameters": closed(f["parameters"])} for f in functions]
+    return Output(lark_grammar(tool_format.grammar(constrained, mode, req.parallel_tool_calls)),
                   "tools", schemas, tool_format, messages, template_tools_out)
 
 
