@@ -11,11 +11,12 @@ import numpy as np
 
 from .gguf import GGUFFile, ModelLoadError, read_header, split_part_paths
 from .hparams import HParams
+from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
-PREFILL_CHUNK = 512  # tokens per forward call while prefilling (bounds activation memory)
+PREFILL_CHUNK = MAX_CHUNK  # tokens per forward call while prefilling (bounds activation memory)
 
 
 class Model:
@@ -76,6 +77,7 @@ class Model:
             limit = min(len(held), len(ids) - 1)  # evaluate at least one token to get logits
             while reuse < limit and held[reuse] == ids[reuse]:
                 reuse += 1
+            reuse = self.transformer.cache.reusable(slot, reuse)  # a ring may have moved on
         outs = []
         for start in range(reuse, len(ids), PREFILL_CHUNK):
             part = ids[start:start + PREFILL_CHUNK]
@@ -145,10 +147,10 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) -> int:
-    """Bytes a load would hold (mapped files + KV cache, as Model.memory_bytes counts them), from
-    the first file's header alone."""
+    """Bytes a load would hold (mapped files + KV cache, as Model.memory_bytes counts them, rings
+    of sliding-window layers included), from the first file's header alone."""
     meta, _ = read_header(path)
     hp = HParams.from_metadata(meta, str(path))
     count = meta.get("split.count", 1)
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
-    return sum(os.path.getsize(f) for f in files) + hp.kv_bytes_per_token() * n_ctx * n_slots
+    return sum(os.path.getsize(f) for f in files) + KVLayout(hp, n_ctx).bytes_per_slot() * n_slots

@@ -313,8 +313,9 @@ class BatchRunner:
             occ = self.waiting.popleft()
             if isinstance(occ, Sequence):
                 limit = len(occ.prompt) - 1  # evaluate at least one token: its logits come next
-                scored = [(min(common_prefix(self.cache.tokens[s], occ.prompt), limit),
-                           -self._released_at[s], s) for s in free]
+                scored = [(self.cache.reusable(s, min(common_prefix(self.cache.tokens[s], occ.prompt),
+                                                         limit)), -self._released_at[s], s)
+                          for s in free]
                 reuse, _, slot = max(scored)
             else:  # embeddings need every position's hidden state: nothing to reuse
                 reuse, slot = 0, min(free, key=lambda s: self._released_at[s])
@@ -340,7 +341,7 @@ class BatchRunner:
         best, source = seq.pos, -1
         for s, held in enumerate(self.cache.tokens):
             if s != seq.slot and len(held) > best:
-                n = min(common_prefix(held, seq.prompt), limit)
+                n = self.cache.reusable(s, min(common_prefix(held, seq.prompt), limit))
                 if n > best:
                     best, source = n, s
         if source >= 0:

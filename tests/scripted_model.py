@@ -58,6 +58,9 @@ class ScriptedCache:
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
         self.copies: list[tuple[int, int, int]] = []   # (src, dst, n)
 
+    def reusable(self, slot: int, n: int) -> int:
+        return n  # no sliding-window rings here: every held prefix can be continued
+
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         assert n <= len(self.tokens[src])
         self.copies.append((src, dst, n))

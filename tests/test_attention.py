@@ -130,7 +130,8 @@ def run_items(kern: AttentionKernel, q: np.ndarray, k: np.ndarray, v: np.ndarray
     n_q, n_head, head_dim = q.shape
     scratch = np.empty(f16acc_scratch_floats(n_head, k.shape[1], head_dim), np.float32)
     kern._f16acc(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, scratch.ctypes.data,
-                 n_q, n_head, k.shape[1], head_dim, pos0, 1 / math.sqrt(head_dim), w_begin, w_end)
+                 n_q, n_head, k.shape[1], head_dim, pos0, 1 / math.sqrt(head_dim), w_begin, w_end,
+                 0, k.shape[0], 0.0)
 
 
 @pytest.mark.parametrize("n_head,n_kv_head", GROUPINGS)
@@ -249,3 +250,64 @@ def test_exact_reference_is_softmax_attention():
     w /= w.sum()
     want = sum(w[t] * v[t, 0].astype(np.float64) for t in range(3))
     np.testing.assert_allclose(attention_exact(q, k, v, 2)[0, 0], want, rtol=1e-6)
+
+
+# -- sliding windows, rings and softcaps (gemma) ----------------------------------------------------
+
+def ring_of(cache: np.ndarray, n_rows: int, n_pos: int) -> np.ndarray:
+    """The ring of n_rows a cache of positions 0..n_pos-1 leaves: position p in row p % n_rows."""
+    ring = np.full((n_rows, *cache.shape[1:]), np.nan, cache.dtype)
+    for p in range(n_pos):
+        ring[p % n_rows] = cache[p]
+    return ring
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n_q,pos0", [(1, 45), (5, 0), (7, 30), (70, 20)])  # 70: the exact path
+def test_a_window_matches_the_twin_and_a_ring_gives_the_bits_of_a_full_cache(kernels, threads,
+                                                                            n_q, pos0):
+    window, n_pos = 8, pos0 + n_q
+    q, k, v = make_case(np.random.default_rng([n_q, pos0]), n_q, pos0, 4, 2, 64, n_pos)
+    full = kernels[threads](q, k, v, pos0, window=window)
+    np.testing.assert_allclose(full, attention_reference(q, k, v, pos0, window=window),
+                               rtol=RTOL, atol=ATOL)
+    # only the last `window` keys matter: poisoning older ones changes nothing
+    k_old, v_old = k.copy(), v.copy()
+    k_old[:max(0, pos0 - window + 1)] = np.nan
+    v_old[:max(0, pos0 - window + 1)] = np.nan
+    assert np.array_equal(kernels[threads](q, k_old, v_old, pos0, window=window), full)
+    n_rows = window + n_q - 1  # the shortest ring that keeps the first query's window
+    if n_rows < n_pos:
+        got = kernels[threads](q, ring_of(k, n_rows, n_pos), ring_of(v, n_rows, n_pos), pos0,
+                               window=window)
+        assert np.array_equal(got.view(np.uint32), full.view(np.uint32))
+    np.testing.assert_allclose(attention_exact(q, k, v, pos0, window=window),
+                               attention_exact(q, ring_of(k, max(n_rows, 1), n_pos),
+                                               ring_of(v, max(n_rows, 1), n_pos), pos0,
+                                               window=window), rtol=1e-6, atol=1e-6)
+
+
+def test_a_window_is_the_textbook_mask():
+    """Query at p sees keys p0 with 0 <= p - p0 < window, nothing else (the float64 twin)."""
+    q, k, v = make_case(np.random.default_rng(11), 6, 10, 2, 1, 8, 16)
+    got = attention_exact(q, k, v, 10, window=3)
+    for i in range(6):
+        p = 10 + i
+        alone = attention_exact(q[i:i + 1], k[p - 2:p + 1], v[p - 2:p + 1], 2)
+        np.testing.assert_allclose(got[i], alone[0], rtol=1e-6)
+
+
+def test_a_ring_too_short_for_the_chunk_is_refused(kernels):
+    q, k, v = make_case(np.random.default_rng(12), 4, 20, 2, 1, 64, 24)
+    with pytest.raises(ValueError, match="window"):
+        kernels[1](q, k[:10].copy(), v[:10].copy(), 20, window=8)  # needs 8 + 4 - 1 rows
+
+
+@pytest.mark.parametrize("n_q,pos0", [(3, 9), (66, 0)])
+def test_softcap_matches_the_twin_and_bites(kernels, n_q, pos0):
+    q, k, v = make_case(np.random.default_rng([n_q, 13]), n_q, pos0, 4, 2, 64, pos0 + n_q)
+    q *= 4  # scores of ~+-30: a cap of 5 changes them a lot
+    got = kernels[1](q, k, v, pos0, softcap=5.0)
+    np.testing.assert_allclose(got, attention_reference(q, k, v, pos0, softcap=5.0),
+                               rtol=RTOL, atol=ATOL)
+    assert np.abs(got - kernels[1](q, k, v, pos0)).max() > 0.1

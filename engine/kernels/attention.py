@@ -55,6 +55,8 @@ ROWS = 4  # key/value rows per step: 4 accumulators + q + conversions fit in 16 
 
 FUNCTION_EXACT = "attention_exact"    # three passes, f32 softmax: llama.cpp's tiled path
 FUNCTION_F16ACC = "attention_f16acc"  # online softmax, f16 accumulator: its one-row path
+FUNCTION_ROUNDED = "attention_rounded"  # exact's passes with q and p rounded to f16: llama.cpp
+#                                          without flash attention (every batch size)
 # llama.cpp's CPU flash attention takes its tiled (f32) path once a batch has this many queries,
 # and its one-query-row path (f16 accumulator) below; we follow the same switch.
 TILED_MIN_QUERIES = 64
@@ -109,51 +111,76 @@ def _define(module: ir.Module, name: str, scratch: str) -> tuple[ir.IRBuilder, l
         ("out", F32P),             # [n_q, n_head, head_dim]; may be q
         (scratch, F32P),           # this thread's scratch row (see build_attention_module)
         ("n_q", I64), ("n_head", I64), ("n_kv_head", I64), ("head_dim", I64), ("pos0", I64),
-        ("scale", F32), ("w_begin", I64), ("w_end", I64)])
+        ("scale", F32), ("w_begin", I64), ("w_end", I64),
+        ("window", I64),           # keys a query sees, itself included (0: all before it)
+        ("ring", I64),             # cache rows: the key at position p is row p % ring
+        ("softcap", F32)])         # scores become softcap * tanh(s / softcap) (0: off)
 
 
 @dataclass(frozen=True)
 class _Item:
     """Where one (query, head) work item w = query * n_head + head reads and writes."""
-    n_keys: ir.Value        # keys it sees: pos0 + query + 1
+    n_keys: ir.Value        # keys it sees: min(pos0 + query + 1, window)
     n_keys_block: ir.Value  # n_keys rounded down to ROWS
     q_row: ir.Value         # [head_dim] its query
     out_row: ir.Value       # [head_dim] its output
     k_head: ir.Value        # its kv head's first key (row stride n_kv_head * head_dim)
     v_head: ir.Value        # its kv head's first value
+    first_row: ir.Value     # cache row of its first key: (pos0 + query + 1 - n_keys) % ring
+    ring: ir.Value
+    row_stride: ir.Value
+
+    def row(self, b: ir.IRBuilder, head: ir.Value, t: ir.Value) -> ir.Value:
+        """Its t-th key's (or value's) row, t < n_keys: the ring wraps at most once."""
+        r = b.add(self.first_row, t)
+        r = b.select(b.icmp_signed(">=", r, self.ring), b.sub(r, self.ring), r)
+        return gep(b, head, b.mul(r, self.row_stride))
 
 
 def _item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, out: ir.Value,
-          n_head: ir.Value, group: ir.Value, head_dim: ir.Value, pos0: ir.Value) -> _Item:
+          n_head: ir.Value, group: ir.Value, head_dim: ir.Value, pos0: ir.Value,
+          window: ir.Value, ring: ir.Value, row_stride: ir.Value) -> _Item:
     query = b.sdiv(w, n_head)
     kv_head = b.sdiv(b.srem(w, n_head), group)
-    n_keys = b.add(b.add(pos0, query), i64(1))
+    n_all = b.add(b.add(pos0, query), i64(1))  # keys up to and including its own position
+    clipped = b.and_(b.icmp_signed(">", window, i64(0)), b.icmp_signed(">", n_all, window))
+    n_keys = b.select(clipped, window, n_all)
+    first_row = b.urem(b.sub(n_all, n_keys), ring)
     return _Item(n_keys, ops.round_down(b, n_keys, ROWS), gep(b, q, b.mul(w, head_dim)),
                  gep(b, out, b.mul(w, head_dim)), gep(b, k, b.mul(kv_head, head_dim)),
-                 gep(b, v, b.mul(kv_head, head_dim)))
+                 gep(b, v, b.mul(kv_head, head_dim)), first_row, ring, row_stride)
 
 
-def _define_exact(module: ir.Module, f16c: bool) -> None:
-    b, args = _define(module, FUNCTION_EXACT, "scores")  # scores: [round_up(pos0 + n_q, 8)]
-    q, k, v, out, scores, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end = args
+def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
+    """attention_exact, or (rounded) attention_rounded: llama.cpp without flash attention,
+    which takes q as f16 for q . k and the normalised probabilities as f16 for p . v."""
+    name = FUNCTION_ROUNDED if rounded else FUNCTION_EXACT
+    b, args = _define(module, name, "scores")  # scores: [round_up(pos0 + n_q, 8)]
+    (q, k, v, out, scores, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
+     window, ring, softcap) = args
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
 
     with counted_loop(b, w_begin, w_end, 1, "w") as w:
-        it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0)
+        it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0, window, ring, row_stride)
         n_keys, n_keys_block, q_row, out_row, k_head, v_head = (
             it.n_keys, it.n_keys_block, it.q_row, it.out_row, it.k_head, it.v_head)
+
+        if rounded:  # q16 in the output row (free until pass 3; it may be q_row itself)
+            with counted_loop(b, i64(0), head_dim, VEC, "qr") as c:
+                store(b, round_half(b, load(b, q_row, c, V8F32), f16c), out_row, c)
+            q_row = out_row
 
         # -- pass 1: scores and their max ------------------------------------------------
         max4 = variable(b, V4F32, const(V4F32, -math.inf), "max4")
         with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
-            rows = [gep(b, k_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(ROWS)]
-            s4 = _scores(b, [q_row], rows, head_dim, scale, f16c)[0]
+            rows = [it.row(b, k_head, b.add(t, i64(r))) for r in range(ROWS)]
+            s4 = _scores(b, [q_row], rows, head_dim, scale, softcap, f16c)[0]
             store(b, s4, scores, t)
             b.store(ops.maxnum(b, b.load(max4), s4), max4)
         max1 = variable(b, F32, const(F32, -math.inf), "max1")
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
-            s = _scores(b, [q_row], [gep(b, k_head, b.mul(t, row_stride))], head_dim, scale, f16c)[0]
+            s = _scores(b, [q_row], [it.row(b, k_head, t)], head_dim, scale, softcap, f16c)[0]
             store(b, s, scores, t)
             b.store(ops.maxnum(b, b.load(max1), s), max1)
         mx = ops.splat(b, ops.maxnum(b, ops.hmax(b, b.load(max4)), b.load(max1)))
@@ -169,24 +196,30 @@ def _define_exact(module: ir.Module, f16c: bool) -> None:
             b.store(b.fadd(b.load(total), p), total)
         inv_l = ops.splat(b, b.fdiv(const(F32, 1.0), ops.hsum(b, b.load(total))))
 
+        def prob(t: ir.Value) -> ir.Value:
+            """p[t] splat, as pass 3 multiplies it into v (rounded: f16(p[t] / l))."""
+            p = ops.splat(b, load(b, scores, t))
+            return round_half(b, b.fmul(p, inv_l), f16c) if rounded else p
+
         # -- pass 3: out = sum p v / l ----------------------------------------------------
         with counted_loop(b, i64(0), head_dim, VEC, "z") as c:
             store(b, const(V8F32, 0.0), out_row, c)
         with counted_loop(b, i64(0), n_keys_block, ROWS, "u") as t:
-            ps = [ops.splat(b, load(b, scores, b.add(t, i64(r)))) for r in range(ROWS)]
-            rows = [gep(b, v_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(ROWS)]
+            ps = [prob(b.add(t, i64(r))) for r in range(ROWS)]
+            rows = [it.row(b, v_head, b.add(t, i64(r))) for r in range(ROWS)]
             with counted_loop(b, i64(0), head_dim, VEC, "cv") as c:
                 o = load(b, out_row, c, V8F32)
                 for r in range(ROWS):
                     o = fmuladd(b, ps[r], load_half(b, rows[r], c, f16c), o)
                 store(b, o, out_row, c)
         with counted_loop(b, n_keys_block, n_keys, 1, "ut") as t:
-            p1 = ops.splat(b, load(b, scores, t))
-            row = gep(b, v_head, b.mul(t, row_stride))
+            p1 = prob(t)
+            row = it.row(b, v_head, t)
             with counted_loop(b, i64(0), head_dim, VEC, "cvt") as c:
                 store(b, fmuladd(b, p1, load_half(b, row, c, f16c), load(b, out_row, c, V8F32)), out_row, c)
-        with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
-            store(b, b.fmul(load(b, out_row, c, V8F32), inv_l), out_row, c)
+        if not rounded:
+            with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
+                store(b, b.fmul(load(b, out_row, c, V8F32), inv_l), out_row, c)
     b.ret_void()
 
 
@@ -196,8 +229,26 @@ def _keys_per_score_pass(n: int) -> int:
     return next(kp for kp in (ROWS, 2, 1) if kp * (n + 1) + 1 <= 15)
 
 
+def _softcap(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
+    """cap * tanh(s / cap) when cap > 0, else s (a branch on a per-call constant: free when off).
+    tanh(y) = 1 - 2 / (e^(2y) + 1), which saturates cleanly at +-1 with ops.exp's clamps."""
+    ty = s.type
+    lanes = ty.count if isinstance(ty, ir.VectorType) else 0
+    capv = ops.splat(b, cap, lanes) if lanes else cap
+    pre = b.block
+    with b.if_then(b.fcmp_ordered(">", cap, const(F32, 0.0))):
+        e = ops.exp(b, b.fmul(b.fdiv(s, capv), const(ty, 2.0)))
+        t = b.fsub(const(ty, 1.0), b.fdiv(const(ty, 2.0), b.fadd(e, const(ty, 1.0))))
+        capped = b.fmul(capv, t)
+        then = b.block
+    out = b.phi(ty)
+    out.add_incoming(s, pre)
+    out.add_incoming(capped, then)
+    return out
+
+
 def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], head_dim: ir.Value,
-            scale: ir.Value, f16c: bool) -> list[ir.Value]:
+            scale: ir.Value, softcap: ir.Value, f16c: bool) -> list[ir.Value]:
     """Per query row (head), scale * (q . k) for ROWS key rows (a <ROWS x float>) or one (a float).
 
     Per lane an fma chain over head_dim, then hsum4x8's or hsum's (equal) fixed tree: the same
@@ -219,9 +270,10 @@ def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], hea
         for j in range(n):
             sums[j] += [b.load(a) for a in accs[j]]
     if len(k_rows) == ROWS:
-        return [b.fmul(ops.hsum4x8(b, sums[j]), ops.splat(b, scale, ROWS)) for j in range(n)]
+        return [_softcap(b, b.fmul(ops.hsum4x8(b, sums[j]), ops.splat(b, scale, ROWS)), softcap)
+                for j in range(n)]
     assert len(k_rows) == 1
-    return [b.fmul(ops.hsum(b, sums[j][0]), scale) for j in range(n)]
+    return [_softcap(b, b.fmul(ops.hsum(b, sums[j][0]), scale), softcap) for j in range(n)]
 
 
 def _prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
@@ -249,7 +301,8 @@ def f16acc_scratch_floats(n_head: int, n_kv_head: int, head_dim: int) -> int:
 
 def _define_f16acc(module: ir.Module, f16c: bool) -> None:
     b, args = _define(module, FUNCTION_F16ACC, "q16")  # q16: [run heads, head_dim], q in f16
-    q, k, v, out, q16, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end = args
+    (q, k, v, out, q16, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
+     window, ring, softcap) = args
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
     wide = b.icmp_signed("==", b.and_(head_dim, i64(2 * VEC - 1)), i64(0))  # 16-lane passes fit
@@ -259,7 +312,7 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
         the keys: each head keeps its own q16 row, running max and sum and f16 accumulator (its
         output row), with exactly the operations it would see alone; key and value rows are
         converted from f16 once for all n."""
-        it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0)
+        it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0, window, ring, row_stride)
         n_keys, n_keys_block, k_head, v_head = it.n_keys, it.n_keys_block, it.k_head, it.v_head
         off = [b.mul(b.add(w, i64(j)), head_dim) for j in range(n)]
         out_rows = [gep(b, out, o) for o in off]
@@ -275,7 +328,7 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
 
         def scores(rows: list[ir.Value]) -> list[list[ir.Value]]:
             """[head][key] the scores scale * (q16 . k) of len(rows) keys (see _scores)."""
-            per_head = _scores(b, q16_rows, rows, head_dim, scale, f16c)
+            per_head = _scores(b, q16_rows, rows, head_dim, scale, softcap, f16c)
             if len(rows) == 1:
                 return [[s] for s in per_head]
             return [[b.extract_element(s4, ir.Constant(I32, r)) for r in range(ROWS)] for s4 in per_head]
@@ -347,8 +400,8 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
 
         def keys(t: ir.Value, count: int) -> None:
             """Keys t .. t + count - 1 for all n heads: scores, softmax steps, accumulation."""
-            k_rows = [gep(b, k_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(count)]
-            v_rows = [gep(b, v_head, b.mul(b.add(t, i64(r)), row_stride)) for r in range(count)]
+            k_rows = [it.row(b, k_head, b.add(t, i64(r))) for r in range(count)]
+            v_rows = [it.row(b, v_head, b.add(t, i64(r))) for r in range(count)]
             s = scores(k_rows)
             factors = softmax_steps(s)
             if count == 1:  # one key is always applied with its rescale, 8 lanes (ggml's order)
@@ -365,11 +418,12 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
             """Ask for key and value rows first .. stop - 1 (clamped to the last key) ahead of
             use: the cache rows are cold after the step's matmuls streamed the weights through."""
             with counted_loop(b, first, stop, 1, "pf") as t:
-                row = b.mul(_min(b, t, b.sub(n_keys, i64(1))), row_stride)
+                key = _min(b, t, b.sub(n_keys, i64(1)))
                 for base in (k_head, v_head):
+                    row = it.row(b, base, key)
                     with counted_loop(b, i64(0), head_dim, 32, "pfc") as c:  # 32 f16: one line
-                        _prefetch(b, gep(b, base, b.add(row, c)))
-                    _prefetch(b, gep(b, base, b.add(row, b.sub(head_dim, i64(1)))))
+                        _prefetch(b, gep(b, row, c))
+                    _prefetch(b, gep(b, row, b.sub(head_dim, i64(1))))
 
         prefetch_rows(i64(0), i64(PREFETCH_KEYS))
         with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
@@ -422,11 +476,12 @@ def build_attention_module(f16c: bool) -> ir.Module:
     (f16acc_scratch_floats: one head_dim row per head of a run)."""
     module = ops.new_module("attention")
     _define_exact(module, f16c)
+    _define_exact(module, f16c, rounded=True)
     _define_f16acc(module, f16c)
     return module
 
 
-def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int) -> None:
+def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, window: int) -> None:
     if not (isinstance(q, np.ndarray) and q.dtype == np.float32 and q.ndim == 3 and q.flags.c_contiguous):
         raise TypeError("q must be a C-contiguous float32 array [n_q, n_head, head_dim]")
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -442,8 +497,14 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int) -
         raise ValueError(f"head_dim must be a multiple of {VEC}, got {head_dim}")
     if n_kv_head == 0 or n_head % n_kv_head:
         raise ValueError(f"n_head {n_head} is not a multiple of n_kv_head {n_kv_head}")
-    if not 0 <= pos0 or pos0 + n_q > n_ctx:
-        raise ValueError(f"queries at positions {pos0}..{pos0 + n_q - 1} do not fit a cache of {n_ctx} rows")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    if not 0 <= pos0:
+        raise ValueError(f"pos0 must be >= 0, got {pos0}")
+    if pos0 + n_q > n_ctx and not (window and n_q + window - 1 <= n_ctx):
+        # a ring of n_ctx rows: the chunk's own keys must not overwrite keys its first query sees
+        raise ValueError(f"queries at positions {pos0}..{pos0 + n_q - 1} do not fit a cache of "
+                         f"{n_ctx} rows" + (f" with a window of {window}" if window else ""))
 
 
 class AttentionKernel:
@@ -455,17 +516,22 @@ class AttentionKernel:
     parallel_min_work = 1 << 18
 
     def __init__(self, n_threads: int = 1, *, f16c: bool | None = None,
-                 pool: Pool | None = None) -> None:
+                 pool: Pool | None = None, flash_attn: bool = True) -> None:
+        """flash_attn: follow llama.cpp's flash-attention paths (f16acc below TILED_MIN_QUERIES
+        queries, exact from there); False: its non-flash path, attention_rounded, at every size."""
         if n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+        self.flash_attn = flash_attn
         self.f16c = host_has("f16c") if f16c is None else f16c
         lib = compile_cached("attention", (self.f16c,), lambda: str(build_attention_module(self.f16c)))
-        p, n = ctypes.c_void_p, ctypes.c_int64
-        sig = (None, p, p, p, p, p, n, n, n, n, n, ctypes.c_float, n, n)
-        self._exact = lib.function(FUNCTION_EXACT, *sig)
-        self._f16acc = lib.function(FUNCTION_F16ACC, *sig)
-        self.exact_address = lib.address(FUNCTION_EXACT)
-        self.f16acc_address = lib.address(FUNCTION_F16ACC)
+        p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        sig = (None, p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f)
+        # the functions for many queries (exact) and for few (f16acc); both rounded without FA
+        many, few = (FUNCTION_EXACT, FUNCTION_F16ACC) if flash_attn else (FUNCTION_ROUNDED,) * 2
+        self._exact = lib.function(many, *sig)
+        self._f16acc = lib.function(few, *sig)
+        self.exact_address = lib.address(many)
+        self.f16acc_address = lib.address(few)
         self._own_pool = pool is None and n_threads > 1
         self._pool = Pool(n_threads) if self._own_pool else pool
         self.n_threads = self._pool.n_threads if self._pool is not None else 1
@@ -476,14 +542,19 @@ class AttentionKernel:
         self._pool = None
 
     def __call__(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
-                 out: np.ndarray | None = None, *, scale: float | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, *, scale: float | None = None, window: int = 0,
+                 softcap: float = 0.0) -> np.ndarray:
         """q [n_q, n_head, head_dim] f32 at positions pos0.. -> [n_q, n_head, head_dim] f32.
 
-        Query i sees cache rows 0 .. pos0 + i; head h reads kv head h // (n_head // n_kv_head).
-        out may be q itself (but not overlap it partially). scale defaults to 1/sqrt(head_dim).
+        Query i sees the keys at positions 0 .. pos0 + i (the last `window` of them when window
+        > 0); the key at position p is cache row p % n_rows (a ring when the window is shorter
+        than the context). Head h reads kv head h // (n_head // n_kv_head). out may be q itself
+        (but not overlap it partially). scale defaults to 1/sqrt(head_dim); softcap > 0 caps
+        the scaled scores to softcap * tanh(s / softcap) (gemma 2).
         """
         pos0 = operator.index(pos0)  # an int; a float position is a caller bug
-        _check(q, k_cache, v_cache, pos0)
+        window = operator.index(window)
+        _check(q, k_cache, v_cache, pos0, window)
         n_q, n_head, head_dim = q.shape
         n_kv_head = k_cache.shape[1]
         if out is None:
@@ -497,7 +568,7 @@ class AttentionKernel:
             scale = 1.0 / math.sqrt(head_dim)
 
         n_items = n_q * n_head
-        if n_q >= TILED_MIN_QUERIES:
+        if n_q >= TILED_MIN_QUERIES or not self.flash_attn:
             fn, stride = self._exact, exact_scratch_floats(pos0 + n_q)  # scratch: a scores row
         else:
             fn, stride = self._f16acc, f16acc_scratch_floats(n_head, n_kv_head, head_dim)  # q16 rows
@@ -505,13 +576,15 @@ class AttentionKernel:
         if self._pool is None or self.n_threads == 1 or work < self.parallel_min_work:
             scores = np.empty(stride, np.float32)
             fn(ops.address(q), ops.address(k_cache), ops.address(v_cache), ops.address(out),
-               ops.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items)
+               ops.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items,
+               window, k_cache.shape[0], softcap)
             return out
-        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride)
+        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, softcap)
         return out
 
     def _run_split(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                   out: np.ndarray, pos0: int, scale: float, stride: int) -> None:
+                   out: np.ndarray, pos0: int, scale: float, stride: int, window: int,
+                   softcap: float) -> None:
         """One chunk's items split by cost over the pool, through the graph's attention task."""
         from engine.kernels import tasks  # noqa: PLC0415 - tasks builds on this module
 
@@ -520,28 +593,49 @@ class AttentionKernel:
         seg_start, segs = tasks.split_attention([(n_q, pos0)], n_head, self.n_threads)
         chunks = np.array([[0, n_q, pos0, 0]], np.int64)                    # [1, 4]
         scratch = np.empty((self.n_threads, stride), np.float32)           # [thread, stride]
-        step = tasks.STEP.pack(n_tokens=n_q, n_out=0, positions=0, kv_rows=0,
+        step = tasks.STEP.pack(n_tokens=n_q, n_out=0, n_chunks=1, positions=0, kv_rows=0,
                                chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
                                segs=segs.ctypes.data, out_rows=0)
         args = tasks.ATTENTION.pack(
             f16acc=self.f16acc_address, exact=self.exact_address, q=ops.address(q),
             k_cache=ops.address(k_cache), v_cache=ops.address(v_cache), out=ops.address(out),
             scratch=scratch.ctypes.data, scratch_bytes=4 * stride, n_head=n_head,
-            n_kv_head=k_cache.shape[1], head_dim=head_dim, scale=scale)
+            n_kv_head=k_cache.shape[1], head_dim=head_dim, scale=scale, group=0,
+            window=window, ring=k_cache.shape[0], softcap=softcap)
         t = tasks.load_tasks(host_has("f16c"))
         self._pool.run_task(t.address["task_attention"], args, int(step.ctypes.data))
 
 
 def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
-                        scale: float | None = None) -> np.ndarray:
-    """The numpy twin of AttentionKernel: the same switch between its two functions."""
+                        scale: float | None = None, window: int = 0,
+                        softcap: float = 0.0, flash_attn: bool = True) -> np.ndarray:
+    """The numpy twin of AttentionKernel: the same switch between its functions."""
+    if not flash_attn:
+        return attention_rounded_reference(q, k_cache, v_cache, pos0, scale, window, softcap)
     if q.shape[0] >= TILED_MIN_QUERIES:
-        return attention_exact(q, k_cache, v_cache, pos0, scale)
-    return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale)
+        return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap)
+    return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale, window, softcap)
+
+
+def _visible_keys(n_q: int, pos0: int, n_rows: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(key positions still in the cache [n_keys], visible [n_q, n_keys]): query i at pos0 + i
+    sees keys at p <= pos0 + i, the last `window` of them when window > 0; key p is row p % n_rows."""
+    last = pos0 + n_q
+    keys = np.arange(max(0, last - n_rows), last)                   # [n_keys]
+    query = pos0 + np.arange(n_q)[:, None]                          # [n_q, 1]
+    visible = keys[None, :] <= query
+    if window:
+        visible &= query - keys[None, :] < window
+    return keys, visible
+
+
+def _cap(s: np.ndarray, softcap: float) -> np.ndarray:
+    return s if not softcap else (softcap * np.tanh(s / softcap)).astype(s.dtype)
 
 
 def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                               pos0: int, scale: float | None = None) -> np.ndarray:
+                               pos0: int, scale: float | None = None, window: int = 0,
+                               softcap: float = 0.0) -> np.ndarray:
     """Twin of the f16-accumulator function: online softmax with its f16 roundings, key by key.
 
     Vectorised over (query, head) items; float32 like the kernel, so the two agree to float
@@ -555,12 +649,13 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     acc = np.zeros((n_q, n_head, head_dim), np.float32)           # f16-representable values
     m = np.full((n_q, n_head), -np.inf, np.float32)
     l = np.zeros((n_q, n_head), np.float32)
-    last_key = pos0 + np.arange(n_q)                              # [n_q]
-    for t in range(pos0 + n_q):
-        k = k_cache[t, kv_of_head].astype(np.float32)             # [n_head, head_dim]
-        v = v_cache[t, kv_of_head].astype(np.float32)
-        s = np.einsum("qhd,hd->qh", q16, k) * scale               # [n_q, n_head]
-        seen = (t <= last_key)[:, None]                           # [n_q, 1]
+    keys, visible = _visible_keys(n_q, pos0, k_cache.shape[0], window)
+    for t, p in enumerate(keys):
+        row = p % k_cache.shape[0]
+        k = k_cache[row, kv_of_head].astype(np.float32)           # [n_head, head_dim]
+        v = v_cache[row, kv_of_head].astype(np.float32)
+        s = _cap(np.einsum("qhd,hd->qh", q16, k) * scale, softcap)  # [n_q, n_head]
+        seen = visible[:, t:t + 1]                                # [n_q, 1]
         new_max = seen & (s > m)
         with np.errstate(invalid="ignore", over="ignore"):
             e = np.exp(np.where(new_max, m - s, s - m)).astype(np.float32)
@@ -574,19 +669,41 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
 
 
 def attention_exact(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
-                    scale: float | None = None) -> np.ndarray:
-    """Exact softmax attention in float64: softmax(q k^T * scale + causal mask) v per head."""
+                    scale: float | None = None, window: int = 0,
+                    softcap: float = 0.0) -> np.ndarray:
+    """Exact softmax attention in float64: softmax(cap(q k^T * scale) + mask) v per head (the
+    mask: causal, and the window when given)."""
     n_q, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[1]
     group = n_head // n_kv_head
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    n_keys = pos0 + n_q
-    keys = k_cache[:n_keys].astype(np.float64)    # [n_keys, n_kv_head, head_dim]
-    values = v_cache[:n_keys].astype(np.float64)  # [n_keys, n_kv_head, head_dim]
+    positions, visible = _visible_keys(n_q, pos0, k_cache.shape[0], window)
+    rows = positions % k_cache.shape[0]
+    keys = k_cache[rows].astype(np.float64)      # [n_keys, n_kv_head, head_dim]
+    values = v_cache[rows].astype(np.float64)    # [n_keys, n_kv_head, head_dim]
     kv_of_head = np.arange(n_head) // group
     s = np.einsum("qhd,khd->hqk", q.astype(np.float64), keys[:, kv_of_head]) * scale  # [n_head, n_q, n_keys]
-    visible = np.arange(n_keys)[None, :] <= pos0 + np.arange(n_q)[:, None]  # [n_q, n_keys]
-    s = np.where(visible[None], s, -np.inf)
+    s = np.where(visible[None], _cap(s, softcap), -np.inf)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     return np.einsum("hqk,khd->qhd", p, values[:, kv_of_head]).astype(np.float32)
+
+
+def attention_rounded_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                                pos0: int, scale: float | None = None, window: int = 0,
+                                softcap: float = 0.0) -> np.ndarray:
+    """Twin of attention_rounded (llama.cpp without flash attention): attention_exact with q
+    rounded to f16 before q . k and the normalised probabilities rounded to f16 before p . v."""
+    n_q, n_head, head_dim = q.shape
+    kv_of_head = np.arange(n_head) // (n_head // k_cache.shape[1])
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    positions, visible = _visible_keys(n_q, pos0, k_cache.shape[0], window)
+    rows = positions % k_cache.shape[0]
+    keys = k_cache[rows].astype(np.float64)[:, kv_of_head]        # [n_keys, n_head, head_dim]
+    values = v_cache[rows].astype(np.float64)[:, kv_of_head]
+    q16 = q.astype(np.float16).astype(np.float64)
+    s = np.einsum("qhd,khd->hqk", q16, keys) * scale               # [n_head, n_q, n_keys]
+    s = np.where(visible[None], _cap(s, softcap), -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p = (p / p.sum(axis=-1, keepdims=True)).astype(np.float16).astype(np.float64)
+    return np.einsum("hqk,khd->qhd", p, values).astype(np.float32)

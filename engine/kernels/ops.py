@@ -2,7 +2,11 @@
 
     rms_norm(x, weight, eps)        x / sqrt(mean(x^2) + eps) * weight, per row
     rope(x, positions, n_rot, base) rotary position embedding, llama.cpp's "normal" mode
+                                    (adjacent pairs) or, neox=True, its NEOX mode (halves)
     silu_mul(gate, up)              silu(gate) * up, elementwise
+    gelu_mul(gate, up)              gelu_tanh(gate) * up, elementwise (gemma's FFN)
+    add_bias(x, bias)               x + bias, per row (qwen2's q/k/v biases)
+    softcap(x, cap)                 cap * tanh(x / cap), elementwise (gemma 2's final logits)
     softmax(x)                      over the last axis, max-subtracted
 
 Why compiled: numpy spends 1-4 us per call on these tiny rows (several passes, temporaries),
@@ -220,6 +224,14 @@ def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.select(b.fcmp_unordered("uno", x, x), x, y)
 
 
+def tanh(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """tanh(x) = 1 - 2 / (e^(2x) + 1): exp's clamps saturate it cleanly at +-1; absolute error
+    ~2e-7 (relative error grows near 0, where the callers' later scaling keeps it harmless)."""
+    ty = x.type
+    e = exp(b, b.fmul(x, const(ty, 2.0)))
+    return b.fsub(const(ty, 1.0), b.fdiv(const(ty, 2.0), b.fadd(e, const(ty, 1.0))))
+
+
 def sqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.call(intrinsic(b, "llvm.sqrt", x.type, 1), [x])
 
@@ -318,6 +330,94 @@ def _build_rope(module: ir.Module) -> None:
     b.ret(i64(0))
 
 
+def _build_rope_neox(module: ir.Module) -> None:
+    # rope_neox: rope's signature and table; pair i is (x[i], x[i + n_rot/2]), not (x[2i], x[2i+1])
+    b, (x, out, pos, n_rows, n_heads, head_dim, half_rot, cos, sin, n_table) = define(
+        module, "rope_neox", I64, [("x", F32P), ("out", F32P), ("pos", I64.as_pointer()),
+                                   ("n_rows", I64), ("n_heads", I64), ("head_dim", I64),
+                                   ("half_rot", I64), ("cos", F32P), ("sin", F32P), ("n_table", I64)])
+    with counted_loop(b, i64(0), n_rows, 1, "chk") as m:
+        p = b.load(gep(b, pos, m))
+        with b.if_then(b.icmp_unsigned(">=", p, n_table), likely=False):  # also catches p < 0
+            b.ret(b.add(m, i64(1)))
+    with counted_loop(b, i64(0), n_rows, 1, "m") as m:
+        p = b.load(gep(b, pos, m))
+        c_row = gep(b, cos, b.mul(p, half_rot))
+        s_row = gep(b, sin, b.mul(p, half_rot))
+        with counted_loop(b, i64(0), n_heads, 1, "h") as h:
+            base = b.mul(b.add(b.mul(m, n_heads), h), head_dim)
+            x0h, o0h = gep(b, x, base), gep(b, out, base)
+            x1h, o1h = gep(b, x0h, half_rot), gep(b, o0h, half_rot)
+
+            def pair(k: ir.Value, ty: ir.Type) -> None:
+                x0, x1 = load(b, x0h, k, ty), load(b, x1h, k, ty)
+                c, s = load(b, c_row, k, ty), load(b, s_row, k, ty)
+                store(b, b.fsub(b.fmul(x0, c), b.fmul(x1, s)), o0h, k)
+                store(b, fmuladd(b, x0, s, b.fmul(x1, c)), o1h, k)
+
+            elementwise(b, half_rot, pair)
+            with counted_loop(b, b.shl(half_rot, i64(1)), head_dim, 1, "pass") as j:
+                store(b, load(b, x0h, j), o0h, j)  # dims past n_rot: unchanged
+    b.ret(i64(0))
+
+
+def round_f16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """x rounded to f16's 11 significant bits, kept as float (Veltkamp's split). Exact for
+    values in f16's normal range; f16 subnormals keep a few bits too many (|x| < 6e-5)."""
+    t = b.fmul(x, const(x.type, float(2 ** 13 + 1)))
+    return b.fsub(t, b.fsub(t, x))
+
+
+def _build_gelu_mul(module: ir.Module) -> None:
+    # void gelu_mul(float* gate [n], float* up [n], float* out [n], i64 n): gelu_tanh(g) * u the
+    # way ggml computes it (GGML_GELU_FP16): for -10 < g < 10 a table of f16 results indexed by
+    # f16(g), so f16(gelu(f16(g))); 0 at or below -10, g at or above 10.
+    # gelu_tanh(g) = 0.5 g (1 + tanh(y)) = g / (1 + e^(-2y)), y = sqrt(2/pi) (g + 0.044715 g^3):
+    # the sigmoid form has no cancellation where tanh ~ -1.
+    b, (gate, up, out, n) = define(module, "gelu_mul", ir.VoidType(), [
+        ("gate", F32P), ("up", F32P), ("out", F32P), ("n", I64)])
+
+    def body(j: ir.Value, ty: ir.Type) -> None:
+        g0 = load(b, gate, j, ty)
+        g = round_f16(b, g0)
+        inner = b.fmul(g, fmuladd(b, b.fmul(g, g), const(ty, 0.044715), const(ty, 1.0)))
+        e = exp(b, b.fmul(inner, const(ty, -2.0 * math.sqrt(2.0 / math.pi))))
+        gelu = round_f16(b, b.fdiv(g, b.fadd(const(ty, 1.0), e)))
+        gelu = b.select(b.fcmp_ordered("<=", g0, const(ty, -10.0)), const(ty, 0.0), gelu)
+        gelu = b.select(b.fcmp_ordered(">=", g0, const(ty, 10.0)), g0, gelu)
+        store(b, b.fmul(gelu, load(b, up, j, ty)), out, j)
+
+    elementwise(b, n, body)
+    b.ret_void()
+
+
+def _build_add_bias(module: ir.Module) -> None:
+    # void add_bias(float* x [M, n], float* bias [n], float* out [M, n], i64 M, i64 n)
+    b, (x, bias, out, n_rows, n) = define(module, "add_bias", ir.VoidType(), [
+        ("x", F32P), ("bias", F32P), ("out", F32P), ("n_rows", I64), ("n", I64)])
+    with counted_loop(b, i64(0), n_rows, 1, "m") as m:
+        row, orow = gep(b, x, b.mul(m, n)), gep(b, out, b.mul(m, n))
+
+        def body(j: ir.Value, ty: ir.Type) -> None:
+            store(b, b.fadd(load(b, row, j, ty), load(b, bias, j, ty)), orow, j)
+
+        elementwise(b, n, body)
+    b.ret_void()
+
+
+def _build_softcap(module: ir.Module) -> None:
+    # void softcap(float* x [n], float* out [n], i64 n, float cap): cap * tanh(x / cap)
+    b, (x, out, n, cap) = define(module, "softcap", ir.VoidType(), [
+        ("x", F32P), ("out", F32P), ("n", I64), ("cap", F32)])
+
+    def body(j: ir.Value, ty: ir.Type) -> None:
+        c = splat(b, cap) if ty is V8F32 else cap
+        store(b, b.fmul(c, tanh(b, b.fdiv(load(b, x, j, ty), c))), out, j)
+
+    elementwise(b, n, body)
+    b.ret_void()
+
+
 def _build_silu_mul(module: ir.Module) -> None:
     # void silu_mul(float* gate [n], float* up [n], float* out [n], i64 n)
     b, (gate, up, out, n) = define(module, "silu_mul", ir.VoidType(), [
@@ -372,7 +472,11 @@ def build_ops_module() -> ir.Module:
     module = new_module("ops")
     _build_rms_norm(module)
     _build_rope(module)
+    _build_rope_neox(module)
     _build_silu_mul(module)
+    _build_gelu_mul(module)
+    _build_add_bias(module)
+    _build_softcap(module)
     _build_softmax(module)
     return module
 
@@ -385,10 +489,15 @@ class _Ops:
         p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         self.rms_norm = lib.function("rms_norm", None, p, p, p, n, n, f)
         self.rope = lib.function("rope", ctypes.c_int64, p, p, p, n, n, n, n, p, p, n)
+        self.rope_neox = lib.function("rope_neox", ctypes.c_int64, p, p, p, n, n, n, n, p, p, n)
         self.silu_mul = lib.function("silu_mul", None, p, p, p, n)
+        self.gelu_mul = lib.function("gelu_mul", None, p, p, p, n)
+        self.add_bias = lib.function("add_bias", None, p, p, p, n, n)
+        self.softcap = lib.function("softcap", None, p, p, n, f)
         self.softmax = lib.function("softmax", None, p, p, n, n)
         # addresses for task graphs (engine.kernels.tasks calls these through pointers)
-        self.address = {name: lib.address(name) for name in ("rms_norm", "rope", "silu_mul")}
+        self.address = {name: lib.address(name) for name in (
+            "rms_norm", "rope", "rope_neox", "silu_mul", "gelu_mul", "add_bias")}
 
 
 _ops: _Ops | None = None
@@ -532,13 +641,14 @@ _MAX_POSITION = 1 << 24  # far beyond any context; guards the table against garb
 
 
 def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs,
-         out: np.ndarray | None = None) -> np.ndarray:
+         out: np.ndarray | None = None, neox: bool = False) -> np.ndarray:
     """Rotary embedding as llama.cpp applies it to llama-arch q/k (GGML_ROPE_TYPE_NORM).
 
     x: [M, n_heads, head_dim] float32, positions: [M] ints. Pairs (x[2i], x[2i+1]) for
     i < n_rot/2 turn by pos * theta_i, theta_i = base^(-2i/n_rot) (or given, see
     rope_inv_freq); dims >= n_rot are copied. Adjacent pairs, not NeoX halves, because
-    convert_hf_to_gguf permutes the llama q/k weights to match. out may be x.
+    convert_hf_to_gguf permutes the llama q/k weights to match. neox=True pairs
+    (x[i], x[i + n_rot/2]) instead (GGML_ROPE_TYPE_NEOX: qwen2/3, phi3, gemma). out may be x.
     """
     _f32(x, "x")
     if x.ndim != 3:
@@ -552,7 +662,7 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs,
     out = _out_like(out, x)
     if x.size == 0:
         return out
-    fn = load_ops().rope
+    fn = load_ops().rope_neox if neox else load_ops().rope
     cos, sin = _rope_tables.get(n_rot, base, 1)
     for attempt in range(2):  # a position past the table: check, grow the table, retry once
         if attempt:
@@ -567,14 +677,18 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs,
     raise AssertionError("unreachable: rope table was grown to cover every position")
 
 
-def rope_reference(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs) -> np.ndarray:
+def rope_reference(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs,
+                   neox: bool = False) -> np.ndarray:
     theta = rope_angles(np.asarray(positions), n_rot, base)[:, None, :]  # [M, 1, n_rot/2]
     c, s = np.cos(theta), np.sin(theta)
     x64 = x.astype(np.float64)
     y = x64.copy()
-    x0, x1 = x64[..., 0:n_rot:2], x64[..., 1:n_rot:2]
-    y[..., 0:n_rot:2] = x0 * c - x1 * s
-    y[..., 1:n_rot:2] = x0 * s + x1 * c
+    half = n_rot // 2
+    first, second = (np.s_[..., :half], np.s_[..., half:n_rot]) if neox else \
+        (np.s_[..., 0:n_rot:2], np.s_[..., 1:n_rot:2])
+    x0, x1 = x64[first], x64[second]
+    y[first] = x0 * c - x1 * s
+    y[second] = x0 * s + x1 * c
     return y.astype(np.float32)
 
 
@@ -594,6 +708,61 @@ def silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     g = gate.astype(np.float64)
     with np.errstate(over="ignore"):  # e^-g = inf for very negative g gives the right limit, 0
         return (g / (1.0 + np.exp(-g)) * up).astype(np.float32)
+
+
+def gelu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """gelu_tanh(gate) * up, elementwise (the tanh approximation, as gemma uses), with ggml's
+    f16 rounding of gelu's input and result (its table); any shape. out may be gate or up."""
+    _f32(gate, "gate")
+    _f32(up, "up")
+    if gate.shape != up.shape:
+        raise ValueError(f"gate shape {gate.shape} != up shape {up.shape}")
+    out = _out_like(out, gate)
+    if gate.size:
+        load_ops().gelu_mul(address(gate), address(up), address(out), gate.size)
+    return out
+
+
+def gelu_tanh_reference(x: np.ndarray) -> np.ndarray:
+    """gelu with the tanh approximation, float64."""
+    x = x.astype(np.float64)
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """ggml's gelu (an f16 table over f16 inputs in (-10, 10)) times up."""
+    g = gate.astype(np.float32)
+    table = gelu_tanh_reference(g.astype(np.float16)).astype(np.float16).astype(np.float64)
+    gelu = np.where(g <= -10, 0.0, np.where(g >= 10, g.astype(np.float64), table))
+    return (gelu * up).astype(np.float32)
+
+
+def add_bias(x: np.ndarray, bias: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """x [..., n] + bias [n], per row. out may be x."""
+    _f32(x, "x")
+    _f32(bias, "bias")
+    if x.ndim == 0 or bias.shape != (x.shape[-1],):
+        raise ValueError(f"bias shape {bias.shape} does not match x shape {x.shape}")
+    out = _out_like(out, x)
+    if x.size:
+        n = x.shape[-1]
+        load_ops().add_bias(address(x), address(bias), address(out), x.size // n, n)
+    return out
+
+
+def softcap(x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndarray:
+    """cap * tanh(x / cap), elementwise (cap > 0); any shape. out may be x."""
+    _f32(x, "x")
+    if not cap > 0:
+        raise ValueError(f"softcap must be > 0, got {cap}")
+    out = _out_like(out, x)
+    if x.size:
+        load_ops().softcap(address(x), address(out), x.size, cap)
+    return out
+
+
+def softcap_reference(x: np.ndarray, cap: float) -> np.ndarray:
+    return (cap * np.tanh(x.astype(np.float64) / cap)).astype(np.float32)
 
 
 def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -69,23 +69,28 @@ def _layout(*spec: str) -> Layout:
     return Layout(tuple(tuple(s.split(":")) for s in spec))  # type: ignore[misc]
 
 
-# The per-call block every task can read. chunks: [n_chunks, 4] rows of
-# (first token row, n_q, pos0, kv_row0 = slot * n_layer * n_ctx); attention segments:
-# seg_start [n_threads + 1] indexes segs [n_seg, 3] rows of (chunk, item begin, item end).
-STEP = _layout("n_tokens:i64", "n_out:i64", "positions:ptr", "kv_rows:ptr", "chunks:ptr",
-               "seg_start:ptr", "segs:ptr", "out_rows:ptr")
+# The per-call block every task can read, filled by engine.kv.KVLayout.step_tables. Per cache
+# group g (layers sharing a row count, engine.kv): kv_rows [n_groups, n_tokens] cache rows of the
+# tokens' K/V; chunks [n_groups, n_chunks, 4] rows of (first token row, n_q, pos0, kv_row0: the
+# slot's first row). Attention segments: seg_start [n_threads + 1] indexes segs [n_seg, 3] rows of
+# (chunk, item begin, item end).
+STEP = _layout("n_tokens:i64", "n_out:i64", "n_chunks:i64", "positions:ptr", "kv_rows:ptr",
+               "chunks:ptr", "seg_start:ptr", "segs:ptr", "out_rows:ptr")
 
 MATMUL = _layout("fn:ptr", "w:ptr", "x:ptr", "out:ptr", "nb:i64", "n_rows:i64", "m_at:i64")
 NORM = _layout("fn:ptr", "x:ptr", "residual:ptr", "weight:ptr", "out:ptr", "n:i64", "eps:float",
                "m_at:i64", "gather:i64")
 QUANT = _layout("fn:ptr", "src:ptr", "dst:ptr", "nb:i64", "m_at:i64")
-SILU = _layout("fn:ptr", "gate:ptr", "up:ptr", "n:i64", "m_at:i64")
+GLU = _layout("fn:ptr", "gate:ptr", "up:ptr", "n:i64", "m_at:i64")
+BIAS = _layout("fn:ptr", "x:ptr", "bias:ptr", "n:i64", "m_at:i64")
+HEAD_NORM = _layout("fn:ptr", "x:ptr", "weight:ptr", "n_head:i64", "head_dim:i64", "eps:float")
 ROPE_STORE = _layout("rope:ptr", "q:ptr", "k:ptr", "v:ptr", "n_head:i64", "n_kv_head:i64",
                      "head_dim:i64", "half_rot:i64", "cos:ptr", "sin:ptr", "n_table:i64",
-                     "k_cache:ptr", "v_cache:ptr")
+                     "k_cache:ptr", "v_cache:ptr", "group:i64")
 ATTENTION = _layout("f16acc:ptr", "exact:ptr", "q:ptr", "k_cache:ptr", "v_cache:ptr", "out:ptr",
                     "scratch:ptr", "scratch_bytes:i64", "n_head:i64", "n_kv_head:i64",
-                    "head_dim:i64", "scale:float")
+                    "head_dim:i64", "scale:float", "group:i64", "window:i64", "ring:i64",
+                    "softcap:float")
 
 M_TOKENS = STEP.offset("n_tokens")  # m_at values: which STEP count a task's rows follow
 M_OUT = STEP.offset("n_out")
@@ -220,16 +225,45 @@ def _task_quant() -> str:
     return f.text()
 
 
-def _task_silu() -> str:
-    """My rows: gate = silu(gate) * up, fn is ops' silu_mul(gate, up, out, count)."""
-    f = IRFunction(f"void @task_silu{_SIG}")
-    a = SILU.load(f, "%args")
+def _task_glu() -> str:
+    """My rows: gate = act(gate) * up, fn is ops' silu_mul or gelu_mul(gate, up, out, count)."""
+    f = IRFunction(f"void @task_glu{_SIG}")
+    a = GLU.load(f, "%args")
     m = _step_count(f, a["m_at"])
     r0, r1 = _row_range(f, m)
     off = f.mul(r0, f.mul(a["n"], 4))
     g, u = f.gep(a["gate"], off), f.gep(a["up"], off)
     count = f.mul(f.let(f"sub i64 {r1}, {r0}"), a["n"])
     f.do(f"call void {a['fn']}(ptr {g}, ptr {u}, ptr {g}, i64 {count})")
+    f.do("ret void")
+    return f.text()
+
+
+def _task_bias() -> str:
+    """My rows: x[row] += bias, fn is ops' add_bias(x, bias, out, n_rows, n)."""
+    f = IRFunction(f"void @task_bias{_SIG}")
+    a = BIAS.load(f, "%args")
+    m = _step_count(f, a["m_at"])
+    r0, r1 = _row_range(f, m)
+    x = f.gep(a["x"], f.mul(r0, f.mul(a["n"], 4)))
+    f.do(f"call void {a['fn']}(ptr {x}, ptr {a['bias']}, ptr {x}, i64 {f.let(f'sub i64 {r1}, {r0}')}, "
+         f"i64 {a['n']})")
+    f.do("ret void")
+    return f.text()
+
+
+def _task_head_norm() -> str:
+    """My token rows: every head vector of x normed in place, rms_norm(head) * weight (qwen3's and
+    gemma3's q/k norm); fn is ops' rms_norm over (rows * n_head) rows of head_dim."""
+    f = IRFunction(f"void @task_head_norm{_SIG}")
+    a = HEAD_NORM.load(f, "%args")
+    m = _step_count(f, STEP.offset("n_tokens"))
+    r0, r1 = _row_range(f, m)
+    row_bytes = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
+    x = f.gep(a["x"], f.mul(r0, row_bytes))
+    n = f.mul(f.let(f"sub i64 {r1}, {r0}"), a["n_head"])
+    f.do(f"call void {a['fn']}(ptr {x}, ptr {a['weight']}, ptr {x}, i64 {n}, i64 {a['head_dim']}, "
+         f"float {a['eps']})")
     f.do("ret void")
     return f.text()
 
@@ -283,14 +317,15 @@ def _to_f16(f16c: bool) -> str:
 
 
 def _task_rope_store(f16c: bool) -> str:
-    """My token rows t: rope q[t] and k[t] in place (ops' rope), then the K/V cache rows
-    kv_rows[t] of this layer get f16(k[t]), f16(v[t])."""
+    """My token rows t: rope q[t] and k[t] in place (ops' rope or rope_neox), then the K/V cache
+    rows kv_rows[group, t] of this layer get f16(k[t]), f16(v[t])."""
     f = IRFunction(f"void @task_rope_store{_SIG}")
     a = ROPE_STORE.load(f, "%args")
     m = _step_count(f, STEP.offset("n_tokens"))
     r0, r1 = _row_range(f, m)
     positions = f.load("ptr", "%step", STEP.offset("positions"), align=8)
     kv_rows = f.load("ptr", "%step", STEP.offset("kv_rows"), align=8)
+    kv_rows = f.gep(kv_rows, f.mul(f.mul(a["group"], m), 8))  # this layer's group's rows
     q_row = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
     kv_dim = f.mul(a["n_kv_head"], a["head_dim"])
     kv_row = f.mul(kv_dim, 4)
@@ -321,6 +356,8 @@ def _task_attention() -> str:
     seg_start = f.load("ptr", "%step", STEP.offset("seg_start"), align=8)
     segs = f.load("ptr", "%step", STEP.offset("segs"), align=8)
     chunks = f.load("ptr", "%step", STEP.offset("chunks"), align=8)
+    n_chunks = f.load("i64", "%step", STEP.offset("n_chunks"), align=8)
+    chunks = f.gep(chunks, f.mul(f.mul(a["group"], n_chunks), 32))  # this layer's group's table
     s0 = f.load("i64", seg_start, f.mul("%tid", 8), align=8)
     s1 = f.load("i64", seg_start, f.mul(f.add("%tid", 1), 8), align=8)
     q_row = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
@@ -340,7 +377,8 @@ def _task_attention() -> str:
         f.do(f"call void {fn}(ptr {q}, ptr {f.gep(a['k_cache'], kv_off)}, "
              f"ptr {f.gep(a['v_cache'], kv_off)}, ptr {out}, ptr {scratch}, i64 {n_q}, "
              f"i64 {a['n_head']}, i64 {a['n_kv_head']}, i64 {a['head_dim']}, i64 {pos0}, "
-             f"float {a['scale']}, i64 {w0}, i64 {w1})")
+             f"float {a['scale']}, i64 {w0}, i64 {w1}, i64 {a['window']}, i64 {a['ring']}, "
+             f"float {a['softcap']})")
 
     f.loop_range(s0, s1, segment)
     f.do("ret void")
@@ -348,12 +386,12 @@ def _task_attention() -> str:
 
 
 def build_tasks_ir(f16c: bool) -> str:
-    return "\n".join([_task_matmul(), _task_norm(), _task_quant(), _task_silu(),
-                      _task_rope_store(f16c), _task_attention(), _to_f16(f16c)])
+    return "\n".join([_task_matmul(), _task_norm(), _task_quant(), _task_glu(), _task_bias(),
+                      _task_head_norm(), _task_rope_store(f16c), _task_attention(), _to_f16(f16c)])
 
 
-TASK_NAMES = ("task_matmul", "task_norm", "task_quant", "task_silu", "task_rope_store",
-              "task_attention")
+TASK_NAMES = ("task_matmul", "task_norm", "task_quant", "task_glu", "task_bias", "task_head_norm",
+              "task_rope_store", "task_attention")
 
 
 class Tasks:

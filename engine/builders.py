@@ -1,0 +1,208 @@
+"""The two implementations of engine.arch.Builder: the fused task graph and its eager twin.
+
+GraphBuilder lays a block out as task nodes (engine.kernels.tasks) over fixed activation rows,
+once per model and output kind; EagerBuilder computes it at once, op by op from Python, with
+the same kernels. Both give the same bits, which tests/test_step.py holds them to.
+
+Producers of per-token rows (norm, quantize, bias, head norm, glu, rope) split rows the same
+way, so they chain without barriers; a barrier comes before anything that reads other threads'
+rows (matmuls read every activation row, attention every cache row of its chunk).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import quants
+from .kernels import ops, tasks
+from .kernels.pool import Graph
+
+if TYPE_CHECKING:
+    from .model import Chunk, Transformer, _Activations
+
+_ACT_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_mul"}
+
+
+def _addr(a: np.ndarray) -> int:
+    return int(a.ctypes.data)
+
+
+class GraphBuilder:
+    """Appends one forward pass's task nodes to a Graph, naming each task's arguments."""
+
+    def __init__(self, tr: Transformer, acts: _Activations) -> None:
+        self.tr, self.a, self.hp = tr, acts, tr.hp
+        self.graph = Graph()
+        self.task = tr.tasks.address
+        self.op = tr.ops.address
+        self.o_pending = False  # o holds a sublayer's output not yet added to x
+
+    def _node(self, task: str, layout: tasks.Layout, **fields: int | float) -> np.ndarray:
+        args = layout.pack(**fields)
+        self.graph.add(self.task[task], args)
+        return args
+
+    def _buf(self, name: str) -> np.ndarray:
+        return getattr(self.a, name)
+
+    # -- Builder ---------------------------------------------------------------------------------
+    def add_norm(self, weight: np.ndarray) -> None:
+        a = self.a
+        self.norm_rows(a.x, a.o if self.o_pending else None, weight, a.h)
+        self.o_pending = False
+
+    def norm(self, buf: str, weight: np.ndarray) -> None:
+        x = self._buf(buf)
+        self.norm_rows(x, None, weight, x)
+
+    def project(self, src: str, targets: list[tuple[quants.QuantMatrix, str]]) -> None:
+        s = self._buf(src)
+        self.matmuls(s, s.shape[1], [(w, self._buf(dst)) for w, dst in targets])
+        self.o_pending = self.o_pending or any(dst == "o" for _, dst in targets)
+
+    def add_bias(self, buf: str, bias: np.ndarray) -> None:
+        x = self._buf(buf)
+        self._node("task_bias", tasks.BIAS, fn=self.op["add_bias"], x=_addr(x), bias=_addr(bias),
+                   n=x.shape[1], m_at=tasks.M_TOKENS)
+
+    def head_norm(self, buf: str, weight: np.ndarray) -> None:
+        x, hd = self._buf(buf), self.hp.head_dim
+        self._node("task_head_norm", tasks.HEAD_NORM, fn=self.op["rms_norm"], x=_addr(x),
+                   weight=_addr(weight), n_head=x.shape[1] // hd, head_dim=hd, eps=self.hp.rms_eps)
+
+    def rope_store(self, layer: int) -> None:
+        tr, a, hp = self.tr, self.a, self.hp
+        cos, sin = ops.rope_tables(hp.n_rot, tr.ropes[layer], tr.n_ctx)
+        k_cache, v_cache, group = tr.cache.layer(layer)
+        self._node("task_rope_store", tasks.ROPE_STORE, rope=self.op[tr.rope_op], q=_addr(a.q),
+                   k=_addr(a.k), v=_addr(a.v), n_head=hp.n_head, n_kv_head=hp.n_head_kv,
+                   head_dim=hp.head_dim, half_rot=hp.n_rot // 2, cos=_addr(cos), sin=_addr(sin),
+                   n_table=cos.shape[0], k_cache=_addr(k_cache[0]), v_cache=_addr(v_cache[0]),
+                   group=group)
+        self.graph.barrier()
+
+    def attention(self, layer: int) -> None:
+        tr, a, hp = self.tr, self.a, self.hp
+        k_cache, v_cache, group = tr.cache.layer(layer)
+        self._node("task_attention", tasks.ATTENTION, f16acc=tr.attention.f16acc_address,
+                   exact=tr.attention.exact_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
+                   v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
+                   scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
+                   n_kv_head=hp.n_head_kv, head_dim=hp.head_dim, scale=hp.scale(), group=group,
+                   window=hp.layer_window(layer), ring=k_cache.shape[1], softcap=hp.attn_softcap)
+        self.graph.barrier()
+
+    def glu(self, act: str) -> None:
+        a = self.a
+        self.graph.barrier()
+        self._node("task_glu", tasks.GLU, fn=self.op[_ACT_OPS[act]], gate=_addr(a.g),
+                   up=_addr(a.u), n=a.g.shape[1], m_at=tasks.M_TOKENS)
+
+    # -- the nodes ---------------------------------------------------------------------------------
+    def norm_rows(self, x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,
+                  out: np.ndarray, m_at: int = tasks.M_TOKENS, gather: bool = False) -> None:
+        """out = rms_norm(x += residual) * weight, per row (gather: rows STEP.out_rows)."""
+        self.graph.barrier()  # x and residual rows may come from any thread (matmul outputs)
+        self._node("task_norm", tasks.NORM, fn=self.op["rms_norm"], x=_addr(x),
+                   residual=0 if residual is None else _addr(residual), weight=_addr(weight),
+                   out=_addr(out), n=x.shape[1], eps=self.hp.rms_eps, m_at=m_at,
+                   gather=int(gather))
+
+    def matmuls(self, src: np.ndarray, n_cols: int,
+                targets: list[tuple[quants.QuantMatrix, np.ndarray | None]],
+                m_at: int = tasks.M_TOKENS) -> list[np.ndarray]:
+        """out = src @ W.T for each (W, out): quantize src once per block format (same row split
+        as src's producer, so no barrier), then the matmuls split by weight rows. Returns the
+        matmul args (an `out` of None is set per call through them)."""
+        mk = self.tr.matmul_kernels
+        quantized: dict[str | None, int] = {None: _addr(src)}
+        for w, _ in targets:
+            k = mk.kernels(w.qtype)
+            if k.act not in quantized:
+                xq = self.a.xq[k.act]
+                quantized[k.act] = _addr(xq)
+                self._node("task_quant", tasks.QUANT, fn=k.quantize_address, src=_addr(src),
+                           dst=_addr(xq), nb=n_cols // k.block_elems, m_at=m_at)
+        self.graph.barrier()
+        out_args = []
+        for w, out in targets:
+            k = mk.kernels(w.qtype)
+            nb = w.n_cols // k.block_elems  # float types: block_elems 1, nb = K
+            out_args.append(self._node(
+                "task_matmul", tasks.MATMUL, fn=k.rows_address, w=w.address,
+                x=quantized[k.act], out=0 if out is None else _addr(out), nb=nb,
+                n_rows=w.n_rows, m_at=m_at))
+        self.graph.barrier()
+        return out_args
+
+
+class EagerBuilder:
+    """The same block computed at once: numpy arrays, one kernel call per operation."""
+
+    def __init__(self, tr: Transformer, x: np.ndarray, chunks: list[Chunk],
+                 spans: list[tuple[int, int]], positions: np.ndarray) -> None:
+        self.tr, self.hp = tr, tr.hp
+        self.mm = tr.matmul_kernels.matmul
+        self.chunks, self.spans, self.positions = chunks, spans, positions
+        self.bufs: dict[str, np.ndarray] = {"x": x}
+        self.o_pending = False
+
+    def add_norm(self, weight: np.ndarray) -> None:
+        x = self.bufs["x"]
+        if self.o_pending:
+            x += self.bufs["o"]
+            self.o_pending = False
+        self.bufs["h"] = ops.rms_norm(x, weight, self.hp.rms_eps)
+
+    def norm(self, buf: str, weight: np.ndarray) -> None:
+        self.bufs[buf] = ops.rms_norm(self.bufs[buf], weight, self.hp.rms_eps)
+
+    def project(self, src: str, targets: list[tuple[quants.QuantMatrix, str]]) -> None:
+        for w, dst in targets:
+            self.bufs[dst] = self.mm(w, self.bufs[src])
+        self.o_pending = self.o_pending or any(dst == "o" for _, dst in targets)
+
+    def add_bias(self, buf: str, bias: np.ndarray) -> None:
+        ops.add_bias(self.bufs[buf], bias, out=self.bufs[buf])
+
+    def head_norm(self, buf: str, weight: np.ndarray) -> None:
+        x = self.bufs[buf]
+        T, hd = x.shape[0], self.hp.head_dim
+        self.bufs[buf] = ops.rms_norm(x.reshape(T, -1, hd), weight, self.hp.rms_eps).reshape(T, -1)
+
+    def rope_store(self, layer: int) -> None:
+        hp, tr, T = self.hp, self.tr, self.positions.shape[0]
+        neox = tr.rope_op == "rope_neox"
+        for name, heads in (("q", hp.n_head), ("k", hp.n_head_kv)):
+            x = self.bufs[name].reshape(T, heads, hp.head_dim)
+            self.bufs[name] = ops.rope(x, self.positions, hp.n_rot, tr.ropes[layer],
+                                       neox=neox).reshape(T, -1)
+        k_cache, v_cache, _ = tr.cache.layer(layer)                     # [slot, rows, n_kv, hd]
+        k = self.bufs["k"].reshape(T, hp.n_head_kv, hp.head_dim)
+        v = self.bufs["v"].reshape(T, hp.n_head_kv, hp.head_dim)
+        for c, (a, b) in zip(self.chunks, self.spans):
+            rows = self.positions[a:b] % k_cache.shape[1]
+            k_cache[c.slot, rows] = k[a:b]
+            v_cache[c.slot, rows] = v[a:b]
+
+    def attention(self, layer: int) -> None:
+        hp, tr, T = self.hp, self.tr, self.positions.shape[0]
+        k_cache, v_cache, _ = tr.cache.layer(layer)
+        q = self.bufs["q"].reshape(T, hp.n_head, hp.head_dim)
+        out = np.empty_like(q)
+        for c, (a, b) in zip(self.chunks, self.spans):
+            tr.attention(q[a:b], k_cache[c.slot], v_cache[c.slot], c.pos0, out=out[a:b],
+                         scale=hp.scale(), window=hp.layer_window(layer), softcap=hp.attn_softcap)
+        self.bufs["q"] = out.reshape(T, hp.q_dim)
+
+    def glu(self, act: str) -> None:
+        fn = ops.silu_mul if act == "silu" else ops.gelu_mul
+        self.bufs["g"] = fn(self.bufs["g"], self.bufs["u"])
+
+    def residual(self) -> np.ndarray:
+        """x with the last sublayer's output added."""
+        if self.o_pending:
+            self.bufs["x"] += self.bufs["o"]
+            self.o_pending = False
+        return self.bufs["x"]

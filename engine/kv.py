@@ -1,0 +1,128 @@
+"""The KV cache and its row arithmetic: where each layer keeps each sequence's keys and values.
+
+Layers fall into cache groups by how far back they look. A full-attention layer keeps every
+position of a sequence, `n_ctx` rows per slot. A sliding-window layer (gemma's local layers)
+sees only the last `window` positions, so it keeps a ring: the key at position p lives in row
+p % rows. The ring is longer than the window by one chunk (rows = window + MAX_CHUNK - 1, as
+llama.cpp sizes its SWA cache n_swa + n_ubatch): a chunk writes all its keys before its queries
+attend, and the chunk's last key must not overwrite one its first query still sees. So Gemma 3
+270M at n_ctx 32768 keeps 1023 rows per slot in its 15 local layers and 32768 in its 3 global ones.
+
+    group g:  k[g], v[g]  f16 [slot, layer of the group, rows, n_kv_head, head_dim]
+    token at position p of slot s  ->  row  s * n_layers(g) * rows(g) + p % rows(g)
+                                       (counted from that layer's first row, k[g][0, layer])
+
+KVLayout owns this arithmetic (the forward pass, its tasks and the attention kernel all follow
+it); KVCache owns the arrays and what each slot holds. A ring forgets: a slot that held `held`
+tokens can resume at position n < held only while the ring still has the window before n
+(`resumable`); prefix reuse and copy_prefix ask first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hparams import HParams
+
+# Most tokens one chunk of a forward call may hold when a model has ring layers (api's prefill
+# chunk; the batch runner's per-step budget is below it).
+MAX_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    layers: tuple[int, ...]   # the model layers in this group, in order
+    rows: int                 # rows per slot and layer: n_ctx, or a ring
+    window: int               # keys a query sees, itself included (0: every earlier one)
+    is_ring: bool             # rows < n_ctx: positions wrap, old ones are overwritten
+
+
+class KVLayout:
+    """Cache groups of a model at a context size, and the per-call row tables (STEP)."""
+
+    def __init__(self, hp: HParams, n_ctx: int) -> None:
+        self.n_ctx = n_ctx
+        self.kv_dim = hp.kv_dim
+        by_window: dict[int, list[int]] = {}
+        for li in range(hp.n_layer):
+            by_window.setdefault(hp.layer_window(li), []).append(li)
+        groups = []
+        for window, layers in sorted(by_window.items()):
+            rows = n_ctx if window == 0 else min(n_ctx, window + MAX_CHUNK - 1)
+            groups.append(CacheGroup(tuple(layers), rows, window, rows < n_ctx))
+        self.groups: tuple[CacheGroup, ...] = tuple(groups)
+        self.where: dict[int, tuple[int, int]] = {  # layer -> (group, index in the group)
+            li: (g, i) for g, grp in enumerate(self.groups) for i, li in enumerate(grp.layers)}
+
+    def bytes_per_slot(self) -> int:
+        """f16 keys + values of one slot over all layers."""
+        return sum(2 * 2 * len(g.layers) * g.rows * self.kv_dim for g in self.groups)
+
+    def max_chunk(self) -> int:
+        """Most tokens one chunk may hold (a ring must keep its first query's window)."""
+        rings = [g.rows - g.window + 1 for g in self.groups if g.is_ring]
+        return min(rings) if rings else self.n_ctx
+
+    def resumable(self, held: int, n: int) -> bool:
+        """Can a slot that has cached positions [0, held) continue at position n <= held? A ring
+        keeps only its last `rows` positions, and position n needs the window before it."""
+        return all(held - g.rows <= max(0, n - g.window + 1) for g in self.groups if g.is_ring)
+
+    def step_tables(self, slots: list[int], pos0s: list[int], counts: list[int],
+                    positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per group, the cache row of every token and every chunk's row of the chunk table:
+        (kv_rows int64 [n_groups, T], chunks int64 [n_groups, C, 4] of (first token row, n_q,
+        pos0, the slot's first row)); positions: int64 [T], the chunks' tokens in order."""
+        G, C, T = len(self.groups), len(slots), positions.shape[0]
+        kv_rows = np.empty((G, T), np.int64)
+        chunks = np.empty((G, C, 4), np.int64)
+        first = np.cumsum([0, *counts[:-1]])
+        for g, grp in enumerate(self.groups):
+            slot_row = np.array(slots, np.int64) * (len(grp.layers) * grp.rows)      # [C]
+            kv_rows[g] = np.repeat(slot_row, counts) + positions % grp.rows
+            chunks[g] = np.stack([first, counts, pos0s, slot_row], axis=1)
+        return kv_rows, chunks
+
+
+class KVCache:
+    """f16 keys and values for `n_slots` independent sequences, laid out by a KVLayout.
+
+    Allocated zeroed, so the kernel hands out pages lazily: memory is committed as it is used.
+    `tokens[slot]` is what the slot holds, so a request that continues it can skip the prefix.
+    """
+
+    def __init__(self, hp: HParams, n_slots: int, n_ctx: int) -> None:
+        self.layout = KVLayout(hp, n_ctx)
+        self.k: list[np.ndarray] = []  # per group: [slot, layer of the group, rows, kv_head, head_dim]
+        self.v: list[np.ndarray] = []
+        for g in self.layout.groups:
+            shape = (n_slots, len(g.layers), g.rows, hp.n_head_kv, hp.head_dim)
+            self.k.append(np.zeros(shape, dtype=np.float16))
+            self.v.append(np.zeros(shape, dtype=np.float16))
+        self.n_ctx = n_ctx
+        self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def layer(self, li: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(k, v) f16 [slot, rows, kv_head, head_dim] of layer li, and its group's index."""
+        g, i = self.layout.where[li]
+        return self.k[g][:, i], self.v[g][:, i], g
+
+    def reusable(self, slot: int, n: int) -> int:
+        """n if the slot's first n cached tokens can be continued from, else 0 (a ring forgot)."""
+        return n if self.layout.resumable(len(self.tokens[slot]), n) else 0
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Give slot `dst` the first `n` cached tokens of slot `src` (shared prompts, n > 1).
+        A ring is copied whole: it holds src's last positions, the window before n among them."""
+        if not self.layout.resumable(len(self.tokens[src]), n):
+            raise ValueError(f"slot {src} no longer holds the window before position {n}")
+        for g, grp in enumerate(self.layout.groups):
+            rows = slice(None) if grp.is_ring else slice(0, n)
+            self.k[g][dst, :, rows] = self.k[g][src, :, rows]
+            self.v[g][dst, :, rows] = self.v[g][src, :, rows]
+        self.tokens[dst] = self.tokens[src][:n]
