@@ -23,7 +23,7 @@ class Model:
     """One loaded model. Single-threaded: one caller at a time (the server's scheduler)."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
-                 n_slots: int = 1) -> None:
+                 n_slots: int = 1, flash_attn: bool = True) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -42,7 +42,8 @@ class Model:
             self.n_ctx = n_ctx
             self.n_threads = n_threads
             self.n_slots = n_slots
-            self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads)
+            self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
+                                           flash_attn=flash_attn)
         except BaseException:
             self._file.close()
             raise
@@ -141,9 +142,13 @@ class Model:
 
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
-         n_slots: int = 1) -> Model:
-    """Load a GGUF model; raises ModelLoadError naming the file and the problem."""
-    return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots)
+         n_slots: int = 1, flash_attn: bool = True) -> Model:
+    """Load a GGUF model; raises ModelLoadError naming the file and the problem.
+
+    flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
+    attention (the default) or its plain path (q and probabilities rounded to f16), as
+    llama.cpp runs with flash attention off."""
+    return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, flash_attn=flash_attn)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) -> int:

@@ -37,6 +37,7 @@ class GraphBuilder:
         self.task = tr.tasks.address
         self.op = tr.ops.address
         self.o_pending = False  # o holds a sublayer's output not yet added to x
+        self.q_scaled = False   # q already carries the attention scale
 
     def _node(self, task: str, layout: tasks.Layout, **fields: int | float) -> np.ndarray:
         args = layout.pack(**fields)
@@ -82,14 +83,22 @@ class GraphBuilder:
                    group=group)
         self.graph.barrier()
 
+    def scale_q(self) -> None:
+        a = self.a
+        self._node("task_scale", tasks.SCALE, fn=self.op["scale"], x=_addr(a.q), n=a.q.shape[1],
+                   c=self.hp.scale(), m_at=tasks.M_TOKENS)
+        self.graph.barrier()
+        self.q_scaled = True
+
     def attention(self, layer: int) -> None:
         tr, a, hp = self.tr, self.a, self.hp
         k_cache, v_cache, group = tr.cache.layer(layer)
+        scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
         self._node("task_attention", tasks.ATTENTION, f16acc=tr.attention.f16acc_address,
                    exact=tr.attention.exact_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
                    v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
                    scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
-                   n_kv_head=hp.n_head_kv, head_dim=hp.head_dim, scale=hp.scale(), group=group,
+                   n_kv_head=hp.n_head_kv, head_dim=hp.head_dim, scale=scale, group=group,
                    window=hp.layer_window(layer), ring=k_cache.shape[1], softcap=hp.attn_softcap)
         self.graph.barrier()
 
@@ -147,6 +156,7 @@ class EagerBuilder:
         self.chunks, self.spans, self.positions = chunks, spans, positions
         self.bufs: dict[str, np.ndarray] = {"x": x}
         self.o_pending = False
+        self.q_scaled = False
 
     def add_norm(self, weight: np.ndarray) -> None:
         x = self.bufs["x"]
@@ -186,14 +196,19 @@ class EagerBuilder:
             k_cache[c.slot, rows] = k[a:b]
             v_cache[c.slot, rows] = v[a:b]
 
+    def scale_q(self) -> None:
+        ops.scale(self.bufs["q"], self.hp.scale(), out=self.bufs["q"])
+        self.q_scaled = True
+
     def attention(self, layer: int) -> None:
         hp, tr, T = self.hp, self.tr, self.positions.shape[0]
         k_cache, v_cache, _ = tr.cache.layer(layer)
+        scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
         q = self.bufs["q"].reshape(T, hp.n_head, hp.head_dim)
         out = np.empty_like(q)
         for c, (a, b) in zip(self.chunks, self.spans):
             tr.attention(q[a:b], k_cache[c.slot], v_cache[c.slot], c.pos0, out=out[a:b],
-                         scale=hp.scale(), window=hp.layer_window(layer), softcap=hp.attn_softcap)
+                         scale=scale, window=hp.layer_window(layer), softcap=hp.attn_softcap)
         self.bufs["q"] = out.reshape(T, hp.q_dim)
 
     def glu(self, act: str) -> None:

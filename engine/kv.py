@@ -67,7 +67,8 @@ class KVLayout:
     def resumable(self, held: int, n: int) -> bool:
         """Can a slot that has cached positions [0, held) continue at position n <= held? A ring
         keeps only its last `rows` positions, and position n needs the window before it."""
-        return all(held - g.rows <= max(0, n - g.window + 1) for g in self.groups if g.is_ring)
+        return n == 0 or all(held - g.rows <= max(0, n - g.window + 1)
+                             for g in self.groups if g.is_ring)
 
     def step_tables(self, slots: list[int], pos0s: list[int], counts: list[int],
                     positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,5 @@
 """The engine's forward pass on tiny random-weight models, every tensor type, against the plain
-numpy reference in tests/reference_llama.py (gguf-py's dequantization, float64, no KV cache)."""
+numpy reference in tests/reference_model.py (gguf-py's dequantization, float64, no KV cache)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as Q
 import engine
 from engine.model import Chunk
 from tests.ggufgen import tensor_type_field, write_tiny_llama
-from tests.reference_llama import ReferenceLlama
+from tests.reference_model import ReferenceModel
 
 SUPER_BLOCKS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}  # rows of 256-value blocks
 ALL_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K,
@@ -43,7 +43,7 @@ def test_forward_matches_numpy_reference(tmp_path: Path, qtype: Q) -> None:
     with engine.load(path, n_ctx=64, n_threads=1) as model:
         ids = model.tokenizer.encode(PROMPT)
         ours = model.logits(ids)
-    ref = ReferenceLlama(str(path)).logits(ids)
+    ref = ReferenceModel(str(path)).logits(ids)
     assert ours.shape == ref.shape
     _assert_close(ours, ref)
 
@@ -54,7 +54,7 @@ def test_separate_output_matrix_and_mixed_types(tmp_path: Path) -> None:
     with engine.load(path, n_ctx=64, n_threads=2) as model:
         ids = model.tokenizer.encode(PROMPT)
         ours = model.logits(ids)
-    _assert_close(ours, ReferenceLlama(str(path)).logits(ids))
+    _assert_close(ours, ReferenceModel(str(path)).logits(ids))
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,10 @@ class Builder(Protocol):
     def rope_store(self, layer: int) -> None:
         """rope q and k at their positions (this layer's base); k, v -> this layer's cache."""
 
+    def scale_q(self) -> None:
+        """q *= the attention scale, and the next attention scales by 1 (gemma's order: llama.cpp
+        scales q before q . k, so q's f16 rounding sees the scaled values)."""
+
     def attention(self, layer: int) -> None:
         """q = attention(q, this layer's cache): causal, its window, softcap and scale."""
 

@@ -17,7 +17,7 @@ from .base import ArchSpec, Builder, LayerWeights
 def block(b: Builder, w: LayerWeights, layer: int) -> None:
     assert w.post_attn_norm is not None and w.post_ffn_norm is not None
     b.add_norm(w.attn_norm)                                   # x += o; h = rms_norm(x) * attn_norm
-    llama.attention(b, w, layer)                              # o = attention(h) @ Wo
+    llama.attention(b, w, layer, scale_q_first=True)          # o = attention(h) @ Wo
     b.norm("o", w.post_attn_norm)                             # o = rms_norm(o) * post_attention_norm
     b.add_norm(w.ffn_norm)                                    # x += o; h = rms_norm(x) * ffn_norm
     llama.ffn(b, w, "gelu_tanh")                              # o = ffn(h)

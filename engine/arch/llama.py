@@ -8,7 +8,7 @@ from __future__ import annotations
 from .base import ArchSpec, Builder, LayerWeights
 
 
-def attention(b: Builder, w: LayerWeights, layer: int) -> None:
+def attention(b: Builder, w: LayerWeights, layer: int, scale_q_first: bool = False) -> None:
     """o = attention(h) @ Wo, with the optional biases and per-head q/k norms of the family."""
     b.project("h", [(w.wq, "q"), (w.wk, "k"), (w.wv, "v")])  # q, k, v = h @ Wq, Wk, Wv
     if w.bq is not None and w.bk is not None and w.bv is not None:
@@ -19,6 +19,8 @@ def attention(b: Builder, w: LayerWeights, layer: int) -> None:
         b.head_norm("q", w.q_norm)                            # qwen3, gemma3: per-head norms
         b.head_norm("k", w.k_norm)
     b.rope_store(layer)                                       # rope q, k; k, v -> cache
+    if scale_q_first:
+        b.scale_q()                                           # gemma: q *= 1/sqrt(head_dim)
     b.attention(layer)                                        # q = attention(q, cache)
     b.project("q", [(w.wo, "o")])                             # o = q @ Wo
 

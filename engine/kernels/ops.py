@@ -7,6 +7,7 @@
     gelu_mul(gate, up)              gelu_tanh(gate) * up, elementwise (gemma's FFN)
     add_bias(x, bias)               x + bias, per row (qwen2's q/k/v biases)
     softcap(x, cap)                 cap * tanh(x / cap), elementwise (gemma 2's final logits)
+    scale(x, c)                     x * c, elementwise (gemma scales q before q . k)
     softmax(x)                      over the last axis, max-subtracted
 
 Why compiled: numpy spends 1-4 us per call on these tiny rows (several passes, temporaries),
@@ -418,6 +419,18 @@ def _build_softcap(module: ir.Module) -> None:
     b.ret_void()
 
 
+def _build_scale(module: ir.Module) -> None:
+    # void scale(float* x [n], float* out [n], i64 n, float c): x * c (softcap's signature)
+    b, (x, out, n, c) = define(module, "scale", ir.VoidType(), [
+        ("x", F32P), ("out", F32P), ("n", I64), ("c", F32)])
+
+    def body(j: ir.Value, ty: ir.Type) -> None:
+        store(b, b.fmul(load(b, x, j, ty), splat(b, c) if ty is V8F32 else c), out, j)
+
+    elementwise(b, n, body)
+    b.ret_void()
+
+
 def _build_silu_mul(module: ir.Module) -> None:
     # void silu_mul(float* gate [n], float* up [n], float* out [n], i64 n)
     b, (gate, up, out, n) = define(module, "silu_mul", ir.VoidType(), [
@@ -477,6 +490,7 @@ def build_ops_module() -> ir.Module:
     _build_gelu_mul(module)
     _build_add_bias(module)
     _build_softcap(module)
+    _build_scale(module)
     _build_softmax(module)
     return module
 
@@ -494,10 +508,11 @@ class _Ops:
         self.gelu_mul = lib.function("gelu_mul", None, p, p, p, n)
         self.add_bias = lib.function("add_bias", None, p, p, p, n, n)
         self.softcap = lib.function("softcap", None, p, p, n, f)
+        self.scale = lib.function("scale", None, p, p, n, f)
         self.softmax = lib.function("softmax", None, p, p, n, n)
         # addresses for task graphs (engine.kernels.tasks calls these through pointers)
         self.address = {name: lib.address(name) for name in (
-            "rms_norm", "rope", "rope_neox", "silu_mul", "gelu_mul", "add_bias")}
+            "rms_norm", "rope", "rope_neox", "silu_mul", "gelu_mul", "add_bias", "scale")}
 
 
 _ops: _Ops | None = None
@@ -758,6 +773,15 @@ def softcap(x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndar
     out = _out_like(out, x)
     if x.size:
         load_ops().softcap(address(x), address(out), x.size, cap)
+    return out
+
+
+def scale(x: np.ndarray, c: float, out: np.ndarray | None = None) -> np.ndarray:
+    """x * c as float32, elementwise; any shape. out may be x."""
+    _f32(x, "x")
+    out = _out_like(out, x)
+    if x.size:
+        load_ops().scale(address(x), address(out), x.size, c)
     return out
 
 

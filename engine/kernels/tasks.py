@@ -83,6 +83,7 @@ NORM = _layout("fn:ptr", "x:ptr", "residual:ptr", "weight:ptr", "out:ptr", "n:i6
 QUANT = _layout("fn:ptr", "src:ptr", "dst:ptr", "nb:i64", "m_at:i64")
 GLU = _layout("fn:ptr", "gate:ptr", "up:ptr", "n:i64", "m_at:i64")
 BIAS = _layout("fn:ptr", "x:ptr", "bias:ptr", "n:i64", "m_at:i64")
+SCALE = _layout("fn:ptr", "x:ptr", "n:i64", "c:float", "m_at:i64")
 HEAD_NORM = _layout("fn:ptr", "x:ptr", "weight:ptr", "n_head:i64", "head_dim:i64", "eps:float")
 ROPE_STORE = _layout("rope:ptr", "q:ptr", "k:ptr", "v:ptr", "n_head:i64", "n_kv_head:i64",
                      "head_dim:i64", "half_rot:i64", "cos:ptr", "sin:ptr", "n_table:i64",
@@ -252,6 +253,19 @@ def _task_bias() -> str:
     return f.text()
 
 
+def _task_scale() -> str:
+    """My rows: x[row] *= c, fn is ops' scale(x, out, count, c)."""
+    f = IRFunction(f"void @task_scale{_SIG}")
+    a = SCALE.load(f, "%args")
+    m = _step_count(f, a["m_at"])
+    r0, r1 = _row_range(f, m)
+    x = f.gep(a["x"], f.mul(r0, f.mul(a["n"], 4)))
+    count = f.mul(f.let(f"sub i64 {r1}, {r0}"), a["n"])
+    f.do(f"call void {a['fn']}(ptr {x}, ptr {x}, i64 {count}, float {a['c']})")
+    f.do("ret void")
+    return f.text()
+
+
 def _task_head_norm() -> str:
     """My token rows: every head vector of x normed in place, rms_norm(head) * weight (qwen3's and
     gemma3's q/k norm); fn is ops' rms_norm over (rows * n_head) rows of head_dim."""
@@ -387,10 +401,10 @@ def _task_attention() -> str:
 
 def build_tasks_ir(f16c: bool) -> str:
     return "\n".join([_task_matmul(), _task_norm(), _task_quant(), _task_glu(), _task_bias(),
-                      _task_head_norm(), _task_rope_store(f16c), _task_attention(), _to_f16(f16c)])
+                      _task_scale(), _task_head_norm(), _task_rope_store(f16c), _task_attention(), _to_f16(f16c)])
 
 
-TASK_NAMES = ("task_matmul", "task_norm", "task_quant", "task_glu", "task_bias", "task_head_norm",
+TASK_NAMES = ("task_matmul", "task_norm", "task_quant", "task_glu", "task_bias", "task_scale", "task_head_norm",
               "task_rope_store", "task_attention")
 
 
