@@ -153,9 +153,13 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) -> int:
     """Bytes a load would hold (mapped files + KV cache, as Model.memory_bytes counts them, rings
-    of sliding-window layers included), from the first file's header alone."""
+    of sliding-window layers included), from the headers alone. Raises ModelLoadError when the
+    file cannot be served at all (the registry then fails the request rather than evict anything
+    for a load that cannot succeed)."""
+    from .servable import check_servable
+
     meta, _ = read_header(path)
-    hp = HParams.from_metadata(meta, str(path))
+    hp = check_servable(path)
     count = meta.get("split.count", 1)
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
     return sum(os.path.getsize(f) for f in files) + KVLayout(hp, n_ctx).bytes_per_slot() * n_slots

@@ -266,6 +266,17 @@ def _flag(meta: Mapping[str, object], key: str, default: bool) -> bool:
     return bool(v)
 
 
+def vocabulary_model(meta: Mapping[str, object]) -> str:
+    """`tokenizer.ggml.model` if this module implements it; a ValueError saying why not."""
+    model = meta.get(_K + "model")
+    if not isinstance(model, str):
+        raise ValueError(f"missing or invalid {_K}model")
+    if model not in ("gpt2", "llama"):
+        raise ValueError(f"unsupported tokenizer model {model!r} ({_K}model); "
+                         "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)")
+    return model
+
+
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Immutable after construction; thread-safe."""
 
@@ -288,13 +299,7 @@ class Tokenizer:
     @classmethod
     def from_metadata(cls, meta: Mapping[str, object]) -> "Tokenizer":
         """Build from GGUF metadata (key -> python value). Raises ValueError on bad metadata."""
-        model = meta.get(_K + "model")
-        if not isinstance(model, str):
-            raise ValueError(f"missing or invalid {_K}model")
-        if model not in ("gpt2", "llama"):
-            raise ValueError(f"unsupported tokenizer model {model!r} ({_K}model); "
-                             "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)")
-        return cls(meta, model)
+        return cls(meta, vocabulary_model(meta))
 
     def __init__(self, meta: Mapping[str, object], model: str) -> None:
         texts = _str_list(meta, _K + "tokens", required=True)

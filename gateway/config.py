@@ -555,6 +555,12 @@ def _model_path(value: Any, base_dir: Path, loc: Loc, problems: _Problems) -> An
     path = (base_dir / Path(value).expanduser()).resolve()
     if not path.is_file():
         problems.add(loc, f"model file not found: {path}")
+        return path
+    from engine.servable import why_not_servable  # the judgement scan and serve share
+
+    reason = why_not_servable(path)
+    if reason is not None:
+        problems.add(loc, f"cannot serve {path}: {reason}")
     return path
 
 

@@ -254,7 +254,11 @@ class Registry:
 
             # UNLOADED, or FAILED (the next request retries): make room, then start one load.
             if slot.estimate is None:
-                slot.estimate = await self._estimate(entry)
+                estimate = await self._estimate(entry)
+                if isinstance(estimate, str):  # cannot be served: fail before evicting anyone
+                    slot.last_error = estimate
+                    raise ModelLoadFailedError(entry.model, estimate)
+                slot.estimate = estimate
                 continue  # the world may have changed while we were away
             plan = plan_load(self._residents(), slot.estimate,
                              max_loaded=self._config.registry.max_loaded_models,
@@ -459,9 +463,14 @@ class Registry:
             return
         self.release(lease)
 
-    async def _estimate(self, entry: ModelEntry) -> int:
+    async def _estimate(self, entry: ModelEntry) -> int | str:
+        """Bytes a load will take, or why the file cannot be served (engine.ModelLoadError)."""
+        from engine.gguf import ModelLoadError
+
         try:
             return int(await asyncio.to_thread(self._estimator, entry))
+        except ModelLoadError as e:
+            return e.problem
         except Exception as e:  # noqa: BLE001 - the load itself will report what is wrong
             log.warning("cannot estimate the memory of %s (%s); counting 0 bytes until loaded",
                         entry.name, e)

@@ -36,7 +36,7 @@ import yaml
 from gguf import LlamaFileType
 
 from engine.gguf import MAGIC, SPLIT_NAME, ModelLoadError, TensorInfo, read_header
-from engine.hparams import HParams
+from engine.servable import judge_header
 
 from .config import ConfigError, ModelEntry, load_config
 
@@ -196,11 +196,12 @@ def _judge(parts: list[Path], stem: str) -> FoundModel | Skipped:
     problem = _not_servable(meta, headers, parts)
     if problem:
         return Skipped(first, problem)
-    try:
-        hp = HParams.from_metadata(meta, str(first))
-    except ModelLoadError as e:  # an architecture or shape the engine cannot run
+    every_part = {name: t for _, ts in headers for name, t in ts.items()}
+    try:  # the engine's own judgement, as config checks and loads make it
+        hp = judge_header(first, meta, every_part)
+    except ModelLoadError as e:  # an architecture, tensor type or tensor the engine lacks
         return Skipped(first, e.problem)
-    tensors = [t for _, ts in headers for t in ts.values()]
+    tensors = list(every_part.values())
     name = meta.get("general.name")
     return FoundModel(
         path=first,

@@ -6,6 +6,8 @@ for real models.
 """
 from __future__ import annotations
 
+import functools
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -162,3 +164,17 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     w.close()
     parts = sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))
     return parts[0] if split_max_tensors and parts else path
+
+
+@functools.cache
+def _servable_bytes() -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        return write_tiny_llama(Path(tmp) / "stub.gguf", n_layer=1).read_bytes()
+
+
+def write_servable(path: str | Path) -> Path:
+    """A small GGUF the engine can serve, for tests that only need a model file to exist and
+    pass the config's servability check (the same bytes each time: written once per run)."""
+    path = Path(path)
+    path.write_bytes(_servable_bytes())
+    return path

@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.config import Config, ModelEntry, load_config
+from tests.ggufgen import write_servable
 
 MB = 1 << 20
 
@@ -62,7 +63,7 @@ def write(path: Path, data: dict[str, Any]) -> Path:
 @pytest.fixture
 def config_path(tmp_path: Path) -> Path:
     for name in ("a", "b"):
-        (tmp_path / f"{name}.gguf").touch()
+        write_servable(tmp_path / f"{name}.gguf")
     return write(tmp_path / "modelyard.yaml", {"models": [
         {"model": "a.gguf", "aliases": ["a", "org/a"], "n_ctx": 512},
         {"model": "b.gguf", "aliases": ["b"]},
@@ -214,7 +215,7 @@ def test_a_broken_file_keeps_the_running_config_and_status_shows_why(
 
 
 def test_a_config_built_in_code_cannot_be_reloaded(tmp_path: Path, loader: Loader) -> None:
-    (tmp_path / "a.gguf").touch()
+    write_servable(tmp_path / "a.gguf")
     config = Config(models=[ModelEntry(model=tmp_path / "a.gguf", aliases=["a"])])
     with TestClient(create_app(config, loader=loader)) as client:
         r = client.post("/admin/reload")

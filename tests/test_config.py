@@ -12,6 +12,7 @@ import pytest
 from gateway.config import (Config, ConfigError, ModelEntry, ModelNotFoundError,
                             load_config)
 from gateway.units import format_duration, format_size, parse_duration, parse_size
+from tests.ggufgen import write_servable
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB, MiB = 1 << 30, 1 << 20
@@ -19,10 +20,10 @@ GiB, MiB = 1 << 30, 1 << 20
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    """A config folder with two (empty) model files and a chat template file."""
+    """A config folder with two (tiny, servable) model files and a chat template file."""
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "small.gguf").write_bytes(b"")
-    (tmp_path / "models" / "other.gguf").write_bytes(b"")
+    write_servable(tmp_path / "models" / "small.gguf")
+    write_servable(tmp_path / "models" / "other.gguf")
     (tmp_path / "templates").mkdir()
     (tmp_path / "templates" / "other.jinja").write_text("{{ messages[0]['content'] }}")
     return tmp_path
@@ -145,7 +146,7 @@ def test_shipped_example_loads_when_its_files_exist(tmp_path: Path) -> None:
     shutil.copy(ROOT / "examples" / "config.yaml", tmp_path / "config.yaml")
     (tmp_path / "models").mkdir()
     for name in ("SmolLM2-135M-Instruct.Q4_1.gguf", "other.gguf"):
-        (tmp_path / "models" / name).write_bytes(b"")
+        write_servable(tmp_path / "models" / name)
     (tmp_path / "templates").mkdir()
     (tmp_path / "templates" / "other.jinja").write_text("{% for m in messages %}{% endfor %}")
 

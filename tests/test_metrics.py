@@ -19,6 +19,7 @@ from gateway.metrics import (CONTENT_TYPE_LATEST, NULL_METRICS, Metrics, Metrics
                              loader_with_metrics, observe_request)
 from gateway.registry import Registry
 from gateway.scheduler import Finished, TextDelta
+from tests.ggufgen import write_servable
 
 MB = 1 << 20
 
@@ -275,7 +276,7 @@ def test_the_registry_counts_loads_failures_evictions_and_idle_unloads(tmp_path:
 # -------------------------------------------------------------------------------- the app
 
 def test_the_app_counts_requests_by_alias_route_and_status(tmp_path: Path) -> None:
-    (tmp_path / "a.gguf").touch()
+    write_servable(tmp_path / "a.gguf")
     path = tmp_path / "modelyard.yaml"
     path.write_text(yaml.safe_dump({"models": [{"model": "a.gguf", "aliases": ["a", "a2"]}]}))
     app = create_app(load_config(path), loader=lambda entry: FakeModel())

@@ -20,6 +20,7 @@ from gateway.config import Config, load_config
 from gateway.metrics import Metrics
 from gateway.registry import Registry
 from gateway.watch import ConfigWatcher, Reloader, WatchOptions
+from tests.ggufgen import write_servable
 
 T = TypeVar("T")
 MB = 1 << 20
@@ -67,7 +68,7 @@ def entry(name: str, *aliases: str, **settings: Any) -> dict[str, Any]:
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
     for name in ("keep", "change", "drop", "new", "a", "b", "c"):
-        (tmp_path / f"{name}.gguf").touch()
+        write_servable(tmp_path / f"{name}.gguf")
     return tmp_path
 
 
