@@ -30,6 +30,7 @@ import numpy as np
 from .gguf import ModelLoadError, TensorInfo, read_header, split_part_paths
 from .hparams import HParams
 from .tokenizer import vocabulary_model
+from .weights import load_weights
 
 class _HeaderOnlyFile:
     """The part of GGUFFile the tensor walk uses, with zero bytes in place of the weights."""
@@ -49,17 +50,8 @@ class _HeaderOnlyFile:
 
 
 def _check_tensors(f: _HeaderOnlyFile, hp: HParams) -> None:
-    """The loader's own walk over the file's tensors (raises ModelLoadError as a load would).
-
-    The one seam to the loader: engine/weights.py's load_weights where the per-architecture
-    loader exists, model._load_weights before it."""
-    try:
-        from .weights import load_weights  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        from .model import _load_weights
-        _load_weights(f, hp)  # type: ignore[arg-type]
-        return
-    load_weights(f, hp, hp.n_ctx_train)  # n_ctx only picks LongRoPE's long or short factors
+    """The loader's own walk over the file's tensors (raises ModelLoadError as a load would)."""
+    load_weights(f, hp, hp.n_ctx_train)  # type: ignore[arg-type]  # n_ctx: LongRoPE's choice only
 
 
 def check_servable(path: str | os.PathLike[str]) -> HParams:

@@ -36,6 +36,7 @@ import yaml
 from gguf import LlamaFileType
 
 from engine.gguf import MAGIC, SPLIT_NAME, ModelLoadError, TensorInfo, read_header
+from engine.chat_formats import guess_format
 from engine.servable import judge_header
 
 from .config import ConfigError, ModelEntry, load_config
@@ -71,11 +72,12 @@ class FoundModel:
     n_ctx_train: int
     has_chat_template: bool
     n_parts: int = 1
+    builtin_template: str = "chatml"  # the built-in served when the file has no template
 
     def summary(self) -> str:
         """The comment written above the entry."""
         parts = f", split in {self.n_parts} parts" if self.n_parts > 1 else ""
-        template = "yes" if self.has_chat_template else "no (ChatML fallback)"
+        template = "yes" if self.has_chat_template else f"no (built-in {self.builtin_template!r})"
         return (f"{self.arch}, {format_count(self.n_params)} params, {self.quantization}"
                 f"{parts}, chat template: {template}")
 
@@ -212,6 +214,7 @@ def _judge(parts: list[Path], stem: str) -> FoundModel | Skipped:
         quantization=quantization(meta.get("general.file_type"), tensors),
         n_ctx_train=hp.n_ctx_train,
         has_chat_template=isinstance(meta.get("tokenizer.chat_template"), str),
+        builtin_template=guess_format(hp.arch, meta.get("tokenizer.ggml.tokens") or ())[0],
         n_parts=len(parts),
     )
 

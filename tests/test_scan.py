@@ -248,7 +248,7 @@ def test_yaml_and_toml_entries_carry_a_comment(written: Path, model_dir: Path) -
     following = "\n".join(lines[at + 1:at + 3])
     assert "tiny-a.Q8_0.gguf" in following
     assert any(line.strip() == "# llama, " + f"{format_count(n)} params, Q4_0, "
-               "chat template: no (ChatML fallback)" for line in lines)
+               "chat template: no (built-in 'chatml')" for line in lines)  # ChatML tokens
     assert any("Q8_0, split in 3 parts, chat template: yes" in line for line in lines)
 
 
