@@ -74,7 +74,7 @@ def _lark_string(text: str) -> str:
 
 
 _JSON_OPTIONS = '%llguidance {}\n'
-_WS = r'/[ \t\r\n]*/'
+_WS = r'/[ \t\r\n]{0,4}/'  # bounded: a model must not pad with blank lines forever
 
 
 class ToolFormat:
@@ -153,7 +153,7 @@ class ToolFormat:
 
 
 def _ws_re() -> str:
-    return r"[ \t\r\n]*"
+    return r"[ \t\r\n]{0,4}"
 
 
 def _settled(text: str, marker: str, final: bool) -> str:
@@ -484,6 +484,27 @@ def _json_string_prefix(text: str, final: bool) -> str:
         return str(json.loads('"' + part + '"'))
     except json.JSONDecodeError:
         return ""
+
+
+class ThinkingFormat(ToolFormat):
+    """No tools, but a template whose model may think first: the span is read as reasoning."""
+    family = "thinking"
+
+    def __init__(self, special: Callable[[str], int | None] = lambda text: None) -> None:
+        super().__init__(special, thinking=True)
+
+    def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
+        raise ValueError("a thinking format offers no tools")
+
+    def json_after_thinking(self, schema: dict[str, Any] | bool) -> str:
+        """Lark text: an optional <think> span, then JSON valid against `schema`."""
+        body = schema if isinstance(schema, dict) else {}
+        return (_JSON_OPTIONS + f"start: think? {_WS} {self._json(body)}\n"
+                + f"think[lazy]: /{_ws_re()}<think>(?s:.*)<\\/think>/\n")
+
+    def read(self, text: str, final: bool) -> Reply:
+        reasoning, rest, closed = self._split_thinking(text, final)
+        return Reply(content=_settled(rest, "", final) if closed else "", reasoning=reasoning)
 
 
 # --------------------------------------------------------------------------------- detection

@@ -18,7 +18,7 @@ import jsonschema
 
 from engine.constraint import (Constraint, ConstraintError, TokenizerAdapter, check_grammar,
                                gbnf_grammar, json_schema_grammar, lark_grammar)
-from engine.tool_formats import ToolFormat
+from engine.tool_formats import ThinkingFormat, ToolFormat
 
 from . import protocol as p
 from .errors import invalid_request
@@ -34,6 +34,7 @@ class Output:
     tool_format: ToolFormat | None = None     # replies are read for tool calls
     messages: list[dict[str, Any]] = field(default_factory=list)   # chat: for the template
     template_tools: list[dict[str, Any]] | None = None
+    json: dict[str, Any] | bool | None = None  # the schema the reply follows (closed), if any
 
     async def compile(self, tokenizer: Any) -> Constraint | None:
         if self.grammar is None:
@@ -141,17 +142,18 @@ def _generation_output(req: p.GenerationRequestBody) -> Output:
         raise invalid_request("'response_format' cannot be combined with 'json_schema' or "
                               "'grammar'", "response_format")
     if fmt is not None and fmt.type == "json_object":
-        return Output(json_schema_grammar(ANY_OBJECT), "response_format")
+        return Output(json_schema_grammar(ANY_OBJECT), "response_format", json=ANY_OBJECT)
     if fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
             raise invalid_request("'response_format.json_schema' is required when type is "
                                   "'json_schema'", "response_format.json_schema")
         schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else ANY_OBJECT
         param = "response_format.json_schema.schema"
-        return Output(_schema_grammar(closed(schema), param), param, {param: schema})
+        return Output(_schema_grammar(closed(schema), param), param, {param: schema},
+                      json=closed(schema))
     if req.json_schema is not None:
         return Output(_schema_grammar(closed(req.json_schema), "json_schema"), "json_schema",
-                      {"json_schema": req.json_schema})
+                      {"json_schema": req.json_schema}, json=closed(req.json_schema))
     if req.grammar is not None:
         try:
             return Output(gbnf_grammar(req.grammar), "grammar")
@@ -181,6 +183,11 @@ def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat) -> Output
     offered = bool(req.tools) and choice != "none"
     if not offered:
         out.messages, out.template_tools = tool_format.prompt(history, None)
+        if tool_format.thinking:  # <think> stays free, is returned as reasoning_content, and
+            thinking = ThinkingFormat(tool_format.special)  # a schema applies after it
+            out.tool_format = thinking
+            if out.json is not None:
+                out.grammar = lark_grammar(thinking.json_after_thinking(out.json))
         return out
     assert req.tools is not None
     if out.grammar is not None:

@@ -244,3 +244,29 @@ def test_generic_note_explains_the_reply_format_and_history_becomes_plain_turns(
     assert json.loads(msgs[2]["content"]) == {"tool_calls": [{"name": "add",
                                                              "arguments": {"a": 2, "b": 40}}]}
     assert msgs[3]["role"] == "user" and "42" in msgs[3]["content"]
+
+
+def test_a_schema_applies_after_a_free_thinking_span():
+    from engine.tool_formats import ThinkingFormat
+
+    fmt = detect((TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text(), VOCAB.special_id)
+    assert fmt.thinking
+    thinking = ThinkingFormat()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    grammar = lark_grammar(thinking.json_after_thinking(schema))
+
+    def ok(text: str) -> bool:
+        c = ADAPTER.compile(grammar)
+        for token in VOCAB.encode(text):
+            if not c.allowed()[token]:
+                return False
+            c.consume(token)
+        return c.accepting
+
+    assert ok('<think>\nany {text} here\n</think>\n\n{"a": 1}')
+    assert ok('{"a": 1}')
+    assert not ok('Sure: {"a": 1}')
+    assert not ok('<think>x</think>{"a": "one"}')
+    read = thinking.read('<think>\nhm\n</think>\n\n{"a": 1}', final=True)
+    assert read.reasoning == "hm" and read.content == '{"a": 1}'

@@ -307,3 +307,51 @@ def test_langchain_with_structured_output_parses(chat_model, method):
     assert isinstance(person, Person)
     streamed = list(structured.stream("Invent a person."))
     assert isinstance(streamed[-1], Person) and streamed[-1] == person
+
+
+# ------------------------------------------------------------------ a Hermes-family template
+
+@pytest.fixture(scope="module")
+def qwen_server(tmp_path_factory):
+    """A tiny random model served with Qwen2.5's template: the hermes family. (Qwen3's would let
+    a random model think forever: the <think> span is free; tests/test_tool_formats.py covers
+    it.)"""
+    from tests.ggufgen import write_tiny_llama
+
+    d = tmp_path_factory.mktemp("qwen")
+    model = write_tiny_llama(d / "tiny.gguf", seed=5)
+    template = Path(__file__).parent / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    config = write_config(d / "modelyard.yaml", {"models": [
+        {"model": str(model), "aliases": ["q"], "n_ctx": 2048, "chat_template": str(template)}]})
+    srv = Server(config).start()
+    yield srv
+    srv.stop()
+
+
+# a random model never ends a number or a string by itself: bounded parameters only
+BOUNDED = [{"type": "function", "function": {
+    "name": f"tool_{i}", "parameters": {"type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "word": {"type": "string", "maxLength": 8}, "mode": {"enum": ["x", "y"]}},
+        "required": ["n", "word", "mode"]}}} for i in range(3)]
+
+
+def test_a_hermes_template_gets_calls_in_its_own_format(qwen_server):
+    kwargs = dict(model="q", messages=ask("Add 2 and 40."), tools=BOUNDED,
+                  tool_choice="required", parallel_tool_calls=False, max_tokens=300,
+                  temperature=0)
+    whole = qwen_server.client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "tool_calls", whole
+    (call,) = whole.message.tool_calls
+    tool = {t["function"]["name"]: t for t in BOUNDED}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    args, content = "", ""
+    for chunk in qwen_server.client.chat.completions.create(stream=True, **kwargs):
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            args += tc.function.arguments or ""
+        if chunk.choices:
+            content += chunk.choices[0].delta.content or ""
+    assert args == call.function.arguments
+    assert content == (whole.message.content or "")
+    assert "<tool_call>" not in content and "<think>" not in content
+
