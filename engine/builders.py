@@ -99,7 +99,8 @@ class GraphBuilder:
                    v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
                    scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
                    n_kv_head=hp.n_head_kv, head_dim=hp.head_dim, scale=scale, group=group,
-                   window=hp.layer_window(layer), ring=k_cache.shape[1], softcap=hp.attn_softcap)
+                   window=hp.layer_window(layer), ring=tr.cache.group(layer).ring,
+                   softcap=hp.attn_softcap)
         self.graph.barrier()
 
     def glu(self, act: str) -> None:
@@ -189,12 +190,17 @@ class EagerBuilder:
             self.bufs[name] = ops.rope(x, self.positions, hp.n_rot, tr.ropes[layer],
                                        neox=neox).reshape(T, -1)
         k_cache, v_cache, _ = tr.cache.layer(layer)                     # [slot, rows, n_kv, hd]
+        group = tr.cache.group(layer)
         k = self.bufs["k"].reshape(T, hp.n_head_kv, hp.head_dim)
         v = self.bufs["v"].reshape(T, hp.n_head_kv, hp.head_dim)
         for c, (a, b) in zip(self.chunks, self.spans):
-            rows = self.positions[a:b] % k_cache.shape[1]
+            rows = self.positions[a:b] % group.ring
             k_cache[c.slot, rows] = k[a:b]
             v_cache[c.slot, rows] = v[a:b]
+            if group.is_ring:  # the ring's mirror of its first window - 1 rows (engine.kv)
+                mirrored = rows < group.window - 1
+                k_cache[c.slot, rows[mirrored] + group.ring] = k[a:b][mirrored]
+                v_cache[c.slot, rows[mirrored] + group.ring] = v[a:b][mirrored]
 
     def scale_q(self) -> None:
         ops.scale(self.bufs["q"], self.hp.scale(), out=self.bufs["q"])
@@ -203,12 +209,14 @@ class EagerBuilder:
     def attention(self, layer: int) -> None:
         hp, tr, T = self.hp, self.tr, self.positions.shape[0]
         k_cache, v_cache, _ = tr.cache.layer(layer)
+        ring = tr.cache.group(layer).ring
         scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
         q = self.bufs["q"].reshape(T, hp.n_head, hp.head_dim)
         out = np.empty_like(q)
         for c, (a, b) in zip(self.chunks, self.spans):
             tr.attention(q[a:b], k_cache[c.slot], v_cache[c.slot], c.pos0, out=out[a:b],
-                         scale=scale, window=hp.layer_window(layer), softcap=hp.attn_softcap)
+                         scale=scale, window=hp.layer_window(layer), ring=ring,
+                         softcap=hp.attn_softcap)
         self.bufs["q"] = out.reshape(T, hp.q_dim)
 
     def glu(self, act: str) -> None:

@@ -3,14 +3,19 @@
 Layers fall into cache groups by how far back they look. A full-attention layer keeps every
 position of a sequence, `n_ctx` rows per slot. A sliding-window layer (gemma's local layers)
 sees only the last `window` positions, so it keeps a ring: the key at position p lives in row
-p % rows. The ring is longer than the window by one chunk (rows = window + MAX_CHUNK - 1, as
+p % ring. The ring is longer than the window by one chunk (ring = window + MAX_CHUNK - 1, as
 llama.cpp sizes its SWA cache n_swa + n_ubatch): a chunk writes all its keys before its queries
-attend, and the chunk's last key must not overwrite one its first query still sees. So Gemma 3
-270M at n_ctx 32768 keeps 1023 rows per slot in its 15 local layers and 32768 in its 3 global ones.
+attend, and the chunk's last key must not overwrite one its first query still sees. Its first
+window - 1 rows are mirrored past its end (a key with p % ring < window - 1 is written twice),
+so any window of keys lies in consecutive rows and attention reads them like a full cache,
+without a wrap test per key (that test cost a third of the attention kernels' time). So Gemma 3
+270M at n_ctx 32768 keeps 1023 + 511 rows per slot in its 15 local layers and 32768 in its 3
+global ones.
 
     group g:  k[g], v[g]  f16 [slot, layer of the group, rows, n_kv_head, head_dim]
-    token at position p of slot s  ->  row  s * n_layers(g) * rows(g) + p % rows(g)
-                                       (counted from that layer's first row, k[g][0, layer])
+    token at position p of slot s  ->  row  s * n_layers(g) * rows(g) + p % ring(g)
+                                       (counted from that layer's first row, k[g][0, layer]),
+                                       and + ring(g) too when p % ring(g) < window - 1
 
 KVLayout owns this arithmetic (the forward pass, its tasks and the attention kernel all follow
 it); KVCache owns the arrays and what each slot holds. A ring forgets: a slot that held `held`
@@ -33,9 +38,14 @@ MAX_CHUNK = 512
 @dataclass(frozen=True)
 class CacheGroup:
     layers: tuple[int, ...]   # the model layers in this group, in order
-    rows: int                 # rows per slot and layer: n_ctx, or a ring
+    ring: int                 # positions wrap at this many rows: n_ctx, or a ring
     window: int               # keys a query sees, itself included (0: every earlier one)
-    is_ring: bool             # rows < n_ctx: positions wrap, old ones are overwritten
+    is_ring: bool             # ring < n_ctx: positions wrap, old ones are overwritten
+
+    @property
+    def rows(self) -> int:
+        """Rows stored per slot and layer: a ring's mirror of its first window - 1 included."""
+        return self.ring + self.window - 1 if self.is_ring else self.ring
 
 
 class KVLayout:
@@ -49,8 +59,8 @@ class KVLayout:
             by_window.setdefault(hp.layer_window(li), []).append(li)
         groups = []
         for window, layers in sorted(by_window.items()):
-            rows = n_ctx if window == 0 else min(n_ctx, window + MAX_CHUNK - 1)
-            groups.append(CacheGroup(tuple(layers), rows, window, rows < n_ctx))
+            ring = n_ctx if window == 0 else min(n_ctx, window + MAX_CHUNK - 1)
+            groups.append(CacheGroup(tuple(layers), ring, window, ring < n_ctx))
         self.groups: tuple[CacheGroup, ...] = tuple(groups)
         self.where: dict[int, tuple[int, int]] = {  # layer -> (group, index in the group)
             li: (g, i) for g, grp in enumerate(self.groups) for i, li in enumerate(grp.layers)}
@@ -61,29 +71,34 @@ class KVLayout:
 
     def max_chunk(self) -> int:
         """Most tokens one chunk may hold (a ring must keep its first query's window)."""
-        rings = [g.rows - g.window + 1 for g in self.groups if g.is_ring]
+        rings = [g.ring - g.window + 1 for g in self.groups if g.is_ring]
         return min(rings) if rings else self.n_ctx
 
     def resumable(self, held: int, n: int) -> bool:
         """Can a slot that has cached positions [0, held) continue at position n <= held? A ring
-        keeps only its last `rows` positions, and position n needs the window before it."""
-        return n == 0 or all(held - g.rows <= max(0, n - g.window + 1)
+        keeps only its last `ring` positions, and position n needs the window before it."""
+        return n == 0 or all(held - g.ring <= max(0, n - g.window + 1)
                              for g in self.groups if g.is_ring)
 
     def step_tables(self, slots: list[int], pos0s: list[int], counts: list[int],
-                    positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per group, the cache row of every token and every chunk's row of the chunk table:
-        (kv_rows int64 [n_groups, T], chunks int64 [n_groups, C, 4] of (first token row, n_q,
-        pos0, the slot's first row)); positions: int64 [T], the chunks' tokens in order."""
+                    positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per group, the cache rows of every token and every chunk's row of the chunk table:
+        (kv_rows int64 [n_groups, T], mirror_rows int64 [n_groups, T]: a ring's second row of
+        the token, else -1, chunks int64 [n_groups, C, 4] of (first token row, n_q, pos0, the
+        slot's first row)); positions: int64 [T], the chunks' tokens in order."""
         G, C, T = len(self.groups), len(slots), positions.shape[0]
         kv_rows = np.empty((G, T), np.int64)
+        mirror = np.full((G, T), -1, np.int64)
         chunks = np.empty((G, C, 4), np.int64)
         first = np.cumsum([0, *counts[:-1]])
         for g, grp in enumerate(self.groups):
             slot_row = np.array(slots, np.int64) * (len(grp.layers) * grp.rows)      # [C]
-            kv_rows[g] = np.repeat(slot_row, counts) + positions % grp.rows
+            in_ring = positions % grp.ring
+            kv_rows[g] = np.repeat(slot_row, counts) + in_ring
+            if grp.is_ring:
+                np.copyto(mirror[g], kv_rows[g] + grp.ring, where=in_ring < grp.window - 1)
             chunks[g] = np.stack([first, counts, pos0s, slot_row], axis=1)
-        return kv_rows, chunks
+        return kv_rows, mirror, chunks
 
 
 class KVCache:
@@ -112,6 +127,9 @@ class KVCache:
         """(k, v) f16 [slot, rows, kv_head, head_dim] of layer li, and its group's index."""
         g, i = self.layout.where[li]
         return self.k[g][:, i], self.v[g][:, i], g
+
+    def group(self, li: int) -> CacheGroup:
+        return self.layout.groups[self.layout.where[li][0]]
 
     def reusable(self, slot: int, n: int) -> int:
         """n if the slot's first n cached tokens can be continued from, else 0 (a ring forgot)."""

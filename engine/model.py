@@ -194,7 +194,7 @@ class Transformer:
         counts = [b - a for a, b in spans]
         positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c.tokens), dtype=np.int64)
                                     for c in chunks])                              # [T]
-        kv_rows, chunk_tables = self.cache.layout.step_tables(
+        kv_rows, kv_mirror, chunk_tables = self.cache.layout.step_tables(
             [c.slot for c in chunks], [c.pos0 for c in chunks], counts, positions)
         kind = self.governor.kind(output, T)
         threads = self.governor.choose(kind)
@@ -208,9 +208,9 @@ class Transformer:
             tasks.MATMUL.fill(out_args, out=_addr(result))
         tasks.STEP.fill(self._step, n_tokens=T, n_out=n_out, n_chunks=len(chunks),
                         positions=_addr(positions), kv_rows=_addr(kv_rows),
-                        chunks=_addr(chunk_tables), seg_start=_addr(seg_start), segs=_addr(segs),
+                        kv_mirror=_addr(kv_mirror), chunks=_addr(chunk_tables), seg_start=_addr(seg_start), segs=_addr(segs),
                         out_rows=_addr(out_rows))
-        self._step_arrays = (positions, kv_rows, chunk_tables, seg_start, segs, out_rows)
+        self._step_arrays = (positions, kv_rows, kv_mirror, chunk_tables, seg_start, segs, out_rows)
         started = time.perf_counter()
         self.pool.run(graph, _addr(self._step), threads)
         self.governor.record(kind, threads, time.perf_counter() - started)

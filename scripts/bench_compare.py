@@ -3,6 +3,9 @@
     python scripts/bench_compare.py [MODEL.gguf] [--rounds 5] [--threads 1 2]
                                     [--peer-python /opt/llama-venv/bin/python] [--no-kquant]
 
+MODEL is any GGUF file the engine serves (default: SmolLM2 from the cache), e.g. Gemma 3 270M:
+    python scripts/bench_compare.py ~/.cache/modelyard/gemma-3-270m-q4_k_m.gguf --threads 2
+
 Every measurement runs in a fresh process, engines interleaved (ours, peer, ours, peer, ...) so
 that other load on the machine hits both alike; the table shows medians over --rounds and the
 ratio ours/peer. Figures per process:
@@ -15,7 +18,8 @@ llama.cpp is an optional peer, never a dependency: build it in its own venv with
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
 Without it, only modelyard's figures are printed. The engine's bytecode is compiled first (as an
 install would have it). With it, a Q4_K_M copy of the model is made
-once with llama.cpp's quantizer (cached next to the model) and decode is compared on it too.
+once with llama.cpp's quantizer (cached next to the model) and decode is compared on it too,
+unless the model already is Q4_K_M.
 """
 from __future__ import annotations
 
@@ -187,11 +191,14 @@ def main() -> None:
                     help=f"python of a venv with llama-cpp-python (default: {DEFAULT_PEER} if present)")
     ap.add_argument("--no-kquant", action="store_true", help="skip the Q4_K_M decode comparison")
     args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
     if args.model is None:
-        sys.path.insert(0, str(REPO))
         from engine.default_model import default_model_path
         args.model = str(default_model_path())
     model = Path(args.model)
+    from engine.gguf import read_header
+    meta, _ = read_header(model)
+    arch, file_type = meta.get("general.architecture"), meta.get("general.file_type")
     peer = args.peer_python
     if peer and not os.path.exists(peer):
         print(f"peer python {peer} does not exist")
@@ -204,7 +211,7 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "engine")],
                    capture_output=True, check=False)
     jobs: list[tuple[str, Path, str]] = [("main", model, "prefill")]
-    if peer and not args.no_kquant:
+    if peer and not args.no_kquant and file_type != 15:  # 15: already LLAMA_FTYPE_MOSTLY_Q4_K_M
         kq = kquant_copy(peer, model)
         if kq is not None:
             jobs.append(("Q4_K_M", kq, "decode"))
@@ -220,7 +227,7 @@ def main() -> None:
         results.setdefault(("lazy", threads, "ours"), []).append(first_request_ms(model, threads))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
-    print(f"model: {model.name}; {args.rounds} rounds, medians; ratio = ours / llama.cpp")
+    print(f"model: {model.name} ({arch}); {args.rounds} rounds, medians; ratio = ours / llama.cpp")
     print(f"{'figure':36s} {'threads':>7s} {'modelyard':>10s} {'llama.cpp':>10s} {'ratio':>7s}")
     rows = [("decode tok/s (128 after 8)", "main", "decode"),
             ("prefill tok/s (512 prompt)", "main", "prefill"),

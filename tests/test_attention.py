@@ -254,11 +254,14 @@ def test_exact_reference_is_softmax_attention():
 
 # -- sliding windows, rings and softcaps (gemma) ----------------------------------------------------
 
-def ring_of(cache: np.ndarray, n_rows: int, n_pos: int) -> np.ndarray:
-    """The ring of n_rows a cache of positions 0..n_pos-1 leaves: position p in row p % n_rows."""
-    ring = np.full((n_rows, *cache.shape[1:]), np.nan, cache.dtype)
+def ring_of(cache: np.ndarray, n_rows: int, n_pos: int, window: int) -> np.ndarray:
+    """The ring of n_rows a cache of positions 0..n_pos-1 leaves, as engine.kv stores it:
+    position p in row p % n_rows, and in row p % n_rows + n_rows when that is < window - 1."""
+    ring = np.full((n_rows + window - 1, *cache.shape[1:]), np.nan, cache.dtype)
     for p in range(n_pos):
         ring[p % n_rows] = cache[p]
+        if p % n_rows < window - 1:
+            ring[p % n_rows + n_rows] = cache[p]
     return ring
 
 
@@ -278,13 +281,14 @@ def test_a_window_matches_the_twin_and_a_ring_gives_the_bits_of_a_full_cache(ker
     assert np.array_equal(kernels[threads](q, k_old, v_old, pos0, window=window), full)
     n_rows = window + n_q - 1  # the shortest ring that keeps the first query's window
     if n_rows < n_pos:
-        got = kernels[threads](q, ring_of(k, n_rows, n_pos), ring_of(v, n_rows, n_pos), pos0,
-                               window=window)
+        k_ring, v_ring = ring_of(k, n_rows, n_pos, window), ring_of(v, n_rows, n_pos, window)
+        got = kernels[threads](q, k_ring, v_ring, pos0, window=window, ring=n_rows)
         assert np.array_equal(got.view(np.uint32), full.view(np.uint32))
-    np.testing.assert_allclose(attention_exact(q, k, v, pos0, window=window),
-                               attention_exact(q, ring_of(k, max(n_rows, 1), n_pos),
-                                               ring_of(v, max(n_rows, 1), n_pos), pos0,
-                                               window=window), rtol=1e-6, atol=1e-6)
+        for fa in (True, False):  # the twins read the ring's primary rows only
+            np.testing.assert_allclose(
+                attention_reference(q, k, v, pos0, window=window, flash_attn=fa),
+                attention_reference(q, k_ring, v_ring, pos0, window=window, flash_attn=fa,
+                                    ring=n_rows), rtol=1e-6, atol=1e-6)
 
 
 def test_a_window_is_the_textbook_mask():
@@ -300,7 +304,9 @@ def test_a_window_is_the_textbook_mask():
 def test_a_ring_too_short_for_the_chunk_is_refused(kernels):
     q, k, v = make_case(np.random.default_rng(12), 4, 20, 2, 1, 64, 24)
     with pytest.raises(ValueError, match="window"):
-        kernels[1](q, k[:10].copy(), v[:10].copy(), 20, window=8)  # needs 8 + 4 - 1 rows
+        kernels[1](q, k[:17].copy(), v[:17].copy(), 20, window=8, ring=10)  # needs 8 + 4 - 1
+    with pytest.raises(ValueError, match="window"):
+        kernels[1](q, k[:12].copy(), v[:12].copy(), 20, window=8, ring=11)  # no room to mirror
 
 
 @pytest.mark.parametrize("n_q,pos0", [(3, 9), (66, 0)])

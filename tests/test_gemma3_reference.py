@@ -40,7 +40,7 @@ def test_the_architecture_reads_as_llama_cpp_reads_it(gemma) -> None:
     assert (hp.rope_base, hp.rope_base_swa) == (1e6, 1e4)
     assert facts  # the facts file is there to read; the figures above are its README's
     groups = gemma.transformer.cache.layout.groups
-    assert [(len(g.layers), g.rows) for g in groups] == [(3, 1024), (15, 1023)]
+    assert [(len(g.layers), g.ring, g.rows) for g in groups] == [(3, 1024, 1024), (15, 1023, 1534)]
 
 
 def test_logits_match_llama_cpp(gemma) -> None:

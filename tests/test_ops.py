@@ -209,3 +209,69 @@ def test_facades_reject_bad_arrays():
         ops.softmax(x, out=np.zeros((2, 4), np.float32))
     with pytest.raises(ValueError):
         ops.softmax(np.ones((), np.float32))
+
+
+# -- the other families' glue: NEOX rope, gelu, biases, softcap, scale ------------------------------
+
+def rope_neox_complex(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+    """Independent formulation of NEOX: pair (x[i], x[i + n_rot/2]) as one complex number."""
+    half = n_rot // 2
+    freq = 1.0 / np.power(float(base), 2.0 * np.arange(half) / n_rot)
+    rot = np.exp(1j * np.outer(np.asarray(positions, np.float64), freq))[:, None, :]
+    z = (x[..., :half].astype(np.float64) + 1j * x[..., half:n_rot]) * rot
+    y = x.astype(np.float64)
+    y[..., :half], y[..., half:n_rot] = z.real, z.imag
+    return y
+
+
+@pytest.mark.parametrize("head_dim,n_rot", [(64, 64), (256, 256), (16, 16), (64, 32), (32, 12)])
+def test_rope_neox_matches_complex_rotation_and_twin(head_dim, n_rot):
+    x = rand((6, 3, head_dim), head_dim + 2 * n_rot)
+    pos = np.array([0, 1, 2, 17, 511, 3000])
+    got = ops.rope(x, pos, n_rot, 1e6, neox=True)
+    np.testing.assert_allclose(got, rope_neox_complex(x, pos, n_rot, 1e6), rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(got, ops.rope_reference(x, pos, n_rot, 1e6, neox=True), rtol=1e-5, atol=2e-6)
+    assert np.array_equal(got[..., n_rot:], x[..., n_rot:]) and np.array_equal(got[0], x[0])
+    # the same rotation on other pairs: NEOX of x is NORM of x with its halves interleaved
+    perm = np.ravel(np.stack([np.arange(n_rot // 2), np.arange(n_rot // 2, n_rot)], 1))
+    perm = np.concatenate([perm, np.arange(n_rot, head_dim)])
+    norm = ops.rope(np.ascontiguousarray(x[..., perm]), pos, n_rot, 1e6)
+    np.testing.assert_allclose(norm, got[..., perm], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_gelu_mul_matches_twin(n):
+    gate, up = rand(n, n, scale=4.0), rand(n, n + 1)
+    got = ops.gelu_mul(gate, up)
+    # the twin rounds as ggml's f16 table does; the kernel's f16 rounding keeps a few more bits
+    # only for f16-subnormal inputs, and the last multiply may differ by one float32 ulp
+    np.testing.assert_allclose(got, ops.gelu_mul_reference(gate, up), rtol=3e-7, atol=1e-7)
+
+
+def test_gelu_mul_is_gelu_tanh_to_f16_precision_and_its_edges():
+    g = np.concatenate([np.linspace(-12, 12, 4001, dtype=np.float32), [-10, 10, 0]]).astype(np.float32)
+    got = ops.gelu_mul(g, np.ones_like(g))
+    exact = ops.gelu_tanh_reference(g)
+    np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-4)  # f16 input and output
+    assert (got[g <= -10] == 0).all() and np.array_equal(got[g >= 10], g[g >= 10])
+    out = g.copy()
+    ops.gelu_mul(out, np.ones_like(g), out=out)
+    assert np.array_equal(out, got)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_add_bias_is_exact(n):
+    x, bias = rand((5, n), n), rand(n, n + 2)
+    assert np.array_equal(ops.add_bias(x, bias), x + bias)
+    ops.add_bias(x, bias, out=x)
+    assert np.array_equal(x, rand((5, n), n) + bias)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_softcap_and_scale_match_twins(n):
+    x = rand(n, n, scale=30.0)
+    np.testing.assert_allclose(ops.softcap(x, 12.0), ops.softcap_reference(x, 12.0), rtol=2e-6, atol=3e-6)
+    assert np.abs(ops.softcap(x * 100, 12.0)).max() <= 12.0
+    assert np.array_equal(ops.scale(x, 0.0625), x * np.float32(0.0625))
+    with pytest.raises(ValueError):
+        ops.softcap(x, 0.0)

@@ -87,7 +87,7 @@ def test_a_batch_past_the_ring_gives_the_tokens_of_a_lone_sequence(gemma):
     words = ("The river valley has a long history, full of small stories about farmers, "
              "travellers and the weather. ")
     long_ids = prompt_ids(gemma, words * 80)[:1300]
-    assert len(long_ids) == 1300 and gemma.transformer.cache.layout.groups[1].rows == 1023
+    assert len(long_ids) == 1300 and gemma.transformer.cache.layout.groups[1].ring == 1023
     want = alone(gemma, long_ids, GREEDY, 12)
     runner = BatchRunner(gemma, prefill_budget=128)
     seqs = [Sequence(long_ids, params=GREEDY, max_tokens=12, stop_at_eog=False),

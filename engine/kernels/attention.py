@@ -113,7 +113,8 @@ def _define(module: ir.Module, name: str, scratch: str) -> tuple[ir.IRBuilder, l
         ("n_q", I64), ("n_head", I64), ("n_kv_head", I64), ("head_dim", I64), ("pos0", I64),
         ("scale", F32), ("w_begin", I64), ("w_end", I64),
         ("window", I64),           # keys a query sees, itself included (0: all before it)
-        ("ring", I64),             # cache rows: the key at position p is row p % ring
+        ("ring", I64),             # the key at position p is row p % ring (and, for p % ring <
+        #                            window - 1, also row p % ring + ring: engine.kv's mirror)
         ("softcap", F32)])         # scores become softcap * tanh(s / softcap) (0: off)
 
 
@@ -124,17 +125,14 @@ class _Item:
     n_keys_block: ir.Value  # n_keys rounded down to ROWS
     q_row: ir.Value         # [head_dim] its query
     out_row: ir.Value       # [head_dim] its output
-    k_head: ir.Value        # its kv head's first key (row stride n_kv_head * head_dim)
-    v_head: ir.Value        # its kv head's first value
-    first_row: ir.Value     # cache row of its first key: (pos0 + query + 1 - n_keys) % ring
-    ring: ir.Value
+    k_head: ir.Value        # its kv head in its first key's row (row stride n_kv_head * head_dim):
+    v_head: ir.Value        # cache row (pos0 + query + 1 - n_keys) % ring; and its first value
     row_stride: ir.Value
 
     def row(self, b: ir.IRBuilder, head: ir.Value, t: ir.Value) -> ir.Value:
-        """Its t-th key's (or value's) row, t < n_keys: the ring wraps at most once."""
-        r = b.add(self.first_row, t)
-        r = b.select(b.icmp_signed(">=", r, self.ring), b.sub(r, self.ring), r)
-        return gep(b, head, b.mul(r, self.row_stride))
+        """Its t-th key's (or value's) row, t < n_keys: consecutive rows, also where a ring
+        wraps, since a ring's first window - 1 rows are mirrored past its end (engine.kv)."""
+        return gep(b, head, b.mul(t, self.row_stride))
 
 
 def _item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, out: ir.Value,
@@ -145,10 +143,9 @@ def _item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, o
     n_all = b.add(b.add(pos0, query), i64(1))  # keys up to and including its own position
     clipped = b.and_(b.icmp_signed(">", window, i64(0)), b.icmp_signed(">", n_all, window))
     n_keys = b.select(clipped, window, n_all)
-    first_row = b.urem(b.sub(n_all, n_keys), ring)
+    first = b.add(b.mul(b.urem(b.sub(n_all, n_keys), ring), row_stride), b.mul(kv_head, head_dim))
     return _Item(n_keys, ops.round_down(b, n_keys, ROWS), gep(b, q, b.mul(w, head_dim)),
-                 gep(b, out, b.mul(w, head_dim)), gep(b, k, b.mul(kv_head, head_dim)),
-                 gep(b, v, b.mul(kv_head, head_dim)), first_row, ring, row_stride)
+                 gep(b, out, b.mul(w, head_dim)), gep(b, k, first), gep(b, v, first), row_stride)
 
 
 def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
@@ -175,15 +172,27 @@ def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
         max4 = variable(b, V4F32, const(V4F32, -math.inf), "max4")
         with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
             rows = [it.row(b, k_head, b.add(t, i64(r))) for r in range(ROWS)]
-            s4 = _scores(b, [q_row], rows, head_dim, scale, softcap, f16c)[0]
+            s4 = _scores(b, [q_row], rows, head_dim, scale, None, f16c)[0]
             store(b, s4, scores, t)
             b.store(ops.maxnum(b, b.load(max4), s4), max4)
         max1 = variable(b, F32, const(F32, -math.inf), "max1")
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
-            s = _scores(b, [q_row], [it.row(b, k_head, t)], head_dim, scale, softcap, f16c)[0]
+            s = _scores(b, [q_row], [it.row(b, k_head, t)], head_dim, scale, None, f16c)[0]
             store(b, s, scores, t)
             b.store(ops.maxnum(b, b.load(max1), s), max1)
-        mx = ops.splat(b, ops.maxnum(b, ops.hmax(b, b.load(max4)), b.load(max1)))
+        mx1 = ops.maxnum(b, ops.hmax(b, b.load(max4)), b.load(max1))
+        # the softcap as a pass of its own (not a branch in the key loop): it is monotonic, so
+        # the capped scores' max is the capped max
+        pre_cap = b.block
+        with b.if_then(b.fcmp_ordered(">", softcap, const(F32, 0.0)), likely=False):
+            with counted_loop(b, i64(0), n_keys, VEC, "cap") as t:  # scratch is whole vectors
+                store(b, _capped(b, load(b, scores, t, V8F32), softcap), scores, t)
+            capped_mx = _capped(b, mx1, softcap)
+            cap_block = b.block
+        mx_phi = b.phi(F32)
+        mx_phi.add_incoming(mx1, pre_cap)
+        mx_phi.add_incoming(capped_mx, cap_block)
+        mx = ops.splat(b, mx_phi)
 
         # -- pass 2: p = exp(s - max) in place, l = sum p ---------------------------------
         total = variable(b, V8F32, const(V8F32, 0.0), "total")
@@ -229,17 +238,19 @@ def _keys_per_score_pass(n: int) -> int:
     return next(kp for kp in (ROWS, 2, 1) if kp * (n + 1) + 1 <= 15)
 
 
-def _softcap(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
-    """cap * tanh(s / cap) when cap > 0, else s (a branch on a per-call constant: free when off).
-    tanh(y) = 1 - 2 / (e^(2y) + 1), which saturates cleanly at +-1 with ops.exp's clamps."""
+def _capped(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
+    """cap * tanh(s / cap) (ops.tanh), for a float or a vector; cap is a float."""
     ty = s.type
-    lanes = ty.count if isinstance(ty, ir.VectorType) else 0
-    capv = ops.splat(b, cap, lanes) if lanes else cap
+    capv = ops.splat(b, cap, ty.count) if isinstance(ty, ir.VectorType) else cap
+    return b.fmul(capv, ops.tanh(b, b.fdiv(s, capv)))
+
+
+def _softcap(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
+    """cap * tanh(s / cap) when cap > 0, else s (a branch on a per-call constant)."""
+    ty = s.type
     pre = b.block
     with b.if_then(b.fcmp_ordered(">", cap, const(F32, 0.0))):
-        e = ops.exp(b, b.fmul(b.fdiv(s, capv), const(ty, 2.0)))
-        t = b.fsub(const(ty, 1.0), b.fdiv(const(ty, 2.0), b.fadd(e, const(ty, 1.0))))
-        capped = b.fmul(capv, t)
+        capped = _capped(b, s, cap)
         then = b.block
     out = b.phi(ty)
     out.add_incoming(s, pre)
@@ -248,7 +259,7 @@ def _softcap(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
 
 
 def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], head_dim: ir.Value,
-            scale: ir.Value, softcap: ir.Value, f16c: bool) -> list[ir.Value]:
+            scale: ir.Value, softcap: ir.Value | None, f16c: bool) -> list[ir.Value]:
     """Per query row (head), scale * (q . k) for ROWS key rows (a <ROWS x float>) or one (a float).
 
     Per lane an fma chain over head_dim, then hsum4x8's or hsum's (equal) fixed tree: the same
@@ -269,11 +280,13 @@ def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], hea
                     b.store(fmuladd(b, qc, ks[r], b.load(accs[j][r])), accs[j][r])
         for j in range(n):
             sums[j] += [b.load(a) for a in accs[j]]
+    def cap(s: ir.Value) -> ir.Value:
+        return s if softcap is None else _softcap(b, s, softcap)
+
     if len(k_rows) == ROWS:
-        return [_softcap(b, b.fmul(ops.hsum4x8(b, sums[j]), ops.splat(b, scale, ROWS)), softcap)
-                for j in range(n)]
+        return [cap(b.fmul(ops.hsum4x8(b, sums[j]), ops.splat(b, scale, ROWS))) for j in range(n)]
     assert len(k_rows) == 1
-    return [_softcap(b, b.fmul(ops.hsum(b, sums[j][0]), scale), softcap) for j in range(n)]
+    return [cap(b.fmul(ops.hsum(b, sums[j][0]), scale)) for j in range(n)]
 
 
 def _prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
@@ -481,7 +494,8 @@ def build_attention_module(f16c: bool) -> ir.Module:
     return module
 
 
-def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, window: int) -> None:
+def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, window: int,
+           ring: int) -> None:
     if not (isinstance(q, np.ndarray) and q.dtype == np.float32 and q.ndim == 3 and q.flags.c_contiguous):
         raise TypeError("q must be a C-contiguous float32 array [n_q, n_head, head_dim]")
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -501,10 +515,15 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, w
         raise ValueError(f"window must be >= 0, got {window}")
     if not 0 <= pos0:
         raise ValueError(f"pos0 must be >= 0, got {pos0}")
-    if pos0 + n_q > n_ctx and not (window and n_q + window - 1 <= n_ctx):
-        # a ring of n_ctx rows: the chunk's own keys must not overwrite keys its first query sees
-        raise ValueError(f"queries at positions {pos0}..{pos0 + n_q - 1} do not fit a cache of "
-                         f"{n_ctx} rows" + (f" with a window of {window}" if window else ""))
+    if ring == n_ctx:
+        if pos0 + n_q > n_ctx:
+            raise ValueError(f"queries at positions {pos0}..{pos0 + n_q - 1} do not fit a cache "
+                             f"of {n_ctx} rows")
+    elif not (window and ring + window - 1 <= n_ctx and n_q + window - 1 <= ring):
+        # a ring: the chunk's own keys must not overwrite keys its first query sees, and the
+        # mirrored rows past its end must hold a whole window
+        raise ValueError(f"a ring of {ring} rows ({n_ctx} stored) cannot hold {n_q} queries "
+                         f"with a window of {window}")
 
 
 class AttentionKernel:
@@ -543,18 +562,20 @@ class AttentionKernel:
 
     def __call__(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                  out: np.ndarray | None = None, *, scale: float | None = None, window: int = 0,
-                 softcap: float = 0.0) -> np.ndarray:
+                 ring: int | None = None, softcap: float = 0.0) -> np.ndarray:
         """q [n_q, n_head, head_dim] f32 at positions pos0.. -> [n_q, n_head, head_dim] f32.
 
         Query i sees the keys at positions 0 .. pos0 + i (the last `window` of them when window
-        > 0); the key at position p is cache row p % n_rows (a ring when the window is shorter
-        than the context). Head h reads kv head h // (n_head // n_kv_head). out may be q itself
+        > 0). The key at position p is cache row p % ring (ring defaults to the cache's rows);
+        a ring shorter than the cache mirrors its first window - 1 rows past its end, as
+        engine.kv stores it. Head h reads kv head h // (n_head // n_kv_head). out may be q itself
         (but not overlap it partially). scale defaults to 1/sqrt(head_dim); softcap > 0 caps
         the scaled scores to softcap * tanh(s / softcap) (gemma 2).
         """
         pos0 = operator.index(pos0)  # an int; a float position is a caller bug
         window = operator.index(window)
-        _check(q, k_cache, v_cache, pos0, window)
+        ring = k_cache.shape[0] if ring is None else operator.index(ring)
+        _check(q, k_cache, v_cache, pos0, window, ring)
         n_q, n_head, head_dim = q.shape
         n_kv_head = k_cache.shape[1]
         if out is None:
@@ -577,14 +598,14 @@ class AttentionKernel:
             scores = np.empty(stride, np.float32)
             fn(ops.address(q), ops.address(k_cache), ops.address(v_cache), ops.address(out),
                ops.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items,
-               window, k_cache.shape[0], softcap)
+               window, ring, softcap)
             return out
-        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, softcap)
+        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, ring, softcap)
         return out
 
     def _run_split(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                    out: np.ndarray, pos0: int, scale: float, stride: int, window: int,
-                   softcap: float) -> None:
+                   ring: int, softcap: float) -> None:
         """One chunk's items split by cost over the pool, through the graph's attention task."""
         from engine.kernels import tasks  # noqa: PLC0415 - tasks builds on this module
 
@@ -594,32 +615,34 @@ class AttentionKernel:
         chunks = np.array([[0, n_q, pos0, 0]], np.int64)                    # [1, 4]
         scratch = np.empty((self.n_threads, stride), np.float32)           # [thread, stride]
         step = tasks.STEP.pack(n_tokens=n_q, n_out=0, n_chunks=1, positions=0, kv_rows=0,
-                               chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
+                               kv_mirror=0, chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
                                segs=segs.ctypes.data, out_rows=0)
         args = tasks.ATTENTION.pack(
             f16acc=self.f16acc_address, exact=self.exact_address, q=ops.address(q),
             k_cache=ops.address(k_cache), v_cache=ops.address(v_cache), out=ops.address(out),
             scratch=scratch.ctypes.data, scratch_bytes=4 * stride, n_head=n_head,
             n_kv_head=k_cache.shape[1], head_dim=head_dim, scale=scale, group=0,
-            window=window, ring=k_cache.shape[0], softcap=softcap)
+            window=window, ring=ring, softcap=softcap)
         t = tasks.load_tasks(host_has("f16c"))
         self._pool.run_task(t.address["task_attention"], args, int(step.ctypes.data))
 
 
 def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                         scale: float | None = None, window: int = 0,
-                        softcap: float = 0.0, flash_attn: bool = True) -> np.ndarray:
+                        softcap: float = 0.0, flash_attn: bool = True,
+                        ring: int | None = None) -> np.ndarray:
     """The numpy twin of AttentionKernel: the same switch between its functions."""
     if not flash_attn:
-        return attention_rounded_reference(q, k_cache, v_cache, pos0, scale, window, softcap)
+        return attention_rounded_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring)
     if q.shape[0] >= TILED_MIN_QUERIES:
-        return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap)
-    return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale, window, softcap)
+        return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap, ring)
+    return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring)
 
 
 def _visible_keys(n_q: int, pos0: int, n_rows: int, window: int) -> tuple[np.ndarray, np.ndarray]:
     """(key positions still in the cache [n_keys], visible [n_q, n_keys]): query i at pos0 + i
-    sees keys at p <= pos0 + i, the last `window` of them when window > 0; key p is row p % n_rows."""
+    sees keys at p <= pos0 + i, the last `window` of them when window > 0; key p is row p % n_rows
+    (the twins read a ring's primary rows, never its mirror)."""
     last = pos0 + n_q
     keys = np.arange(max(0, last - n_rows), last)                   # [n_keys]
     query = pos0 + np.arange(n_q)[:, None]                          # [n_q, 1]
@@ -635,7 +658,8 @@ def _cap(s: np.ndarray, softcap: float) -> np.ndarray:
 
 def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                                pos0: int, scale: float | None = None, window: int = 0,
-                               softcap: float = 0.0) -> np.ndarray:
+                               softcap: float = 0.0,
+    ring: int | None = None) -> np.ndarray:
     """Twin of the f16-accumulator function: online softmax with its f16 roundings, key by key.
 
     Vectorised over (query, head) items; float32 like the kernel, so the two agree to float
@@ -649,9 +673,9 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     acc = np.zeros((n_q, n_head, head_dim), np.float32)           # f16-representable values
     m = np.full((n_q, n_head), -np.inf, np.float32)
     l = np.zeros((n_q, n_head), np.float32)
-    keys, visible = _visible_keys(n_q, pos0, k_cache.shape[0], window)
+    keys, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window)
     for t, p in enumerate(keys):
-        row = p % k_cache.shape[0]
+        row = p % (ring or k_cache.shape[0])
         k = k_cache[row, kv_of_head].astype(np.float32)           # [n_head, head_dim]
         v = v_cache[row, kv_of_head].astype(np.float32)
         s = _cap(np.einsum("qhd,hd->qh", q16, k) * scale, softcap)  # [n_q, n_head]
@@ -670,15 +694,16 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
 
 def attention_exact(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                     scale: float | None = None, window: int = 0,
-                    softcap: float = 0.0) -> np.ndarray:
+                    softcap: float = 0.0,
+    ring: int | None = None) -> np.ndarray:
     """Exact softmax attention in float64: softmax(cap(q k^T * scale) + mask) v per head (the
     mask: causal, and the window when given)."""
     n_q, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[1]
     group = n_head // n_kv_head
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    positions, visible = _visible_keys(n_q, pos0, k_cache.shape[0], window)
-    rows = positions % k_cache.shape[0]
+    positions, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window)
+    rows = positions % (ring or k_cache.shape[0])
     keys = k_cache[rows].astype(np.float64)      # [n_keys, n_kv_head, head_dim]
     values = v_cache[rows].astype(np.float64)    # [n_keys, n_kv_head, head_dim]
     kv_of_head = np.arange(n_head) // group
@@ -691,14 +716,15 @@ def attention_exact(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos
 
 def attention_rounded_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                                 pos0: int, scale: float | None = None, window: int = 0,
-                                softcap: float = 0.0) -> np.ndarray:
+                                softcap: float = 0.0,
+    ring: int | None = None) -> np.ndarray:
     """Twin of attention_rounded (llama.cpp without flash attention): attention_exact with q
     rounded to f16 before q . k and the normalised probabilities rounded to f16 before p . v."""
     n_q, n_head, head_dim = q.shape
     kv_of_head = np.arange(n_head) // (n_head // k_cache.shape[1])
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    positions, visible = _visible_keys(n_q, pos0, k_cache.shape[0], window)
-    rows = positions % k_cache.shape[0]
+    positions, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window)
+    rows = positions % (ring or k_cache.shape[0])
     keys = k_cache[rows].astype(np.float64)[:, kv_of_head]        # [n_keys, n_head, head_dim]
     values = v_cache[rows].astype(np.float64)[:, kv_of_head]
     q16 = q.astype(np.float16).astype(np.float64)

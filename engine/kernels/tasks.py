@@ -71,11 +71,11 @@ def _layout(*spec: str) -> Layout:
 
 # The per-call block every task can read, filled by engine.kv.KVLayout.step_tables. Per cache
 # group g (layers sharing a row count, engine.kv): kv_rows [n_groups, n_tokens] cache rows of the
-# tokens' K/V; chunks [n_groups, n_chunks, 4] rows of (first token row, n_q, pos0, kv_row0: the
+# tokens' K/V, kv_mirror [n_groups, n_tokens] a second row for them (a ring's mirror) or -1; chunks [n_groups, n_chunks, 4] rows of (first token row, n_q, pos0, kv_row0: the
 # slot's first row). Attention segments: seg_start [n_threads + 1] indexes segs [n_seg, 3] rows of
 # (chunk, item begin, item end).
 STEP = _layout("n_tokens:i64", "n_out:i64", "n_chunks:i64", "positions:ptr", "kv_rows:ptr",
-               "chunks:ptr", "seg_start:ptr", "segs:ptr", "out_rows:ptr")
+               "kv_mirror:ptr", "chunks:ptr", "seg_start:ptr", "segs:ptr", "out_rows:ptr")
 
 MATMUL = _layout("fn:ptr", "w:ptr", "x:ptr", "out:ptr", "nb:i64", "n_rows:i64", "m_at:i64")
 NORM = _layout("fn:ptr", "x:ptr", "residual:ptr", "weight:ptr", "out:ptr", "n:i64", "eps:float",
@@ -332,7 +332,8 @@ def _to_f16(f16c: bool) -> str:
 
 def _task_rope_store(f16c: bool) -> str:
     """My token rows t: rope q[t] and k[t] in place (ops' rope or rope_neox), then the K/V cache
-    rows kv_rows[group, t] of this layer get f16(k[t]), f16(v[t])."""
+    rows kv_rows[group, t] of this layer get f16(k[t]), f16(v[t]), and kv_mirror[group, t] too
+    where it is a row (>= 0)."""
     f = IRFunction(f"void @task_rope_store{_SIG}")
     a = ROPE_STORE.load(f, "%args")
     m = _step_count(f, STEP.offset("n_tokens"))
@@ -340,6 +341,8 @@ def _task_rope_store(f16c: bool) -> str:
     positions = f.load("ptr", "%step", STEP.offset("positions"), align=8)
     kv_rows = f.load("ptr", "%step", STEP.offset("kv_rows"), align=8)
     kv_rows = f.gep(kv_rows, f.mul(f.mul(a["group"], m), 8))  # this layer's group's rows
+    mirror = f.load("ptr", "%step", STEP.offset("kv_mirror"), align=8)
+    mirror = f.gep(mirror, f.mul(f.mul(a["group"], m), 8))
     q_row = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
     kv_dim = f.mul(a["n_kv_head"], a["head_dim"])
     kv_row = f.mul(kv_dim, 4)
@@ -352,9 +355,14 @@ def _task_rope_store(f16c: bool) -> str:
               f"i64 {a['n_table']})")
 
     def store(t: str) -> None:
-        dst = f.mul(f.load("i64", kv_rows, f.mul(t, 8), align=8), f.mul(kv_dim, 2))
-        for x, cache in (("k", "k_cache"), ("v", "v_cache")):
-            _emit_to_f16(f, f.gep(a[x], f.mul(t, kv_row)), f.gep(a[cache], dst), kv_dim, f16c)
+        def to_row(row: str) -> None:
+            dst = f.mul(row, f.mul(kv_dim, 2))
+            for x, cache in (("k", "k_cache"), ("v", "v_cache")):
+                _emit_to_f16(f, f.gep(a[x], f.mul(t, kv_row)), f.gep(a[cache], dst), kv_dim, f16c)
+
+        to_row(f.load("i64", kv_rows, f.mul(t, 8), align=8))
+        second = f.load("i64", mirror, f.mul(t, 8), align=8)
+        f.if_then(f.let(f"icmp sge i64 {second}, 0"), lambda: to_row(second))
 
     f.loop_range(r0, r1, store)
     f.do("ret void")
