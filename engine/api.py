@@ -13,6 +13,7 @@ from .gguf import GGUFFile, ModelLoadError, read_header, split_part_paths
 from .hparams import HParams
 from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
+from .constraint import Constraint
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -96,11 +97,12 @@ class Model:
         return pooled_embedding(np.concatenate(self._prefill(list(ids), 0, "hidden"), axis=0))
 
     def stream(self, ids: list[int], params: SamplingParams | None = None, max_tokens: int = 256,
-               stop_at_eog: bool = True) -> Iterator[Sampled]:
+               stop_at_eog: bool = True, constraint: Constraint | None = None) -> Iterator[Sampled]:
         """Prefill `ids`, then sample up to `max_tokens` tokens one by one.
 
-        Stops before yielding an end-of-generation token when `stop_at_eog`, and when the context
-        is full. Raises ContextOverflowError when the prompt alone fills the context.
+        Stops before yielding an end-of-generation token when `stop_at_eog`, when the context
+        is full, and after the token that completes `constraint` (a grammar every token follows,
+        engine/constraint.py). Raises ContextOverflowError when the prompt alone fills the context.
         """
         ids = list(ids)
         if len(ids) >= self.n_ctx:
@@ -110,10 +112,12 @@ class Model:
         pos = len(ids)
         eog = self.tokenizer.eog_ids
         for _ in range(max_tokens):
-            s = sampler.sample(logits)
+            s = sampler.sample(logits, constraint.allowed() if constraint is not None else None)
             if stop_at_eog and s.token in eog:
                 return
             yield s
+            if constraint is not None and (not constraint.consume(s.token) or constraint.done):
+                return
             if pos >= self.n_ctx:
                 return
             logits = self.transformer.forward([Chunk(0, [s.token], pos)], "last")[0]

@@ -149,7 +149,7 @@ class ChatMessage(_Request):
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
-        if self.tool_calls:  # arguments as objects, as Hugging Face templates expect them
+        if self.tool_calls:  # gateway/structured.py turns the arguments into objects
             message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id

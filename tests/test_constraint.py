@@ -181,3 +181,13 @@ def test_an_unconstrained_sequence_is_unaffected_by_constrained_company(tiny):
     assert beside.generated == alone.generated
     for c in company:
         assert re.fullmatch(r"[a-z ]{1,40}\.", tiny.tokenizer.decode(c.generated))
+
+
+def test_model_stream_follows_a_constraint_too(tiny):
+    adapter = TokenizerAdapter.of(tiny.tokenizer)
+    c = adapter.compile(json_schema_grammar(SCHEMA))
+    ids = tiny.tokenizer.encode("hello world")
+    tokens = [s.token for s in tiny.stream(ids, SamplingParams(temperature=1.0, seed=4), 200,
+                                           constraint=c)]
+    assert c.done
+    jsonschema.validate(json.loads(tiny.tokenizer.decode(tokens)), SCHEMA)
