@@ -32,15 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .constraint import JSON_STYLE
+from .tool_call_text import (CallText, calls_in, json_string_prefix, read_call, skip_ws,
+                             value_end)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-@dataclass
-class CallText:
-    name: str
-    arguments: str        # the arguments object as the model wrote it (a prefix while streaming)
-    complete: bool = False
 
 
 @dataclass
@@ -169,102 +164,6 @@ def _settled(text: str, marker: str, final: bool) -> str:
     return text.rstrip()
 
 
-# --------------------------------------------------------------------------------- JSON scanning
-
-_WS_CHARS = " \t\r\n"
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in _WS_CHARS:
-        i += 1
-    return i
-
-
-def _value_end(text: str, i: int) -> int | None:
-    """End of the JSON object or array starting at text[i], or None if it is not complete."""
-    depth, in_string, escaped = 0, False, False
-    for j in range(i, len(text)):
-        c = text[j]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return j + 1
-    return None
-
-
-_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(\w+)"\s*:\s*')
-
-
-def _read_call(text: str, i: int, args_key: str) -> tuple[CallText | None, int]:
-    """The call object at text[i] ({"name": .., args_key: {..}}), as far as it is written, and
-    where it ends. Name and arguments may come in either order in a complete object."""
-    end = _value_end(text, i)
-    if end is not None:  # complete: read it properly (any member order)
-        try:
-            members = _members(text, i)
-        except ValueError:
-            members = {}
-        name = members.get("name")
-        args = members.get(args_key) or members.get("arguments") or members.get("parameters")
-        if name is not None and isinstance(name[0], str):
-            raw = args[1] if args is not None else "{}"
-            return CallText(name[0], raw, True), end
-        return None, end
-    m = _HEAD.match(text, i)
-    if m is None or m.group(2) not in (args_key, "arguments", "parameters"):
-        return None, len(text)
-    args_end = _value_end(text, m.end())  # the arguments may be complete before the call is
-    raw = text[m.end():args_end] if args_end is not None else text[m.end():].rstrip()
-    return CallText(json.loads(m.group(1)), raw), len(text)
-
-
-def _members(text: str, i: int) -> dict[str, tuple[Any, str]]:
-    """A complete JSON object's members: key -> (value, the value's text)."""
-    decoder = json.JSONDecoder()
-    out: dict[str, tuple[Any, str]] = {}
-    i = _skip_ws(text, i + 1)
-    if text[i] == "}":
-        return out
-    while True:
-        key, i = decoder.raw_decode(text, i)
-        i = _skip_ws(text, i)
-        if text[i] != ":":
-            raise ValueError("expected ':'")
-        start = _skip_ws(text, i + 1)
-        value, i = decoder.raw_decode(text, start)
-        out[str(key)] = (value, text[start:i])
-        i = _skip_ws(text, i)
-        if text[i] == "}":
-            return out
-        if text[i] != ",":
-            raise ValueError("expected ','")
-        i = _skip_ws(text, i + 1)
-
-
-def _calls_in(text: str, args_key: str) -> list[CallText]:
-    """Call objects in `text` (one after another, or the items of one array)."""
-    calls: list[CallText] = []
-    i = 0
-    while True:
-        i = text.find("{", i)
-        if i < 0:
-            return calls
-        call, i = _read_call(text, i, args_key)
-        if call is not None:
-            calls.append(call)
-
-
 # --------------------------------------------------------------------------------- families
 
 class HermesFormat(ToolFormat):
@@ -287,7 +186,7 @@ class HermesFormat(ToolFormat):
         reply.content = _settled(rest if at < 0 else rest[:at], self.marker, final or at >= 0)
         if at >= 0:
             for block in rest[at:].split(self.marker)[1:]:
-                reply.calls += _calls_in(block.split(self.closer)[0], self.args_key)[:1]
+                reply.calls += calls_in(block.split(self.closer)[0], self.args_key)[:1]
         return reply
 
 
@@ -311,7 +210,7 @@ class Llama3Format(ToolFormat):
         elif not final and (not body or self.marker.startswith(body)):
             return Reply()
         if body.startswith("{"):
-            call, _ = _read_call(body, 0, self.args_key)
+            call, _ = read_call(body, 0, self.args_key)
             if call is not None or not final:
                 return Reply(calls=[call] if call else [])
         return Reply(content=text.strip() if final else text.lstrip().rstrip())
@@ -340,7 +239,7 @@ class MistralFormat(ToolFormat):
         reply = Reply(content=_settled(text if at < 0 else text[:at], self.marker,
                                        final or at >= 0))
         if at >= 0:
-            reply.calls = _calls_in(text[at + len(self.marker):], self.args_key)
+            reply.calls = calls_in(text[at + len(self.marker):], self.args_key)
         return reply
 
     def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -383,7 +282,7 @@ class MistralArgsFormat(MistralFormat):
             name, sep, raw = block.partition(self.args_marker)
             if not sep:
                 continue
-            end = _value_end(raw, _skip_ws(raw, 0)) if raw.strip() else None
+            end = value_end(raw, skip_ws(raw, 0)) if raw.strip() else None
             reply.calls.append(CallText(name.strip(), raw.strip() if end is None else raw[:end].strip(),
                                         end is not None))
         return reply
@@ -456,34 +355,10 @@ class GenericFormat(ToolFormat):
             return Reply(content=text.strip()) if final else Reply()
         rest = body[head.end():]
         if head.group(1) == "tool_calls":
-            return Reply(calls=_calls_in(rest, "arguments"))
+            return Reply(calls=calls_in(rest, "arguments"))
         if head.group(1) == "response":
-            return Reply(content=_json_string_prefix(rest, final))
+            return Reply(content=json_string_prefix(rest, final))
         return Reply(content=text.strip()) if final else Reply()
-
-
-def _json_string_prefix(text: str, final: bool) -> str:
-    """The decoded part of the JSON string starting at text[0] ('"') that is complete."""
-    if not text.startswith('"'):
-        return ""
-    i, escaped = 1, False
-    while i < len(text):
-        c = text[i]
-        if escaped:
-            escaped = False
-        elif c == "\\":
-            escaped = True
-        elif c == '"':
-            return str(json.loads(text[:i + 1]))
-        i += 1
-    part = text[1:]
-    cut = part.rfind("\\")  # an escape that may be unfinished ("\u00" ...): leave it for later
-    if cut >= 0 and len(part) - cut < 6:
-        part = part[:cut]
-    try:
-        return str(json.loads('"' + part + '"'))
-    except json.JSONDecodeError:
-        return ""
 
 
 class ThinkingFormat(ToolFormat):
