@@ -46,12 +46,17 @@ async def metrics(request: Request) -> Response:
 
 
 async def status(request: Request) -> Response:
-    state = request.app.state
+    return JSONResponse(status_body(request.app))
+
+
+def status_body(app: Any) -> dict[str, Any]:
+    """GET /admin/status's body (the console's event stream sends it too)."""
+    state = app.state
     registry, reloader, watcher = state.registry, state.reloader, state.watcher
     rows = registry.snapshot()
     last = reloader.last
-    return JSONResponse({
-        "status": "stopping" if is_stopping(request.app) else "serving",
+    return {
+        "status": "stopping" if is_stopping(app) else "serving",
         "started": state.started,
         "uptime_seconds": round(time.time() - state.started, 3),
         "config": None if reloader.path is None else str(reloader.path),
@@ -68,7 +73,7 @@ async def status(request: Request) -> Response:
             "loaded": sum(r["state"] == "ready" for r in rows),
             "aliases": registry.config.aliases(),
         },
-    })
+    }
 
 
 async def reload(request: Request) -> Response:

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import admin
+from . import admin, console, events
 from .config import Config
 from .errors import HANDLED, handle_exception
 from .metrics import NO_MODEL, Metrics, loader_with_metrics
@@ -95,7 +95,7 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
             await registry.close()
 
     app = Starlette(
-        routes=routes() + admin.routes(),
+        routes=routes() + admin.routes() + events.routes() + console.routes(),
         lifespan=lifespan,
         exception_handlers={cls: handle_exception for cls in HANDLED},
     )

@@ -306,6 +306,10 @@ class Registry:
         error; retiring instances (left the config or changed settings, still draining) too."""
         return [self._row(slot) for slot in self._all_slots()]
 
+    async def wait_changed(self, timeout: float) -> None:
+        """Return when a slot next changes, or after `timeout` seconds (for live views)."""
+        await _wait(self._changed, timeout)
+
     def apply(self, config: Config) -> ApplyResult:
         """Switch to a new (already validated) config without a restart.
 
