@@ -71,13 +71,35 @@ class Console:
     def row(self, alias: str) -> dict[str, Any]:
         return next(r for r in self.api("/admin/models")["data"] if r["aliases"][0] == alias)
 
-    def shot(self, name: str) -> None:
+    def shot(self, name: str, full_page: bool = True) -> None:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full_page)
 
 
 @pytest.fixture(scope="module")
-def console(smollm2_path: Path) -> Iterator[Console]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Chromium with a fresh profile; pages that throw fail the test that made them."""
+    pw = sync_playwright().start()
+    try:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM,
+            args=ARGS, headless=True, viewport={"width": 1280, "height": 800})
+        context.set_default_timeout(20_000)
+        yield context
+        context.close()
+    finally:
+        pw.stop()
+
+
+def new_page(browser: Any) -> tuple[Page, list[str]]:
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return page, errors
+
+
+@pytest.fixture(scope="module")
+def console(browser: Any, smollm2_path: Path) -> Iterator[Console]:
     with tempfile.TemporaryDirectory(prefix="modelyard-console-") as tmp:
         d = Path(tmp)
         tiny = write_tiny_llama(d / "tiny.gguf", seed=4)
@@ -87,20 +109,12 @@ def console(smollm2_path: Path) -> Iterator[Console]:
             enabled=True, force_polling=True, poll_delay_ms=200))
         server = ThreadedServer(app)
         server.start_serving()
-        pw = sync_playwright().start()
         try:
-            context = pw.chromium.launch_persistent_context(
-                str(d / "chromium-profile"), executable_path=CHROMIUM, args=ARGS, headless=True,
-                viewport={"width": 1280, "height": 800})
-            page = context.new_page()
-            page.set_default_timeout(20_000)
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
+            page, errors = new_page(browser)
             yield Console(server, page, config)
+            page.close()
             assert not errors, f"the page threw: {errors}"
-            context.close()
         finally:
-            pw.stop()
             server.stop()
 
 
@@ -214,6 +228,11 @@ def test_activity_view_shows_the_servers_counts(console):
     expect(row).to_contain_text(f"{prompt} / {generated}", timeout=10_000)
     expect(page.locator("#activity-chart polyline").first).to_be_attached()
     console.shot("activity")
+    page.locator("#tab-models").click()  # both models used: README's picture (docs/console.png)
+    expect(page.locator("#models-summary")).to_contain_text("2 ready")
+    page.set_viewport_size({"width": 1200, "height": 340})
+    console.shot("overview", full_page=False)
+    page.set_viewport_size({"width": 1280, "height": 800})
 
 
 def test_a_broken_config_file_shows_its_error_and_line_within_seconds(console):
@@ -239,3 +258,81 @@ def test_a_broken_config_file_shows_its_error_and_line_within_seconds(console):
     expect(record).to_contain_text("Kept loaded")
     page.get_by_role("button", name="Reload config now").click()
     expect(record).to_contain_text("(admin)")
+
+
+# ------------------------------------------------------------------------------- API keys
+
+KEY = "sk-console-test-4c1f9e"
+
+
+class RequireKey:
+    """A server that wants `Authorization: Bearer KEY` on everything but the page itself, and
+    answers 401 in OpenAI's error shape otherwise (as a key-checking proxy or auth would)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen: list[str] = []  # the Authorization headers of refused requests
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from starlette.responses import JSONResponse
+
+        from gateway.console import is_console_path
+
+        if scope["type"] != "http" or is_console_path(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+        if auth != f"Bearer {KEY}":
+            self.seen.append(auth)
+            body = {"error": {"message": "Incorrect API key provided.", "type":
+                              "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+            await JSONResponse(body, status_code=401)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def test_the_page_asks_for_a_key_on_401_sends_it_and_never_shows_it(browser, tmp_path):
+    from tests.test_admin import Loader
+    from tests.ggufgen import write_servable
+
+    for name in ("a", "b"):
+        write_servable(tmp_path / f"{name}.gguf")
+    config = tmp_path / "modelyard.yaml"
+    config.write_text("models:\n  - model: a.gguf\n    aliases: [a]\n"
+                      "  - model: b.gguf\n    aliases: [b]\n")
+    guarded = RequireKey(create_app(load_config(config), loader=Loader()))
+
+    class Server(ThreadedServer):
+        ready_path = "/"  # the only path that needs no key
+
+    server = Server(guarded)
+    server.start_serving()
+    page, errors = new_page(browser)
+    try:
+        page.goto(server.url + "/")
+        dialog = page.get_by_role("dialog")
+        expect(dialog).to_be_visible()
+        expect(dialog).to_contain_text("needs an API key")
+        expect(page.get_by_label("Key", exact=True)).to_be_focused()
+        page.keyboard.type("wrong-key")
+        page.keyboard.press("Enter")
+        expect(dialog).to_contain_text("did not accept that key")
+        assert "Bearer wrong-key" in guarded.seen
+        page.get_by_label("Key", exact=True).fill(KEY)
+        page.get_by_role("button", name="Use key").click()
+        expect(dialog).to_be_hidden()
+        expect(page.locator("#connection")).to_have_text("live")
+        expect(page.locator("#models-table tbody tr")).to_have_count(2)
+        page.get_by_role("button", name="Load b", exact=True).click()
+        expect(page.locator('tr[data-model="b"]')).to_have_attribute("data-state", "ready")
+        page.locator("#tab-playground").click()
+        page.locator("#pg-raw summary").click()
+        expect(page.locator("#pg-curl")).to_contain_text("Bearer $MODELYARD_API_KEY")
+        # nowhere on the page: not in the markup, not in any field's value
+        assert KEY not in page.content()
+        values = page.evaluate("[...document.querySelectorAll('input,textarea')].map(e => e.value)")
+        assert KEY not in " ".join(values)
+        assert not errors, f"the page threw: {errors}"
+    finally:
+        page.close()
+        server.stop()
