@@ -15,7 +15,7 @@ output), h = rms_norm(x) * w, so a block reads like pre-norm transformer algebra
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import numpy as np
@@ -102,4 +102,3 @@ class ArchSpec:
     final_softcap: bool = False     # reads final_logit_softcapping (the logits likewise)
     embd_scale_layers: tuple[int, ...] = ()  # layer counts (27B) whose attention scale is
     #                                           1/sqrt(n_embd/n_head) rather than 1/sqrt(head_dim)
-    ignored_keys: tuple[str, ...] = field(default=())  # metadata llama.cpp reads and disables
