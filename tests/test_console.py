@@ -8,6 +8,7 @@ API (/admin/models, /metrics read by prometheus_client's parser), not against th
 """
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import time
@@ -199,14 +200,27 @@ def test_playground_streams_token_by_token_and_stop_cancels_the_request(console)
     page.locator("#tab-models").click()
     expect(page.locator('tr[data-model="smollm2"] [data-field="requests"]')).to_have_text("0 / 0 / 0")
 
+    # A prompt longer than one step's prompt budget (128 tokens) is read in steps, and the page
+    # says how far it got; it records every status line it shows here.
     page.locator("#tab-playground").click()
     page.get_by_label("max_tokens", exact=True).fill("6")
+    page.get_by_label("System prompt", exact=True).fill("Answer in plain words. " * 60)
     page.get_by_label("Message", exact=True).fill("And then?")
+    page.evaluate("""() => { const s = document.getElementById("pg-status"); window.statuses = [];
+        new MutationObserver(() => window.statuses.push(s.textContent))
+            .observe(s, {childList: true, characterData: true, subtree: true}); }""")
     page.get_by_role("button", name="Send").click()
     stats = page.locator("#transcript li.assistant .stats").last
     expect(stats).to_contain_text("6 completion", timeout=60_000)
     expect(stats).to_contain_text("finish: length")
     expect(stats).to_contain_text("tokens/s")
+    prompt_tokens = int(re.search(r"usage: (\d+) prompt", stats.inner_text()).group(1))
+    progress = [tuple(map(int, m.groups())) for s in page.evaluate("window.statuses")
+                if (m := re.match(r"reading the prompt: (\d+) / (\d+) tokens", s))]
+    assert progress, page.evaluate("window.statuses")
+    assert all(total == prompt_tokens and 0 < done <= total for done, total in progress), progress
+    assert [done for done, _ in progress] == sorted(done for done, _ in progress)
+    assert prompt_tokens > 128
     console.shot("playground")
 
 
