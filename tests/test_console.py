@@ -328,6 +328,14 @@ def test_the_page_asks_for_a_key_on_401_sends_it_and_never_shows_it(browser, tmp
         expect(dialog).to_be_visible()
         expect(dialog).to_contain_text("needs an API key")
         expect(page.get_by_label("Key", exact=True)).to_be_focused()
+        page.keyboard.press("Escape")  # declined: the page says so and does not nag
+        expect(dialog).to_be_hidden()
+        expect(page.locator("#connection")).to_contain_text("disconnected")
+        page.wait_for_timeout(1500)  # longer than the event stream's retry
+        expect(dialog).to_be_hidden()
+        page.get_by_role("button", name="API key").click()
+        expect(dialog).to_be_visible()
+        page.get_by_label("Key", exact=True).focus()
         page.keyboard.type("wrong-key")
         page.keyboard.press("Enter")
         expect(dialog).to_contain_text("did not accept that key")

@@ -13,9 +13,11 @@ export function authHeader() {
 }
 export function forgetKey() { sessionStorage.removeItem(KEY_STORE); }
 
-let asking = null; // one dialog for every request that was refused at the same time
+let asking = null;    // one dialog for every request that was refused at the same time
+let declined = false; // cancelled: refused requests fail until the API key button is used
 
 export function askForKey(reason) {
+  declined = false;
   if (asking) return asking;
   const dialog = document.getElementById("key-dialog");
   const input = document.getElementById("key-input");
@@ -38,6 +40,7 @@ export function askForKey(reason) {
     input.focus();
   }).then((key) => {
     if (key) sessionStorage.setItem(KEY_STORE, key);
+    else declined = true;
     window.dispatchEvent(new CustomEvent("modelyard-key"));
     return key;
   });
@@ -59,7 +62,7 @@ export async function api(path, options = {}) {
     const headers = { ...(options.headers || {}), ...authHeader() };
     const res = await fetch(path, { ...options, headers });
     const reason = await refusal(res);
-    if (reason === null) return res;
+    if (reason === null || declined) return res;
     if (!(await askForKey(reason))) return res;
   }
 }
