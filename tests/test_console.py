@@ -314,7 +314,12 @@ def test_the_page_asks_for_a_key_on_401_sends_it_and_never_shows_it(browser, tmp
     config = tmp_path / "modelyard.yaml"
     config.write_text("models:\n  - model: a.gguf\n    aliases: [a]\n"
                       "  - model: b.gguf\n    aliases: [b]\n")
-    guarded = RequireKey(create_app(load_config(config), loader=Loader()))
+    class SlowLoader(Loader):
+        def __call__(self, entry: Any) -> Any:
+            time.sleep(1.5)  # in the registry's worker thread: long enough to watch
+            return super().__call__(entry)
+
+    guarded = RequireKey(create_app(load_config(config), loader=SlowLoader()))
 
     class Server(ThreadedServer):
         ready_path = "/"  # the only path that needs no key
@@ -346,7 +351,11 @@ def test_the_page_asks_for_a_key_on_401_sends_it_and_never_shows_it(browser, tmp
         expect(page.locator("#connection")).to_have_text("live")
         expect(page.locator("#models-table tbody tr")).to_have_count(2)
         page.get_by_role("button", name="Load b", exact=True).click()
-        expect(page.locator('tr[data-model="b"]')).to_have_attribute("data-state", "ready")
+        b = page.locator('tr[data-model="b"]')
+        expect(b).to_have_attribute("data-state", "loading")  # live, while the load runs
+        expect(b.get_by_role("progressbar")).to_be_visible()
+        expect(b).to_have_attribute("data-state", "ready")
+        expect(b.get_by_role("progressbar")).to_have_count(0)
         page.locator("#tab-playground").click()
         page.locator("#pg-raw summary").click()
         expect(page.locator("#pg-curl")).to_contain_text("Bearer $MODELYARD_API_KEY")

@@ -26,8 +26,13 @@ function stateCell(r, key) {
   if (r.state === "loading") {
     if (!loadingSince.has(key)) loadingSince.set(key, Date.now());
     const s = (Date.now() - loadingSince.get(key)) / 1000;
-    cell.append(" ", el("progress", { "aria-label": `loading ${r.aliases[0]}` }),
-      el("div", { class: "summary" }, `${Math.round(s)} s, reserving ${bytes(r.memory_bytes)}`));
+    // loaded before: measured against the last load's time; else an indeterminate bar
+    const expected = r.load_seconds;
+    const bar = expected
+      ? el("progress", { max: "1", value: String(Math.min(0.99, s / expected)), "aria-label": `loading ${r.aliases[0]}` })
+      : el("progress", { "aria-label": `loading ${r.aliases[0]}` });
+    cell.append(" ", bar, el("div", { class: "summary" },
+      `${Math.round(s)} s${expected ? ` of about ${seconds(expected)}` : ""}, reserving ${bytes(r.memory_bytes)}`));
   } else {
     loadingSince.delete(key);
   }
