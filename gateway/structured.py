@@ -35,9 +35,14 @@ class Output:
     messages: list[dict[str, Any]] = field(default_factory=list)   # chat: for the template
     template_tools: list[dict[str, Any]] | None = None
     json: dict[str, Any] | bool | None = None  # the schema the reply follows (closed), if any
+    gbnf: str | None = None                   # a GBNF grammar, converted when compiled
+
+    @property
+    def constrained(self) -> bool:
+        return self.grammar is not None or self.gbnf is not None
 
     async def compile(self, tokenizer: Any) -> Constraint | None:
-        if self.grammar is None:
+        if not self.constrained:
             return None
         return await asyncio.to_thread(self._compile, tokenizer)
 
@@ -45,7 +50,8 @@ class Output:
         for param, schema in self.schemas.items():
             _check_schema(schema, param)
         try:
-            return TokenizerAdapter.of(tokenizer).compile(self.grammar)  # type: ignore[arg-type]
+            grammar = gbnf_grammar(self.gbnf) if self.gbnf is not None else self.grammar
+            return TokenizerAdapter.of(tokenizer).compile(grammar)  # type: ignore[arg-type]
         except ConstraintError as exc:
             raise invalid_request(f"'{self.param}' cannot be used: {exc}", self.param) from None
 
@@ -154,11 +160,8 @@ def _generation_output(req: p.GenerationRequestBody) -> Output:
     if req.json_schema is not None:
         return Output(_schema_grammar(closed(req.json_schema), "json_schema"), "json_schema",
                       {"json_schema": req.json_schema}, json=closed(req.json_schema))
-    if req.grammar is not None:
-        try:
-            return Output(gbnf_grammar(req.grammar), "grammar")
-        except ConstraintError as exc:
-            raise invalid_request(f"'grammar' cannot be used: {exc}", "grammar") from None
+    if req.grammar is not None:  # converted on the worker thread: a big grammar takes a while
+        return Output(param="grammar", gbnf=req.grammar)
     return Output()
 
 
@@ -190,7 +193,7 @@ def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat) -> Output
                 out.grammar = lark_grammar(thinking.json_after_thinking(out.json))
         return out
     assert req.tools is not None
-    if out.grammar is not None:
+    if out.constrained:
         what = "grammar" if req.grammar is not None else (
             "json_schema" if req.json_schema is not None else "response_format")
         raise invalid_request(f"'{what}' cannot be combined with 'tools'", what)
