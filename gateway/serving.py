@@ -291,6 +291,8 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
             elif reader is not None:  # tool calls possible: deltas as the reader finds them
                 if isinstance(event, TextDelta):
                     deltas = reader.push(event.text)
+                    if req.logprobs and not deltas:  # held-back text: its tokens' logprobs now
+                        deltas = [p.ChoiceDelta()]
                 else:
                     deltas = reader.finish()
                 for n, delta in enumerate(deltas):

@@ -355,3 +355,13 @@ def test_a_hermes_template_gets_calls_in_its_own_format(qwen_server):
     assert content == (whole.message.content or "")
     assert "<tool_call>" not in content and "<think>" not in content
 
+
+
+def test_streamed_tool_calls_keep_every_tokens_logprobs(server):
+    kwargs = dict(model="smol", messages=ask("Add 2 and 40."), tools=[ADD],
+                  tool_choice="required", max_tokens=60, temperature=0, logprobs=True)
+    whole = server.client.chat.completions.create(**kwargs).choices[0]
+    streamed = [t.token for c in server.client.chat.completions.create(stream=True, **kwargs)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert streamed == [t.token for t in whole.logprobs.content]
+    assert '"name": "add"' in "".join(streamed)  # the call's own tokens are among them
