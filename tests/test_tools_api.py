@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 from tests.test_api import Server, write_config
