@@ -98,3 +98,48 @@ def spm_merge(text: str, id_of: Mapping[str, int], scores: Sequence[float]) -> t
             if tid is not None:
                 push(heap, (-scores[tid], before, pair))
     return [s for s in sym if s], pops
+
+
+class CompiledBpe:
+    """bpe_merge for long words, on symbol ids in engine.kernels.merge (same results, tested).
+
+    A symbol's id is its token id, or n_vocab + k for the few texts a merge makes that are not
+    tokens (the caller falls back to their characters). Built on first use: ~50k merges take
+    ~40 ms, which a model load need not pay.
+    """
+
+    def __init__(self, ranks: Mapping[tuple[str, str], int], id_of: Mapping[str, int],
+                 n_vocab: int, byte_chars: Sequence[str]) -> None:
+        import numpy as np
+
+        from .kernels.merge import PairTable
+
+        self.n_vocab = n_vocab
+        self.extra: list[str] = []         # texts of ids n_vocab, n_vocab + 1, ...
+        interned: dict[str, int] = {}
+
+        def sid(text: str) -> int:
+            i = id_of.get(text)
+            if i is None:
+                i = interned.get(text)
+                if i is None:
+                    i = interned[text] = n_vocab + len(self.extra)
+                    self.extra.append(text)
+            return i
+
+        rows = [(sid(a), sid(b), r, sid(a + b)) for (a, b), r in ranks.items()]
+        cols = np.array(rows, dtype=np.int64).reshape(-1, 4).T
+        self.table = PairTable(cols[0], cols[1], cols[2], cols[3])
+        self.byte_ids = np.array([sid(c) for c in byte_chars], dtype=np.int32)  # byte -> symbol
+
+    def merge(self, word_bytes: bytes) -> tuple[list[int], int]:
+        """Symbol ids after merging the word (its UTF-8 bytes), and the heap pops it took."""
+        import numpy as np
+
+        from .kernels.merge import merge
+
+        ids, pops = merge(self.byte_ids[np.frombuffer(word_bytes, dtype=np.uint8)], self.table)
+        return ids.tolist(), pops
+
+    def text(self, symbol: int) -> str:
+        return self.extra[symbol - self.n_vocab]

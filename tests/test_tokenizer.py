@@ -325,6 +325,29 @@ def test_bpe_merges_follow_rank_order_against_naive_reference() -> None:
     assert [tok.token_text(i) for i in tok.encode("aaaa")] == ["aa", "aa"]
 
 
+def test_long_words_take_the_compiled_loop_with_the_same_result() -> None:
+    b = _byte_symbols()
+    merges = ("a b", "b c", "ab c", "c c", "a a", "aa a", "b b", "aa aa", "abc abc")
+    tok = Tokenizer.from_metadata(bpe_meta("gpt-2", merges=merges))
+    rng = random.Random(11)
+    for n in (48, 60, 200, 2000):  # at and above the length that goes to the compiled loop
+        for alphabet in ("a", "ab", "abc"):
+            word = "".join(rng.choice(alphabet) for _ in range(n))
+            expected = _naive_bpe([b[x] for x in word.encode()], list(merges))
+            assert [tok.token_text(i) for i in tok.encode(word)] == expected, word
+
+
+@pytest.mark.real_model
+def test_smollm2_long_words_merge_alike_in_both_loops(smollm: Tokenizer) -> None:
+    from engine.tokenizer import _byte_encode
+
+    rng = random.Random(5)
+    for alphabet in ("a", "ab", "thequickbrownfox", "日本語中文かな", "éèàç", "0123456789"):
+        for n in (48, 300, 4000):
+            word = "".join(rng.choice(alphabet) for _ in range(n))
+            assert smollm._bpe_long_word(word) == smollm._bpe_word(_byte_encode(word)), word[:20]
+
+
 def test_llama3_ignore_merges_uses_whole_word_tokens() -> None:
     # "hello" is a token but no merges build it: llama-3 style vocabularies still use it whole
     meta = bpe_meta("llama-bpe", extra=("hello",), add_bos_token=False)

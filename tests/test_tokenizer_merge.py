@@ -83,3 +83,71 @@ def test_a_run_of_one_character_merges_as_derived_by_hand() -> None:
     # nine: aa aa aa aa a; "aa a" (5) at the end before "aa aa" (9): aa aa aa aaa; then leftmost
     # "aa aa": aaaa aa aaa
     assert bpe_merge(list("a" * 9), RANKS)[0] == ["aaaa", "aa", "aaa"]
+
+
+# -- the compiled loop (engine.kernels.merge) against the same definitions -------------------------
+def _interned(texts):
+    ids: dict[str, int] = {}
+    for t in texts:
+        ids.setdefault(t, len(ids))
+    return ids
+
+
+def _bpe_table():
+    import numpy as np
+
+    from engine.kernels.merge import PairTable
+
+    ids = _interned(["a", "b", "c", " "] + [x for (a, b) in RANKS for x in (a, b, a + b)])
+    rows = np.array([(ids[a], ids[b], r, ids[a + b]) for (a, b), r in RANKS.items()]).T
+    return ids, PairTable(*rows)
+
+
+def _spm_table():
+    """SPM as pairs: every split of a token into two symbols (tokens or single characters),
+    prioritised by the token's score rank (equal scores share a priority: ties are leftmost)."""
+    import numpy as np
+
+    from engine.kernels.merge import PairTable
+
+    ids = _interned(VOCAB + list("abc▁x"))
+    order = {s: r for r, s in enumerate(sorted(set(SCORES), reverse=True))}
+    rows = [(ids[t[:k]], ids[t[k:]], order[SCORES[ID_OF[t]]], ids[t]) for t in VOCAB
+            for k in range(1, len(t)) if t[:k] in ids and t[k:] in ids]
+    return ids, PairTable(*np.array(rows).T)
+
+
+@pytest.mark.parametrize("alphabet", ["ab", "abc", "abc ", "a"])
+def test_compiled_bpe_merge_equals_the_naive_merger(alphabet: str) -> None:
+    from engine.kernels.merge import merge
+
+    ids, table = _bpe_table()
+    text_of = {v: k for k, v in ids.items()}
+    rng = random.Random(alphabet)
+    for _ in range(400):
+        word = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        out, _ = merge([ids[c] for c in word], table)
+        assert [text_of[i] for i in out] == naive_bpe(list(word), RANKS), word
+
+
+@pytest.mark.parametrize("alphabet", ["ab", "abc", "abc▁", "a", "ab▁x"])
+def test_compiled_merge_with_tied_priorities_equals_the_naive_spm(alphabet: str) -> None:
+    from engine.kernels.merge import merge
+
+    ids, table = _spm_table()
+    text_of = {v: k for k, v in ids.items()}
+    rng = random.Random(alphabet)
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        out, _ = merge([ids[c] for c in text], table)
+        assert [text_of[i] for i in out] == naive_spm(text, ID_OF, SCORES), text
+
+
+def test_compiled_merge_work_is_linear_in_heap_operations_for_every_shape() -> None:
+    from engine.kernels.merge import merge
+
+    ids, table = _bpe_table()
+    for name, text in _shapes(64_000).items():
+        out, pops = merge([ids[c] for c in text], table)
+        assert pops <= 3 * len(text), (name, pops)
+        assert len(out) >= 1
