@@ -13,6 +13,9 @@ Before either runs, special tokens are cut out of the text (llama.cpp's tokenize
 longest token text first, every occurrence. Control and unknown tokens are cut out only with
 `parse_special=True`; user-defined tokens always are, as in llama.cpp and Hugging Face.
 
+Merging is O(n log n) for any text (engine/tokenizer_merge.py); long words (BPE) and long texts
+(SentencePiece) merge in the compiled twin of that loop (engine/kernels/merge.py).
+
 Decoding is the byte-exact inverse: token_bytes() gives each token's raw bytes; invalid UTF-8
 is replaced only when bytes become text. IncrementalDecoder streams that text token by token.
 """
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 _WORD_CACHE_MAX = 200_000  # pre-token words remembered per tokenizer (cleared when full)
 _COMPILED_MERGE_MIN = 48   # words this long merge in the compiled loop (shorter: the call costs more)
+_COMPILED_SPM_MIN = 256    # SentencePiece texts this long likewise
 
 
 class TokenType(IntEnum):
@@ -334,6 +338,7 @@ class Tokenizer:
         self.pre = pre_value if isinstance(pre_value, str) else None
         if model == "llama":
             self.pre_tokenizer = None
+            self._spm_vocab = None  # built when a long text first needs the compiled merge
             ids.update(bos=1, eos=2, unk=0)
             add_bos, self.add_space_prefix = True, True
             self._byte_ids = [self._id_of.get(f"<0x{b:02X}>",
@@ -590,9 +595,12 @@ class Tokenizer:
         concatenation is a token with the highest score (leftmost on ties); characters left
         without a token become <0xXX> byte tokens."""
         id_of = self._id_of
+        if len(text) >= _COMPILED_SPM_MIN:
+            pieces = self._spm_compiled(text)
+        else:
+            pieces = [(id_of.get(p), p) for p in spm_merge(text, id_of, self._scores)[0]]
         out: list[int] = []
-        for piece in spm_merge(text, id_of, self._scores)[0]:
-            tid = id_of.get(piece)
+        for tid, piece in pieces:
             if tid is not None:
                 out.append(tid)
             else:
@@ -603,6 +611,16 @@ class Tokenizer:
                     if bid is not None:
                         out.append(bid)
         return out
+
+    def _spm_compiled(self, text: str) -> list[tuple[int | None, str]]:
+        """spm_merge in the compiled loop: (token id, or None and the lone character)."""
+        from .kernels.merge_spm import SpmVocab, spm_merge as compiled_spm_merge
+
+        vocab = self._spm_vocab
+        if vocab is None:  # ~0.3 s for 262k tokens, paid by the first long text, not the load
+            vocab = self._spm_vocab = SpmVocab(self._texts, self._scores)
+        symbols, _ = compiled_spm_merge(text, vocab)
+        return [(tid, "") if tid >= 0 else (None, text[start]) for tid, start in symbols]
 
     # -- decoding -------------------------------------------------------------------------------
     def _index(self, id: int) -> int:

@@ -63,3 +63,22 @@ def test_gemma3_chat_prompt_tokenizes_as_llama_cpp(gemma: Tokenizer) -> None:
     chat = GREEDY["chat"]
     assert gemma.encode(chat["templated_prompt"], add_special=True, parse_special=True) \
         == chat["prompt_ids"]
+
+
+def test_gemma3_long_texts_merge_alike_in_the_compiled_and_python_loops(gemma: Tokenizer) -> None:
+    """Texts from 256 characters take the compiled SentencePiece merge: the same pieces as the
+    Python loop on the real 262k vocabulary (joined llama.cpp strings, runs, mixed scripts)."""
+    import random
+
+    from engine.tokenizer_merge import spm_merge
+
+    rng = random.Random(4)
+    joined = " ".join(it["text"] for it in TOKENIZE["items"])
+    for text in (joined, "a" * 3000, "".join(rng.choice("ab ▁\n日本é") for _ in range(3000)),
+                 "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(2000))):
+        text = text.replace(" ", "▁")
+        python = [(gemma.token_id(p), p) for p in spm_merge(text, gemma._id_of, gemma._scores)[0]]
+        compiled = gemma._spm_compiled(text)
+        assert [(t, p if t is None else "") for t, p in python] == compiled
+    # and through encode: the joined strings tokenize as the pieces llama.cpp gave one by one
+    assert gemma.decode(gemma.encode(joined)) == joined

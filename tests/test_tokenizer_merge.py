@@ -151,3 +151,31 @@ def test_compiled_merge_work_is_linear_in_heap_operations_for_every_shape() -> N
         out, pops = merge([ids[c] for c in text], table)
         assert pops <= 3 * len(text), (name, pops)
         assert len(out) >= 1
+
+
+def _compiled_spm_pieces(text: str) -> list[str]:
+    from engine.kernels.merge_spm import SpmVocab, spm_merge as compiled
+
+    symbols, _ = compiled(text, SpmVocab(VOCAB, SCORES))
+    starts = [s for _, s in symbols] + [len(text)]
+    pieces = [text[a:b] for a, b in zip(starts, starts[1:])]
+    # a symbol's id is its token's, or -1 for a lone character no token covers
+    assert [t for t, _ in symbols] == [ID_OF.get(p, -1) for p in pieces]
+    return pieces
+
+
+@pytest.mark.parametrize("alphabet", ["ab", "abc", "abc▁", "a", "ab▁x", "aé日▁"])
+def test_compiled_spm_merge_equals_the_naive_merger(alphabet: str) -> None:
+    rng = random.Random(alphabet)
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        assert _compiled_spm_pieces(text) == naive_spm(text, ID_OF, SCORES), text
+
+
+def test_compiled_spm_work_is_linear_in_heap_operations_for_every_shape() -> None:
+    from engine.kernels.merge_spm import SpmVocab, spm_merge as compiled
+
+    vocab = SpmVocab(VOCAB, SCORES)
+    for name, text in _shapes(64_000).items():
+        _, pops = compiled(text.replace(" ", "▁"), vocab)
+        assert pops <= 3 * len(text), (name, pops)
