@@ -18,9 +18,10 @@ global ones.
                                        and + ring(g) too when p % ring(g) < window - 1
 
 KVLayout owns this arithmetic (the forward pass, its tasks and the attention kernel all follow
-it); KVCache owns the arrays and what each slot holds. A ring forgets: a slot that held `held`
-tokens can resume at position n < held only while the ring still has the window before n
-(`resumable`); prefix reuse and copy_prefix ask first.
+it); KVCache owns the arrays and what each slot holds. A ring forgets: a slot whose ring has
+seen positions up to `written` (its high-water mark, which truncating the slot's tokens does
+not lower: the rows stay overwritten) can resume at position n only while the ring still has
+the window before n (`resumable`); prefix reuse and copy_prefix ask first.
 """
 from __future__ import annotations
 
@@ -74,10 +75,10 @@ class KVLayout:
         rings = [g.ring - g.window + 1 for g in self.groups if g.is_ring]
         return min(rings) if rings else self.n_ctx
 
-    def resumable(self, held: int, n: int) -> bool:
-        """Can a slot that has cached positions [0, held) continue at position n <= held? A ring
-        keeps only its last `ring` positions, and position n needs the window before it."""
-        return n == 0 or all(held - g.ring <= max(0, n - g.window + 1)
+    def resumable(self, written: int, n: int) -> bool:
+        """Can a slot whose ring has seen positions [0, written) continue at position n? A ring
+        keeps only the last `ring` positions written, and position n needs the window before it."""
+        return n == 0 or all(written - g.ring <= max(0, n - g.window + 1)
                              for g in self.groups if g.is_ring)
 
     def step_tables(self, slots: list[int], pos0s: list[int], counts: list[int],
@@ -118,6 +119,7 @@ class KVCache:
             self.v.append(np.zeros(shape, dtype=np.float16))
         self.n_ctx = n_ctx
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        self.written = [0] * n_slots  # per slot: 1 + the furthest position ever stored
 
     @property
     def nbytes(self) -> int:
@@ -133,15 +135,21 @@ class KVCache:
 
     def reusable(self, slot: int, n: int) -> int:
         """n if the slot's first n cached tokens can be continued from, else 0 (a ring forgot)."""
-        return n if self.layout.resumable(len(self.tokens[slot]), n) else 0
+        return n if self.layout.resumable(self.written[slot], n) else 0
+
+    def stored(self, slot: int, tokens: list[int], pos0: int) -> None:
+        """Record a forward pass's write: the slot now holds its tokens to pos0, then these."""
+        self.tokens[slot] = self.tokens[slot][:pos0] + list(tokens)
+        self.written[slot] = max(self.written[slot], pos0 + len(tokens))
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Give slot `dst` the first `n` cached tokens of slot `src` (shared prompts, n > 1).
         A ring is copied whole: it holds src's last positions, the window before n among them."""
-        if not self.layout.resumable(len(self.tokens[src]), n):
+        if not self.layout.resumable(self.written[src], n):
             raise ValueError(f"slot {src} no longer holds the window before position {n}")
         for g, grp in enumerate(self.layout.groups):
             rows = slice(None) if grp.is_ring else slice(0, n)
             self.k[g][dst, :, rows] = self.k[g][src, :, rows]
             self.v[g][dst, :, rows] = self.v[g][src, :, rows]
         self.tokens[dst] = self.tokens[src][:n]
+        self.written[dst] = self.written[src] if any(g.is_ring for g in self.layout.groups) else n

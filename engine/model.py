@@ -162,7 +162,7 @@ class Transformer:
             held = len(cache.tokens[c.slot])
             if not 0 <= c.pos0 <= held:
                 raise ValueError(f"slot {c.slot} holds {held} tokens; cannot append at {c.pos0}")
-            if not cache.layout.resumable(held, c.pos0):
+            if not cache.layout.resumable(cache.written[c.slot], c.pos0):
                 raise ValueError(f"slot {c.slot} no longer holds the window before position "
                                  f"{c.pos0} (its sliding-window layers moved on)")
             if len(c.tokens) > max_chunk:
@@ -216,7 +216,7 @@ class Transformer:
         self.governor.record(kind, threads, time.perf_counter() - started)
 
         for c in chunks:
-            self.cache.tokens[c.slot] = self.cache.tokens[c.slot][:c.pos0] + list(c.tokens)
+            self.cache.stored(c.slot, c.tokens, c.pos0)
         if output == "hidden":
             return [acts.h[a:b].copy() for a, b in spans]
         assert result is not None
@@ -283,7 +283,7 @@ class Transformer:
             self.block(b, layer, li)
         x = b.residual()                                                    # [T, n_embd]
         for c in chunks:
-            cache.tokens[c.slot] = cache.tokens[c.slot][:c.pos0] + list(c.tokens)
+            cache.stored(c.slot, c.tokens, c.pos0)
 
         if output == "hidden":
             hn = ops.rms_norm(x, self.weights.output_norm, hp.rms_eps)

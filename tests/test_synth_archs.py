@@ -152,6 +152,28 @@ def test_prefix_reuse_and_copies_never_read_what_a_ring_forgot() -> None:
         np.testing.assert_array_equal(again, tr.forward([Chunk(1, ids[:150], 0)], "last")[0])
 
 
+def test_a_truncated_slot_remembers_what_its_ring_overwrote() -> None:
+    """Truncating a slot's tokens does not restore ring rows that later positions overwrote: a
+    copy from it, or a resume, below the old high-water mark's reach is refused."""
+    ids, other = _long_prompt(900), _long_prompt(1000)[900:]
+    with _ring_model(n_slots=3) as model:
+        tr, cache = model.transformer, model.transformer.cache
+        for a in range(0, 900, 300):
+            tr.forward([Chunk(0, ids[a:a + 300], a)], "last")
+        assert cache.reusable(0, 600) == 600       # 900 - 519 <= 600 - 8 + 1
+        cache.tokens[0] = ids[:600]                 # what the batch runner does on admission
+        tr.forward([Chunk(0, other[:50], 600)], "last")
+        # by the slot's tokens (650 held) position 300 would look resumable; its rows are gone
+        assert cache.reusable(0, 300) == 0
+        with pytest.raises(ValueError, match="no longer holds"):
+            cache.copy_prefix(0, 1, 300)
+        cache.copy_prefix(0, 1, 640)                # still within reach: same bits as fresh
+        got = tr.forward([Chunk(1, other[40:50], 640)], "last")[0]
+        fresh = [tr.forward([Chunk(2, (ids[:600] + other[:50])[a:a + 400], a)], "last")[0]
+                 for a in (0, 400)][-1]
+        np.testing.assert_array_equal(got, fresh)
+
+
 def test_the_ring_is_what_the_memory_estimate_counts() -> None:
     path = SYNTH_DIR / f"{GEMMA3}.gguf"
     with _ring_model(n_slots=3) as model:
