@@ -1,0 +1,380 @@
+"""Row-interleaved quantized matmul kernels (decode and prefill): LLVM IR builders.
+
+    out[m, r] = dot(W[r, :], x[m, :])   W: engine.repack.RepackedMatrix [N, K]   x: [M, K]
+
+engine/repack.py has the layouts and the arithmetic. Per weight type the module holds
+    quantize_<act>(x, xq, nb, r0, r1, M)          rows [r0, r1) of f32 [M, K] -> act rows
+    gemm_<type>(w, xq, out, nb, r0, r1, M, N)     weight rows [r0, r1) against all M rows
+the same signatures as engine.kernels.matmul's quantize_/rows_ functions, so the task graph
+runs either. A thread's rows are rounded up to whole groups of 16 ([ceil16(r0), ceil16(r1)):
+consecutive ranges stay disjoint and cover [0, N)), so callers split anywhere.
+
+The loop nest: for each group of 16 weight rows, for each tile of TILE activation rows (then
+single rows), for each block: unpack the 16 rows' block once (registers), then for each tile
+row take the integer dot products with 4-byte activation broadcasts (`vpdpbusd` adds four u8 x
+i8 products into each row's lane), scale and accumulate per block. A tile's accumulators (16
+rows x TILE activation rows) live in registers; the group's weights stay in L1/L2 while all M
+activation rows stream past them, so weights are read from memory once per call.
+
+Instruction selections (the same integers everywhere, so all give the same bits):
+  vnni512   `vpdpbusd` / `vpdpwssd` on 512-bit vectors (AVX-512 VNNI + BW)
+  avx2      `vpmaddubsw` + `vpmaddwd` per 256-bit half: exact because every u8 weight operand
+            of the AVX2 path is < 64 (maddubs never saturates); Q8_0's u8 weights reach 255,
+            so Q8_0 has no AVX2 form here (the file-layout kernels serve it)
+  portable  the same sums in generic vector IR
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.kernels.irtext import IRFunction
+from engine.repack import ACT_BLOCK, ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
+
+TILE = 4  # activation rows per register tile (16 weight rows x 4: 4-16 accumulators)
+# (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM)
+ISAS = ("vnni512", "avx2", "portable")
+V16F, V16I = "<16 x float>", "<16 x i32>"
+
+DECLARATIONS = """
+declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)
+declare <16 x i32> @llvm.x86.avx512.vpdpwssd.512(<16 x i32>, <16 x i32>, <16 x i32>)
+declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
+declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
+declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
+declare <32 x float> @llvm.fabs.v32f32(<32 x float>)
+declare <32 x float> @llvm.roundeven.v32f32(<32 x float>)
+declare float @llvm.vector.reduce.fmax.v32f32(<32 x float>)
+declare float @llvm.maxnum.f32(float, float)
+declare i32 @llvm.vector.reduce.add.v16i32(<16 x i32>)
+declare i32 @llvm.vector.reduce.add.v32i32(<32 x i32>)
+"""
+
+
+def _vec(elem: str, values: list[int]) -> str:
+    return "<" + ", ".join(f"{elem} {v}" for v in values) + ">"
+
+
+def _splat_i8(n: int, v: int) -> str:
+    return _vec("i8", [v - 256 if v > 127 else v] * n)
+
+
+def _mask(idx: list[int]) -> str:
+    return f"<{len(idx)} x i32> " + _vec("i32", idx)
+
+
+class _Fn(IRFunction):
+    def splat_i32(self, v: str) -> str:
+        s = self.let(f"insertelement {V16I} poison, i32 {v}, i64 0")
+        return self.let(f"shufflevector {V16I} {s}, {V16I} poison, <16 x i32> zeroinitializer")
+
+    def bcast(self, base: str, offset: int | str) -> str:
+        """The i32 at base + offset in every lane (x86: an embedded {1to16} broadcast)."""
+        return self.splat_i32(self.load("i32", base, offset, 4))
+
+    def half16(self, base: str, offset: int) -> str:
+        h = self.load("<16 x half>", base, offset, 2)
+        return self.let(f"fpext <16 x half> {h} to {V16F}")
+
+    def widen16(self, base: str, offset: int | str, signed: bool) -> str:
+        """16 bytes -> <16 x i32>, zero- or sign-extended."""
+        v = self.load("<16 x i8>", base, offset)
+        return self.let(f"{'sext' if signed else 'zext'} <16 x i8> {v} to {V16I}")
+
+    def fma16(self, a: str, b: str, c: str) -> str:
+        return self.let(f"call {V16F} @llvm.fma.v16f32({V16F} {a}, {V16F} {b}, {V16F} {c})")
+
+    def tofloat(self, v: str) -> str:
+        return self.let(f"sitofp {V16I} {v} to {V16F}")
+
+
+class _Dots:
+    """dot(acc, u, s): acc + per lane the sum of four u8 x i8 products (u <64 x i8> weights,
+    unsigned; s <16 x i32> activation bytes, signed). wdot(acc, a, b): acc + per lane the sum of
+    two i16 x i16 products."""
+
+    def __init__(self, f: _Fn, isa: str) -> None:
+        assert isa in ISAS
+        self.f, self.isa = f, isa
+
+    def _halves(self, v: str, ty: str) -> list[str]:
+        return [self.f.let(f"shufflevector <64 x {ty}> {v}, <64 x {ty}> poison, "
+                           f"{_mask(list(range(32 * h, 32 * h + 32)))}") for h in range(2)]
+
+    def _sum_groups(self, v: str, n: int, k: int) -> str:
+        """<n*k x i32> -> <n x i32>: sums of k consecutive lanes."""
+        f = self.f
+        parts = [f.let(f"shufflevector <{n * k} x i32> {v}, <{n * k} x i32> poison, "
+                       f"{_mask(list(range(j, n * k, k)))}") for j in range(k)]
+        total = parts[0]
+        for p in parts[1:]:
+            total = f.let(f"add <{n} x i32> {total}, {p}")
+        return total
+
+    def dot(self, acc: str, u: str, s: str) -> str:
+        f = self.f
+        if self.isa == "vnni512":
+            u32 = f.let(f"bitcast <64 x i8> {u} to {V16I}")
+            return f.let(f"call {V16I} @llvm.x86.avx512.vpdpbusd.512({V16I} {acc}, {V16I} {u32}, "
+                         f"{V16I} {s})")
+        s8 = f.let(f"bitcast {V16I} {s} to <64 x i8>")
+        if self.isa == "avx2":
+            ones = _vec("i16", [1] * 16)
+            parts = []
+            for uh, sh in zip(self._halves(u, "i8"), self._halves(s8, "i8")):
+                p = f.let(f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {uh}, <32 x i8> {sh})")
+                parts.append(f.let(f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {p}, <16 x i16> {ones})"))
+            both = f.let(f"shufflevector <8 x i32> {parts[0]}, <8 x i32> {parts[1]}, {_mask(list(range(16)))}")
+            return f.let(f"add {V16I} {acc}, {both}")
+        uw = f.let(f"zext <64 x i8> {u} to <64 x i32>")
+        sw = f.let(f"sext <64 x i8> {s8} to <64 x i32>")
+        prod = f.let(f"mul <64 x i32> {uw}, {sw}")
+        return f.let(f"add {V16I} {acc}, {self._sum_groups(prod, 16, 4)}")
+
+    def wdot(self, acc: str, a: str, b: str) -> str:
+        f = self.f
+        if self.isa == "vnni512":
+            return f.let(f"call {V16I} @llvm.x86.avx512.vpdpwssd.512({V16I} {acc}, {V16I} {a}, {V16I} {b})")
+        a16 = f.let(f"bitcast {V16I} {a} to <32 x i16>")
+        b16 = f.let(f"bitcast {V16I} {b} to <32 x i16>")
+        if self.isa == "avx2":
+            parts = []
+            for h in range(2):
+                m = _mask(list(range(16 * h, 16 * h + 16)))
+                ah = f.let(f"shufflevector <32 x i16> {a16}, <32 x i16> poison, {m}")
+                bh = f.let(f"shufflevector <32 x i16> {b16}, <32 x i16> poison, {m}")
+                parts.append(f.let(f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {ah}, <16 x i16> {bh})"))
+            both = f.let(f"shufflevector <8 x i32> {parts[0]}, <8 x i32> {parts[1]}, {_mask(list(range(16)))}")
+            return f.let(f"add {V16I} {acc}, {both}")
+        aw = f.let(f"sext <32 x i16> {a16} to <32 x i32>")
+        bw = f.let(f"sext <32 x i16> {b16} to <32 x i32>")
+        prod = f.let(f"mul <32 x i32> {aw}, {bw}")
+        return f.let(f"add {V16I} {acc}, {self._sum_groups(prod, 16, 2)}")
+
+
+class _Act:
+    """Addresses in an activation row (engine.repack: qs | d | c (r8_0) or c16 | b32 (r8_k))."""
+
+    def __init__(self, f: _Fn, act: str) -> None:
+        self.f, self.act = f, act
+        elems = ACT_BLOCK[act]
+        self.k = f.mul("%nb", elems)
+        raw = f.mul("%nb", elems + (8 if act == "r8_0" else 84))
+        self.stride = f.let(f"and i64 {f.add(raw, 63)}, -64")
+        self.d_at = self.k
+        self.c_at = f.add(self.k, f.mul("%nb", 4))       # r8_0: c; r8_k: c16
+        self.b32_at = f.add(self.k, f.mul("%nb", 68))    # r8_k only
+
+    def row(self, m: str) -> str:
+        return self.f.gep("%xq", self.f.mul(m, self.stride))
+
+
+_Body = Callable[[_Fn, _Dots, _Act, str, str, list[str], list[str]], list[str]]
+
+
+def _body_q8_0(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
+               accs: list[str]) -> list[str]:
+    isums = [f.bcast(x, f.add(act.c_at, f.mul(b, 4))) for x in xs]   # -128 * sum(y)
+    qs = [f.mul(b, 32) for _ in range(1)][0]
+    for k in range(8):
+        u = f.load("<64 x i8>", wb, 64 * k)
+        isums = [dots.dot(acc, u, f.bcast(x, f.add(qs, 4 * k))) for acc, x in zip(isums, xs)]
+    dw = f.half16(wb, 512)
+    out = []
+    for acc, isum, x in zip(accs, isums, xs):
+        dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
+        out.append(f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc))
+    return out
+
+
+def _body_q4_k(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
+               accs: list[str]) -> list[str]:
+    qs = f.mul(b, 256)
+    isums = ["zeroinitializer"] * len(xs)
+    msums = ["zeroinitializer"] * len(xs)
+    b32 = f.add(act.b32_at, f.mul(b, 16))
+    for p in range(4):
+        lo_d = ["zeroinitializer"] * len(xs)
+        hi_d = ["zeroinitializer"] * len(xs)
+        for i in range(8):
+            v = f.load("<64 x i8>", wb, 320 + 512 * p + 64 * i)
+            lo = f.let(f"and <64 x i8> {v}, {_splat_i8(64, 15)}")
+            hi = f.let(f"lshr <64 x i8> {v}, {_splat_i8(64, 4)}")
+            for t, x in enumerate(xs):
+                lo_d[t] = dots.dot(lo_d[t], lo, f.bcast(x, f.add(qs, 64 * p + 4 * i)))
+                hi_d[t] = dots.dot(hi_d[t], hi, f.bcast(x, f.add(qs, 64 * p + 32 + 4 * i)))
+        sc_lo = f.widen16(wb, 64 + 16 * (2 * p), signed=False)
+        sc_hi = f.widen16(wb, 64 + 16 * (2 * p + 1), signed=False)
+        mn = f.load("<32 x i8>", wb, 192 + 32 * p)
+        mn = f.let(f"bitcast <32 x i16> {f.let(f'zext <32 x i8> {mn} to <32 x i16>')} to {V16I}")
+        for t, x in enumerate(xs):
+            part = f.let(f"add {V16I} {f.let(f'mul {V16I} {lo_d[t]}, {sc_lo}')}, "
+                         f"{f.let(f'mul {V16I} {hi_d[t]}, {sc_hi}')}")
+            isums[t] = f.let(f"add {V16I} {isums[t]}, {part}")
+            msums[t] = dots.wdot(msums[t], mn, f.bcast(x, f.add(b32, 4 * p)))
+    dw, dmin = f.half16(wb, 0), f.half16(wb, 32)
+    out = []
+    for acc, isum, msum, x in zip(accs, isums, msums, xs):
+        dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
+        acc = f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc)
+        neg = f.let(f"fneg {V16F} {f.let(f'fmul {V16F} {dmin}, {dx}')}")
+        out.append(f.fma16(neg, f.tofloat(msum), acc))
+    return out
+
+
+def _q6_field(f: _Fn, h: str, k: int) -> str:
+    """2-bit field k of each byte of h, moved to bits 4..5."""
+    if k < 2:
+        h = f.let(f"shl <64 x i8> {h}, {_splat_i8(64, 4 - 2 * k)}")
+    elif k == 3:
+        h = f.let(f"lshr <64 x i8> {h}, {_splat_i8(64, 2)}")
+    return f.let(f"and <64 x i8> {h}, {_splat_i8(64, 0x30)}")
+
+
+def _body_q6_k(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
+               accs: list[str]) -> list[str]:
+    qs = f.mul(b, 256)
+    c16 = f.add(act.c_at, f.mul(b, 64))
+    isums = ["zeroinitializer"] * len(xs)
+    for s in range(8):
+        hs = [f.load("<64 x i8>", wb, 288 + 384 * s + 256 + 64 * p) for p in range(2)]
+        va, vb = [], []  # chunks 4s+i (sub-block s), 32+4s+i (sub-block 8+s)
+        for i in range(4):
+            ql = f.load("<64 x i8>", wb, 288 + 384 * s + 64 * i)
+            p, c = divmod(i, 2)
+            lo = f.let(f"and <64 x i8> {ql}, {_splat_i8(64, 15)}")
+            hi = f.let(f"lshr <64 x i8> {ql}, {_splat_i8(64, 4)}")
+            va.append(f.let(f"or <64 x i8> {lo}, {_q6_field(f, hs[p], c)}"))
+            vb.append(f.let(f"or <64 x i8> {hi}, {_q6_field(f, hs[p], 2 + c)}"))
+        sc_a = f.widen16(wb, 32 + 16 * s, signed=True)
+        sc_b = f.widen16(wb, 32 + 16 * (s + 8), signed=True)
+        for t, x in enumerate(xs):
+            da = f.bcast(x, f.add(c16, 4 * s))        # -32 * bsum of sub-block s
+            db = f.bcast(x, f.add(c16, 4 * (s + 8)))
+            for i in range(4):
+                da = dots.dot(da, va[i], f.bcast(x, f.add(qs, 16 * s + 4 * i)))
+                db = dots.dot(db, vb[i], f.bcast(x, f.add(qs, 128 + 16 * s + 4 * i)))
+            part = f.let(f"add {V16I} {f.let(f'mul {V16I} {da}, {sc_a}')}, "
+                         f"{f.let(f'mul {V16I} {db}, {sc_b}')}")
+            isums[t] = f.let(f"add {V16I} {isums[t]}, {part}")
+    dw = f.half16(wb, 0)
+    out = []
+    for acc, isum, x in zip(accs, isums, xs):
+        dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
+        out.append(f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc))
+    return out
+
+
+BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q4_K: _body_q4_k, T.Q6_K: _body_q6_k}
+
+
+def supported(qtype: T, isa: str) -> bool:
+    """Whether this module has a kernel for qtype on isa (AVX2 maddubs would saturate on Q8_0)."""
+    return qtype in BODIES and not (qtype == T.Q8_0 and isa == "avx2")
+
+
+def _build_gemm(qtype: T, isa: str, tile: int) -> str:
+    name = qtype.name.lower()
+    f = _Fn(f"void @gemm_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
+            f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
+    dots = _Dots(f, isa)
+    act = _Act(f, ACTIVATION[qtype])
+    body = BODIES[qtype]
+    g0 = f.let(f"lshr i64 {f.add('%r0', ROWS - 1)}, 4")
+    g1 = f.let(f"lshr i64 {f.add('%r1', ROWS - 1)}, 4")
+    group_bytes = f.mul("%nb", GROUP_BLOCK_BYTES[qtype])
+    n_tiles = f.let(f"udiv i64 %M, {tile}")
+    rest0 = f.mul(n_tiles, tile)
+
+    def group(g: str) -> None:
+        wg = f.gep("%w", f.mul(g, group_bytes))
+        col = f.mul(g, ROWS)
+
+        def tile_rows(m0: str, rows: int) -> None:
+            xs = [act.row(f.add(m0, t)) for t in range(rows)]
+
+            def block(b: str, accs: list[str]) -> list[str]:
+                wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
+                return body(f, dots, act, wb, b, xs, accs)
+
+            accs = f.loop("%nb", [(V16F, "zeroinitializer")] * rows, block)
+            for t, acc in enumerate(accs):
+                at = f.add(f.mul(f.add(m0, t), "%N"), col)
+                f.store(V16F, acc, f.gep("%out", f.mul(at, 4)), 0, 4)
+
+        f.loop(n_tiles, [], lambda i, _: tile_rows(f.mul(i, tile), tile) or [])
+        f.loop_range(rest0, "%M", lambda m: tile_rows(m, 1))
+
+    f.loop_range(g0, g1, group)
+    f.do("ret void")
+    return f.text()
+
+
+# --- activation quantizers --------------------------------------------------------------------
+
+def _absmax(f: _Fn, src: str, n_chunks: int) -> str:
+    amax = None
+    for c in range(n_chunks):
+        v = f.load("<32 x float>", src, 128 * c, 4)
+        m = f.let(f"call float @llvm.vector.reduce.fmax.v32f32(<32 x float> "
+                  f"{f.let(f'call <32 x float> @llvm.fabs.v32f32(<32 x float> {v})')})")
+        amax = m if amax is None else f.let(f"call float @llvm.maxnum.f32(float {amax}, float {m})")
+    assert amax is not None
+    return amax
+
+
+def _quantize_chunk(f: _Fn, src: str, dst: str, inv: str) -> str:
+    """32 floats * inv, rounded half-even, stored as i8; returns them as <32 x i32>."""
+    v = f.load("<32 x float>", src, 0, 4)
+    r = f.let(f"call <32 x float> @llvm.roundeven.v32f32(<32 x float> "
+              f"{f.let(f'fmul <32 x float> {v}, {f.splat_float(inv, 32)}')})")
+    q = f.let(f"fptosi <32 x float> {r} to <32 x i32>")
+    f.store("<32 x i8>", f.let(f"trunc <32 x i32> {q} to <32 x i8>"), dst)
+    return q
+
+
+def _build_quantize(act: str) -> str:
+    """quantize_<act>(x, xq, nb, r0, r1, M): as ggml's q8_0 / q8_k (d = max|x| / 127,
+    q = roundeven(x * (127 / max|x|)), 0 for an all-zero block), laid out as engine.repack says."""
+    elems = ACT_BLOCK[act]
+    f = _Fn(f"void @quantize_{act}(ptr noalias %x, ptr noalias %xq, i64 %nb, i64 %r0, i64 %r1, i64 %M)")
+    a = _Act(f, act)
+
+    def per_block(m: str, j: str) -> None:
+        src = f.gep("%x", f.mul(f.add(f.mul(m, "%nb"), j), 4 * elems))
+        row = a.row(m)
+        amax = _absmax(f, src, elems // 32)
+        d = f.let(f"fdiv float {amax}, 127.0")
+        nonzero = f.let(f"fcmp one float {amax}, 0.0")
+        inv = f.let(f"select i1 {nonzero}, float {f.let(f'fdiv float 127.0, {amax}')}, float 0.0")
+        qs = f.gep(row, f.mul(j, elems))
+        if act == "r8_0":
+            q = _quantize_chunk(f, src, qs, inv)
+            dh = f.let(f"fpext half {f.let(f'fptrunc float {d} to half')} to float")
+            f.store("float", dh, row, f.add(a.d_at, f.mul(j, 4)), 4)
+            total = f.let(f"call i32 @llvm.vector.reduce.add.v32i32(<32 x i32> {q})")
+            f.store("i32", f.let(f"mul i32 {total}, -128"), row, f.add(a.c_at, f.mul(j, 4)), 4)
+            return
+        f.store("float", d, row, f.add(a.d_at, f.mul(j, 4)), 4)
+        c16 = f.gep(row, f.add(a.c_at, f.mul(j, 64)))
+        b32 = f.gep(row, f.add(a.b32_at, f.mul(j, 16)))
+        for c in range(elems // 32):
+            q = _quantize_chunk(f, f.gep(src, 128 * c), f.gep(qs, 32 * c), inv)
+            sums = []
+            for h in range(2):
+                part = f.let(f"shufflevector <32 x i32> {q}, <32 x i32> poison, "
+                             f"{_mask(list(range(16 * h, 16 * h + 16)))}")
+                sums.append(f.let(f"call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> {part})"))
+                f.store("i32", f.let(f"mul i32 {sums[-1]}, -32"), c16, 4 * (2 * c + h), 4)
+            pair = f.let(f"add i32 {sums[0]}, {sums[1]}")
+            f.store("i16", f.let(f"trunc i32 {pair} to i16"), b32, 2 * c, 2)
+
+    f.loop_range("%r0", "%r1", lambda m: f.loop("%nb", [], lambda j, _: per_block(m, j) or []))
+    f.do("ret void")
+    return f.text()
+
+
+def build_gemm_ir(qtype: T, isa: str, tile: int = TILE) -> str:
+    """The module for one weight type: its activation quantizer and its gemm function."""
+    if not supported(qtype, isa):
+        raise ValueError(f"no interleaved kernel for {qtype.name} on {isa}")
+    return DECLARATIONS + _build_quantize(ACTIVATION[qtype]) + _build_gemm(qtype, isa, tile)

@@ -1,0 +1,104 @@
+"""Runtime side of the row-interleaved kernels (engine.kernels.gemm): compile once, call.
+
+GemmKernels(qtypes, isa) compiles (or loads from the disk cache) one module per weight type it
+has a kernel for on that instruction set; `kernels(qtype)` gives the ctypes calls and the
+addresses the task graph needs (the same signatures as engine.kernels.matmul's rows/quantize
+functions), `matmul(w, x)` runs one on a RepackedMatrix (tests, the eager path).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.kernels import gemm, jit
+from engine.repack import ACT_BLOCK, ACTIVATION, RepackedMatrix, T, act_bytes
+
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+def host_isa(portable: bool = False) -> str:
+    """The best instruction selection gemm has for this CPU."""
+    if portable or not jit.host_cpu_is_x86():
+        return "portable"
+    if all(jit.host_has(x) for x in ("avx512f", "avx512bw", "avx512vnni")):
+        return "vnni512"
+    return "avx2" if jit.host_has("avx2") else "portable"
+
+
+@dataclass(frozen=True)
+class GemmTypeKernels:
+    act: str
+    block_elems: int
+    rows: Callable[..., None]       # gemm_<type>(w, xq, out, nb, r0, r1, M, N)
+    quantize: Callable[..., None]   # quantize_<act>(x, xq, nb, r0, r1, M)
+    rows_address: int
+    quantize_address: int
+
+    def act_bytes(self, n_cols: int, m_rows: int) -> int:
+        return act_bytes(self.act, n_cols, m_rows)
+
+
+class GemmKernels:
+    def __init__(self, qtypes: Iterable[T], isa: str | None = None) -> None:
+        self.isa = isa or host_isa()
+        self._kernels = {q: self._load(q) for q in sorted(set(qtypes), key=lambda t: t.value)
+                         if gemm.supported(q, self.isa)}
+        self._lock = threading.Lock()
+
+    def _load(self, qtype: T) -> GemmTypeKernels:
+        lib = jit.compile_cached("gemm", (qtype.name, self.isa, gemm.TILE),
+                                 lambda: gemm.build_gemm_ir(qtype, self.isa))
+        act = ACTIVATION[qtype]
+        name = qtype.name.lower()
+        rows = lib.function(f"gemm_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)
+        quantize = lib.function(f"quantize_{act}", None, _PTR, _PTR, _I64, _I64, _I64, _I64)
+        return GemmTypeKernels(act, ACT_BLOCK[act], rows, quantize, lib.address(f"gemm_{name}"),
+                               lib.address(f"quantize_{act}"))
+
+    def has(self, qtype: T) -> bool:
+        return qtype in self._kernels
+
+    def kernels(self, qtype: T) -> GemmTypeKernels:
+        k = self._kernels.get(qtype)
+        if k is None:
+            raise ValueError(f"no interleaved kernel for {qtype.name} on {self.isa}")
+        return k
+
+    def quantize(self, x: np.ndarray, act: str, r0: int = 0, r1: int | None = None,
+                 into: np.ndarray | None = None) -> np.ndarray:
+        """The compiled activation quantizer (for tests): uint8 [M, act_row_bytes]."""
+        fn = next((k.quantize for k in self._kernels.values() if k.act == act), None)
+        if fn is None:
+            raise ValueError(f"no {act} quantizer compiled here")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        m, k = x.shape
+        out = np.zeros(act_bytes(act, k, m), np.uint8) if into is None else into
+        fn(x.ctypes.data, out.ctypes.data, k // ACT_BLOCK[act], r0, m if r1 is None else r1, m)
+        return out.reshape(m, -1)
+
+    def matmul(self, w: RepackedMatrix, x: np.ndarray, out: np.ndarray | None = None,
+               splits: int = 1) -> np.ndarray:
+        """out = x @ W.T on one thread; `splits` runs the weight rows in that many pieces (as
+        threads would take them), to show that the split changes no bit."""
+        if not isinstance(w, RepackedMatrix):
+            raise ValueError("GemmKernels.matmul takes a RepackedMatrix (engine.repack.repack)")
+        k = self.kernels(w.qtype)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != w.n_cols:
+            raise ValueError(f"activations must have shape [M, {w.n_cols}], got {x.shape}")
+        m, n = x.shape[0], w.n_rows
+        if out is None:
+            out = np.empty((m, n), np.float32)
+        nb = w.n_cols // k.block_elems
+        with self._lock:
+            xq = np.empty(k.act_bytes(w.n_cols, m) + 64, np.uint8)
+            xq_addr = xq.ctypes.data + (-xq.ctypes.data % 64)
+            k.quantize(x.ctypes.data, xq_addr, nb, 0, m, m)
+            for s in range(splits):
+                k.rows(w.address, xq_addr, out.ctypes.data, nb, n * s // splits,
+                       n * (s + 1) // splits, m, n)
+        return out

@@ -1,0 +1,230 @@
+"""Weights repacked for the row-interleaved kernels (engine.kernels.gemm), and their activations.
+
+The kernels take 16 weight rows at once, one row per 32-bit lane of a 512-bit vector: each
+`vpdpbusd` multiplies 4 bytes of every row with the same 4 activation bytes (broadcast) and adds
+the four products into that row's lane. So a block's integer dot product is complete in its lane
+and is scaled once per block, for 16 rows with one vector FMA: far less float work per
+multiply-add than the file's row-by-row layout allows, and each activation load serves 16 rows.
+Repacking happens once at load (the repacked copy replaces the file's mapping for matmuls; the
+memory estimate counts it). Rows come in groups of 16; a group's blocks follow each other, each
+block holding its 16 rows' data side by side:
+
+    Q8_0 (544 bytes = 16 x 34):  qs  u8 [8 chunks][16 rows][4]   q + 128, chunk c = values 4c..4c+3
+                                 d   f16 [16]
+    Q4_K (2368 = 16 x 144 + 64): d, dmin  f16 [16] each
+                                 sc  u8 [8 sub-blocks][16]        the 6-bit scales
+                                 mn  u8 [4 pairs][16][2]          the 6-bit mins, sub-blocks 2p, 2p+1
+                                 qs  u8 [4 pairs][8 chunks][16][4]  ggml's qs bytes 32p+4c..+3:
+                                     low nibbles are sub-block 2p's values 4c.., high 2p+1's
+    Q6_K (3360 = 16 x 210):      d   f16 [16]
+                                 sc  i8 [16 sub-blocks][16]
+                                 8 steps s, each  ql u8 [4][16][4] | qh u8 [2][16][4]:
+                                     ql's low nibble: 4 bits of chunk 4s+i, high: of 32+4s+i;
+                                     qh's 2-bit fields k = 0..3: top bits of chunks 4s+2p,
+                                     4s+2p+1, 32+4s+2p, 32+4s+2p+1 (the order the kernel reads)
+    (Q6_K chunk c = values 4c..4c+3 of the 256; sub-block j = chunks 4j..4j+3.)
+
+Activations, per row (row stride a multiple of 64 bytes), quantized exactly as ggml's q8_0 /
+q8_k blocks (engine.quants.quantize_activations gives the same values):
+    r8_0 (Q8_0):        qs i8 [K] | d f32 [nb] (ggml's f16 d, widened) | c i32 [nb] = -128 * sum(qs)
+    r8_k (K-quants):    qs i8 [K] | d f32 [nb] | c16 i32 [16 nb] = -32 * bsums (per 16 values)
+                        | b32 i16 [8 nb] = sums per 32 values
+The c fields undo offsets in integers: Q8_0 weights are stored + 128 (vpdpbusd takes them
+unsigned), so sum(q * y) = sum((q + 128) * y) - 128 * sum(y); Q6_K's values are q - 32.
+
+Per row r and block b the kernels compute, in this order (isum exact in int32):
+    Q8_0:  acc = fma(d[r] * dx[b], float(sum q * y), acc)
+    Q4_K:  acc = fma(d[r] * dx[b], float(sum_j sc_j * sum(q * y over j)), acc)
+           acc = fma(-(dmin[r] * dx[b]), float(sum_j mn_j * b32_j), acc)
+    Q6_K:  acc = fma(d[r] * dx[b], float(sum_j sc_j * (sum(q * y over j) - 32 * bsum_j)), acc)
+so the numpy twin (reference) is the exact product of the dequantized weights and activations
+up to float32 rounding of those few terms. Each row's arithmetic is the same whatever M, the
+thread split or the other rows, as the file-layout kernels promise.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.ggml_types import GGMLQuantizationType
+from engine.quants import (
+    WEIGHT_LAYOUTS,
+    QuantMatrix,
+    dequantize,
+    dequantize_activations,
+    quantize_activations,
+)
+
+T = GGMLQuantizationType
+ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
+GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q4_K: 2368, T.Q6_K: 3360}
+REPACKED = tuple(GROUP_BLOCK_BYTES)
+ACTIVATION = {T.Q8_0: "r8_0", T.Q4_K: "r8_k", T.Q6_K: "r8_k"}
+ACT_BLOCK = {"r8_0": 32, "r8_k": 256}
+BLOCK_ELEMS = {T.Q8_0: 32, T.Q4_K: 256, T.Q6_K: 256}
+
+
+def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
+    return qtype in GROUP_BLOCK_BYTES and n_rows % ROWS == 0 and n_cols % BLOCK_ELEMS[qtype] == 0
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + nbytes]
+
+
+@dataclass(frozen=True, eq=False)
+class RepackedMatrix:
+    """A weight matrix in the row-interleaved layout; `source` is the file's matrix."""
+
+    data: np.ndarray  # uint8 [n_rows // 16 * n_blocks * GROUP_BLOCK_BYTES], 64-byte aligned
+    source: QuantMatrix
+
+    @property
+    def qtype(self) -> GGMLQuantizationType:
+        return self.source.qtype
+
+    @property
+    def n_rows(self) -> int:
+        return self.source.n_rows
+
+    @property
+    def n_cols(self) -> int:
+        return self.source.n_cols
+
+    @functools.cached_property
+    def address(self) -> int:
+        return int(self.data.ctypes.data)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+def _interleave(v: np.ndarray) -> np.ndarray:
+    """[rows, nb, ..., 4] -> [groups, nb, ..., 16, 4]: 16 rows' 4-byte groups side by side."""
+    rows, nb = v.shape[:2]
+    v = v.reshape(rows // ROWS, ROWS, nb, *v.shape[2:])
+    return np.moveaxis(v, 1, -2)
+
+
+def _per_row(v: np.ndarray) -> np.ndarray:
+    """[rows, nb, ...] -> [groups, nb, ..., 16]: a per-row field, 16 rows side by side."""
+    rows, nb = v.shape[:2]
+    v = v.reshape(rows // ROWS, ROWS, nb, *v.shape[2:])
+    return np.moveaxis(v, 1, -1)
+
+
+def _bytes(*parts: np.ndarray) -> np.ndarray:
+    """Concatenate per-block parts [groups, nb, ...] along the block's bytes."""
+    g, nb = parts[0].shape[:2]
+    return np.concatenate([np.ascontiguousarray(p).view(np.uint8).reshape(g, nb, -1)
+                           for p in parts], axis=-1)
+
+
+def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 12 scale bytes -> (sc, mn) u8 [..., 8] (see engine.quants)."""
+    lo, mid, hi = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = np.concatenate([lo & 63, (hi & 0x0F) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _q6_values(b: np.ndarray) -> np.ndarray:
+    """Q6_K blocks -> u8 [rows, nb, 256]: the 6-bit values (0..63), in order."""
+    ql = b["ql"].reshape(*b.shape, 2, 64)
+    qh = b["qh"].reshape(*b.shape, 2, 32)
+    a, c = ql[..., :32], ql[..., 32:]
+    q = np.concatenate([(a & 0xF) | ((qh & 3) << 4), (c & 0xF) | (((qh >> 2) & 3) << 4),
+                        (a >> 4) | (((qh >> 4) & 3) << 4), (c >> 4) | (((qh >> 6) & 3) << 4)],
+                       axis=-1)
+    return q.reshape(*b.shape, 256)
+
+
+def repack(w: QuantMatrix) -> RepackedMatrix:
+    """The numpy repacking (see the module docstring for the layouts)."""
+    if not can_repack(w.qtype, w.n_rows, w.n_cols):
+        raise ValueError(f"cannot repack {w.qtype.name} {w.n_rows}x{w.n_cols} "
+                         f"(types {[t.name for t in REPACKED]}, rows a multiple of {ROWS})")
+    b = w.raw.view(WEIGHT_LAYOUTS[w.qtype])  # [rows, nb]
+    if w.qtype == T.Q8_0:
+        qs = (b["qs"].astype(np.int16) + 128).astype(np.uint8).reshape(*b.shape, 8, 4)
+        out = _bytes(_interleave(qs), _per_row(b["d"]))
+    elif w.qtype == T.Q4_K:
+        sc, mn = _k_scales_mins(b["scales"])
+        qs = b["qs"].reshape(*b.shape, 4, 8, 4)                   # [.., pair, chunk, 4]
+        out = _bytes(_per_row(b["d"]), _per_row(b["dmin"]), _per_row(sc),
+                     _interleave(mn.reshape(*b.shape, 4, 2)), _interleave(qs))
+    else:  # Q6_K
+        q = _q6_values(b).reshape(*b.shape, 64, 4)               # [.., chunk, 4]
+        s = np.arange(8)[:, None]
+        low, high = q[..., 4 * s + np.arange(4), :], q[..., 32 + 4 * s + np.arange(4), :]
+        ql = (low & 0xF) | ((high & 0xF) << 4)                    # [.., 8 steps, 4, 4]
+        p = np.arange(2)[:, None]
+        fields = [4 * s[..., None] + 2 * p + np.array([0, 1, 32, 33])]  # [8, 2, 4] chunk ids
+        top = q[..., fields[0], :] >> 4                            # [.., 8, 2, 4 fields, 4]
+        qh = np.zeros(top.shape[:-2] + (4,), np.uint8)
+        for k in range(4):
+            qh |= (top[..., k, :] << (2 * k)).astype(np.uint8)
+        g, nb = w.n_rows // ROWS, b.shape[1]
+        steps = np.concatenate([_interleave(ql).reshape(g, nb, 8, 256),   # per step: ql | qh
+                                _interleave(qh).reshape(g, nb, 8, 128)], axis=-1)
+        out = _bytes(_per_row(b["d"]), _per_row(b["scales"]), steps)
+    data = _aligned(out.size)
+    data[:] = out.reshape(-1)
+    assert out.shape[-1] == GROUP_BLOCK_BYTES[w.qtype]
+    return RepackedMatrix(data, w)
+
+
+# --- activations ------------------------------------------------------------------------------
+
+def act_row_bytes(act: str, n_cols: int) -> int:
+    nb = n_cols // ACT_BLOCK[act]
+    raw = n_cols + 8 * nb if act == "r8_0" else n_cols + 4 * nb + 64 * nb + 16 * nb
+    return -(-raw // 64) * 64
+
+
+def act_bytes(act: str, n_cols: int, m_rows: int) -> int:
+    return act_row_bytes(act, n_cols) * m_rows
+
+
+def quantize_rows(x: np.ndarray, act: str) -> np.ndarray:
+    """Numpy twin of the compiled quantizer: float32 [M, K] -> uint8 [M, act_row_bytes]."""
+    x = np.asarray(x, np.float32)
+    m_rows, k = x.shape
+    nb = k // ACT_BLOCK[act]
+    ggml = quantize_activations(x, "q8_0" if act == "r8_0" else "q8_k")
+    out = np.zeros((m_rows, act_row_bytes(act, k)), np.uint8)
+    if act == "r8_0":
+        b = ggml.view(WEIGHT_LAYOUTS[T.Q8_0]).reshape(m_rows, nb)   # q8_0 = Q8_0's blocks
+        out[:, :k] = b["qs"].reshape(m_rows, k).view(np.uint8)
+        out[:, k:k + 4 * nb] = b["d"].astype(np.float32).view(np.uint8)
+        c = -128 * b["qs"].astype(np.int32).sum(-1)
+        out[:, k + 4 * nb:k + 8 * nb] = c.astype(np.int32).view(np.uint8)
+        return out
+    from engine.quants import ACTIVATION_LAYOUTS  # noqa: PLC0415
+    b = ggml.view(ACTIVATION_LAYOUTS["q8_k"]).reshape(m_rows, nb)
+    out[:, :k] = b["qs"].reshape(m_rows, k).view(np.uint8)
+    at = k
+    out[:, at:at + 4 * nb] = b["d"].astype(np.float32).view(np.uint8)
+    at += 4 * nb
+    bsums = b["bsums"].astype(np.int32).reshape(m_rows, nb * 16)
+    out[:, at:at + 64 * nb] = (-32 * bsums).astype(np.int32).view(np.uint8)
+    at += 64 * nb
+    b32 = bsums.reshape(m_rows, nb * 8, 2).sum(-1).astype(np.int16)
+    out[:, at:at + 16 * nb] = b32.view(np.uint8)
+    return out
+
+
+def reference(w: QuantMatrix | RepackedMatrix, x: np.ndarray) -> np.ndarray:
+    """Numpy twin of the interleaved kernels: dequantize(W) @ (activations as the kernel sees
+    them).T in float64, returned as float32 [M, N]."""
+    src = w.source if isinstance(w, RepackedMatrix) else w
+    x = np.asarray(x, np.float32)
+    act = "q8_0" if ACTIVATION[src.qtype] == "r8_0" else "q8_k"
+    xs = dequantize_activations(quantize_activations(x, act), act, src.n_cols).astype(np.float64)
+    wd = dequantize(src.raw, src.qtype, src.n_cols).astype(np.float64)
+    return (xs @ wd.T).astype(np.float32)
