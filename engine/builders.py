@@ -128,7 +128,7 @@ class GraphBuilder:
         mk = self.tr.matmul_kernels
         quantized: dict[str | None, int] = {None: _addr(src)}
         for w, _ in targets:
-            k = mk.kernels(w.qtype)
+            k = mk.kernels_for(w)
             if k.act not in quantized:
                 xq = self.a.xq[k.act]
                 quantized[k.act] = _addr(xq)
@@ -137,7 +137,7 @@ class GraphBuilder:
         self.graph.barrier()
         out_args = []
         for w, out in targets:
-            k = mk.kernels(w.qtype)
+            k = mk.kernels_for(w)
             nb = w.n_cols // k.block_elems  # float types: block_elems 1, nb = K
             out_args.append(self._node(
                 "task_matmul", tasks.MATMUL, fn=k.rows_address, w=w.address,

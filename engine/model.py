@@ -28,6 +28,7 @@ give the same bits.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -43,7 +44,8 @@ from .kernels.matmul import MatmulKernels
 from .kernels.governor import ThreadGovernor
 from .kernels.pool import Graph, Pool
 from .kv import KVCache
-from .weights import load_weights
+from .repack import RepackedMatrix
+from .weights import Weights, load_weights
 
 
 def pooled_embedding(hidden: np.ndarray) -> np.ndarray:
@@ -91,6 +93,15 @@ def _addr(a: np.ndarray) -> int:
     return int(a.ctypes.data)
 
 
+def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
+    """The weights with every matmul matrix in the layout its kernel wants (mk.prepare: repacked
+    copies for the row-interleaved kernels); token_embd stays as mapped for embedding lookups."""
+    names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    layers = [dataclasses.replace(layer, **{n: mk.prepare(getattr(layer, n)) for n in names})
+              for layer in w.layers]
+    return dataclasses.replace(w, layers=layers, output=mk.prepare(w.output))
+
+
 class Transformer:
     """Weights + kernels + KV cache; evaluates batches of chunks. Not thread-safe: one caller.
 
@@ -112,6 +123,7 @@ class Transformer:
         try:
             qtypes = {m.qtype for m in self.weights.matrices()}
             self.matmul_kernels = MatmulKernels(qtypes, pool=self.pool)
+            self.weights = _prepared(self.weights, self.matmul_kernels)
             self.attention = AttentionKernel(pool=self.pool, flash_attn=flash_attn)
             self.tasks = tasks.load_tasks(self.attention.f16c)
             self.ops = ops.load_ops()
@@ -130,6 +142,11 @@ class Transformer:
         self._step = np.zeros(len(tasks.STEP.fields), np.int64)  # the STEP block, fixed address
         self._step_arrays: tuple[np.ndarray, ...] = ()  # what STEP points into (kept alive)
         self._scratch = np.empty(0, np.float32)
+
+    @property
+    def repacked_bytes(self) -> int:
+        """Bytes of the repacked weight copies (engine.repack), held beside the mapped file."""
+        return sum(m.nbytes for m in self.weights.matrices() if isinstance(m, RepackedMatrix))
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         te = self.weights.token_embd
@@ -232,7 +249,7 @@ class Transformer:
             capacity = max(n_tokens, 2 * old)
             xq_bytes: dict[str, int] = {}
             for m in self.weights.matrices():
-                k = self.matmul_kernels.kernels(m.qtype)
+                k = self.matmul_kernels.kernels_for(m)
                 if k.act is not None:
                     xq_bytes[k.act] = max(xq_bytes.get(k.act, 0), k.act_bytes(m.n_cols, capacity))
             self._acts = None  # free the old buffers before taking new ones

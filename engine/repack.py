@@ -49,13 +49,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.ggml_types import GGMLQuantizationType
-from engine.quants import (
-    WEIGHT_LAYOUTS,
-    QuantMatrix,
-    dequantize,
-    dequantize_activations,
-    quantize_activations,
-)
+from engine.activations import ACTIVATION_LAYOUTS, dequantize_activations, quantize_activations
+from engine.quants import QuantMatrix, dequantize, quant_type
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
@@ -149,7 +144,7 @@ def repack(w: QuantMatrix) -> RepackedMatrix:
     if not can_repack(w.qtype, w.n_rows, w.n_cols):
         raise ValueError(f"cannot repack {w.qtype.name} {w.n_rows}x{w.n_cols} "
                          f"(types {[t.name for t in REPACKED]}, rows a multiple of {ROWS})")
-    b = w.raw.view(WEIGHT_LAYOUTS[w.qtype])  # [rows, nb]
+    b = w.raw.view(quant_type(w.qtype).layout)  # [rows, nb]
     if w.qtype == T.Q8_0:
         qs = (b["qs"].astype(np.int16) + 128).astype(np.uint8).reshape(*b.shape, 8, 4)
         out = _bytes(_interleave(qs), _per_row(b["d"]))
@@ -199,13 +194,12 @@ def quantize_rows(x: np.ndarray, act: str) -> np.ndarray:
     ggml = quantize_activations(x, "q8_0" if act == "r8_0" else "q8_k")
     out = np.zeros((m_rows, act_row_bytes(act, k)), np.uint8)
     if act == "r8_0":
-        b = ggml.view(WEIGHT_LAYOUTS[T.Q8_0]).reshape(m_rows, nb)   # q8_0 = Q8_0's blocks
+        b = ggml.view(ACTIVATION_LAYOUTS["q8_0"]).reshape(m_rows, nb)
         out[:, :k] = b["qs"].reshape(m_rows, k).view(np.uint8)
         out[:, k:k + 4 * nb] = b["d"].astype(np.float32).view(np.uint8)
         c = -128 * b["qs"].astype(np.int32).sum(-1)
         out[:, k + 4 * nb:k + 8 * nb] = c.astype(np.int32).view(np.uint8)
         return out
-    from engine.quants import ACTIVATION_LAYOUTS  # noqa: PLC0415
     b = ggml.view(ACTIVATION_LAYOUTS["q8_k"]).reshape(m_rows, nb)
     out[:, :k] = b["qs"].reshape(m_rows, k).view(np.uint8)
     at = k

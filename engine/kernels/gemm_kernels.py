@@ -37,6 +37,7 @@ class GemmTypeKernels:
     quantize: Callable[..., None]   # quantize_<act>(x, xq, nb, r0, r1, M)
     rows_address: int
     quantize_address: int
+    fused: None = None  # (the file-layout kernels' one-call form; these have none)
 
     def act_bytes(self, n_cols: int, m_rows: int) -> int:
         return act_bytes(self.act, n_cols, m_rows)

@@ -26,11 +26,13 @@ from engine.activations import (
 )
 from engine.ggml_types import GGMLQuantizationType
 from engine.kernels import jit, tasks
+from engine.kernels.gemm_kernels import GemmKernels, GemmTypeKernels
 from engine.kernels.matmul.build import build_matmul_ir
 from engine.kernels.matmul.loops import NARROW_TILES, TILES
 from engine.kernels.ops import address
 from engine.kernels.pool import Pool
 from engine.quants import SUPPORTED, QuantMatrix, quant_type
+from engine.repack import RepackedMatrix, can_repack, repack
 
 _F32 = np.dtype(np.float32)
 _I64 = ctypes.c_int64
@@ -70,7 +72,7 @@ class MatmulKernels:
 
     def __init__(self, qtypes: Iterable[GGMLQuantizationType], n_threads: int = 1,
                  portable: bool = False, pool: Pool | None = None, vnni: bool | None = None,
-                 wide: bool | None = None) -> None:
+                 wide: bool | None = None, interleaved: bool = True) -> None:
         wanted = set(qtypes)
         for q in wanted:
             if q not in SUPPORTED:
@@ -86,6 +88,9 @@ class MatmulKernels:
         self.wide = self.vnni and host_wide and wide is not False
         self.tiles = TILES if jit.host_has("avx512vl") and not self.portable else NARROW_TILES
         self._kernels = {q: self._load(q) for q in sorted(wanted, key=lambda t: t.value)}
+        # the row-interleaved kernels (engine.kernels.gemm) for the types they cover on this ISA
+        isa = "portable" if self.portable else "vnni512" if self.wide else "avx2"
+        self._gemm = GemmKernels(wanted, isa) if interleaved else None
         self._own_pool = pool is None and n_threads > 1
         self._pool = Pool(n_threads) if self._own_pool else pool
         self.n_threads = self._pool.n_threads if self._pool is not None else 1
@@ -114,6 +119,22 @@ class MatmulKernels:
         return TypeKernels(act, t.block_elems, rows, fused, quantize, rows_address,
                            lib.address(f"quantize_{act}"))
 
+    def prepare(self, w: QuantMatrix) -> QuantMatrix | RepackedMatrix:
+        """The matrix in the layout this instance computes it fastest in: repacked for the
+        row-interleaved kernels where they cover its type and shape, else `w` itself."""
+        if (self._gemm is not None and self._gemm.has(w.qtype)
+                and can_repack(w.qtype, w.n_rows, w.n_cols)):
+            return repack(w)
+        return w
+
+    def kernels_for(self, w: QuantMatrix | RepackedMatrix) -> TypeKernels | GemmTypeKernels:
+        """The kernels that take `w` in its layout (see prepare)."""
+        if isinstance(w, RepackedMatrix):
+            if self._gemm is None:
+                raise ValueError("this instance was built without the interleaved kernels")
+            return self._gemm.kernels(w.qtype)
+        return self.kernels(w.qtype)
+
     def kernels(self, qtype: GGMLQuantizationType) -> TypeKernels:
         k = self._kernels.get(qtype)
         if k is None:
@@ -137,9 +158,10 @@ class MatmulKernels:
             x = np.ascontiguousarray(x, dtype=np.float32)
         return x
 
-    def matmul(self, w: QuantMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def matmul(self, w: QuantMatrix | RepackedMatrix, x: np.ndarray,
+               out: np.ndarray | None = None) -> np.ndarray:
         """out[m, r] = dot(W[r, :], x[m, :]) for x float32 [M, K]; returns float32 [M, N]."""
-        k = self.kernels(w.qtype)
+        k = self.kernels_for(w)
         x = self._activations(x, w.n_cols)
         m, n = x.shape[0], w.n_rows
         if out is None:
@@ -159,16 +181,20 @@ class MatmulKernels:
                 return out
             nb = w.n_cols // k.block_elems
             xq = self._scratch_for(k.act_bytes(w.n_cols, m))
-            if not split:
-                assert k.fused is not None
+            if not split and k.fused is not None:
                 k.fused(w.address, x_addr, xq, out_addr, nb, m, n)
+            elif not split:
+                assert k.quantize is not None
+                k.quantize(x_addr, xq, nb, 0, m, m)
+                k.rows(w.address, xq, out_addr, nb, 0, n, m, n)
             else:
                 assert k.quantize is not None
                 k.quantize(x_addr, xq, nb, 0, m, m)
                 self._run_split(k, w, xq, out_addr, nb, m)
         return out
 
-    def _run_split(self, k: TypeKernels, w: QuantMatrix, x_addr: int, out_addr: int, nb: int,
+    def _run_split(self, k: TypeKernels | GemmTypeKernels, w: QuantMatrix | RepackedMatrix,
+                   x_addr: int, out_addr: int, nb: int,
                    m: int) -> None:
         assert self._pool is not None
         tasks.STEP.fill(self._step, n_tokens=m)
