@@ -11,9 +11,11 @@ import numpy as np
 
 from .gguf import GGUFFile, ModelLoadError, read_header, split_part_paths
 from .hparams import HParams
+from .kernels.gemm_kernels import host_repacks
 from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .constraint import Constraint
+from .repack import estimate_repacked
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -63,8 +65,9 @@ class Model:
 
     @property
     def memory_bytes(self) -> int:
-        """Mapped file + KV cache (the most this model can hold resident)."""
-        return self._file.file_size + self.transformer.cache.nbytes
+        """Mapped file + KV cache + repacked weight copies (the most this model can hold
+        resident)."""
+        return self._file.file_size + self.transformer.cache.nbytes + self.transformer.repacked_bytes
 
     # -- evaluation --------------------------------------------------------------------------
     def _prefill(self, ids: list[int], slot: int, output: str) -> list[np.ndarray]:
@@ -156,14 +159,18 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) -> int:
-    """Bytes a load would hold (mapped files + KV cache, as Model.memory_bytes counts them, rings
-    of sliding-window layers included), from the headers alone. Raises ModelLoadError when the
-    file cannot be served at all (the registry then fails the request rather than evict anything
-    for a load that cannot succeed)."""
+    """Bytes a load would hold (mapped files + KV cache + repacked weights, as Model.memory_bytes
+    counts them, rings of sliding-window layers included), from the headers alone. Raises
+    ModelLoadError when the file cannot be served at all (the registry then fails the request
+    rather than evict anything for a load that cannot succeed)."""
     from .servable import check_servable
 
-    meta, _ = read_header(path)
+    meta, tensors = read_header(path)
     hp = check_servable(path)
     count = meta.get("split.count", 1)
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
-    return sum(os.path.getsize(f) for f in files) + KVLayout(hp, n_ctx).bytes_per_slot() * n_slots
+    for part in files[1:]:
+        tensors = {**tensors, **read_header(part)[1]}
+    shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items() if len(t.shape) == 2}
+    return (sum(os.path.getsize(f) for f in files) + KVLayout(hp, n_ctx).bytes_per_slot() * n_slots
+            + estimate_repacked(shapes, host_repacks))

@@ -44,6 +44,8 @@ thread split or the other rows, as the file-layout kernels promise.
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,10 +102,11 @@ class RepackedMatrix:
 
 
 def _interleave(v: np.ndarray) -> np.ndarray:
-    """[rows, nb, ..., 4] -> [groups, nb, ..., 16, 4]: 16 rows' 4-byte groups side by side."""
-    rows, nb = v.shape[:2]
-    v = v.reshape(rows // ROWS, ROWS, nb, *v.shape[2:])
-    return np.moveaxis(v, 1, -2)
+    """u8 [rows, nb, ..., k] -> [groups, nb, ..., 16] of k-byte words: 16 rows' k-byte groups
+    side by side (moved as one k-byte integer each: ~4x faster than byte by byte)."""
+    word = {2: np.uint16, 4: np.uint32}[v.shape[-1]]
+    v = np.ascontiguousarray(v) if v.strides[-1] != 1 else v
+    return np.ascontiguousarray(_per_row(v.view(word)[..., 0])).view(np.uint8)
 
 
 def _per_row(v: np.ndarray) -> np.ndarray:
@@ -113,11 +116,23 @@ def _per_row(v: np.ndarray) -> np.ndarray:
     return np.moveaxis(v, 1, -1)
 
 
-def _bytes(*parts: np.ndarray) -> np.ndarray:
-    """Concatenate per-block parts [groups, nb, ...] along the block's bytes."""
-    g, nb = parts[0].shape[:2]
-    return np.concatenate([np.ascontiguousarray(p).view(np.uint8).reshape(g, nb, -1)
-                           for p in parts], axis=-1)
+class _Blocks:
+    """The repacked matrix as uint8 [groups, nb, block bytes], filled part by part in place."""
+
+    def __init__(self, qtype: GGMLQuantizationType, groups: int, nb: int) -> None:
+        self.data = _aligned(groups * nb * GROUP_BLOCK_BYTES[qtype])
+        self.blocks = self.data.reshape(groups, nb, GROUP_BLOCK_BYTES[qtype])
+        self.at = 0
+
+    def put(self, part: np.ndarray) -> None:
+        """Append a part [groups, nb, ...] (any dtype) to every block, one strided copy."""
+        if part.dtype != np.uint8:
+            part = np.ascontiguousarray(part)
+            part = part.view(np.uint8).reshape(*part.shape[:-1], -1)
+        n = int(np.prod(part.shape[2:]))
+        dest = self.blocks[:, :, self.at:self.at + n].reshape(part.shape)
+        np.copyto(dest, part)
+        self.at += n
 
 
 def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -132,11 +147,30 @@ def _q6_values(b: np.ndarray) -> np.ndarray:
     """Q6_K blocks -> u8 [rows, nb, 256]: the 6-bit values (0..63), in order."""
     ql = b["ql"].reshape(*b.shape, 2, 64)
     qh = b["qh"].reshape(*b.shape, 2, 32)
+    q = np.empty((*b.shape, 2, 4, 32), np.uint8)
     a, c = ql[..., :32], ql[..., 32:]
-    q = np.concatenate([(a & 0xF) | ((qh & 3) << 4), (c & 0xF) | (((qh >> 2) & 3) << 4),
-                        (a >> 4) | (((qh >> 4) & 3) << 4), (c >> 4) | (((qh >> 6) & 3) << 4)],
-                       axis=-1)
+    q[..., 0, :] = (a & 0xF) | ((qh & 3) << 4)
+    q[..., 1, :] = (c & 0xF) | (((qh >> 2) & 3) << 4)
+    q[..., 2, :] = (a >> 4) | (((qh >> 4) & 3) << 4)
+    q[..., 3, :] = (c >> 4) | (((qh >> 6) & 3) << 4)
     return q.reshape(*b.shape, 256)
+
+
+class _FieldViews:
+    """b[name]: a block field as a strided view of the raw bytes ([rows, nb, ...]); faster to
+    compute with than numpy's structured-field views."""
+
+    def __init__(self, w: QuantMatrix) -> None:
+        self.layout = quant_type(w.qtype).layout
+        self.shape = (w.n_rows, w.raw.shape[1] // self.layout.itemsize)
+        self.blocks = w.raw.reshape(*self.shape, self.layout.itemsize)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        dtype, offset = self.layout.fields[name][:2]
+        v = self.blocks[..., offset:offset + dtype.itemsize]
+        if dtype.base == np.float16:
+            return np.ascontiguousarray(v).view(np.float16)[..., 0]
+        return v.view(np.int8) if dtype.base == np.int8 else v
 
 
 def repack(w: QuantMatrix) -> RepackedMatrix:
@@ -144,33 +178,35 @@ def repack(w: QuantMatrix) -> RepackedMatrix:
     if not can_repack(w.qtype, w.n_rows, w.n_cols):
         raise ValueError(f"cannot repack {w.qtype.name} {w.n_rows}x{w.n_cols} "
                          f"(types {[t.name for t in REPACKED]}, rows a multiple of {ROWS})")
-    b = w.raw.view(quant_type(w.qtype).layout)  # [rows, nb]
+    b = _FieldViews(w)  # [rows, nb] blocks, fields as plain byte views
+    out = _Blocks(w.qtype, w.n_rows // ROWS, b.shape[1])
     if w.qtype == T.Q8_0:
-        qs = (b["qs"].astype(np.int16) + 128).astype(np.uint8).reshape(*b.shape, 8, 4)
-        out = _bytes(_interleave(qs), _per_row(b["d"]))
+        qs = b["qs"].view(np.uint8) ^ np.uint8(0x80)                # q + 128
+        out.put(_interleave(qs.reshape(*b.shape, 8, 4)))
+        out.put(_per_row(b["d"]))
     elif w.qtype == T.Q4_K:
         sc, mn = _k_scales_mins(b["scales"])
-        qs = b["qs"].reshape(*b.shape, 4, 8, 4)                   # [.., pair, chunk, 4]
-        out = _bytes(_per_row(b["d"]), _per_row(b["dmin"]), _per_row(sc),
-                     _interleave(mn.reshape(*b.shape, 4, 2)), _interleave(qs))
+        out.put(_per_row(b["d"]))
+        out.put(_per_row(b["dmin"]))
+        out.put(_per_row(sc))
+        out.put(_interleave(mn.reshape(*b.shape, 4, 2)))
+        out.put(_interleave(b["qs"].reshape(*b.shape, 4, 8, 4)))  # [.., pair, chunk, 4]
     else:  # Q6_K
-        q = _q6_values(b).reshape(*b.shape, 64, 4)               # [.., chunk, 4]
-        s = np.arange(8)[:, None]
-        low, high = q[..., 4 * s + np.arange(4), :], q[..., 32 + 4 * s + np.arange(4), :]
-        ql = (low & 0xF) | ((high & 0xF) << 4)                    # [.., 8 steps, 4, 4]
-        p = np.arange(2)[:, None]
-        fields = [4 * s[..., None] + 2 * p + np.array([0, 1, 32, 33])]  # [8, 2, 4] chunk ids
-        top = q[..., fields[0], :] >> 4                            # [.., 8, 2, 4 fields, 4]
-        qh = np.zeros(top.shape[:-2] + (4,), np.uint8)
-        for k in range(4):
-            qh |= (top[..., k, :] << (2 * k)).astype(np.uint8)
-        g, nb = w.n_rows // ROWS, b.shape[1]
-        steps = np.concatenate([_interleave(ql).reshape(g, nb, 8, 256),   # per step: ql | qh
-                                _interleave(qh).reshape(g, nb, 8, 128)], axis=-1)
-        out = _bytes(_per_row(b["d"]), _per_row(b["scales"]), steps)
-    data = _aligned(out.size)
-    data[:] = out.reshape(-1)
-    assert out.shape[-1] == GROUP_BLOCK_BYTES[w.qtype]
+        q = _q6_values(b).reshape(*b.shape, 2, 8, 2, 2, 4)  # [.., half, step, p, k, 4]
+        low, high = q[..., 0, :, :, :, :], q[..., 1, :, :, :, :]  # chunks 4s+i, 32+4s+i
+        ql = ((low & 0xF) | (high << 4)).reshape(*b.shape, 8, 4, 4)
+        top_lo, top_hi = low >> 4, high >> 4                       # [.., 8, p, k, 4]
+        qh = (top_lo[..., 0, :] | (top_lo[..., 1, :] << 2) | (top_hi[..., 0, :] << 4)
+              | (top_hi[..., 1, :] << 6))                           # [.., 8 steps, 2, 4]
+        out.put(_per_row(b["d"]))
+        out.put(_per_row(b["scales"]))
+        g, nb = b.shape[0] // ROWS, b.shape[1]
+        steps = np.empty((g, nb, 8, 384), np.uint8)                # per step: ql | qh
+        steps[..., :256] = _interleave(ql).reshape(g, nb, 8, 256)
+        steps[..., 256:] = _interleave(qh).reshape(g, nb, 8, 128)
+        out.put(steps)
+    assert out.at == GROUP_BLOCK_BYTES[w.qtype]
+    data = out.data
     return RepackedMatrix(data, w)
 
 
@@ -222,3 +258,28 @@ def reference(w: QuantMatrix | RepackedMatrix, x: np.ndarray) -> np.ndarray:
     xs = dequantize_activations(quantize_activations(x, act), act, src.n_cols).astype(np.float64)
     wd = dequantize(src.raw, src.qtype, src.n_cols).astype(np.float64)
     return (xs @ wd.T).astype(np.float32)
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+# the matrices a model multiplies by (engine.model._prepared repacks exactly these; a tied
+# output is token_embd itself, repacked as a copy while lookups keep the mapped file)
+MATMUL_WEIGHT = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up"
+                           r"|ffn_down)\.weight|output\.weight")
+
+
+def repacked_nbytes(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> int:
+    """Bytes the repacked copy of an N x K matrix takes (0 when it would not be repacked)."""
+    if not can_repack(qtype, n_rows, n_cols):
+        return 0
+    return n_rows // ROWS * (n_cols // BLOCK_ELEMS[qtype]) * GROUP_BLOCK_BYTES[qtype]
+
+
+def estimate_repacked(tensors: dict[str, tuple[GGMLQuantizationType, int, int]],
+                      repacks: Callable[[GGMLQuantizationType], bool]) -> int:
+    """Repacked bytes of a model's matmul weights, from its tensor table: name ->
+    (type, n_rows, n_cols); `repacks(qtype)`: whether this host's kernels repack the type."""
+    names = [n for n in tensors if MATMUL_WEIGHT.fullmatch(n)]
+    if "output.weight" not in tensors and "token_embd.weight" in tensors:
+        names.append("token_embd.weight")  # tied: the output matmul repacks a copy
+    return sum(repacked_nbytes(*tensors[n]) for n in names if repacks(tensors[n][0]))

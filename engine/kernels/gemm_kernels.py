@@ -24,9 +24,14 @@ def host_isa(portable: bool = False) -> str:
     """The best instruction selection gemm has for this CPU."""
     if portable or not jit.host_cpu_is_x86():
         return "portable"
-    if all(jit.host_has(x) for x in ("avx512f", "avx512bw", "avx512vnni")):
+    if all(jit.host_has(x) for x in ("avx512f", "avx512bw", "avx512vl", "avx512vnni")):
         return "vnni512"
     return "avx2" if jit.host_has("avx2") else "portable"
+
+
+def host_repacks(qtype: T) -> bool:
+    """Whether a model loaded on this host keeps `qtype` matrices repacked (memory estimates)."""
+    return gemm.supported(qtype, host_isa())
 
 
 @dataclass(frozen=True)
