@@ -8,6 +8,7 @@ functions), `matmul(w, x)` runs one on a RepackedMatrix (tests, the eager path).
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -29,9 +30,22 @@ def host_isa(portable: bool = False) -> str:
     return "avx2" if jit.host_has("avx2") else "portable"
 
 
+# The types models run on these kernels. The Q4_K and Q6_K kernels are tested and 2-3x the
+# file-layout ones, but each moves Gemma 3 270M's logits across one of the llama.cpp bars of
+# tests/test_gemma3_reference.py on the "primes" prompt (max |diff| <= 3, mean of the last row's
+# |diff| <= 0.4): file-layout kernels max 2.55 / last 0.24; Q6_K 3.01 / 0.59; Q4_K + Q8_0 2.33 /
+# 0.54; all three 3.53 / 0.64. Against the exact float64 model (tests/reference_model.py) all of
+# them are equally close (mean |diff| 0.31-0.35; llama.cpp itself 0.34): a change in f32
+# rounding order, amplified through the 8-bit activation rounding, not a loss of accuracy.
+# Until those bars are revisited, models run only Q8_0 here; MODELYARD_INTERLEAVED (type names,
+# comma-separated, or "none") overrides the set, for benchmarks.
+IN_MODELS = frozenset(T[n.strip()] for n in os.environ.get("MODELYARD_INTERLEAVED", "Q8_0").split(",")
+                      if n.strip() and n.strip().lower() != "none")
+
+
 def host_repacks(qtype: T) -> bool:
     """Whether a model loaded on this host keeps `qtype` matrices repacked (memory estimates)."""
-    return gemm.supported(qtype, host_isa())
+    return qtype in IN_MODELS and gemm.supported(qtype, host_isa())
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,9 @@ class GemmKernels:
 
     def has(self, qtype: T) -> bool:
         return qtype in self._kernels
+
+    def runs_in_models(self, qtype: T) -> bool:
+        return qtype in IN_MODELS and self.has(qtype)
 
     def kernels(self, qtype: T) -> GemmTypeKernels:
         k = self._kernels.get(qtype)

@@ -122,7 +122,7 @@ class MatmulKernels:
     def prepare(self, w: QuantMatrix) -> QuantMatrix | RepackedMatrix:
         """The matrix in the layout this instance computes it fastest in: repacked for the
         row-interleaved kernels where they cover its type and shape, else `w` itself."""
-        if (self._gemm is not None and self._gemm.has(w.qtype)
+        if (self._gemm is not None and self._gemm.runs_in_models(w.qtype)
                 and can_repack(w.qtype, w.n_rows, w.n_cols)):
             return repack(w)
         return w
