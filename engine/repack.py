@@ -44,6 +44,7 @@ thread split or the other rows, as the file-layout kernels promise.
 from __future__ import annotations
 
 import functools
+import mmap
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,9 +69,9 @@ def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
 
 
 def _aligned(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + 64, np.uint8)
-    skip = -raw.ctypes.data % 64
-    return raw[skip:skip + nbytes]
+    """A page-aligned buffer of its own anonymous mapping: unloading a model unmaps it, where a
+    malloc'd one could stay in the heap (glibc raises its mmap threshold after big frees)."""
+    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1)), np.uint8, count=nbytes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,11 +118,10 @@ def _per_row(v: np.ndarray) -> np.ndarray:
 
 
 class _Blocks:
-    """The repacked matrix as uint8 [groups, nb, block bytes], filled part by part in place."""
+    """Some groups of a repacked matrix, uint8 [groups, nb, block bytes], filled part by part."""
 
-    def __init__(self, qtype: GGMLQuantizationType, groups: int, nb: int) -> None:
-        self.data = _aligned(groups * nb * GROUP_BLOCK_BYTES[qtype])
-        self.blocks = self.data.reshape(groups, nb, GROUP_BLOCK_BYTES[qtype])
+    def __init__(self, blocks: np.ndarray) -> None:
+        self.blocks = blocks
         self.at = 0
 
     def put(self, part: np.ndarray) -> None:
@@ -178,8 +178,21 @@ def repack(w: QuantMatrix) -> RepackedMatrix:
     if not can_repack(w.qtype, w.n_rows, w.n_cols):
         raise ValueError(f"cannot repack {w.qtype.name} {w.n_rows}x{w.n_cols} "
                          f"(types {[t.name for t in REPACKED]}, rows a multiple of {ROWS})")
+    nb = w.n_cols // BLOCK_ELEMS[w.qtype]
+    data = _aligned(w.n_rows // ROWS * nb * GROUP_BLOCK_BYTES[w.qtype])
+    blocks = data.reshape(w.n_rows // ROWS, nb, GROUP_BLOCK_BYTES[w.qtype])
+    for r0 in range(0, w.n_rows, CHUNK_ROWS):  # a slice at a time: temporaries stay small
+        part = QuantMatrix(w.raw[r0:r0 + CHUNK_ROWS], w.qtype, min(CHUNK_ROWS, w.n_rows - r0),
+                           w.n_cols)
+        _repack_rows(part, _Blocks(blocks[r0 // ROWS:(r0 + part.n_rows) // ROWS]))
+    return RepackedMatrix(data, w)
+
+
+CHUNK_ROWS = 1024
+
+
+def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
     b = _FieldViews(w)  # [rows, nb] blocks, fields as plain byte views
-    out = _Blocks(w.qtype, w.n_rows // ROWS, b.shape[1])
     if w.qtype == T.Q8_0:
         qs = b["qs"].view(np.uint8) ^ np.uint8(0x80)                # q + 128
         out.put(_interleave(qs.reshape(*b.shape, 8, 4)))
@@ -206,8 +219,6 @@ def repack(w: QuantMatrix) -> RepackedMatrix:
         steps[..., 256:] = _interleave(qh).reshape(g, nb, 8, 128)
         out.put(steps)
     assert out.at == GROUP_BLOCK_BYTES[w.qtype]
-    data = out.data
-    return RepackedMatrix(data, w)
 
 
 # --- activations ------------------------------------------------------------------------------
