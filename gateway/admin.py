@@ -1,6 +1,6 @@
 """Operator endpoints: health, Prometheus metrics, status, reload, and models by hand.
 
-    GET  /health                        200 {"status": "ok"} while serving, 503 while stopping
+    GET  /health (and /v1/health)       200 {"status": "ok"} while serving, 503 while stopping
     GET  /metrics                       Prometheus text (gateway/metrics.py)
     GET  /admin/status                  config file, watching, last reload, counts
     POST /admin/reload                  reload the config file now: 200, or 422 with its errors
@@ -10,8 +10,8 @@
                                         ?timeout=SECONDS bounds the wait (default 30)
 
 Errors use the API's error shape (gateway/errors.py): an unknown alias is 404 model_not_found.
-These endpoints have no authentication of their own: keep the port private, or put a proxy in
-front that guards /admin.
+With API keys configured (gateway/auth.py) /admin/* needs the admin key; /health and /metrics
+stay public unless `auth.public` says otherwise.
 """
 from __future__ import annotations
 
@@ -37,7 +37,10 @@ def is_stopping(app: Any) -> bool:
 
 async def health(request: Request) -> Response:
     if is_stopping(request.app):
-        return JSONResponse({"status": "stopping"}, status_code=503, headers={"Retry-After": "5"})
+        # `status` for load balancers; `error` in llama.cpp's shape for its clients
+        return JSONResponse({"status": "stopping", "error": {
+            "code": 503, "message": "The server is stopping", "type": "unavailable_error"}},
+            status_code=503, headers={"Retry-After": "5"})
     return JSONResponse({"status": "ok"})
 
 

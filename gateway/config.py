@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr,
                       ValidationError, field_validator, model_validator)
 
 from gateway.units import parse_duration, parse_size
@@ -88,6 +88,16 @@ class _EntrySettings(BaseModel):
     chat_template_path: Path | None = None  # where chat_template was read from, for watching
     chat_format: str | None = None         # a built-in template by name (engine/chat_formats.py)
     pinned: bool = False                   # never evicted, loaded at start-up
+    # Sampling defaults for requests that leave a field out (gateway/defaults.py); None = the
+    # GGUF's general.sampling.* value, else llama.cpp's. Applied live on reload.
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    max_tokens: int | None = Field(None, ge=1)  # None: chat 1024 (<= n_ctx/2), completions 16
 
     @field_validator("n_ctx")
     @classmethod
@@ -158,6 +168,40 @@ class ModelEntry(_EntrySettings):
         return self.aliases[0]
 
 
+class ApiKey(BaseModel):
+    """One client key of `auth.keys`. The key's value is a secret: never logged or shown."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)        # how logs and metrics name the key
+    key: SecretStr                         # from `key` (e.g. ${ENV}) or the file `key_file`
+    models: list[str] | None = None        # aliases it may use; None = every model
+    max_concurrent: int | None = Field(None, ge=1)      # requests in flight at once
+    requests_per_minute: int | None = Field(None, ge=1)
+
+
+class AuthSettings(BaseModel):
+    """`auth:` API keys for the API and a separate admin key (gateway/auth.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: list[ApiKey] = Field(default_factory=list)
+    admin_key: SecretStr | None = None     # for /admin/* and the router API (/models/load...)
+    public: list[str] = Field(default_factory=lambda: ["/health", "/metrics"])
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys) or self.admin_key is not None
+
+
+class CorsSettings(BaseModel):
+    """`cors:` which browser origins may call the API (none by default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_origins: list[str] = Field(default_factory=list)  # ["*"] for any origin
+
+
 class _ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -170,6 +214,8 @@ class Config(_ServerSettings):
     """A complete, checked configuration."""
 
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    cors: CorsSettings = Field(default_factory=CorsSettings)
     models: list[ModelEntry] = Field(min_length=1)
     source: Path | None = None             # the file this came from; None = built in code
     warnings: list[str] = Field(default_factory=list)  # accepted-but-unused keys
@@ -216,14 +262,16 @@ def default_config() -> Config:
 # ---------------------------------------------------------------------------------------------
 # Keys
 
-_TOP_KEYS = ("host", "port", "default_model", "registry", "defaults", "models")
+_TOP_KEYS = ("host", "port", "default_model", "registry", "auth", "cors", "defaults", "models")
 _ENTRY_KEYS = ("model", "aliases", "model_alias", "n_ctx", "n_threads", "n_parallel",
-               "max_queue", "idle_timeout", "chat_template", "chat_format", "pinned")
+               "max_queue", "idle_timeout", "chat_template", "chat_format", "pinned",
+               "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
+               "frequency_penalty", "max_tokens")
 _PER_MODEL_ONLY = ("model", "aliases", "model_alias")
 
 # llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet).
 LLAMA_CPP_SERVER_KEYS = frozenset({
-    "ssl_keyfile", "ssl_certfile", "api_key", "interrupt_requests", "disable_ping_events",
+    "ssl_keyfile", "ssl_certfile", "interrupt_requests", "disable_ping_events",
     "root_path",
 })
 LLAMA_CPP_MODEL_KEYS = frozenset({
@@ -237,7 +285,6 @@ LLAMA_CPP_MODEL_KEYS = frozenset({
     "draft_model", "draft_model_num_pred_tokens", "type_k", "type_v", "verbose",
 })
 _SERVER_KEY_NOTES = {
-    "api_key": "API keys are not enforced yet: anyone who can reach the server can use it",
     "ssl_keyfile": "TLS is not served yet: put a reverse proxy in front for HTTPS",
     "ssl_certfile": "TLS is not served yet: put a reverse proxy in front for HTTPS",
 }
@@ -415,6 +462,8 @@ def _build(data: Any, base_dir: Path, problems: _Problems, source: Path) -> Conf
     data = _expand_env(data, (), problems)
 
     for key in data:
+        if key == "api_key":  # llama-cpp-python's single key: enforced (see _auth_section)
+            continue
         if key in LLAMA_CPP_SERVER_KEYS:
             note = _SERVER_KEY_NOTES.get(key, "not used by modelyard yet")
             problems.warn((key,), f"accepted for llama-cpp-python compatibility; {note}")
@@ -424,6 +473,8 @@ def _build(data: Any, base_dir: Path, problems: _Problems, source: Path) -> Conf
     server = _validate(_ServerSettings, {k: data[k] for k in ("host", "port", "default_model")
                                          if k in data}, (), problems)
     registry = _validate(RegistrySettings, _section(data, "registry"), ("registry",), problems)
+    auth = _validate(AuthSettings, _auth_section(data, base_dir, problems), ("auth",), problems)
+    cors = _validate(CorsSettings, _section(data, "cors"), ("cors",), problems)
     defaults = _prepare_defaults(_section(data, "defaults"), base_dir, problems)
 
     raw_models = data.get("models")
@@ -447,15 +498,70 @@ def _build(data: Any, base_dir: Path, problems: _Problems, source: Path) -> Conf
     all_prepared = len(seen) == len(entries) > 0
     _check_across_entries(
         seen, default_model if isinstance(default_model, str) and all_prepared else None, problems)
-    if problems.items or server is None or registry is None or None in entries:
+    if (problems.items or server is None or registry is None or auth is None or cors is None
+            or None in entries):
         return None
     try:
-        return Config(**server.model_dump(), registry=registry,
+        return Config(**server.model_dump(), registry=registry, auth=auth, cors=cors,
                       models=[e for e in entries if e is not None], source=source)
     except ValidationError as e:  # a check above missed something; still report, never crash
         for err in e.errors():
             problems.add(tuple(err["loc"]), _message(err, _TOP_KEYS))
         return None
+
+
+def _secret(raw: dict[str, Any], key: str, base_dir: Path, loc: Loc, problems: _Problems) -> None:
+    """`key` given inline (often `${ENV}`) or as `key_file` (its first line): into raw[key]."""
+    file_key = f"{key}_file"
+    if file_key not in raw:
+        return
+    if key in raw:
+        problems.add(loc + (file_key,), f"give {key} or {file_key}, not both")
+        return
+    value = raw.pop(file_key)
+    if not isinstance(value, str) or not value.strip():
+        problems.add(loc + (file_key,), "must be the path of a file holding the key")
+        return
+    path = (base_dir / Path(value).expanduser()).resolve()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        problems.add(loc + (file_key,), f"cannot read the key file {path}: "
+                                        f"{getattr(e, 'strerror', None) or e}")
+        return
+    secret = lines[0].strip() if lines else ""
+    if not secret:
+        problems.add(loc + (file_key,), f"the key file {path} is empty")
+        return
+    raw[key] = secret
+
+
+def _auth_section(data: dict[str, Any], base_dir: Path, problems: _Problems) -> Any:
+    """`auth:` with key files read, and llama-cpp-python's top-level `api_key` as one more key
+    (that also guards the admin endpoints unless auth.admin_key is set)."""
+    raw = _section(data, "auth")
+    if not isinstance(raw, dict):
+        return raw
+    raw = dict(raw)
+    _secret(raw, "admin_key", base_dir, ("auth",), problems)
+    keys = raw.get("keys")
+    if isinstance(keys, list):
+        raw["keys"] = []
+        for i, item in enumerate(keys):
+            if isinstance(item, dict):
+                item = dict(item)
+                _secret(item, "key", base_dir, ("auth", "keys", i), problems)
+            raw["keys"].append(item)
+    api_key = data.get("api_key")
+    if isinstance(api_key, str) and api_key:
+        raw["keys"] = [*raw.get("keys", []), {"name": "api_key", "key": api_key}]
+        raw.setdefault("admin_key", api_key)
+    elif api_key is not None:
+        problems.add(("api_key",), "must be a non-empty string")
+    for i, item in enumerate(raw.get("keys") or []):
+        if isinstance(item, dict) and isinstance(item.get("key"), str) and not item["key"].strip():
+            problems.add(("auth", "keys", i, "key"), "must not be empty")
+    return raw
 
 
 def _section(data: dict[str, Any], key: str) -> Any:

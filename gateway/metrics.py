@@ -67,6 +67,7 @@ class MetricsSink:
     def set_active_slots(self, model: str, n: int) -> None: ...
     def observe_batch(self, model: str, size: int) -> None: ...
     def add_prompt_cache_hits(self, model: str, n: int) -> None: ...
+    def key_request(self, key: str, status: int) -> None: ...
 
 
 NULL_METRICS = MetricsSink()
@@ -115,10 +116,16 @@ class Metrics(MetricsSink):
         self._cache_hits = Counter("modelyard_prompt_cache_hit_tokens", "Prompt tokens reused "
                                    "from the prompt cache instead of evaluated", ["model"],
                                    registry=r)
+        self._key_requests = Counter("modelyard_key_requests", "Requests by API key name (never "
+                                     "the key) and status; key '-' = no or an unknown key",
+                                     ["key", "status"], registry=r)
         for result in ("ok", "error"):  # both series exist from the start, at 0
             self._reloads.labels(result)
 
     # -- recording -----------------------------------------------------------------------------
+
+    def key_request(self, key: str, status: int) -> None:
+        self._key_requests.labels(key, str(status)).inc()
 
     def request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         self._requests.labels(model, endpoint, str(status)).inc()

@@ -51,11 +51,25 @@ class ErrorResponse(BaseModel):
 
 # --------------------------------------------------------------------------------- models
 
+class ModelExtras(_Response):
+    """modelyard extra on model objects: what the registry and the file's header know."""
+    aliases: list[str]            # every name of this model, the first one as logs use it
+    state: str                    # unloaded, loading, ready, draining, failed
+    loaded: bool
+    context_length: int           # n_ctx as configured (the KV cache per request)
+    n_ctx_train: int | None
+    architecture: str | None
+    quantization: str | None
+    parameters: int | None
+
+
 class ModelCard(_Response):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "modelyard"
+    # --- modelyard extras ---
+    modelyard: ModelExtras | None = None
 
 
 class ModelList(_Response):
@@ -66,6 +80,33 @@ class ModelList(_Response):
 # --------------------------------------------------------------------------------- shared pieces
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+KeepAlive = str | int | float | None  # Ollama's: a duration ("5m", 300), 0 = unload, -1 = keep
+
+
+def keep_alive_seconds(value: KeepAlive) -> float | None:
+    """A keep_alive value in seconds: None (not given), 0, a duration, or inf (negative)."""
+    from .units import parse_duration
+
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("keep_alive must be a duration such as \"5m\", a number of seconds, "
+                         "0 or -1")
+    if isinstance(value, int | float):
+        return float("inf") if value < 0 else float(value)
+    text = value.strip()
+    if text.startswith("-"):
+        return float("inf")
+    return float(parse_duration(text))
+
+
+def _check_keep_alive(value: KeepAlive) -> KeepAlive:
+    try:
+        keep_alive_seconds(value)
+    except ValueError as e:
+        raise ValueError(f"keep_alive: {e}") from None
+    return value
+
 Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
@@ -178,8 +219,10 @@ class _GenerationRequest(_Request):
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
+    keep_alive: KeepAlive = None  # Ollama's meaning; see keep_alive_seconds
 
     _check_bias = field_validator("logit_bias")(_check_logit_bias)
+    _check_keep = field_validator("keep_alive")(_check_keep_alive)
 
     @field_validator("stop")
     @classmethod
@@ -370,6 +413,9 @@ class EmbeddingRequest(_Request):
     dimensions: int | None = Field(default=None, ge=1)
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = None
+    keep_alive: KeepAlive = None  # modelyard extra, as on generation requests
+
+    _check_keep = field_validator("keep_alive")(_check_keep_alive)
 
     @field_validator("input")
     @classmethod

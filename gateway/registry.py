@@ -98,6 +98,8 @@ class _Slot:
     load_count: int = 0
     last_error: str | None = None
     retired: bool = False             # left the config (apply): drains, unloads, then goes
+    keep_alive: float | None = None   # the last request's keep_alive (s): None = the config's,
+                                      # 0 = unload when idle, inf = keep loaded (as pinned)
 
 
 @dataclass(eq=False)
@@ -289,7 +291,17 @@ class Registry:
         slot.last_used = time.monotonic()
         if slot.state is ModelState.DRAINING and slot.in_flight == 0:
             self._spawn(self._unload(slot))
+        elif (slot.keep_alive == 0 and slot.in_flight == 0 and slot.awaiting_load == 0
+              and slot.state is ModelState.READY and not slot.entry.pinned):
+            log.info("unloading %s: the request asked for keep_alive 0", slot.entry.name)
+            self._begin_drain(slot)
         self._notify()
+
+    def keep_alive(self, lease: Lease, seconds: float | None) -> None:
+        """A request's keep_alive (Ollama's): how long its model stays loaded once idle. None:
+        the config's idle_timeout; 0: unload as soon as no request uses it; inf: never unload
+        (nor evict) it, until a later request says otherwise. The latest request decides."""
+        lease._slot.keep_alive = seconds
 
     @contextlib.asynccontextmanager
     async def lease(self, alias: str | None) -> AsyncIterator[Lease]:
@@ -561,6 +573,7 @@ class Registry:
             "load_count": slot.load_count,
             "last_error": slot.last_error,
             "retiring": slot.retired,
+            "keep_alive": -1 if slot.keep_alive == float("inf") else slot.keep_alive,
         }
 
     def _notify(self) -> None:
@@ -580,11 +593,16 @@ class Registry:
 
     def _residents(self) -> list[Resident]:
         default_idle = self._config.registry.idle_timeout
+        def idle_timeout(s: _Slot) -> float:
+            if s.keep_alive is not None and 0 < s.keep_alive < float("inf"):
+                return s.keep_alive
+            return default_idle if s.entry.idle_timeout is None else s.entry.idle_timeout
+
         return [Resident(
             key=self._resident_key(s), state=s.state, memory_bytes=s.memory_bytes,
-            in_flight=s.in_flight + s.awaiting_load, pinned=s.entry.pinned and not s.retired,
-            last_used=s.last_used or 0.0,
-            idle_timeout=default_idle if s.entry.idle_timeout is None else s.entry.idle_timeout,
+            in_flight=s.in_flight + s.awaiting_load,
+            pinned=(s.entry.pinned or s.keep_alive == float("inf")) and not s.retired,
+            last_used=s.last_used or 0.0, idle_timeout=idle_timeout(s),
         ) for s in self._all_slots()]
 
     def _slots_by_key(self, keys: Iterable[str]) -> list[_Slot]:

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from . import auth, defaults, model_cards
 from . import protocol as p
 from . import serving
 from .metrics import observe_request
@@ -31,18 +32,43 @@ def _json(body: BaseModel) -> JSONResponse:
 
 
 async def list_models(request: Request) -> Response:
-    config = request.app.state.config
-    created = request.app.state.started
-    cards = [p.ModelCard(id=alias, created=created) for alias in config.aliases()]
-    return _json(p.ModelList(data=cards))
+    state = request.app.state
+    cards = await model_cards.cards(state.config, state.registry.snapshot(), state.started,
+                                    auth.visible_aliases(request, state.config.aliases()))
+    body = p.ModelList(data=cards).model_dump(mode="json")
+    if not request.url.path.startswith("/v1/"):  # llama.cpp's router API: `status` per model
+        for item, card in zip(body["data"], cards):
+            item["status"] = model_cards.router_status(card)
+    return JSONResponse(body)
 
 
-async def _acquire(request: Request, alias: str | None) -> tuple[Lease, ServedModel]:
+async def retrieve_model(request: Request) -> Response:
+    state = request.app.state
+    alias = request.path_params["model"]
+    auth.check_model(request, alias)
+    card = await model_cards.card(state.config, state.registry.snapshot(), state.started, alias)
+    request.state.model = alias  # a configured alias: safe as a metrics label
+    return _json(card)
+
+
+async def acquire(request: Request, alias: str | None,
+                   keep_alive: p.KeepAlive = None) -> tuple[Lease, ServedModel]:
     """A lease on the model, and the model as the handlers see it (recording into the metrics)."""
     started = time.perf_counter()
+    auth.check_model(request, alias or request.app.state.config.resolve(None).name)
     lease = await request.app.state.registry.acquire(alias)
     request.state.model = lease.alias  # for the request log and metrics
+    request.app.state.registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
     return lease, observe_request(lease.model, request.app.state.metrics, lease.alias, started)
+
+
+def with_defaults(req: R, lease: Lease, served: ServedModel) -> R:
+    """`req` with the sampling fields and budget it left out taken from the entry, the GGUF or
+    llama.cpp's defaults (gateway/defaults.py)."""
+    budget = (defaults.chat_max_tokens(lease.entry, served.n_ctx)
+              if isinstance(req, p.ChatCompletionRequest)
+              else defaults.completion_max_tokens(lease.entry))
+    return defaults.fill(req, lease.entry, served.sampling_defaults, budget)
 
 
 async def _generate(request: Request, req: R, plan: Callable[[ServedModel, R], serving.Plan],
@@ -50,9 +76,10 @@ async def _generate(request: Request, req: R, plan: Callable[[ServedModel, R], s
                     chunks: Callable[[ServedModel, str, R, serving.Plan],
                                      AsyncIterator[BaseModel | bytes]]) -> Response:
     registry = request.app.state.registry
-    lease, served = await _acquire(request, req.model)
+    lease, served = await acquire(request, req.model, req.keep_alive)
     handed_off = False
     try:
+        req = with_defaults(req, lease, served)
         planned = plan(served, req)
         await planned.prepare(served)  # grammars compile on a worker thread
         if req.stream:
@@ -85,7 +112,7 @@ async def completions(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     req = p.parse_request(p.EmbeddingRequest, await request.body())
-    lease, served = await _acquire(request, req.model)
+    lease, served = await acquire(request, req.model, req.keep_alive)
     try:
         return _json(await cancel_on_disconnect(request, serving.embeddings(served, lease.alias, req)))
     finally:
@@ -96,6 +123,7 @@ def routes() -> list[BaseRoute]:
     """Every endpoint under /v1 and again without the prefix."""
     table: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
         ("/models", list_models, ["GET"]),
+        ("/models/{model:path}", retrieve_model, ["GET"]),
         ("/chat/completions", chat_completions, ["POST"]),
         ("/completions", completions, ["POST"]),
         ("/embeddings", embeddings, ["POST"]),

@@ -165,6 +165,27 @@ def _unique_files(root: Path, excluded: set[Path], skipped: list[Skipped]) -> li
     return sorted(by_target.values(), key=str)
 
 
+def examine_file(path: str | os.PathLike[str]) -> FoundModel | Skipped:
+    """One model file named by the user (the first part, for a split model), judged as a scan
+    judges the files it finds."""
+    path = Path(path)
+    match = SPLIT_NAME.match(path.name)
+    if match and int(match["count"]) > 1:
+        count = int(match["count"])
+        parts = [path.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}{match['suffix']}")
+                 for i in range(1, count + 1)]
+        if int(match["no"]) != 1:
+            return Skipped(path, f"part {int(match['no'])} of a split model: name its first part")
+        missing = [str(i + 1) for i, p in enumerate(parts) if not p.is_file()]
+        if missing:
+            return Skipped(path, f"split model {match['prefix']}: parts {', '.join(missing)} of "
+                                 f"{count} missing")
+        return _examine(parts, match["prefix"])
+    if not path.is_file():
+        return Skipped(path, "no such file")
+    return _examine([path], path.name[:-5] if path.suffix.lower() == ".gguf" else path.name)
+
+
 def _examine(parts: list[Path], stem: str) -> FoundModel | Skipped:
     """Read the header of a model file (of every part, for a split model) and judge it."""
     try:
@@ -316,16 +337,42 @@ def preferred_name(m: FoundModel) -> str:
     return clean_name(m.name or "") or from_stem or "model"
 
 
-def assign_aliases(models: Sequence[FoundModel], taken: Iterable[str] = ()) -> list[list[str]]:
-    """For each model: a clean name, then its file stem; unique (ignoring case) across all.
+_SIZE_PART = re.compile(r"\d+(?:\.\d+)?[kmbt]|\d+x\d+(?:\.\d+)?[mb]")
 
-    Clean names are given first, so one model's stem never takes another model's name. A clean
-    name already in use gets the quantization appended, then a counter; a stem in use is dropped.
+
+def family_name(clean: str) -> str | None:
+    """'smollm2-135m-instruct' -> 'smollm2': the clean name's words before its size, if it has
+    one ('gemma-3-270m' -> 'gemma-3'); None when the name says no size."""
+    words = clean.split("-")
+    for i, word in enumerate(words):
+        if _SIZE_PART.fullmatch(word):
+            return "-".join(words[:i]) or None
+    return None
+
+
+def assign_aliases(models: Sequence[FoundModel], taken: Iterable[str] = ()) -> list[list[str]]:
+    """For each model: its family's short name when only it has that family, a clean name, then
+    its file stem; unique (ignoring case) across all.
+
+    The short name is what people type (`smollm2` for SmolLM2-135M-Instruct.Q4_1.gguf); two
+    models of one family (135M and 360M, or two quantizations) both go without it. Clean names
+    are given next, so one model's stem never takes another model's name. A clean name already
+    in use gets the quantization appended, then a counter; a stem in use is dropped.
     """
     used = {a.casefold() for a in taken}
+    bases = [preferred_name(m) for m in models]
+    families = [family_name(b) for b in bases]
+    family_count = Counter(f.casefold() for f in families if f)
+    everyone = {n.casefold() for m, b in zip(models, bases) for n in (b, m.stem)}
+    shorts: list[str | None] = []
+    for family in families:
+        free = (family is not None and family_count[family.casefold()] == 1
+                and family.casefold() not in used and family.casefold() not in everyone)
+        shorts.append(family if free else None)
+        if free:
+            used.add(family.casefold())  # type: ignore[union-attr]
     names: list[str] = []
-    for m in models:
-        base = preferred_name(m)
+    for m, base in zip(models, bases):
         quant = m.quantization.lower()
         candidates = [base] if base.endswith(quant) else [base, f"{base}-{quant}"]
         name = next((c for c in candidates if c.casefold() not in used), None)
@@ -337,9 +384,9 @@ def assign_aliases(models: Sequence[FoundModel], taken: Iterable[str] = ()) -> l
         used.add(name.casefold())
         names.append(name)
     aliases = []
-    for m, name in zip(models, names):
+    for m, short, name in zip(models, shorts, names):
         stem_free = m.stem.strip() and m.stem.casefold() not in used
-        aliases.append([name, m.stem] if stem_free else [name])
+        aliases.append(([short] if short else []) + ([name, m.stem] if stem_free else [name]))
         used.add(m.stem.casefold())
     return aliases
 

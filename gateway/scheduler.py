@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,12 +48,15 @@ from engine.chat_formats import TemplateChoice, choose_template
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 
+from . import defaults
 from .metrics import NULL_METRICS, MetricsSink
 
 if TYPE_CHECKING:
     from .config import ModelEntry
 
 log = logging.getLogger("modelyard.scheduler")
+
+PROGRESS_LOG_SECONDS = 10.0  # a generation running longer logs its progress this often
 
 
 # --------------------------------------------------------------------------------- requests, events
@@ -76,6 +80,7 @@ class TokenInfo:
     bytes: bytes
     logprob: float
     top: list[tuple[str, bytes, float]] = field(default_factory=list)
+    top_ids: list[int] = field(default_factory=list)  # the alternatives' token ids, as `top`
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,10 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0               # prompt tokens reused from a slot, not evaluated
+    # timings (llama.cpp's `timings`), left out of equality: they differ from run to run
+    prompt_seconds: float = field(default=0.0, compare=False)     # submit -> first token
+    predicted_seconds: float = field(default=0.0, compare=False)  # first token -> end
+    stop_word: str = ""                  # the stop string that ended it, if one did
 
 
 Event = PromptProgress | TextDelta | Finished
@@ -139,6 +148,7 @@ class StopScanner(Generic[T]):
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self.stopped = False
+        self.matched = ""  # the stop string that ended the text
         self._held: list[tuple[str, T]] = []
 
     def push(self, piece: str, item: T) -> tuple[str, list[T]]:
@@ -149,10 +159,11 @@ class StopScanner(Generic[T]):
         if not self.stops:
             return self.flush()
         text = "".join(p for p, _ in self._held)
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((text.find(s), s) for s in self.stops) if i >= 0]
         if hits:
             self.stopped = True
-            return self._release(min(hits), cut=True)
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            return self._release(at, cut=True)
         return self._release(len(text) - self._partial_suffix(text), cut=False)
 
     def flush(self) -> tuple[str, list[T]]:
@@ -232,6 +243,9 @@ class _GenerationJob(_Job):
         self.waiter: asyncio.Future[None] | None = None
         self.decoder = tokenizer.incremental_decoder(skip_special=not request.keep_special)
         self.scanner: StopScanner[TokenInfo | None] = StopScanner(request.stop)
+        self.submitted = time.monotonic()
+        self.first_token: float | None = None
+        self.next_progress_log = self.submitted + PROGRESS_LOG_SECONDS
 
     def deliver(self, event: Any) -> None:
         self.events.append(event)
@@ -262,7 +276,8 @@ def _token_text(tok: Any, token: int) -> tuple[str, bytes]:
 def _token_info(tok: Any, sampled: engine.Sampled) -> TokenInfo:
     text, raw = _token_text(tok, sampled.token)
     top = [(*_token_text(tok, t), lp) for t, lp in sampled.top_logprobs]
-    return TokenInfo(sampled.token, text, raw, sampled.logprob, top)
+    return TokenInfo(sampled.token, text, raw, sampled.logprob, top,
+                     [t for t, _ in sampled.top_logprobs])
 
 
 class _Outbox:
@@ -505,6 +520,15 @@ class Scheduler:
                 self._finish(work.tag, work.finish_reason or "stop", outbox)
 
     def _on_token(self, job: _GenerationJob, sampled: engine.Sampled, outbox: _Outbox) -> None:
+        now = time.monotonic()
+        if job.first_token is None:
+            job.first_token = now
+        elif now >= job.next_progress_log:  # a long generation says it is still going
+            job.next_progress_log = now + PROGRESS_LOG_SECONDS
+            n = len(job.work.generated)
+            log.info("generating on %s: %d tokens in %.0fs (%.1f tokens/s), max_tokens %d",
+                     self.name, n, now - job.submitted, n / max(now - job.first_token, 1e-9),
+                     job.request.max_tokens)
         info = _token_info(self.model.tokenizer, sampled) if job.request.logprobs else None
         self._send_text(job, *job.scanner.push(job.decoder.push(sampled.token), info), outbox)
         if job.scanner.stopped:
@@ -518,7 +542,11 @@ class Scheduler:
                 reason = "stop"
             self._send_text(job, *job.scanner.flush(), outbox)
         seq = job.work
-        outbox.put(job, Finished(reason, len(seq.prompt), len(seq.generated), seq.cached))
+        now = time.monotonic()
+        first = job.first_token if job.first_token is not None else now
+        outbox.put(job, Finished(reason, len(seq.prompt), len(seq.generated), seq.cached,
+                                 prompt_seconds=first - job.submitted,
+                                 predicted_seconds=now - first, stop_word=job.scanner.matched))
         self._done(job)
 
     @staticmethod
@@ -573,6 +601,8 @@ class ServedModel:
         self.tokenizer = model.tokenizer
         self.n_ctx: int = model.n_ctx
         self.chat_template = template
+        # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
+        self.sampling_defaults = defaults.from_metadata(getattr(model, "metadata", None) or {})
         self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics)
 
     @property

@@ -70,6 +70,7 @@ class WatchOptions:
     poll_delay_ms: int = 300
     step_ms: int = 50                   # watchfiles: a change batch ends after this much quiet
     debounce_ms: int = 500              # watchfiles: ... or after this long in any case
+    models_dir: bool = False            # the path is a models folder (gateway/zeroconf.py)
 
 
 @dataclass(frozen=True)
@@ -96,9 +97,12 @@ class Reloader:
 
     def __init__(self, registry: Registry, path: Path | None, *,
                  on_applied: Callable[[Config], None] = lambda config: None,
-                 metrics: MetricsSink = NULL_METRICS, settle: float = SETTLE_SECONDS) -> None:
+                 metrics: MetricsSink = NULL_METRICS, settle: float = SETTLE_SECONDS,
+                 load: Callable[[Path], Config] | None = None) -> None:
         self.registry = registry
         self.path = path                  # None: serving a config built in code (no file)
+        self._load = load                 # path -> Config (None: load_config); a models folder
+                                          # rescans instead (zeroconf.py)
         self.last: ReloadRecord | None = None
         self.counts = {"ok": 0, "error": 0}
         self._on_applied = on_applied
@@ -161,7 +165,7 @@ class Reloader:
                 "serving the built-in default config: there is no config file to reload "
                 "(start with --config FILE)"])
         try:
-            new = await asyncio.to_thread(load_config, self.path)
+            new = await asyncio.to_thread(self._load or load_config, self.path)
         except ConfigError as exc:
             log.error("config reload (%s) failed; still serving the previous config:\n%s",
                       trigger, "\n".join(f"  {e}" for e in exc.errors))

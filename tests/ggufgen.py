@@ -94,7 +94,8 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
                      n_ff: int = 128, n_ctx_train: int = 256, n_merges: int = 40,
                      tied_output: bool = True, output_qtype: GGMLQuantizationType | None = None,
                      rope_base: float = 10000.0, seed: int = 0, name: str = "Tiny Llama",
-                     chat_template: str | None = CHATML, split_max_tensors: int = 0) -> Path:
+                     chat_template: str | None = CHATML, split_max_tensors: int = 0,
+                     metadata: dict[str, float | int | str] | None = None) -> Path:
     """Write a valid llama-architecture GGUF with random weights; returns its path.
 
     K-quant and IQ4_XS types need n_embd and n_ff to be multiples of 256. With split_max_tensors, the model
@@ -132,6 +133,13 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     w.add_add_bos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    for key, value in (metadata or {}).items():  # extra keys, e.g. general.sampling.temp
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, int):
+            w.add_int32(key, value)
+        else:
+            w.add_float32(key, value)
 
     def add(name: str, n_rows: int, n_cols: int, q: GGMLQuantizationType) -> None:
         data = _random_tensor(q, n_rows, n_cols, rng)

@@ -95,7 +95,9 @@ def test_health_is_200_while_serving_and_503_once_stopping(client: TestClient) -
     assert r.status_code == 200 and r.json() == {"status": "ok"}
     client.app.state.stopping = True  # what the CLI sets on SIGINT/SIGTERM
     r = client.get("/health")
-    assert r.status_code == 503 and r.json() == {"status": "stopping"}
+    assert r.status_code == 503 and r.json()["status"] == "stopping"
+    # llama.cpp's clients read its 503 shape: {"error": {"code": 503, ..., "type": "unavailable_error"}}
+    assert r.json()["error"]["code"] == 503 and r.json()["error"]["type"] == "unavailable_error"
     assert r.headers["retry-after"] == "5"
     assert client.get("/admin/status").json()["status"] == "stopping"
 

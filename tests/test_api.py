@@ -536,7 +536,9 @@ def test_serve_without_config_serves_smollm2(smollm2_path):
             except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline
                 time.sleep(0.1)
-        assert [m["id"] for m in models["data"]] == ["smollm2"]
+        # the aliases a scan of the cached file gives, the short family name first
+        assert [m["id"] for m in models["data"]] == [
+            "smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1"]
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
                        json={"messages": user("hi"), "max_tokens": 2})
         assert r.status_code == 200 and r.json()["model"] == "smollm2"

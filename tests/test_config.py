@@ -290,9 +290,13 @@ def test_llama_cpp_python_config_loads_unchanged_with_warnings(folder: Path) -> 
     assert other.aliases == ["models/other.gguf"]  # llama-cpp-python's default: the model path
     assert other.extra == {"n_batch": 512}
     warned = {w.split(": ")[1] for w in c.warnings}
-    assert warned == {"api_key", "interrupt_requests", "models.0.n_gpu_layers",
+    assert warned == {"interrupt_requests", "models.0.n_gpu_layers",
                       "models.0.verbose", "models.1.n_batch"}
-    assert any("not enforced" in w for w in c.warnings if "api_key" in w)
+    # api_key is enforced now: one key, which also guards the admin endpoints
+    [key] = c.auth.keys
+    assert key.name == "api_key" and key.key.get_secret_value() == "sk-secret"
+    assert c.auth.admin_key is not None and c.auth.admin_key.get_secret_value() == "sk-secret"
+    assert "sk-secret" not in repr(c)
 
 
 def test_unknown_chat_format_is_a_config_error_with_a_suggestion(folder: Path) -> None:
@@ -393,7 +397,7 @@ def test_unknown_top_level_key_is_rejected(folder: Path) -> None:
         model = "models/small.gguf"
     """)
     assert errors_of(path) == [f"{path}: listen: unknown key (known: host, port, "
-                               "default_model, registry, defaults, models)"]
+                               "default_model, registry, auth, cors, defaults, models)"]
 
 
 def test_unknown_model_key_is_rejected_but_llama_cpp_python_keys_warn(folder: Path) -> None:

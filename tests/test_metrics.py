@@ -64,6 +64,7 @@ def test_every_metric_the_issue_lists_is_exposed_with_its_type() -> None:
         "modelyard_loaded_bytes": "gauge",
         "modelyard_model_memory_bytes": "gauge",
         "modelyard_model_in_flight": "gauge",
+        "modelyard_key_requests": "counter",   # issue 14: requests per API key name
     }
 
 

@@ -112,7 +112,7 @@ def test_finish_reasons_and_usage():
     assert eog[0] == "abc" and eog[2] == Finished("stop", 4, 3, cached_tokens=0)
     # one slot: each prompt finds the previous one's tokens there and reuses the common prefix
     assert length[0] == "ab" and length[2] == Finished("length", 5, 2, cached_tokens=3)
-    assert stop[0] == "ab" and stop[2] == Finished("stop", 6, 4, cached_tokens=4)
+    assert stop[0] == "ab" and stop[2] == Finished("stop", 6, 4, cached_tokens=4, stop_word="cd")
 
 
 def test_full_context_is_length_not_stop():

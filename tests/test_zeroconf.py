@@ -1,0 +1,168 @@
+"""Serving without a config: model files or a models folder, named as `modelyard scan` names them,
+the folder watched; and the command line's start-up behaviour (port errors, --version, offline)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.app import create_app
+from gateway.config import ConfigError, load_config
+from gateway.scan import main as scan_main
+from gateway.watch import WatchOptions
+from gateway.zeroconf import config_for_dir, config_for_files, dir_loader
+from tests.ggufgen import write_tiny_llama
+from tests.servers import ThreadedServer
+
+REPO = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("m") / "SmolLM2-135M-Instruct.Q8_0.gguf")
+
+
+def test_a_file_is_served_under_its_short_family_name(tiny: Path) -> None:
+    config = config_for_files([tiny])
+    assert config.models[0].aliases == ["smollm2", "smollm2-135m-instruct",
+                                        "SmolLM2-135M-Instruct.Q8_0"]
+    assert config.default_model == "smollm2"
+    assert config.models[0].n_ctx == 256  # capped at the trained context, as scan writes it
+
+
+def test_two_models_of_one_family_both_go_without_the_short_name(tmp_path: Path, tiny: Path) -> None:
+    other = shutil.copy(tiny, tmp_path / "SmolLM2-360M-Instruct.Q8_0.gguf")
+    config = config_for_files([tiny, other])
+    assert [e.aliases[0] for e in config.models] == ["smollm2-135m-instruct",
+                                                     "smollm2-360m-instruct"]
+
+
+def test_scan_writes_the_aliases_zero_config_serves(tmp_path: Path, tiny: Path) -> None:
+    d = tmp_path / "models"
+    d.mkdir()
+    shutil.copy(tiny, d / tiny.name)
+    write_tiny_llama(d / "gemma-3-270m-it-q4_0.gguf", seed=5)
+    out = tmp_path / "written.yaml"
+    assert scan_main([str(d), "-o", str(out)]) == 0
+    written = {e.model: e.aliases for e in load_config(out).models}
+    served = {e.model: e.aliases for e in config_for_dir(d).models}
+    assert written == served
+    assert sorted(a[0] for a in served.values()) == ["gemma-3", "smollm2"]
+
+
+def test_files_that_cannot_be_served_are_all_named(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(ConfigError) as err:
+        config_for_files([junk, tmp_path / "missing.gguf"])
+    assert "junk.gguf: not a GGUF" in str(err.value) and "missing.gguf: no such file" in str(err.value)
+    with pytest.raises(ConfigError, match="no servable GGUF"):
+        config_for_dir(tmp_path)
+
+
+def test_a_watched_models_folder_serves_files_added_and_drops_files_removed(tmp_path: Path,
+                                                                          tiny: Path) -> None:
+    d = tmp_path / "models"
+    d.mkdir()
+    shutil.copy(tiny, d / tiny.name)
+    config = config_for_dir(d)
+    app = create_app(config, config_path=d, load=dir_loader(config.host, config.port),
+                     watch=WatchOptions(models_dir=True, step_ms=20, debounce_ms=100))
+    server = ThreadedServer(app)
+    server.start_serving()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+
+    def ids() -> set[str]:
+        return {m.id for m in client.models.list().data}
+
+    def wait_for(predicate, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not predicate(ids()):
+            assert time.monotonic() < deadline, f"{what}: {ids()}"
+            time.sleep(0.1)
+
+    try:
+        assert "smollm2" in ids()
+        write_tiny_llama(tmp_path / "tmp.gguf", seed=7)
+        os.replace(tmp_path / "tmp.gguf", d / "Qwen2.5-0.5B-Instruct-Q8_0.gguf")
+        wait_for(lambda now: "qwen2.5" in now, "the added model is not served")
+        reply = client.completions.create(model="qwen2.5", prompt="ab", max_tokens=2)
+        assert reply.model == "qwen2.5"
+        (d / tiny.name).unlink()
+        wait_for(lambda now: "smollm2" not in now, "the removed model is still served")
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="smollm2", prompt="ab", max_tokens=2)
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------ the command line
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+def test_version() -> None:
+    done = cli("--version")
+    assert done.returncode == 0 and re.fullmatch(r"modelyard \d+\.\d+\.\d+\S*\n", done.stdout)
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_an_invalid_port_is_one_line_and_status_2(tiny: Path, port: str) -> None:
+    done = cli("serve", str(tiny), "--port", port)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "invalid port" in done.stderr
+
+
+def test_a_port_in_use_is_one_line_and_status_2(tiny: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = cli("serve", str(tiny), "--port", str(taken.getsockname()[1]))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "in use" in done.stderr and "serving" not in done.stderr
+
+
+def test_port_0_logs_the_real_port_and_the_v1_base_url(tiny: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", str(tiny), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        match = re.search(r"serving smollm2, .* on http://127\.0\.0\.1:(\d+) "
+                          r"\(OpenAI base URL (http://127\.0\.0\.1:\d+/v1)\)", line)
+        assert match, line
+        port, base = int(match[1]), match[2]
+        assert port != 0 and base == f"http://127.0.0.1:{port}/v1"
+        # the line comes once the socket listens: a client may connect right away
+        reply = openai.OpenAI(base_url=base, api_key="x", max_retries=0).completions.create(
+            model="smollm2", prompt="ab", max_tokens=2)
+        assert reply.model == "smollm2"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_an_offline_first_run_says_how_to_serve_a_local_file(tmp_path: Path) -> None:
+    env = dict(os.environ, MODELYARD_CACHE=str(tmp_path / "cache"), PIP_NO_INDEX="1",
+               PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS=str(tmp_path))
+    done = cli("serve", env=env, timeout=120)
+    assert done.returncode == 2
+    assert "modelyard serve path/to/model.gguf" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_serve_with_a_file_and_a_config_at_once_is_refused(tiny: Path, tmp_path: Path) -> None:
+    done = cli("serve", str(tiny), "--config", str(tmp_path / "x.yaml"))
+    assert done.returncode == 2 and "not several" in done.stderr
