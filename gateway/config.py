@@ -98,6 +98,7 @@ class _EntrySettings(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     max_tokens: int | None = Field(None, ge=1)  # None: chat 1024 (<= n_ctx/2), completions 16
+    seed: int | None = None                # requests without a seed use it (llama.cpp --seed)
 
     @field_validator("n_ctx")
     @classmethod
@@ -266,7 +267,7 @@ _TOP_KEYS = ("host", "port", "default_model", "registry", "auth", "cors", "defau
 _ENTRY_KEYS = ("model", "aliases", "model_alias", "n_ctx", "n_threads", "n_parallel",
                "max_queue", "idle_timeout", "chat_template", "chat_format", "pinned",
                "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
-               "frequency_penalty", "max_tokens")
+               "frequency_penalty", "max_tokens", "seed")
 _PER_MODEL_ONLY = ("model", "aliases", "model_alias")
 
 # llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet).
@@ -276,7 +277,7 @@ LLAMA_CPP_SERVER_KEYS = frozenset({
 })
 LLAMA_CPP_MODEL_KEYS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap",
-    "use_mlock", "kv_overrides", "rpc_servers", "seed", "n_batch", "n_ubatch", "n_threads_batch",
+    "use_mlock", "kv_overrides", "rpc_servers", "n_batch", "n_ubatch", "n_threads_batch",
     "rope_scaling_type", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
     "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "mul_mat_q",
     "logits_all", "embedding", "offload_kqv", "flash_attn", "last_n_tokens_size", "lora_base",

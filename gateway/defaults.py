@@ -9,7 +9,8 @@ of the context. So a field the request does not send is filled from, in this ord
 
 A value the request sends always wins, even when it equals OpenAI's default. `max_tokens` comes
 from the entry too; without one, chat gets CHAT_MAX_TOKENS (at most half the context, so a
-generation nobody bounded cannot fill it) and the legacy completions endpoint OpenAI's 16.
+generation nobody bounded cannot fill it) and the legacy completions endpoint OpenAI's 16. An
+entry's `seed` (llama-server's --seed) seeds requests that bring none.
 """
 from __future__ import annotations
 
@@ -109,4 +110,6 @@ def fill(req: R, entry: ModelEntry, model_defaults: Sampling, max_tokens: int) -
     if req.token_budget() is None or ("max_tokens" not in sent  # type: ignore[attr-defined]
                                       and "max_completion_tokens" not in sent):
         update["max_tokens"] = max_tokens
+    if getattr(req, "seed", None) is None and entry.seed is not None:
+        update["seed"] = entry.seed  # the entry's seed makes unseeded requests repeatable
     return req.model_copy(update=update)  # type: ignore[attr-defined,no-any-return]

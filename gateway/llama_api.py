@@ -1,7 +1,8 @@
 """llama.cpp's server API beside OpenAI's (names and shapes from llama.cpp's tools/server/README.md).
 
     POST /completion       prompt (text, token ids, or a mix; several prompts -> an array),
-                           n_predict, stream, sampling fields, n_probs, return_tokens, timings
+                           n_predict, stream, sampling fields, n_probs, return_tokens,
+                           response_fields, timings
     POST /tokenize         {content, add_special, parse_special, with_pieces} -> {tokens}
     POST /detokenize       {tokens} -> {content}
     POST /apply-template   {messages} -> {prompt}: the chat template's text, no generation
@@ -99,11 +100,16 @@ def _prompt_ids(served: ServedModel, parts: list[int | str]) -> list[int]:
     return ids
 
 
+def _seed(req: lp.CompletionRequest, lease: Lease) -> int | None:
+    """The request's seed; -1 (random) takes the entry's seed when it has one."""
+    return req.seed if req.seed >= 0 else lease.entry.seed
+
+
 def _settings(values: dict[str, Any], req: lp.CompletionRequest, n_ctx: int, n_predict: int,
-              alias: str) -> dict[str, Any]:
+              alias: str, seed: int | None) -> dict[str, Any]:
     """llama.cpp's `generation_settings` (also /props' and /slots' `params`)."""
     return {"n_ctx": n_ctx, "model": alias, "n_predict": n_predict, "max_tokens": n_predict,
-            "seed": SEED_RANDOM if req.seed < 0 else req.seed, **values, "stop": list(req.stop),
+            "seed": SEED_RANDOM if seed is None else seed, **values, "stop": list(req.stop),
             "n_probs": req.n_probs, "stream": req.stream, "ignore_eos": req.ignore_eos,
             "cache_prompt": req.cache_prompt}
 
@@ -119,7 +125,7 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: ServedModel
         top_p=1.0 if greedy else values["top_p"], min_p=values["min_p"],
         repeat_penalty=values["repeat_penalty"], presence_penalty=values["presence_penalty"],
         frequency_penalty=values["frequency_penalty"], logit_bias=_logit_bias(req, served),
-        seed=None if req.seed < 0 else req.seed, top_logprobs=req.n_probs,
+        seed=_seed(req, lease), top_logprobs=req.n_probs,
         logprobs=bool(req.n_probs))
     prompts = [_prompt_ids(served, parts) for parts in req.prompts()]
     requests = []
@@ -131,7 +137,8 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: ServedModel
         requests.append(GenerationRequest(
             prompt_ids=ids, params=params, max_tokens=min(budget, served.n_ctx - len(ids)),
             stop=tuple(s for s in req.stop if s), logprobs=True))  # token ids come with logprobs
-    return prompts, requests, _settings(values, req, served.n_ctx, budget, lease.alias)
+    return prompts, requests, _settings(values, req, served.n_ctx, budget, lease.alias,
+                                        _seed(req, lease))
 
 
 # --------------------------------------------------------------------------------- responses
@@ -194,6 +201,22 @@ async def _collect(generation: Any) -> tuple[str, list[TokenInfo], Finished]:
     raise RuntimeError("a generation ended without finishing")  # the scheduler always finishes
 
 
+def _only_fields(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama.cpp's `response_fields`: keep these; "a/b" moves a["b"] to the top as "a/b"."""
+    if not fields:
+        return body
+    out: dict[str, Any] = {}
+    for name in fields:
+        value: Any = body
+        for part in name.split("/"):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            out[name] = value
+    return out
+
+
 def _evaluated_only(index: int, ids: list[int], req: lp.CompletionRequest,
                     settings: dict[str, Any], prompt: str, n_ctx: int) -> dict[str, Any]:
     """n_predict 0: nothing generated (llama.cpp then only fills the cache)."""
@@ -239,8 +262,8 @@ async def completion(request: Request) -> Response:
             raise invalid_request("stream takes one prompt; send several prompts without stream",
                                   "prompt")
         if req.n_predict == 0:
-            results = [_evaluated_only(i, ids, req, settings, texts[i], served.n_ctx)
-                       for i, ids in enumerate(prompts)]
+            results = [_only_fields(_evaluated_only(i, ids, req, settings, texts[i], served.n_ctx),
+                                    req.response_fields) for i, ids in enumerate(prompts)]
             return JSONResponse(results[0] if len(results) == 1 else results)
         plan = serving.Plan(requests, sum(len(ids) for ids in prompts))
         plan.submit(served)  # a full queue is a 503 here, before any header goes out
@@ -258,8 +281,9 @@ async def completion(request: Request) -> Response:
                 *(_collect(g) for g in plan.submitted)))
         finally:
             plan.cancel()
-        results = [_final(i, text, [t.token for t in tokens], tokens, fin, req, settings,
-                          texts[i], served.n_ctx, streamed=False)
+        results = [_only_fields(_final(i, text, [t.token for t in tokens], tokens, fin, req,
+                                       settings, texts[i], served.n_ctx, streamed=False),
+                                req.response_fields)
                    for i, (text, tokens, fin) in enumerate(done)]
         return JSONResponse(results[0] if len(results) == 1 else results)
     finally:
@@ -330,7 +354,8 @@ def _entry_and_row(request: Request) -> tuple[Any, dict[str, Any]]:
 def _default_params(entry: Any, facts: model_info.ModelFacts) -> dict[str, Any]:
     values = defaults.effective(entry, facts.sampling).as_dict()
     budget = defaults.chat_max_tokens(entry, entry.n_ctx)
-    return {"n_predict": budget, "max_tokens": budget, "seed": SEED_RANDOM, **values, "stop": [],
+    seed = SEED_RANDOM if entry.seed is None else entry.seed
+    return {"n_predict": budget, "max_tokens": budget, "seed": seed, **values, "stop": [],
             "n_probs": 0, "stream": False, "ignore_eos": False}
 
 

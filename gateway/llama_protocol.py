@@ -38,6 +38,7 @@ class CompletionRequest(_LlamaRequest):
     n_probs: int = Field(0, ge=0, le=MAX_N_PROBS)
     cache_prompt: bool = True          # the prompt cache is always on; accepted for clients
     return_tokens: bool = False
+    response_fields: list[str] = Field(default_factory=list)  # only these ("a/b": nested)
     ignore_eos: bool = False
     logit_bias: list[list[Any]] | dict[str, float | bool] | None = None
     keep_alive: KeepAlive = None       # modelyard extra, as on /v1 requests

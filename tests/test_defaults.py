@@ -53,7 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
         "models": [
             {"model": str(hinted), "aliases": ["hinted"], "n_ctx": 64, "top_p": 0.5},
             {"model": str(plain), "aliases": ["plain"], "n_ctx": 128, "max_tokens": 5,
-             "temperature": 0.0},
+             "temperature": 0.0, "seed": 42},
         ]}))
     seen: list[Any] = []
     srv = ThreadedServer(create_app(load_config(config), loader=recording_loader(seen)))
@@ -96,6 +96,15 @@ def test_entry_max_tokens_and_llama_cpp_defaults_where_the_gguf_says_nothing(ser
     p = req.params
     assert (p.temperature, p.top_k, p.top_p, p.min_p) == (0.0, 40, pytest.approx(0.95),
                                                          pytest.approx(0.2))
+
+
+def test_an_entry_seed_seeds_requests_without_one(server):
+    server.client.completions.create(model="plain", prompt="abc")
+    assert last_request(server).params.seed == 42
+    server.client.completions.create(model="plain", prompt="abc", seed=7)
+    assert last_request(server).params.seed == 7
+    server.client.completions.create(model="hinted", prompt="abc")
+    assert last_request(server).params.seed is None
 
 
 def test_completions_without_an_entry_budget_keep_openais_16(server):

@@ -135,6 +135,14 @@ def test_stop_words_end_with_stop_type_word(server):
     assert body["content"] == " Paris.\n\nThe "  # llama.cpp's greedy text, cut before the word
 
 
+def test_response_fields_keeps_only_those_and_lifts_nested_ones(server):
+    body = server.llama.make_request("POST", "/completion", {
+        "prompt": "The capital of France is", "n_predict": 3, "temperature": 0,
+        "response_fields": ["content", "generation_settings/n_predict", "nope"]}).json()
+    assert set(body) == {"content", "generation_settings/n_predict"}
+    assert body["generation_settings/n_predict"] == 3 and body["content"]
+
+
 def test_n_predict_0_reads_the_prompt_only(server):
     body = server.llama.make_request("POST", "/completion",
                                      {"prompt": "hello", "n_predict": 0}).json()
