@@ -257,3 +257,10 @@ def test_keep_alive_0_unloads_after_the_request_and_minus_1_keeps_it(models, tmp
         assert err.value.body["param"] == "keep_alive"
     finally:
         srv.stop()
+
+
+def test_the_console_page_loads_without_a_key_but_its_admin_calls_need_one(server):
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert httpx.get(server.url + "/admin/events").status_code == 401
+    assert httpx.post(server.url + "/", json={}).status_code == 401  # only GET/HEAD are public
