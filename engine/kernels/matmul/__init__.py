@@ -3,8 +3,9 @@
     out[m, r] = dot(W[r, :], x[m, :])      W: QuantMatrix [N, K]   x: float32 [M, K]   out: [M, N]
 
 Numerics follow llama.cpp: each call quantizes the activations once (per row, to 8-bit blocks:
-q8_0 for Q8_0, q8_1 for Q4_0/Q4_1/Q5_0/Q5_1, q8_k for the K-quants; engine/activations.py has
-the layouts, engine/quants.py says why Q4_0/Q5_0 differ from llama.cpp), then takes integer dot
+q8_0 for Q8_0 and IQ4_NL, q8_1 for Q4_0/Q4_1/Q5_0/Q5_1, q8_k for the K-quants and IQ4_XS;
+engine/activations.py has the layouts, engine/quants.py says why Q4_0/Q5_0 differ from
+llama.cpp; each type's record in engine.quants.TYPES names its format), then takes integer dot
 products block by block and scales them by float block scales. F32, F16 and BF16 weights use f32
 activations and FMA. A row's arithmetic never depends on the other rows of the batch or on the
 thread split, so each output row is bit-identical however the call is batched or split.
@@ -24,7 +25,8 @@ The modules, one job each:
                   (u8 x s8 dot products: AVX2, VNNI or portable IR, the same integers)
     loops.py      the loop nest all rows_* share: weight rows x tiles of activation rows
     quantizer.py  quantize_<act> and the packed q8_0/q8_1 addressing
-    legacy.py     Q4_0 .. Q8_0 tiles          kquants.py   Q4_K, Q5_K, Q6_K tiles
+    legacy.py     Q4_0 .. Q8_0 and IQ4_NL tiles (32-value blocks)
+    kquants.py    Q2_K .. Q6_K tiles          iquants.py   IQ4_XS tiles
     floats.py     F32, F16, BF16 rows
     build.py      build_matmul_ir: a type's record (engine.quants.TYPES) -> its tile family
     facade.py     MatmulKernels: compile, scratch, thread split
