@@ -65,7 +65,7 @@ class Model:
 
     @property
     def memory_bytes(self) -> int:
-        """Mapped file + KV cache + repacked weight copies (the most this model can hold
+        """Mapped file + KV cache + what repacked weights add (the most this model can hold
         resident)."""
         return self._file.file_size + self.transformer.cache.nbytes + self.transformer.repacked_bytes
 

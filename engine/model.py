@@ -97,9 +97,10 @@ def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
     """The weights with every matmul matrix in the layout its kernel wants (mk.prepare: repacked
     copies for the row-interleaved kernels); token_embd stays as mapped for embedding lookups."""
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-    layers = [dataclasses.replace(layer, **{n: mk.prepare(getattr(layer, n)) for n in names})
+    layers = [dataclasses.replace(layer, **{n: mk.prepare(getattr(layer, n), file_backed=True)
+                                            for n in names})
               for layer in w.layers]
-    return dataclasses.replace(w, layers=layers, output=mk.prepare(w.output))
+    return dataclasses.replace(w, layers=layers, output=mk.prepare(w.output, file_backed=True))
 
 
 class Transformer:
@@ -145,8 +146,12 @@ class Transformer:
 
     @property
     def repacked_bytes(self) -> int:
-        """Bytes of the repacked weight copies (engine.repack), held beside the mapped file."""
-        return sum(m.nbytes for m in self.weights.matrices() if isinstance(m, RepackedMatrix))
+        """Bytes the repacked weight copies (engine.repack) add to the mapped file: each copy's
+        size less its source's pages, which are released (a tied output's are not: token_embd
+        stays mapped for lookups)."""
+        te = self.weights.token_embd
+        return sum(m.nbytes - (0 if m.source is te else m.source.nbytes)
+                   for m in self.weights.matrices() if isinstance(m, RepackedMatrix))
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         te = self.weights.token_embd

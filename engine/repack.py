@@ -43,9 +43,11 @@ thread split or the other rows, as the file-layout kernels promise.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import mmap
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,7 +55,7 @@ import numpy as np
 
 from engine.ggml_types import GGMLQuantizationType
 from engine.activations import ACTIVATION_LAYOUTS, dequantize_activations, quantize_activations
-from engine.quants import QuantMatrix, dequantize, quant_type
+from engine.quants import QuantMatrix, dequantize, quant_type, row_bytes
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
@@ -288,9 +290,46 @@ def repacked_nbytes(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> in
 
 def estimate_repacked(tensors: dict[str, tuple[GGMLQuantizationType, int, int]],
                       repacks: Callable[[GGMLQuantizationType], bool]) -> int:
-    """Repacked bytes of a model's matmul weights, from its tensor table: name ->
-    (type, n_rows, n_cols); `repacks(qtype)`: whether this host's kernels repack the type."""
+    """Bytes the repacking adds to a model's footprint, from its tensor table: name ->
+    (type, n_rows, n_cols); `repacks(qtype)`: whether this host's kernels repack the type.
+    Each repacked copy adds its size and releases its source's pages (release_file_pages),
+    except a tied output's: token_embd stays mapped for lookups."""
     names = [n for n in tensors if MATMUL_WEIGHT.fullmatch(n)]
     if "output.weight" not in tensors and "token_embd.weight" in tensors:
         names.append("token_embd.weight")  # tied: the output matmul repacks a copy
-    return sum(repacked_nbytes(*tensors[n]) for n in names if repacks(tensors[n][0]))
+    total = 0
+    for n in names:
+        qtype, rows, cols = tensors[n]
+        size = repacked_nbytes(qtype, rows, cols) if repacks(qtype) else 0
+        if size:
+            total += size - (0 if n == "token_embd.weight" else row_bytes(qtype, cols) * rows)
+    return total
+
+
+def release_file_pages(raw: np.ndarray) -> None:
+    """Drop this process's pages of `raw`, a view into a read-only file mapping, once its
+    repacked copy exists: they stop counting in RSS, and a later read (a tied embedding's lookup)
+    faults them in again from the page cache. Never for heap memory (DONTNEED would zero it)."""
+    libc = _libc()
+    if libc is None:
+        return
+    page = mmap.PAGESIZE
+    start = -(-raw.ctypes.data // page) * page              # whole pages inside raw only
+    end = (raw.ctypes.data + raw.nbytes) // page * page
+    if end > start:
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+
+
+_MADV_DONTNEED = 4
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None

@@ -32,7 +32,7 @@ from engine.kernels.matmul.loops import NARROW_TILES, TILES
 from engine.kernels.ops import address
 from engine.kernels.pool import Pool
 from engine.quants import SUPPORTED, QuantMatrix, quant_type
-from engine.repack import RepackedMatrix, can_repack, repack
+from engine.repack import RepackedMatrix, can_repack, release_file_pages, repack
 
 _F32 = np.dtype(np.float32)
 _I64 = ctypes.c_int64
@@ -119,12 +119,16 @@ class MatmulKernels:
         return TypeKernels(act, t.block_elems, rows, fused, quantize, rows_address,
                            lib.address(f"quantize_{act}"))
 
-    def prepare(self, w: QuantMatrix) -> QuantMatrix | RepackedMatrix:
+    def prepare(self, w: QuantMatrix, file_backed: bool = False) -> QuantMatrix | RepackedMatrix:
         """The matrix in the layout this instance computes it fastest in: repacked for the
-        row-interleaved kernels where they cover its type and shape, else `w` itself."""
+        row-interleaved kernels where they cover its type and shape, else `w` itself. With
+        `file_backed` (w views a read-only file mapping) the source's pages are released."""
         if (self._gemm is not None and self._gemm.runs_in_models(w.qtype)
                 and can_repack(w.qtype, w.n_rows, w.n_cols)):
-            return repack(w)
+            packed = repack(w)
+            if file_backed:
+                release_file_pages(w.raw)
+            return packed
         return w
 
     def kernels_for(self, w: QuantMatrix | RepackedMatrix) -> TypeKernels | GemmTypeKernels:
