@@ -5,7 +5,9 @@ with only what Hugging Face's `apply_chat_template` offers: `messages`, `add_gen
 `bos_token`, `eos_token`, `tools`, `raise_exception`, `strftime_now`, the `tojson` filter
 (unescaped, unlike jinja's HTML one), the `loopcontrols` extension and a pass-through
 `{% generation %}` block. Blocks are trimmed (`trim_blocks`, `lstrip_blocks`) as HF does, so
-templates written for transformers render the same text here.
+templates written for transformers render the same text here. Each render has a time budget and
+an output cap (engine/template_budget.py): a template that loops forever or builds gigabytes
+stops with a ChatTemplateError instead.
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .template_budget import (DEFAULT_MAX_CHARS, DEFAULT_SECONDS, BudgetedSandbox,
+                              TemplateBudgetExceeded, budget)
 
 # Used when a model file carries no template: the format SmolLM2, Qwen and many others use.
 CHATML_TEMPLATE = (
@@ -58,8 +62,8 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
                       sort_keys=sort_keys)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+def _environment() -> BudgetedSandbox:
+    env = BudgetedSandbox(
         trim_blocks=True, lstrip_blocks=True,
         extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
     )
@@ -82,18 +86,25 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
-        """The prompt text for `messages` (dicts with at least `role` and `content`)."""
+               tools: list[dict[str, Any]] | None = None, time_budget: float = DEFAULT_SECONDS,
+               max_chars: int = DEFAULT_MAX_CHARS) -> str:
+        """The prompt text for `messages` (dicts with at least `role` and `content`); stops
+        after `time_budget` seconds or at `max_chars` characters of output."""
         try:
-            return self._template.render(
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                tools=tools,
-            )
+            with budget(time_budget, max_chars):
+                return self._template.render(
+                    messages=[dict(m) for m in messages],
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=self.bos_token,
+                    eos_token=self.eos_token,
+                    tools=tools,
+                )
         except ChatTemplateError:
             raise
+        except TemplateBudgetExceeded as exc:
+            raise ChatTemplateError(str(exc)) from exc
+        except MemoryError as exc:
+            raise ChatTemplateError("chat template ran out of memory") from exc
         except jinja2.exceptions.SecurityError as exc:
             raise ChatTemplateError(f"chat template tried an unsafe operation: {exc}") from exc
         except Exception as exc:  # template bugs surface as TypeError, UndefinedError, ...

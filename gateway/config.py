@@ -74,6 +74,17 @@ class RegistrySettings(BaseModel):
     load_timeout: Duration = Field(120.0, gt=0)  # the longest a request waits for a model
 
 
+class LimitSettings(BaseModel):
+    """What one request may cost before it is refused (gateway/limits.py enforces them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body: Size = Field(32 * 1024 * 1024, ge=1)  # a larger request body gets 413
+    body_timeout: Duration = Field(30.0, gt=0)      # reading one body; slower clients get 408
+    template_timeout: Duration = Field(2.0, gt=0)   # rendering one chat template; then 400
+    max_prompt: Size = Field(64 * 1024 * 1024, ge=1)  # prompt text before tokenizing; then 413
+
+
 class _EntrySettings(BaseModel):
     """The per-model keys that may also be given once under `defaults`."""
 
@@ -209,6 +220,7 @@ class _ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)  # 0 = any free port
     default_model: str | None = None       # alias used when a request names no model
+    shutdown_timeout: Duration = Field(60.0, ge=0)  # SIGTERM: how long running requests may finish
 
 
 class Config(_ServerSettings):
@@ -217,6 +229,7 @@ class Config(_ServerSettings):
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     cors: CorsSettings = Field(default_factory=CorsSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
     models: list[ModelEntry] = Field(min_length=1)
     source: Path | None = None             # the file this came from; None = built in code
     warnings: list[str] = Field(default_factory=list)  # accepted-but-unused keys
@@ -263,7 +276,8 @@ def default_config() -> Config:
 # ---------------------------------------------------------------------------------------------
 # Keys
 
-_TOP_KEYS = ("host", "port", "default_model", "registry", "auth", "cors", "defaults", "models")
+_TOP_KEYS = ("host", "port", "default_model", "shutdown_timeout", "registry", "limits", "auth",
+             "cors", "defaults", "models")
 _ENTRY_KEYS = ("model", "aliases", "model_alias", "n_ctx", "n_threads", "n_parallel",
                "max_queue", "idle_timeout", "chat_template", "chat_format", "pinned",
                "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty",
@@ -422,34 +436,67 @@ def _read_json(text: str, problems: _Problems) -> tuple[Any, dict[Loc, int]]:
 
 # -- ${VAR} expansion --------------------------------------------------------------------------
 
-_ENV_REF = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _expand_env(value: Any, loc: Loc, problems: _Problems) -> Any:
-    """Expand ${VAR} and ${VAR:-default} in every string value; `$${` writes a literal `${`."""
+    """Expand ${VAR} and ${VAR:-default} in every string value; `$${` writes a literal `${`.
+    A default may itself hold references: ${A:-${B:-x}} is A, else B, else x."""
     if isinstance(value, dict):
         return {k: _expand_env(v, loc + (k,), problems) for k, v in value.items()}
     if isinstance(value, list):
         return [_expand_env(v, loc + (i,), problems) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
+    text, _ = _expand_text(value, 0, loc, problems, inside=False)
+    return text
 
-    def substitute(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        if name is None:
-            return "${"
-        found = os.environ.get(name)
-        if found:  # like the shell's ${VAR:-default}: an empty variable takes the default too
-            return found
-        if default is not None:
-            return default
-        if found is not None:
-            return found
-        problems.add(loc, f"environment variable {name} is not set "
-                          f"(write ${{{name}:-default}} to give a fallback)", settle=True)
-        return ""
 
-    return _ENV_REF.sub(substitute, value)
+def _expand_text(text: str, at: int, loc: Loc, problems: _Problems,
+                 inside: bool) -> tuple[str, int]:
+    """Expand from `at` to the end (or, `inside` a default, to its closing brace); returns the
+    text and where it stopped (just past that brace)."""
+    out: list[str] = []
+    while at < len(text):
+        if text.startswith("$${", at):
+            out.append("${")
+            at += 3
+        elif text.startswith("${", at) and (name := _ENV_NAME.match(text, at + 2)):
+            end = name.end()
+            default: str | None = None
+            inner = _Problems()  # the default's own problems count only if it is used
+            if text.startswith(":-", end):
+                default, end = _expand_text(text, end + 2, loc, inner, inside=True)
+            elif text.startswith("}", end):
+                end += 1
+            else:  # not a reference after all: keep it as written
+                out.append(text[at:end])
+                at = end
+                continue
+            if not os.environ.get(name.group(0)):
+                problems.items += inner.items
+                problems.settled |= inner.settled
+            out.append(_lookup(name.group(0), default, loc, problems))
+            at = end
+        elif inside and text[at] == "}":
+            return "".join(out), at + 1
+        else:
+            out.append(text[at])
+            at += 1
+    return "".join(out), at
+
+
+def _lookup(name: str, default: str | None, loc: Loc, problems: _Problems) -> str:
+    found = os.environ.get(name)
+    if found:  # like the shell's ${VAR:-default}: an empty variable takes the default too
+        return found
+    if default is not None:
+        return default
+    if found is not None:
+        return found
+    problems.add(loc, f"environment variable {name} is not set "
+                      f"(write ${{{name}:-default}} to give a fallback)", settle=True)
+    return ""
 
 
 # -- preparing and validating -----------------------------------------------------------------
@@ -471,11 +518,12 @@ def _build(data: Any, base_dir: Path, problems: _Problems, source: Path) -> Conf
         elif key not in _TOP_KEYS:
             problems.add((key,), _unknown_key(key, _TOP_KEYS))
 
-    server = _validate(_ServerSettings, {k: data[k] for k in ("host", "port", "default_model")
+    server = _validate(_ServerSettings, {k: data[k] for k in _ServerSettings.model_fields
                                          if k in data}, (), problems)
     registry = _validate(RegistrySettings, _section(data, "registry"), ("registry",), problems)
     auth = _validate(AuthSettings, _auth_section(data, base_dir, problems), ("auth",), problems)
     cors = _validate(CorsSettings, _section(data, "cors"), ("cors",), problems)
+    limits = _validate(LimitSettings, _section(data, "limits"), ("limits",), problems)
     defaults = _prepare_defaults(_section(data, "defaults"), base_dir, problems)
 
     raw_models = data.get("models")
@@ -500,10 +548,11 @@ def _build(data: Any, base_dir: Path, problems: _Problems, source: Path) -> Conf
     _check_across_entries(
         seen, default_model if isinstance(default_model, str) and all_prepared else None, problems)
     if (problems.items or server is None or registry is None or auth is None or cors is None
-            or None in entries):
+            or limits is None or None in entries):
         return None
     try:
         return Config(**server.model_dump(), registry=registry, auth=auth, cors=cors,
+                      limits=limits,
                       models=[e for e in entries if e is not None], source=source)
     except ValidationError as e:  # a check above missed something; still report, never crash
         for err in e.errors():
@@ -703,10 +752,11 @@ def _chat_template(value: Any, base_dir: Path, loc: Loc, problems: _Problems) ->
 
 def _check_across_entries(entries: list[tuple[int, list[tuple[str, Loc]], str | None]],
                           default_model: str | None, problems: _Problems) -> None:
-    """Aliases unique across all entries; one entry per model file; default_model exists."""
+    """Aliases unique across all entries; default_model exists. Several entries may share one
+    model file (with different settings: llama-cpp-python's docs serve gpt-3.5-turbo and gpt-4
+    from one file with different n_ctx); the registry keys its models by entry."""
     owner: dict[str, int] = {}
-    by_path: dict[str, int] = {}
-    for i, alias_locs, model in entries:
+    for i, alias_locs, _model in entries:
         for alias, loc in alias_locs:
             if alias not in owner:
                 owner[alias] = i
@@ -715,12 +765,6 @@ def _check_across_entries(entries: list[tuple[int, list[tuple[str, Loc]], str | 
             else:
                 problems.add(loc, f"duplicate alias {alias!r}: models.{owner[alias]} already "
                                   "answers to it")
-        if model is not None:
-            if model in by_path:
-                problems.add(("models", i, "model"),
-                             f"models.{by_path[model]} already serves {model}; give that entry "
-                             "more aliases instead")
-            by_path.setdefault(model, i)
     if default_model is not None and owner and default_model not in owner:
         problems.add(("default_model",), f"no model answers to {default_model!r}; aliases: "
                                          f"{', '.join(owner)}")

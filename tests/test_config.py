@@ -221,6 +221,24 @@ def test_environment_variables_expand_with_defaults(folder: Path,
     assert c.models[0].aliases == ["cost-${literal}"]
 
 
+def test_a_default_may_hold_another_reference(folder: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OUTER_PORT", raising=False)
+    monkeypatch.setenv("INNER_PORT", "9200")
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    monkeypatch.setenv("SET_HOST", "::1")
+    c = load_config(write(folder, "c.yaml", """
+        port: ${OUTER_PORT:-${INNER_PORT:-8000}}
+        host: ${SET_HOST:-${NOT_SET_ANYWHERE}}
+        registry:
+          memory_budget: ${OUTER_PORT:-${NOT_SET_ANYWHERE:-2GiB}}
+        models:
+          - model: models/small.gguf
+    """))
+    # as in the shell: the inner default is used only when it is needed
+    assert (c.port, c.host, c.registry.memory_budget) == (9200, "::1", 2 * GiB)
+
+
 def test_an_unset_variable_without_default_is_an_error(folder: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
@@ -397,7 +415,8 @@ def test_unknown_top_level_key_is_rejected(folder: Path) -> None:
         model = "models/small.gguf"
     """)
     assert errors_of(path) == [f"{path}: listen: unknown key (known: host, port, "
-                               "default_model, registry, auth, cors, defaults, models)"]
+                               "default_model, shutdown_timeout, registry, limits, auth, "
+                               "cors, defaults, models)"]
 
 
 def test_unknown_model_key_is_rejected_but_llama_cpp_python_keys_warn(folder: Path) -> None:
@@ -420,14 +439,16 @@ def test_duplicate_alias_across_entries(folder: Path) -> None:
         f"{path}: models.1.model_alias: duplicate alias 'y': models.0 already answers to it"]
 
 
-def test_the_same_model_file_twice_is_rejected(folder: Path) -> None:
-    path = write(folder, "c.yaml", """
-        models:
-          - {model: models/small.gguf, aliases: [a]}
-          - {model: ./models/../models/small.gguf, aliases: [b], n_ctx: 512}
-    """)
-    [error] = errors_of(path)
-    assert error.startswith(f"{path}:3: models.1.model: models.0 already serves")
+def test_two_entries_may_serve_one_model_file_with_their_own_settings(folder: Path) -> None:
+    # llama-cpp-python's docs: gpt-3.5-turbo and gpt-4 on one file, different n_ctx
+    path = write(folder, "c.json", json.dumps({"models": [
+        {"model": "models/small.gguf", "model_alias": "gpt-3.5-turbo", "n_ctx": 2048},
+        {"model": "./models/../models/small.gguf", "model_alias": "gpt-4", "n_ctx": 4096},
+    ]}))
+    config = load_config(path)
+    assert config.models[0].model == config.models[1].model
+    assert config.resolve("gpt-3.5-turbo").n_ctx == 2048
+    assert config.resolve("gpt-4").n_ctx == 4096
 
 
 def test_missing_model_file(folder: Path) -> None:
