@@ -64,6 +64,15 @@ class Model:
         return self.hparams.n_embd
 
     @property
+    def mapped_bytes(self) -> int:
+        """The mapped file part of memory_bytes (shared with other loads of the same file)."""
+        return self._file.file_size
+
+    def file_changed(self) -> str | None:
+        """Why the model file on disk is no longer the one mapped; None while it is (a stat)."""
+        return self._file.changed()
+
+    @property
     def memory_bytes(self) -> int:
         """Mapped file + KV cache + what repacked weights add (the most this model can hold
         resident)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from . import sigbus
 from .ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 MAGIC = b"GGUF"
@@ -254,9 +255,12 @@ class _MappedPart:
             if size < 24:
                 raise ModelLoadError(path, f"file is {size} bytes, too short for a GGUF header")
             self.map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self.stat = os.fstat(fd)  # what the file was when mapped: changed() compares
         finally:
             os.close(fd)
         self.size = size
+        # a file truncated under the map must not SIGBUS the process (engine/sigbus.py)
+        self._guard = sigbus.guard(np.frombuffer(self.map, np.uint8).ctypes.data, size)
         view = memoryview(self.map)
         try:
             self.version, self.metadata, self.tensors, self.data_start = _parse(view, str(path), size)
@@ -267,8 +271,24 @@ class _MappedPart:
         view.release()
         self.data: np.ndarray | None = np.frombuffer(self.map, dtype=np.uint8)  # [size], no copy
 
+    def changed(self) -> str | None:
+        """Why the file on disk is no longer the one mapped (None while it still is)."""
+        try:
+            now = os.stat(self.path)
+        except OSError as e:
+            return f"{self.path.name} can no longer be read ({e.strerror})"
+        if now.st_size != self.stat.st_size:
+            return f"{self.path.name} changed size ({self.stat.st_size} -> {now.st_size} bytes)"
+        if (now.st_ino, now.st_dev) != (self.stat.st_ino, self.stat.st_dev):
+            return None  # replaced by rename: our map still holds the old file, intact
+        if now.st_mtime_ns != self.stat.st_mtime_ns:
+            return f"{self.path.name} was rewritten in place"
+        return None
+
     def close(self) -> None:
         self.data = None
+        sigbus.unguard(self._guard)
+        self._guard = None
         if self.map is not None:
             try:
                 self.map.close()
@@ -345,6 +365,13 @@ class GGUFFile:
         data = self._parts[info.part].data
         assert data is not None, "file is closed"
         return data[info.offset:info.offset + info.n_bytes]
+
+    def changed(self) -> str | None:
+        """Why a file of this model on disk is no longer what is mapped (None: all intact)."""
+        for part in self._parts:
+            if (why := part.changed()) is not None:
+                return why
+        return None
 
     def close(self) -> None:
         """Unmap. Views handed out earlier must have been dropped, or the unmap waits for GC."""

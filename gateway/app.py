@@ -18,8 +18,9 @@ from .auth import AuthMiddleware
 from .config import Config
 from .cors import ConfigCors
 from .errors import HANDLED, handle_exception
+from .limits import BodyLimits
 from .metrics import NO_MODEL, Metrics, loader_with_metrics
-from .registry import Registry
+from .registry import PinnedLoadError, Registry
 from .routes import routes
 from .scheduler import load_served_model
 from .watch import ConfigWatcher, Reloader, WatchOptions
@@ -89,7 +90,12 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
             watcher = (ModelsDirWatcher(reloader, watch) if watch.models_dir
                        else ConfigWatcher(reloader, watch))
         app.state.registry, app.state.reloader, app.state.watcher = registry, reloader, watcher
-        await registry.start()
+        try:
+            await registry.start()
+        except PinnedLoadError as exc:
+            app.state.startup_error = str(exc)  # what `modelyard serve` prints before exiting 2
+            await registry.close()
+            raise
         tasks = [asyncio.create_task(reloader.run(), name="modelyard-reloader")]
         if watcher is not None:
             tasks.append(asyncio.create_task(watcher.run(), name="modelyard-watcher"))
@@ -112,7 +118,9 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
     app.state.started = int(time.time())
     app.state.metrics = metrics
     app.state.stopping = False
-    # outermost first: the request log sees everything, CORS answers preflights before keys
+    # outermost first: the request log sees everything (what BodyLimits refuses too), CORS
+    # answers preflights before keys; a body over the limit is refused before anything reads it
+    app.add_middleware(BodyLimits)
     app.add_middleware(AuthMiddleware)
     app.add_middleware(ConfigCors)
     app.add_middleware(RequestLog)

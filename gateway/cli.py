@@ -12,7 +12,8 @@ would configure them (gateway/zeroconf.py). A config with problems, a port that 
 invalid, is reported (one line for the port) and exits with status 2, before anything starts;
 "serving on" is logged once the socket is bound, with the real port.
 While serving, saving the config file reloads it (gateway/watch.py), and so does SIGHUP.
-SIGINT/SIGTERM stop accepting connections, let running requests finish, then unload models.
+SIGINT/SIGTERM drain for `shutdown_timeout` (gateway/shutdown.py), then unload models; a pinned
+model that cannot load stops the start with status 2.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from typing import Any
 
 from . import scan
 from .config import Config, ConfigError, load_config
+from .shutdown import Shutdown
 from .watch import WatchOptions
 
 EXIT_CONFIG = 2
@@ -96,6 +98,10 @@ def version() -> str:
         return "0+unknown"
 
 
+class StartupFailed(Exception):
+    """The server could not start (a pinned model cannot load); exit status 2."""
+
+
 def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
@@ -136,15 +142,12 @@ async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
                  watch: WatchOptions, load: Any) -> None:
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HypercornConfig
+    from hypercorn.utils import LifespanFailureError
 
     from .app import create_app
 
     app = create_app(config, config_path=config_path, watch=watch, load=load)
-    stop = asyncio.Event()
-
-    def begin_stop() -> None:
-        app.state.stopping = True  # /health answers 503 from now on
-        stop.set()
+    shutdown = Shutdown(app, config.shutdown_timeout)
 
     def reload_on_hangup() -> None:
         reloader = getattr(app.state, "reloader", None)
@@ -155,7 +158,7 @@ async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, begin_stop)
+        loop.add_signal_handler(sig, shutdown.signal, sig.name)
     loop.add_signal_handler(signal.SIGHUP, reload_on_hangup)
 
     url = _base_url(sock)
@@ -163,9 +166,15 @@ async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
     hconfig.bind = [f"fd://{sock.detach()}"]  # hypercorn takes over the bound socket
     hconfig.accesslog = None        # RequestLog writes one line per request instead
     hconfig.errorlog = logging.getLogger("hypercorn.error")
-    hconfig.graceful_timeout = 10.0
+    # the drain happened before the trigger (gateway/shutdown.py): what is left is sending the
+    # last bytes of streams that were just ended
+    hconfig.graceful_timeout = 5.0
     log.info("serving %s on %s (OpenAI base URL %s/v1)", ", ".join(config.aliases()), url, url)
-    await serve(app, hconfig, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+    try:
+        await serve(app, hconfig, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
+    except LifespanFailureError:  # its message is a traceback; app.py kept the reason
+        raise StartupFailed(getattr(app.state, "startup_error", None)
+                            or "the application failed to start") from None
     log.info("stopped")
 
 
@@ -241,7 +250,11 @@ def serve_command(args: argparse.Namespace) -> int:
     except BindError as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    asyncio.run(_serve(config, sock, config_path, watch, load))
+    try:
+        asyncio.run(_serve(config, sock, config_path, watch, load))
+    except StartupFailed as exc:  # a pinned model cannot load
+        print(f"modelyard: cannot start: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     return 0
 
 

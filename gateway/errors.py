@@ -6,7 +6,9 @@ handler never builds an error body itself.
 """
 from __future__ import annotations
 
+import logging
 import math
+import re
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -19,7 +21,18 @@ from engine.chat import ChatTemplateError
 from .config import ModelNotFoundError
 from .protocol import ErrorInfo, ErrorResponse, RequestValidationError
 from .registry import ModelLoadFailedError, RegistryBusyError
-from .scheduler import QueueFullError, SchedulerClosedError
+from .scheduler import ModelBrokenError, QueueFullError, SchedulerClosedError, ServerStoppingError
+
+log = logging.getLogger("modelyard.errors")
+
+# What a client must not see in a message: where files live on the server, and our class names.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])(?:/[^/\s:'\"()]+)+/([^/\s:'\"()]+)")
+_CLASS_PREFIX = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)): ")
+
+
+def public_message(text: str) -> str:
+    """`text` fit for a client: absolute paths cut to their file name, no leading class name."""
+    return _ABSOLUTE_PATH.sub(r"\1", _CLASS_PREFIX.sub("", text))
 
 
 class APIError(Exception):
@@ -71,9 +84,13 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(404, f"The model '{exc.alias}' does not exist. Available models: {available}",
                         param="model", code="model_not_found")
     if isinstance(exc, ModelLoadFailedError):
-        return APIError(500, f"Model could not be loaded: {exc}", type="server_error",
-                        code="model_load_failed")
-    if isinstance(exc, RegistryBusyError | QueueFullError | SchedulerClosedError):
+        return APIError(500, f"Model could not be loaded: {public_message(exc.cause)}",
+                        type="server_error", code="model_load_failed")
+    if isinstance(exc, ModelBrokenError):
+        return APIError(503, public_message(str(exc)), type="server_error",
+                        code="model_unavailable", headers=_retry_after(exc.retry_after))
+    if isinstance(exc, RegistryBusyError | QueueFullError | SchedulerClosedError
+                  | ServerStoppingError):
         return APIError(503, str(exc), type="server_error", code="server_busy",
                         headers=_retry_after(exc.retry_after))
     if isinstance(exc, ChatTemplateError):
@@ -85,16 +102,16 @@ def to_api_error(exc: BaseException) -> APIError:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return APIError(exc.status_code, str(exc.detail), type=kind, code=code,
                         headers=dict(exc.headers or {}))
-    return APIError(500, f"Internal error: {type(exc).__name__}: {exc}", type="server_error",
-                    code="internal_error")
+    return APIError(500, "Internal server error; the server's log has the details",
+                    type="server_error", code="internal_error")
 
 
 # Exception types the app routes to `handle_exception` (anything else is a 500 from Starlette's
 # outermost handler, which also logs it).
 HANDLED: tuple[type[Exception], ...] = (
     APIError, RequestValidationError, ModelNotFoundError, ModelLoadFailedError, RegistryBusyError,
-    QueueFullError, SchedulerClosedError, ChatTemplateError, engine.ContextOverflowError,
-    HTTPException, Exception,
+    QueueFullError, SchedulerClosedError, ModelBrokenError, ServerStoppingError, ChatTemplateError,
+    engine.ContextOverflowError, HTTPException, Exception,
 )
 
 
@@ -104,4 +121,7 @@ def error_response(exc: BaseException) -> JSONResponse:
 
 
 async def handle_exception(request: Request, exc: Exception) -> JSONResponse:
-    return error_response(exc)
+    response = error_response(exc)
+    if response.status_code >= 500 and not isinstance(exc, APIError):
+        log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+    return response

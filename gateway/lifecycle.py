@@ -7,15 +7,17 @@ The registry is the only writer: it calls `advance()` for every change, so an im
     +----------+ ------------------------------------> +---------+  loader raised   +--------+
     | UNLOADED |                                       | LOADING | ---------------> | FAILED |
     +----------+ <-----------+                         +---------+ <--------------- +--------+
-         ^                   |                              |      next acquire()    |  keeps
-         |                   +----------------------------- | ---------------------- +  last_error
-         |                 entry removed (apply), close()   | loaded
-         |                                                  v
-         |  nothing in flight:  +----------+  LRU eviction, +-------+
+         ^                   |                              |      next acquire()    | ^ keeps
+         |                   +----------------------------- | ---------------------- + | last_error
+         |                 entry removed (apply), close()   | loaded                   |
+         |                                                  v                          |
+         |  nothing in flight:  +----------+  LRU eviction, +-------+                  |
          +--------------------- | DRAINING | <------------- | READY |  <- the only state that serves
             model.close(), gc   +----------+  idle timeout, +-------+
-                                              apply(), admin unload,
-                                              close()
+                                     |        apply(), admin unload, close(),
+                                     |        broken (file changed, non-finite logits)
+                                     +-------------------------------------------------+
+                                       broken: once closed, FAILED with the reason
 
 acquire() counts a request in flight only in READY. DRAINING takes no new requests; the requests
 already running finish, then the model is closed and every reference to it dropped, so its memory
@@ -38,7 +40,7 @@ TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
     ModelState.UNLOADED: frozenset({ModelState.LOADING}),
     ModelState.LOADING: frozenset({ModelState.READY, ModelState.FAILED}),
     ModelState.READY: frozenset({ModelState.DRAINING}),
-    ModelState.DRAINING: frozenset({ModelState.UNLOADED}),
+    ModelState.DRAINING: frozenset({ModelState.UNLOADED, ModelState.FAILED}),
     ModelState.FAILED: frozenset({ModelState.LOADING, ModelState.UNLOADED}),
 }
 

@@ -25,11 +25,12 @@ from typing import Any, Protocol
 from gateway.config import Config, ModelEntry, ModelNotFoundError
 from gateway.eviction import (Blocked, Fits, Resident, TooLarge, idle_expired,
                               next_idle_deadline, plan_load)
-from gateway.lifecycle import ModelState, advance
+from gateway.lifecycle import RESIDENT_STATES, ModelState, advance
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.units import format_duration, format_size
 
-__all__ = ["Lease", "Loaded", "ModelLoadFailedError", "ModelNotFoundError", "Registry",
+__all__ = ["Lease", "Loaded", "ModelLoadFailedError", "ModelNotFoundError", "PinnedLoadError",
+           "Registry",
            "RegistryBusyError", "ApplyResult"]
 
 log = logging.getLogger("modelyard.registry")
@@ -58,6 +59,14 @@ class ModelLoadFailedError(Exception):
         self.path = Path(path)
         self.cause = cause
         super().__init__(f"{self.path}: {cause}")
+
+
+class PinnedLoadError(Exception):
+    """Start-up failed: pinned models could not load (`modelyard serve` exits with status 2)."""
+
+    def __init__(self, reasons: list[str]):
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))
 
 
 class RegistryBusyError(Exception):
@@ -97,6 +106,7 @@ class _Slot:
     load_seconds: float | None = None
     load_count: int = 0
     last_error: str | None = None
+    broken: str | None = None         # why a loaded model stopped serving: FAILED once unloaded
     retired: bool = False             # left the config (apply): drains, unloads, then goes
     keep_alive: float | None = None   # the last request's keep_alive (s): None = the config's,
                                       # 0 = unload when idle, inf = keep loaded (as pinned)
@@ -146,7 +156,28 @@ async def _wait(event: asyncio.Event, timeout: float | None) -> None:
 
 
 def _key(entry: ModelEntry) -> str:
-    return str(entry.model)  # config.py guarantees one entry per model file
+    # Keyed by entry, not by file: several entries may serve one file with their own settings.
+    return entry.name  # the first alias; aliases are unique across entries
+
+
+def _match(old: dict[str, _Slot], entry: ModelEntry) -> _Slot | None:
+    """The old slot a reloaded entry continues: the same file and a shared alias, or else the
+    one old entry of that file (its aliases were all renamed)."""
+    same_file = [s for s in old.values() if s.entry.model == entry.model]
+    for slot in same_file:
+        if set(slot.entry.aliases) & set(entry.aliases):
+            return slot
+    return same_file[0] if len(same_file) == 1 else None
+
+
+def _broken(model: Loaded | None) -> str | None:
+    """Why a loaded model must stop serving (scheduler.ServedModel.broken, or its file changed
+    under the mapping), else None. A stat per call; objects without these checks never break."""
+    why = getattr(model, "broken", None)
+    if isinstance(why, str):
+        return why
+    check = getattr(model, "file_changed", None)
+    return check() if callable(check) else None
 
 
 def _scheduler_count(model: Loaded | None, name: str) -> int:
@@ -169,6 +200,7 @@ class Registry:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
+        self._stopping = False            # draining for shutdown: running requests finish
         self._over_limits = False         # apply() lowered a limit and evictions are pending
 
     @property
@@ -183,10 +215,41 @@ class Registry:
     # -- start and stop ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the idle sweeper and load pinned models (a failure is logged, not raised)."""
+        """Start the idle sweeper and load pinned models. A pinned model that cannot load fails
+        the start: PinnedLoadError names each one and why (the server must not look healthy)."""
         self._sweeper = asyncio.create_task(self._sweep_idle(), name="modelyard-idle-sweeper")
-        await asyncio.gather(*(self._preload(s.entry) for s in self._slots.values()
-                               if s.entry.pinned))
+        errors = await asyncio.gather(*(self._preload(s.entry) for s in self._slots.values()
+                                        if s.entry.pinned))
+        if failed := [e for e in errors if e is not None]:
+            raise PinnedLoadError(failed)
+
+    def stop_accepting(self) -> None:
+        """Shutdown begins: new requests get RegistryBusyError (503), running ones go on."""
+        self._stopping = True
+        self._notify()
+
+    def in_flight(self) -> dict[str, int]:
+        """Requests holding each model (by entry name), for those that have any."""
+        return {s.entry.name: s.in_flight for s in self._all_slots() if s.in_flight}
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) until no request holds a model; True if none does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.in_flight():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            await _wait(self._changed, remaining)
+        return True
+
+    def abort_running(self, error: BaseException) -> None:
+        """End every request a loaded model is running or queueing with `error` (the shutdown
+        deadline); their streams send it as an error event."""
+        for slot in self._all_slots():
+            abort = getattr(slot.model, "abort", None)
+            if callable(abort):
+                abort(error)
 
     async def close(self, drain_timeout: float = 30.0) -> None:
         """Refuse new requests, let running ones finish (up to drain_timeout), unload all."""
@@ -222,13 +285,16 @@ class Registry:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._config.registry.load_timeout
         while True:
-            if self._closed:
+            if self._closed or self._stopping:
                 raise RegistryBusyError("the server is shutting down")
             # Resolved every round: apply() may have replaced the slot while we waited.
             entry = self._config.resolve(alias)
             slot = self._slots[_key(entry)]
             state = slot.state
 
+            if state is ModelState.READY and (why := _broken(slot.model)) is not None:
+                self._break(slot, why)
+                continue
             if state is ModelState.READY:
                 slot.in_flight += 1
                 slot.last_used = time.monotonic()
@@ -262,7 +328,7 @@ class Registry:
                     raise ModelLoadFailedError(entry.model, estimate)
                 slot.estimate = estimate
                 continue  # the world may have changed while we were away
-            plan = plan_load(self._residents(), slot.estimate,
+            plan = plan_load(self._residents(), self._load_estimate(slot),
                              max_loaded=self._config.registry.max_loaded_models,
                              memory_budget=self._config.registry.memory_budget)
             if isinstance(plan, TooLarge):
@@ -289,6 +355,8 @@ class Registry:
         slot = lease._slot
         slot.in_flight -= 1
         slot.last_used = time.monotonic()
+        if slot.state is ModelState.READY and (why := _broken(slot.model)) is not None:
+            self._break(slot, why)
         if slot.state is ModelState.DRAINING and slot.in_flight == 0:
             self._spawn(self._unload(slot))
         elif (slot.keep_alive == 0 and slot.in_flight == 0 and slot.awaiting_load == 0
@@ -325,7 +393,8 @@ class Registry:
     def apply(self, config: Config) -> ApplyResult:
         """Switch to a new (already validated) config without a restart.
 
-        Entries are matched by model file. Same settings_key(): the loaded model stays warm and
+        Entries are matched by model file (and alias, where several share a file; see _match).
+        Same settings_key(): the loaded model stays warm and
         takes the new aliases, pinning and idle timeout. Different settings: the old instance
         drains and the new one loads on demand. Removed: drains, then unloads. Lowered limits
         evict idle models (LRU) at once, and busy ones as soon as they are done.
@@ -334,7 +403,9 @@ class Registry:
         slots: dict[str, _Slot] = {}
         kept, reloaded, added = [], [], []
         for entry in config.models:
-            slot = old.pop(_key(entry), None)
+            slot = _match(old, entry)
+            if slot is not None:
+                old.pop(_key(slot.entry))
             if slot is not None and slot.entry.settings_key() == entry.settings_key():
                 slot.entry = entry
                 slots[_key(entry)] = slot
@@ -422,6 +493,8 @@ class Registry:
         finally:
             progress.cancel()
         slot.model = model
+        slot.last_error = None
+        slot.broken = None
         slot.memory_bytes = int(model.memory_bytes)
         slot.load_seconds = time.monotonic() - started
         slot.load_count += 1
@@ -453,12 +526,20 @@ class Registry:
         finally:
             del model
             await asyncio.to_thread(gc.collect)  # reference cycles would keep arrays alive
-            slot.state = advance(slot.state, ModelState.UNLOADED)
+            failed = slot.broken is not None
+            slot.state = advance(slot.state, ModelState.FAILED if failed else ModelState.UNLOADED)
             slot.memory_bytes = 0
             if slot.retired and slot in self._retired:
                 self._retired.remove(slot)
             log.info("unloaded %s", slot.entry.name)
             self._notify()
+
+    def _break(self, slot: _Slot, why: str) -> None:
+        """A ready model that must stop serving: drain it (its scheduler already fails what it
+        runs), unload it, and leave it FAILED with the reason; the next request loads afresh."""
+        log.error("%s stops serving and unloads: %s", slot.entry.name, why)
+        slot.broken = slot.last_error = why
+        self._begin_drain(slot)
 
     def _retire(self, slot: _Slot) -> None:
         slot.retired = True
@@ -471,13 +552,15 @@ class Registry:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    async def _preload(self, entry: ModelEntry) -> None:
+    async def _preload(self, entry: ModelEntry) -> str | None:
+        """Load a pinned model; None, or why it is not ready."""
         try:
             lease = await self.acquire(entry.aliases[0])
         except (ModelLoadFailedError, RegistryBusyError, ModelNotFoundError) as e:
             log.error("pinned model %s is not ready: %s", entry.name, e)
-            return
+            return f"pinned model {entry.name} cannot load: {e}"
         self.release(lease)
+        return None
 
     async def _estimate(self, entry: ModelEntry) -> int | str:
         """Bytes a load will take, or why the file cannot be served (engine.ModelLoadError)."""
@@ -591,6 +674,20 @@ class Registry:
     def _resident_key(self, slot: _Slot) -> str:
         return slot.entry.name if not slot.retired else f"{slot.entry.name} (old, {id(slot):x})"
 
+    def _shared_bytes(self, slot: _Slot, before: list[_Slot]) -> int:
+        """Bytes of `slot` already counted for a slot in `before` that maps the same file
+        (the page cache holds one copy of a file however often it is mapped)."""
+        for other in before:
+            if other.entry.model == slot.entry.model and other.state in RESIDENT_STATES:
+                mapped = getattr(other.model, "mapped_bytes", None)
+                if isinstance(mapped, int):
+                    return mapped
+        return 0
+
+    def _load_estimate(self, slot: _Slot) -> int:
+        others = [s for s in self._all_slots() if s is not slot]
+        return max(0, (slot.estimate or 0) - self._shared_bytes(slot, others))
+
     def _residents(self) -> list[Resident]:
         default_idle = self._config.registry.idle_timeout
         def idle_timeout(s: _Slot) -> float:
@@ -598,12 +695,14 @@ class Registry:
                 return s.keep_alive
             return default_idle if s.entry.idle_timeout is None else s.entry.idle_timeout
 
+        slots = self._all_slots()
         return [Resident(
-            key=self._resident_key(s), state=s.state, memory_bytes=s.memory_bytes,
+            key=self._resident_key(s), state=s.state,
+            memory_bytes=max(0, s.memory_bytes - self._shared_bytes(s, slots[:i])),
             in_flight=s.in_flight + s.awaiting_load,
             pinned=(s.entry.pinned or s.keep_alive == float("inf")) and not s.retired,
             last_used=s.last_used or 0.0, idle_timeout=idle_timeout(s),
-        ) for s in self._all_slots()]
+        ) for i, s in enumerate(slots)]
 
     def _slots_by_key(self, keys: Iterable[str]) -> list[_Slot]:
         by_key = {self._resident_key(s): s for s in self._all_slots()}

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 from . import auth, defaults, model_cards
 from . import protocol as p
 from . import serving
+from .config import LimitSettings
 from .metrics import observe_request
 from .registry import Lease
 from .scheduler import ServedModel
@@ -71,7 +72,8 @@ def with_defaults(req: R, lease: Lease, served: ServedModel) -> R:
     return defaults.fill(req, lease.entry, served.sampling_defaults, budget)
 
 
-async def _generate(request: Request, req: R, plan: Callable[[ServedModel, R], serving.Plan],
+async def _generate(request: Request, req: R,
+                    plan: Callable[[ServedModel, R, LimitSettings], Awaitable[serving.Plan]],
                     whole: Callable[[ServedModel, str, R, serving.Plan], Awaitable[BaseModel]],
                     chunks: Callable[[ServedModel, str, R, serving.Plan],
                                      AsyncIterator[BaseModel | bytes]]) -> Response:
@@ -80,7 +82,7 @@ async def _generate(request: Request, req: R, plan: Callable[[ServedModel, R], s
     handed_off = False
     try:
         req = with_defaults(req, lease, served)
-        planned = plan(served, req)
+        planned = await plan(served, req, request.app.state.config.limits)  # off the loop
         await planned.prepare(served)  # grammars compile on a worker thread
         if req.stream:
             planned.submit(served)  # a full queue is a 503 here, before any header goes out
@@ -114,7 +116,8 @@ async def embeddings(request: Request) -> Response:
     req = p.parse_request(p.EmbeddingRequest, await request.body())
     lease, served = await acquire(request, req.model, req.keep_alive)
     try:
-        return _json(await cancel_on_disconnect(request, serving.embeddings(served, lease.alias, req)))
+        return _json(await cancel_on_disconnect(request, serving.embeddings(
+            served, lease.alias, req, request.app.state.config.limits)))
     finally:
         request.app.state.registry.release(lease)
 

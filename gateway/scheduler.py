@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 from collections import defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -45,6 +46,7 @@ import engine
 from engine import batch
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.chat_formats import TemplateChoice, choose_template
+from engine.sampling import NonFiniteLogitsError
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 
@@ -117,6 +119,26 @@ class QueueFullError(Exception):
 
     def __init__(self, name: str, max_queue: int, retry_after: float = 1.0) -> None:
         super().__init__(f"model '{name}' has {max_queue} requests waiting; retry later")
+        self.retry_after = retry_after
+
+
+class ModelBrokenError(Exception):
+    """The model cannot serve any more: its file changed under the mapping, or it produced
+    non-finite logits. The registry unloads it (gateway/registry.py); a later request loads
+    the file afresh."""
+
+    def __init__(self, name: str, reason: str, retry_after: float = 1.0) -> None:
+        super().__init__(f"model '{name}' stopped serving: {reason}")
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class ServerStoppingError(Exception):
+    """The server's shutdown deadline ended this request (streams still get [DONE] after it)."""
+
+    def __init__(self, seconds: float, retry_after: float = 5.0) -> None:
+        super().__init__(f"the server is shutting down: running requests were given "
+                         f"{seconds:g} s to finish; retry elsewhere or later")
         self.retry_after = retry_after
 
 
@@ -390,6 +412,9 @@ class Scheduler:
         self._incoming: list[_Job] = []
         self._n_waiting = 0                 # WAITING jobs not cancelled
         self._n_active = 0                  # ACTIVE jobs
+        self._broken: str | None = None     # why this model must stop serving (ModelBrokenError)
+        self._abort: BaseException | None = None  # end every job with this (shutdown deadline)
+        self._file_changed = getattr(model, "file_changed", lambda: None)
         self._thread = threading.Thread(target=self._work, name=f"modelyard-{name}", daemon=True)
         self._thread.start()
 
@@ -410,6 +435,11 @@ class Scheduler:
             self._cancel(job)
 
     @property
+    def broken(self) -> str | None:
+        """Why the model stopped serving (its file changed, non-finite logits), or None."""
+        return self._broken
+
+    @property
     def queued(self) -> int:
         """Requests waiting for a slot (cancelled ones no longer count)."""
         with self._cond:
@@ -424,6 +454,8 @@ class Scheduler:
     def _enqueue(self, job: _Job) -> None:
         self.runner.check(job.work)  # ValueError / ContextOverflowError before anything queues
         with self._cond:
+            if self._broken is not None:
+                raise ModelBrokenError(self.name, self._broken)
             if self._closed:
                 raise SchedulerClosedError(self.name)
             if self._n_waiting + self._n_active >= self.n_slots + self.max_queue:
@@ -443,6 +475,12 @@ class Scheduler:
                 self._n_waiting -= 1
             self._cond.notify()
 
+    def abort(self, error: BaseException) -> None:
+        """End every job, waiting or running, with `error` (the thread does it next round)."""
+        with self._cond:
+            self._abort = error
+            self._cond.notify()
+
     def close(self) -> None:
         """Fail waiting requests, cancel running ones, and wait for the thread to stop."""
         with self._cond:
@@ -460,17 +498,27 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
-                    while not (self._closed or self._incoming or runner.busy):
+                    while not (self._closed or self._incoming or runner.busy or self._abort):
                         self._cond.wait()
                     if self._closed:
                         return
                     incoming, self._incoming = self._incoming, []
+                    abort, self._abort = self._abort, None
                 for job in incoming:
                     runner.submit(job.work)
                 outbox = _Outbox()
                 self._drop_cancelled(outbox)
-                if runner.busy:
+                if abort is not None:
+                    self._fail_all(outbox, abort)
+                if runner.busy and self._broken is None:
                     self._step(outbox)
+                    # What the step read came from the file: if it changed meanwhile (a page
+                    # past a new end reads zeros, engine/sigbus.py), its results are garbage.
+                    if (why := self._file_changed()) is not None:
+                        outbox = _Outbox()
+                        self._break(why)
+                if self._broken is not None:
+                    self._fail_all(outbox, ModelBrokenError(self.name, self._broken))
                 outbox.send()
                 self._publish()
         except BaseException:  # a bug here must not leave requests hanging
@@ -487,10 +535,33 @@ class Scheduler:
                 self._done(job)
                 outbox.put(job, job.cancel_reason or GenerationCancelled())
 
+    def _break(self, why: str) -> None:
+        log.error("%s stops serving: %s", self.name, why)
+        with self._cond:
+            self._broken = why
+
+    def _fail_all(self, outbox: _Outbox, error: BaseException) -> None:
+        with self._cond:
+            leftover, self._incoming = self._incoming, []
+        for work in list(self.runner.occupants()):
+            self.runner.end(work, "cancelled")
+            leftover.append(work.tag)
+        for job in leftover:
+            if job.state is not JobState.DONE:
+                outbox.put(job, error)
+            self._done(job)
+
     def _step(self, outbox: _Outbox) -> None:
         try:
             result = self.runner.step()
         except batch.StepError as exc:
+            if isinstance(exc.cause, NonFiniteLogitsError):
+                self._break(f"it produced non-finite logits (corrupt weights?): {exc.cause}")
+                error = ModelBrokenError(self.name, self._broken or "")
+                for work in exc.occupants:
+                    self._done(work.tag)
+                    outbox.put(work.tag, error)
+                return
             log.error("a step failed on %s", self.name, exc_info=exc.cause)
             for work in exc.occupants:
                 self._done(work.tag)
@@ -604,10 +675,45 @@ class ServedModel:
         # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
         self.sampling_defaults = defaults.from_metadata(getattr(model, "metadata", None) or {})
         self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics)
+        # Request preparation (template, tokenizing) is CPU work that must not block the event
+        # loop; two threads per model, so one model's slow prompts never delay another's.
+        self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"modelyard-{name}-prep")
+        self._max_token_bytes: int | None = None
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The longest token's text in bytes: a prompt of more than n_ctx times this many bytes
+        cannot fit the context, whatever it tokenizes to (computed once)."""
+        if self._max_token_bytes is None:
+            tok = self.tokenizer
+            texts = getattr(self.model, "metadata", {}).get("tokenizer.ggml.tokens") or []
+            longest = max((len(tok.token_bytes(i)) for i in range(self.model.n_vocab)), default=1)
+            longest = max([longest, *(len(str(t).encode()) for t in texts)])
+            self._max_token_bytes = max(1, longest)
+        return self._max_token_bytes
 
     @property
     def memory_bytes(self) -> int:
         return int(self.model.memory_bytes)
+
+    @property
+    def broken(self) -> str | None:
+        """Why this model must stop serving, or None (the registry unloads a broken model)."""
+        return self.scheduler.broken
+
+    def abort(self, error: BaseException) -> None:
+        """End every request this model runs or queues with `error` (shutdown deadline)."""
+        self.scheduler.abort(error)
+
+    def file_changed(self) -> str | None:
+        """Why the model file is no longer what is mapped (a stat), or None."""
+        check = getattr(self.model, "file_changed", None)
+        return None if check is None else check()
+
+    @property
+    def mapped_bytes(self) -> int:
+        """The part of memory_bytes another load of the same file shares (its mapping)."""
+        return int(getattr(self.model, "mapped_bytes", 0))
 
     @property
     def queued(self) -> int:
@@ -620,9 +726,12 @@ class ServedModel:
         return self.scheduler.active
 
     def chat_prompt(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Render the chat template and tokenize it, special tokens parsed as such."""
-        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
+                    tools: list[dict[str, Any]] | None = None, *, time_budget: float = 2.0,
+                    max_chars: int = 64 * 1024 * 1024) -> list[int]:
+        """Render the chat template (within its budget, engine/template_budget.py) and tokenize
+        it, special tokens parsed as such. Call it on `prep`, not on the event loop."""
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools,
+                                         time_budget=time_budget, max_chars=max_chars)
         return self.text_prompt(text)
 
     @property
@@ -648,6 +757,7 @@ class ServedModel:
         return list(tok.encode(text, add_special=add_bos, parse_special=True))
 
     def close(self) -> None:
+        self.prep.shutdown(wait=True, cancel_futures=True)
         self.scheduler.close()
         self.model.close()
 

@@ -1,8 +1,11 @@
 """One validated OpenAI request -> generation requests -> OpenAI response objects.
 
 Planning (template, tokenizing, context check) happens before anything is sent, so its errors are
-proper 400s; running yields protocol objects, either one whole response or stream chunks (plain
-text chunks come as their SSE bytes already, filled into a template: they are most of a stream).
+proper 400s. It is CPU work, so it runs in the model's `prep` threads, never on the event loop,
+within `limits`: the template has a time budget and an output cap, and a prompt too long to
+fit the context is refused before it is tokenized. Running yields protocol objects, either one
+whole response or stream chunks (plain text chunks come as their SSE bytes already, filled into
+a template: they are most of a stream).
 Choices (`n`, several prompts) are submitted together and run side by side in the model's batch;
 the n choices of a prompt share its token list, so the scheduler reads the prompt once. If the
 consumer leaves, every choice is cancelled.
@@ -13,19 +16,23 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import protocol as p
-from .errors import context_length_exceeded, invalid_request
+from .config import LimitSettings
+from .errors import APIError, context_length_exceeded, invalid_request
 from .scheduler import (Event, Finished, GenerationRequest, PromptProgress, ServedModel,
                         TextDelta, TokenInfo)
 from .streaming import TextEventTemplate
 from .structured import Output, chat_output, completion_output
 from .tool_stream import ReplyReader, finish_reason
+
+T = TypeVar("T")
+DEFAULT_LIMITS = LimitSettings()
 
 
 @dataclass
@@ -109,16 +116,50 @@ def _generation(served: ServedModel, req: p.GenerationRequestBody, ids: list[int
     )
 
 
-def plan_chat(served: ServedModel, req: p.ChatCompletionRequest) -> Plan:
+async def _off_loop(served: ServedModel, fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn` in the model's prep threads (template rendering and tokenizing are CPU work)."""
+    return await asyncio.get_running_loop().run_in_executor(served.prep, fn, *args)
+
+
+def _tokenize(served: ServedModel, text: str, limits: LimitSettings, param: str) -> list[int]:
+    """A prompt's tokens, refusing text that cannot fit before spending time on it: over
+    limits.max_prompt is a 413; more bytes than n_ctx of the model's longest token could hold
+    cannot fit the context (a 400, as the tokenized prompt would get)."""
+    if len(text) > limits.max_prompt:
+        raise APIError(413, f"The prompt has {len(text)} characters; this server accepts at most "
+                            f"{limits.max_prompt} (limits.max_prompt)", param=param,
+                       code="prompt_too_large")
+    n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
+    at_least = -(-n_bytes // served.max_token_bytes)  # tokens: none holds more bytes
+    if at_least > served.n_ctx:
+        raise context_length_exceeded(at_least, served.n_ctx, param)
+    return served.text_prompt(text)
+
+
+def _chat_ids(served: ServedModel, output: Output, limits: LimitSettings) -> list[int]:
+    text = served.chat_template.render(output.messages, add_generation_prompt=True,
+                                       tools=output.template_tools,
+                                       time_budget=limits.template_timeout,
+                                       max_chars=limits.max_prompt)
+    return _tokenize(served, text, limits, "messages")
+
+
+async def plan_chat(served: ServedModel, req: p.ChatCompletionRequest,
+                    limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
     _check_logit_bias(served, req.logit_bias)
     output = chat_output(req, served.tool_format)
-    ids = served.chat_prompt(output.messages, output.template_tools)
+    ids = await _off_loop(served, _chat_ids, served, output, limits)
     return Plan([_generation(served, req, ids, i, "messages") for i in range(req.n)], len(ids),
                 prompt_of=[0] * req.n, output=output)
 
 
-def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
+async def plan_completion(served: ServedModel, req: p.CompletionRequest,
+                          limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
     _check_logit_bias(served, req.logit_bias)
+    return await _off_loop(served, _plan_completion, served, req, limits)
+
+
+def _plan_completion(served: ServedModel, req: p.CompletionRequest, limits: LimitSettings) -> Plan:
     if req.echo and req.logprobs is not None:
         raise invalid_request("echo together with logprobs is not supported", "echo")
     n_vocab = served.model.n_vocab
@@ -128,7 +169,7 @@ def plan_completion(served: ServedModel, req: p.CompletionRequest) -> Plan:
     total = 0
     for number, prompt in enumerate(req.prompts()):
         if isinstance(prompt, str):
-            ids = served.text_prompt(prompt)
+            ids = _tokenize(served, prompt, limits, "prompt")
             text = prompt
         else:
             if any(not 0 <= t < n_vocab for t in prompt):
@@ -368,20 +409,12 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
 
 # --------------------------------------------------------------------------------- embeddings
 
-async def embeddings(served: ServedModel, alias: str, req: p.EmbeddingRequest) -> p.EmbeddingList:
-    n_embd, n_vocab = served.model.n_embd, served.model.n_vocab
+async def embeddings(served: ServedModel, alias: str, req: p.EmbeddingRequest,
+                     limits: LimitSettings = DEFAULT_LIMITS) -> p.EmbeddingList:
+    n_embd = served.model.n_embd
     if req.dimensions is not None and req.dimensions != n_embd:
         raise invalid_request(f"this model's embeddings have {n_embd} dimensions", "dimensions")
-    prompts: list[list[int]] = []
-    for item in req.inputs():
-        ids = served.text_prompt(item) if isinstance(item, str) else list(item)
-        if not ids:
-            raise invalid_request("input is empty after tokenizing", "input")
-        if any(not 0 <= t < n_vocab for t in ids):
-            raise invalid_request(f"input token ids must be in 0..{n_vocab - 1}", "input")
-        if len(ids) > served.n_ctx:
-            raise context_length_exceeded(len(ids), served.n_ctx, "input")
-        prompts.append(ids)
+    prompts = await _off_loop(served, _embedding_inputs, served, req, limits)
     data = []
     for index, ids in enumerate(prompts):
         vector = await served.scheduler.embed(ids)  # float32 [n_embd]
@@ -394,3 +427,19 @@ async def embeddings(served: ServedModel, alias: str, req: p.EmbeddingRequest) -
     total = sum(len(ids) for ids in prompts)
     return p.EmbeddingList(data=data, model=alias,
                            usage=p.EmbeddingUsage(prompt_tokens=total, total_tokens=total))
+
+
+def _embedding_inputs(served: ServedModel, req: p.EmbeddingRequest,
+                      limits: LimitSettings) -> list[list[int]]:
+    n_vocab = served.model.n_vocab
+    prompts: list[list[int]] = []
+    for item in req.inputs():
+        ids = _tokenize(served, item, limits, "input") if isinstance(item, str) else list(item)
+        if not ids:
+            raise invalid_request("input is empty after tokenizing", "input")
+        if any(not 0 <= t < n_vocab for t in ids):
+            raise invalid_request(f"input token ids must be in 0..{n_vocab - 1}", "input")
+        if len(ids) > served.n_ctx:
+            raise context_length_exceeded(len(ids), served.n_ctx, "input")
+        prompts.append(ids)
+    return prompts

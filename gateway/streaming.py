@@ -22,6 +22,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from .errors import to_api_error
+from .scheduler import ServerStoppingError
 
 log = logging.getLogger("modelyard.streaming")
 
@@ -85,7 +86,9 @@ async def sse_body(chunks: AsyncIterator[BaseModel | bytes]) -> AsyncIterator[by
     """Encode chunks as events (bytes are events already) and end with `data: [DONE]`.
 
     An error after the headers went out cannot change the status any more; it is sent as an
-    OpenAI error event (which the openai client raises) and the stream ends without [DONE].
+    OpenAI error event (which the openai client raises) and the stream ends without [DONE] -
+    except when the server's shutdown deadline ended it: the stream was fine, so it closes
+    properly, with [DONE] after the error event.
     """
     try:
         async for chunk in chunks:
@@ -95,6 +98,8 @@ async def sse_body(chunks: AsyncIterator[BaseModel | bytes]) -> AsyncIterator[by
         if error.status >= 500:
             log.error("stream failed: %s", error.message, exc_info=exc)
         yield sse(error.body())
+        if isinstance(exc, ServerStoppingError):
+            yield DONE
         return
     finally:
         await _aclose(chunks)
