@@ -1,10 +1,15 @@
-"""A Starlette app served by Hypercorn on 127.0.0.1 from a background thread, for tests."""
+"""Servers for tests: a Starlette app served by Hypercorn on 127.0.0.1 from a background thread,
+or `modelyard serve` in a child process."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -70,3 +75,47 @@ class ThreadedServer:
         """Run a coroutine on the server's own event loop and return its result."""
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+
+class ServerProcess:
+    """`modelyard serve --config FILE` in a child process (for signals, exit codes and faults
+    that must not take the test process with them); its log goes to a file."""
+
+    def __init__(self, config_path: Any, log_path: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path),
+             "--port", str(self.port), "--no-watch"],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout: float = 60.0) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"server exited early:\n{self.log()}"
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return Path(self.log_path).read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        return self.process.wait(timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self._log.close()
