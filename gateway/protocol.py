@@ -12,7 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_serializer)
+                      model_serializer, model_validator)
 
 from .protocol_tools import (ResponseFormat, ToolCall, ToolCallDelta, ToolCallIn, ToolChoice,
                              ToolDefinition)
@@ -29,6 +29,17 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # the legacy completions endpoint's document
 class _Request(BaseModel):
     # Strict: JSON types must match (no "1" -> 1); unknown fields (tools, metadata...) are ignored.
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """OpenAI's spec marks most optional fields nullable (`"stream": null`, `"echo": null`):
+        null means the field's default."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            return {k: v for k, v in data.items()
+                    if v is not None or k not in fields or fields[k].default is None}
+        return data
 
 
 class _Response(BaseModel):
@@ -354,6 +365,14 @@ class ChatCompletionChunk(_MayCarryProgress):
 
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_prompt(cls, data: Any) -> Any:
+        # required, but nullable: null is the spec's default, the end-of-text document separator
+        if isinstance(data, dict) and "prompt" in data and data["prompt"] is None:
+            return {**data, "prompt": "<|endoftext|>"}
+        return data
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=5)
     max_tokens: int | None = Field(default=COMPLETION_DEFAULT_MAX_TOKENS, ge=1)

@@ -20,9 +20,11 @@ is rewritten from its values, comments lost, after saving the old text as FILE.b
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 import tomllib
@@ -149,7 +151,10 @@ def _unique_files(root: Path, excluded: set[Path], skipped: list[Skipped]) -> li
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             path = Path(folder) / name
-            if name.startswith(".") or not path.is_file():
+            if name.startswith("."):
+                continue
+            if (odd := _not_a_file(path)) is not None:
+                skipped.append(Skipped(path, odd))
                 continue
             target = path.resolve()
             if target in excluded:
@@ -184,6 +189,29 @@ def examine_file(path: str | os.PathLike[str]) -> FoundModel | Skipped:
     if not path.is_file():
         return Skipped(path, "no such file")
     return _examine([path], path.name[:-5] if path.suffix.lower() == ".gguf" else path.name)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` is not a regular file a model could be read from (None when it is one).
+    Said out loud: a symlink loop or a FIFO looks like a file in a listing, and a FIFO would
+    block whoever opens it."""
+    try:
+        info = path.stat()
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop (it never reaches a file)"
+        if path.is_symlink():
+            return "a dangling symlink (its target does not exist)"
+        return f"cannot read: {e.strerror}"
+    if stat.S_ISREG(info.st_mode):
+        return None
+    if stat.S_ISFIFO(info.st_mode):
+        return "a FIFO (named pipe), not a file: not opened"
+    if stat.S_ISSOCK(info.st_mode):
+        return "a socket, not a file"
+    if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+        return "a device, not a file"
+    return "not a regular file"
 
 
 def _examine(parts: list[Path], stem: str) -> FoundModel | Skipped:

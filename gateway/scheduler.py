@@ -30,6 +30,7 @@ prompt arrays are several submits, batched together, sharing their prompt's KV (
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 import time
@@ -679,6 +680,8 @@ class ServedModel:
         # loop; two threads per model, so one model's slow prompts never delay another's.
         self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"modelyard-{name}-prep")
         self._max_token_bytes: int | None = None
+        self.fingerprint = _fingerprint(model, template)
+
 
     @property
     def max_token_bytes(self) -> int:
@@ -760,6 +763,22 @@ class ServedModel:
         self.prep.shutdown(wait=True, cancel_futures=True)
         self.scheduler.close()
         self.model.close()
+
+
+def _fingerprint(model: Any, template: ChatTemplate) -> str:
+    """OpenAI's `system_fingerprint`: changes when what shapes the outputs does (the weights
+    file, the context, the template, the engine's version), so clients can tell."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("modelyard")
+    except PackageNotFoundError:
+        ours = "dev"
+    path = getattr(model, "path", None)
+    stat = path.stat() if path is not None and path.exists() else None
+    parts = (ours, str(path), stat.st_size if stat else 0, stat.st_mtime_ns if stat else 0,
+             getattr(model, "n_ctx", 0), getattr(template, "source", ""))
+    return "fp_" + hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
 
 
 def _template_for(model: Any, entry: ModelEntry) -> tuple[ChatTemplate, TemplateChoice]:

@@ -303,7 +303,7 @@ async def chat_completion(served: ServedModel, alias: str, req: p.ChatCompletion
             finish_reason=reason,  # type: ignore[arg-type]
         ))
     return p.ChatCompletion(id=p.new_id("chatcmpl"), created=p.now(), model=alias, choices=choices,
-                            usage=_usage(plan, results))
+                            usage=_usage(plan, results), system_fingerprint=served.fingerprint)
 
 
 async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequest,
@@ -316,7 +316,8 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
         choice = p.ChunkChoice(index=index, delta=delta, logprobs=logprobs,
                                finish_reason=finish)  # type: ignore[arg-type]
         return p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[choice],
-                                     prompt_progress=progress)
+                                     prompt_progress=progress,
+                                     system_fingerprint=served.fingerprint)
 
     text_event = TextEventTemplate(chunk(TextEventTemplate.INDEX,
                                          p.ChoiceDelta(content=TextEventTemplate.TEXT)))
@@ -354,7 +355,8 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
                 yield chunk(index, p.ChoiceDelta(), finish=event.finish_reason)
     if req.include_usage_in_stream():
         yield p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[],
-                                    usage=_usage(plan, results))
+                                    usage=_usage(plan, results),
+                                    system_fingerprint=served.fingerprint)
 
 
 # --------------------------------------------------------------------------------- completions
@@ -368,7 +370,7 @@ async def completion(served: ServedModel, alias: str, req: p.CompletionRequest,
         finish_reason=r.finish_reason,  # type: ignore[arg-type]
     ) for index, (r, echo) in enumerate(zip(results, plan.echo))]
     return p.Completion(id=p.new_id("cmpl"), created=p.now(), model=alias, choices=choices,
-                        usage=_usage(plan, results))
+                        usage=_usage(plan, results), system_fingerprint=served.fingerprint)
 
 
 async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRequest,
@@ -380,7 +382,7 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
         choice = p.CompletionChoice(index=index, text=text, logprobs=logprobs,
                                     finish_reason=finish)  # type: ignore[arg-type]
         return p.Completion(id=cid, created=created, model=alias, choices=[choice],
-                            prompt_progress=progress)
+                            prompt_progress=progress, system_fingerprint=served.fingerprint)
 
     text_event = TextEventTemplate(chunk(TextEventTemplate.INDEX, TextEventTemplate.TEXT))
     for index, echo in enumerate(plan.echo):
@@ -404,7 +406,7 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
                 yield chunk(index, "", finish=event.finish_reason)
     if req.include_usage_in_stream():
         yield p.Completion(id=cid, created=created, model=alias, choices=[],
-                           usage=_usage(plan, results))
+                           usage=_usage(plan, results), system_fingerprint=served.fingerprint)
 
 
 # --------------------------------------------------------------------------------- embeddings

@@ -104,6 +104,23 @@ def test_scan_finds_the_models_and_skips_the_rest_with_reasons(model_dir: Path) 
     assert "mmproj" in reasons["vision.gguf"]
 
 
+def test_symlink_loops_fifos_and_dangling_links_are_skipped_and_said(tmp_path: Path) -> None:
+    import os
+
+    write_tiny_llama(tmp_path / "real.gguf")
+    (tmp_path / "loop-a.gguf").symlink_to(tmp_path / "loop-b.gguf")
+    (tmp_path / "loop-b.gguf").symlink_to(tmp_path / "loop-a.gguf")
+    (tmp_path / "gone.gguf").symlink_to(tmp_path / "nowhere.gguf")
+    os.mkfifo(tmp_path / "pipe.gguf")  # opening it would block the scan forever
+    result = scan_dir(tmp_path)
+    assert [m.path.name for m in result.found] == ["real.gguf"]
+    reasons = {s.path.name: s.reason for s in result.skipped}
+    assert reasons == {"gone.gguf": "a dangling symlink (its target does not exist)",
+                       "loop-a.gguf": "a symlink loop (it never reaches a file)",
+                       "loop-b.gguf": "a symlink loop (it never reaches a file)",
+                       "pipe.gguf": "a FIFO (named pipe), not a file: not opened"}
+
+
 def test_split_model_with_a_missing_or_truncated_part_is_skipped(tmp_path: Path) -> None:
     parts = write_split_llama(tmp_path, stem="gone")
     parts[1].unlink()
