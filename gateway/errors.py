@@ -86,9 +86,11 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, ModelLoadFailedError):
         return APIError(500, f"Model could not be loaded: {public_message(exc.cause)}",
                         type="server_error", code="model_load_failed")
-    if isinstance(exc, ModelBrokenError):
-        return APIError(503, public_message(str(exc)), type="server_error",
-                        code="model_unavailable", headers=_retry_after(exc.retry_after))
+    if isinstance(exc, ModelBrokenError):  # a changed file may load again; corrupt weights not
+        if exc.retryable:
+            return APIError(503, public_message(str(exc)), type="server_error",
+                            code="model_unavailable", headers=_retry_after(exc.retry_after))
+        return APIError(500, public_message(str(exc)), type="server_error", code="model_failed")
     if isinstance(exc, RegistryBusyError | QueueFullError | SchedulerClosedError
                   | ServerStoppingError):
         return APIError(503, str(exc), type="server_error", code="server_busy",

@@ -128,10 +128,12 @@ class ModelBrokenError(Exception):
     non-finite logits. The registry unloads it (gateway/registry.py); a later request loads
     the file afresh."""
 
-    def __init__(self, name: str, reason: str, retry_after: float = 1.0) -> None:
+    def __init__(self, name: str, reason: str, retry_after: float = 1.0,
+                 retryable: bool = True) -> None:
         super().__init__(f"model '{name}' stopped serving: {reason}")
         self.reason = reason
         self.retry_after = retry_after
+        self.retryable = retryable  # a changed file loads afresh; corrupt weights stay corrupt
 
 
 class ServerStoppingError(Exception):
@@ -414,6 +416,7 @@ class Scheduler:
         self._n_waiting = 0                 # WAITING jobs not cancelled
         self._n_active = 0                  # ACTIVE jobs
         self._broken: str | None = None     # why this model must stop serving (ModelBrokenError)
+        self._retryable = True              # whether loading the file again may help
         self._abort: BaseException | None = None  # end every job with this (shutdown deadline)
         self._file_changed = getattr(model, "file_changed", lambda: None)
         self._thread = threading.Thread(target=self._work, name=f"modelyard-{name}", daemon=True)
@@ -456,7 +459,7 @@ class Scheduler:
         self.runner.check(job.work)  # ValueError / ContextOverflowError before anything queues
         with self._cond:
             if self._broken is not None:
-                raise ModelBrokenError(self.name, self._broken)
+                raise ModelBrokenError(self.name, self._broken, retryable=self._retryable)
             if self._closed:
                 raise SchedulerClosedError(self.name)
             if self._n_waiting + self._n_active >= self.n_slots + self.max_queue:
@@ -519,7 +522,8 @@ class Scheduler:
                         outbox = _Outbox()
                         self._break(why)
                 if self._broken is not None:
-                    self._fail_all(outbox, ModelBrokenError(self.name, self._broken))
+                    self._fail_all(outbox, ModelBrokenError(self.name, self._broken,
+                                                            retryable=self._retryable))
                 outbox.send()
                 self._publish()
         except BaseException:  # a bug here must not leave requests hanging
@@ -536,10 +540,11 @@ class Scheduler:
                 self._done(job)
                 outbox.put(job, job.cancel_reason or GenerationCancelled())
 
-    def _break(self, why: str) -> None:
+    def _break(self, why: str, retryable: bool = True) -> None:
         log.error("%s stops serving: %s", self.name, why)
         with self._cond:
             self._broken = why
+            self._retryable = retryable
 
     def _fail_all(self, outbox: _Outbox, error: BaseException) -> None:
         with self._cond:
@@ -557,8 +562,9 @@ class Scheduler:
             result = self.runner.step()
         except batch.StepError as exc:
             if isinstance(exc.cause, NonFiniteLogitsError):
-                self._break(f"it produced non-finite logits (corrupt weights?): {exc.cause}")
-                error = ModelBrokenError(self.name, self._broken or "")
+                self._break(f"it produced non-finite logits (corrupt weights?): {exc.cause}",
+                            retryable=False)
+                error = ModelBrokenError(self.name, self._broken or "", retryable=False)
                 for work in exc.occupants:
                     self._done(work.tag)
                     outbox.put(work.tag, error)

@@ -50,3 +50,21 @@ def test_context_length_error_carries_the_counts():
         "message": err.message, "type": "invalid_request_error", "param": "messages",
         "code": "context_length_exceeded", "n_prompt_tokens": 300, "n_ctx": 256}
     assert to_api_error(engine.ContextOverflowError(300, 256)).extra == {"n_prompt_tokens": 300, "n_ctx": 256}
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("open('/srv/secret/models/x.gguf') failed"),
+    ModelLoadFailedError("/srv/secret/models/x.gguf",
+                         "ModelLoadError: /srv/secret/models/x.gguf: tensor blk.0 lies beyond "
+                         "the end of the file"),
+])
+def test_client_facing_500s_carry_no_paths_or_class_names(exc):
+    message = to_api_error(exc).message
+    assert "/srv/secret" not in message
+    assert "Error:" not in message and type(exc).__name__ not in message
+
+
+def test_a_load_failure_still_says_what_is_wrong_with_which_file():
+    message = to_api_error(ModelLoadFailedError(
+        "/srv/m/x.gguf", "ModelLoadError: /srv/m/x.gguf: the file is truncated")).message
+    assert message == "Model could not be loaded: x.gguf: the file is truncated"

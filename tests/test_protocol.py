@@ -214,3 +214,25 @@ def test_too_many_stop_sequences_are_rejected_on_both_endpoints(model, base) -> 
     assert e.value.param == "stop"
     ok = {**base, "stop": [f"s{i}" for i in range(p.MAX_STOP)]}
     assert parse_request(model, json.dumps(ok).encode()).stop_list() == ok["stop"]
+
+
+# ------------------------------------------------------------------ nullable fields
+
+def test_fields_the_spec_allows_as_null_take_their_defaults():
+    # OpenAI's spec marks these nullable; official clients send null for "not given"
+    req = parse_request(p.ChatCompletionRequest, chat(
+        stream=None, logprobs=None, n=None, temperature=None, top_p=None, stop=None,
+        presence_penalty=None, frequency_penalty=None, max_tokens=None, stream_options=None,
+        top_logprobs=None, seed=None, logit_bias=None, user=None))
+    assert (req.stream, req.logprobs, req.n, req.temperature, req.top_p) == (
+        False, False, 1, 1.0, 1.0)
+    req = parse_request(p.CompletionRequest, json.dumps(
+        {"model": "m", "prompt": None, "echo": None, "logprobs": None, "stream": None,
+         "max_tokens": None}).encode())
+    assert (req.prompt, req.echo, req.logprobs, req.stream, req.max_tokens) == (
+        "<|endoftext|>", False, None, False, p.COMPLETION_DEFAULT_MAX_TOKENS)
+
+
+def test_null_does_not_stand_in_for_a_required_field():
+    assert rejected(p.ChatCompletionRequest, {"model": "m", "messages": None}).param == "messages"
+    assert rejected(p.CompletionRequest, {"model": "m"}).param == "prompt"

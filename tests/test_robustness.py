@@ -1,7 +1,8 @@
-"""A model whose numbers go bad fails its own requests with a clear error; it and every other
-model keep serving (the scheduler thread survives)."""
+"""A model whose numbers go bad fails its own requests with a clear error and stops being ready
+(failed, with the reason); every other model keeps serving."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,10 @@ def _poison(path: Path, tensor: str) -> None:
     path.write_bytes(bytes(data))
 
 
+def _row(client: TestClient, alias: str) -> dict:
+    return next(r for r in client.get("/admin/models").json()["data"] if alias in r["aliases"])
+
+
 def test_nan_logits_fail_the_request_not_the_server(tmp_path: Path) -> None:
     bad = write_tiny_llama(tmp_path / "bad.gguf", qtype=Q.F32, seed=1)
     _poison(bad, "output_norm.weight")
@@ -34,10 +39,18 @@ def test_nan_logits_fail_the_request_not_the_server(tmp_path: Path) -> None:
                    "  - model: good.gguf\n    aliases: [good]\n")
     body = {"max_tokens": 4, "messages": [{"role": "user", "content": "hello there"}]}
     with TestClient(create_app(load_config(cfg)), raise_server_exceptions=False) as client:
-        for _ in range(2):  # the second time proves the bad model's scheduler is still alive
+        for _ in range(2):  # the second time: the bad model loads again and fails again
             r = client.post("/v1/chat/completions", json={"model": "bad", **body})
             assert r.status_code == 500, r.text
+            assert r.json()["error"]["code"] == "model_failed"
             assert "non-finite logits" in r.json()["error"]["message"]
+            row = _row(client, "bad")
+            for _ in range(200):  # the request's lease goes back, then the model unloads
+                if row["state"] == "failed":
+                    break
+                time.sleep(0.01)
+                row = _row(client, "bad")
+            assert row["state"] == "failed" and "non-finite logits" in row["last_error"]
             r = client.post("/v1/chat/completions", json={"model": "good", **body})
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["completion_tokens"] >= 1

@@ -167,7 +167,7 @@ def test_soak_many_clients_two_models_one_loaded(server):
         assert time.monotonic() < deadline, f"leaked: {busy}"
         time.sleep(0.1)
     snapshot = server.snapshot()
-    active = {alias: server.app.state.registry._slots[row["model"]].model.scheduler.active
+    active = {alias: server.app.state.registry._slots[alias].model.scheduler.active
               for alias, row in snapshot.items() if row["state"] == "ready"}
     loads = {alias: row["load_count"] for alias, row in snapshot.items()}
     first = statistics.median(tally.rss[:100])
