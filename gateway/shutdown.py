@@ -49,6 +49,8 @@ class Shutdown:
     def signal(self, name: str) -> None:
         if self.phase is Phase.SERVING:
             self.phase = Phase.DRAINING
+            config = getattr(self.app.state, "config", None)  # a reload may have changed it
+            self.timeout = getattr(config, "shutdown_timeout", self.timeout)
             self.app.state.stopping = True  # /health answers 503 from now on
             registry = getattr(self.app.state, "registry", None)
             if registry is not None:

@@ -191,6 +191,7 @@ class TestServer:
                        json={"messages": user("hi"), "max_tokens": 2}, timeout=60)
         assert r.status_code == 200 and r.json()["model"] == "tiny-b"
 
+    @pytest.mark.slow
     def test_smollm2_reply_starts_like_llama_cpp(self, server):
         ref = REFS["chat"]
         r = server.client.chat.completions.create(model="smollm2", messages=ref["messages"],
@@ -393,6 +394,7 @@ class TestServer:
         time.sleep(0.5)
         assert server.tokens["smollm2"] == stopped_at < before + 900
 
+    @pytest.mark.slow
     def test_no_eviction_mid_stream(self, server):
         body = dict(model="smollm2", messages=user("Tell me a very long story."), max_tokens=300,
                     logit_bias=SMOL_EOG, temperature=0)

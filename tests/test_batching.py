@@ -279,6 +279,7 @@ def assert_same_or_near_tie(model: Any, ids: list[int], expected: list[int], got
     assert gap < 0.05, f"split at token {k}: {expected[k]} vs {got[k]}, logit gap {gap:.3f}"
 
 
+@pytest.mark.slow
 def test_greedy_tokens_do_not_depend_on_the_batch(smol):
     prompts = [chat_ids(smol, t) for t in PROMPTS]
     expected = [alone(smol, ids, GREEDY) for ids in prompts]
@@ -301,6 +302,7 @@ def test_greedy_tokens_do_not_depend_on_the_batch(smol):
     runner.close()
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible_per_request(smol):
     prompts = [chat_ids(smol, t) for t in PROMPTS]
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i) for i in range(8)]
@@ -460,6 +462,7 @@ def test_n_choices_stream_side_by_side(server):
     assert whole.usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens - 1
 
 
+@pytest.mark.slow
 def test_concurrent_clients_get_what_they_would_alone(server):
     client = server.client
     asks = PROMPTS[:6]

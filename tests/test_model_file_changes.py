@@ -107,6 +107,7 @@ def _stream(url: str, model: str, max_tokens: int, events: list[str]) -> None:
                 events.append(line[6:])
 
 
+@pytest.mark.slow
 def test_truncating_a_served_file_fails_its_requests_and_nothing_else(tmp_path: Path) -> None:
     # bigger layers than the default tiny model, so a stream is still running when the file
     # shrinks, and a truncation reaches pages the forward pass reads

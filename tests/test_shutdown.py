@@ -69,6 +69,7 @@ def _start_streams(server: ServerProcess) -> list[Stream]:
     return streams
 
 
+@pytest.mark.slow
 def test_streams_finish_after_sigterm_while_health_says_stopping(tmp_path: Path) -> None:
     server = _serve(tmp_path)
     try:
@@ -99,6 +100,7 @@ def test_streams_finish_after_sigterm_while_health_says_stopping(tmp_path: Path)
         server.close()
 
 
+@pytest.mark.slow
 def test_at_the_shutdown_timeout_running_streams_get_an_error_event_and_done(
         tmp_path: Path) -> None:
     server = _serve(tmp_path, shutdown_timeout="300ms")
@@ -118,6 +120,7 @@ def test_at_the_shutdown_timeout_running_streams_get_an_error_event_and_done(
         server.close()
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
     server = _serve(tmp_path, shutdown_timeout="60s")
     try:

@@ -24,6 +24,8 @@ from tests.ggufgen import SAMPLE, write_tiny_llama
 from tests.test_api import Server, rss_bytes, write_config
 from tests.test_batching import sse_data
 
+pytestmark = pytest.mark.slow
+
 N_CLIENTS = 16
 N_REQUESTS = 500
 ALIASES = ["tiny-a", "tiny-a2", "tiny-b", "tiny-b2"]

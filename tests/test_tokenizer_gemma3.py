@@ -16,7 +16,7 @@ from tests.refs import GEMMA3_DIR
 TOKENIZE = json.loads((GEMMA3_DIR / "tokenize.json").read_text())
 GREEDY = json.loads((GEMMA3_DIR / "greedy.json").read_text())
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # loading the vocabulary: ~30 s
 
 
 @pytest.fixture(scope="module")
