@@ -27,13 +27,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from jinja2 import nodes
+from jinja2 import Environment, nodes
 from jinja2.compiler import CodeGenerator, Frame
+from jinja2.nodes import EvalContext
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 DEFAULT_SECONDS = 2.0
 DEFAULT_MAX_CHARS = 64 * 1024 * 1024
 
+_PASSED = (Context, Environment, EvalContext)  # what pass_context & co. hand a filter first
 _WIDTH_FILTERS = {"center", "indent", "wordwrap"}
 _WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
 _HUGE_WIDTH = re.compile(r"\d{9,}")  # a width of 10**8 or more in a format string
@@ -115,7 +118,7 @@ def _budgeted_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)  # keeps jinja's pass_context/pass_environment marks
     def run(*args: Any, **kwargs: Any) -> Any:
         _tick()
-        values = [a for a in args if not hasattr(a, "environment")]  # not the context/env
+        values = [a for a in args if not isinstance(a, _PASSED)]  # not the context/env
         if name in _WIDTH_FILTERS:
             _check_args([*values[1:], *kwargs.values()])
         elif name == "replace" and len(values) >= 3:

@@ -125,3 +125,10 @@ def test_a_looping_template_gets_400_within_its_budget_while_health_stays_fast(
         assert len(latencies) > 20 and max(latencies) < 0.1, max(latencies)
     finally:
         server.stop()
+
+
+def test_filters_on_undefined_values_behave_as_in_jinja() -> None:
+    # `x.missing | default(...)` and `is defined` must see jinja's Undefined untouched
+    source = ("{% for m in messages %}{{ m.nothing | default('-') }}{{ m.nothing is defined }}"
+              "{{ (m.nothing or 'z') | upper }}{% endfor %}")
+    assert render(source) == "-FalseZ-FalseZ"
