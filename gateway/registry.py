@@ -539,6 +539,7 @@ class Registry:
         runs), unload it, and leave it FAILED with the reason; the next request loads afresh."""
         log.error("%s stops serving and unloads: %s", slot.entry.name, why)
         slot.broken = slot.last_error = why
+        slot.estimate = None  # the file may have a new size
         self._begin_drain(slot)
 
     def _retire(self, slot: _Slot) -> None:
