@@ -356,8 +356,8 @@ class Registry:
         slot.in_flight -= 1
         slot.last_used = time.monotonic()
         if slot.state is ModelState.READY and (why := _broken(slot.model)) is not None:
-            self._break(slot, why)
-        if slot.state is ModelState.DRAINING and slot.in_flight == 0:
+            self._break(slot, why)  # drains: unloads now if this was the last request
+        elif slot.state is ModelState.DRAINING and slot.in_flight == 0:
             self._spawn(self._unload(slot))
         elif (slot.keep_alive == 0 and slot.in_flight == 0 and slot.awaiting_load == 0
               and slot.state is ModelState.READY and not slot.entry.pinned):

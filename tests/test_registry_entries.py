@@ -207,3 +207,27 @@ def test_non_finite_logits_fail_the_requests_and_mark_the_model_broken() -> None
         asyncio.run(asyncio.wait_for(scenario(), 30))
     finally:
         scheduler.close()
+
+
+def test_a_broken_model_unloads_once_and_its_reload_is_not_disturbed(tmp_path: Path) -> None:
+    import asyncio
+    import threading
+
+    loader = RecordingLoader()
+    registry = Registry(Config(models=[ModelEntry(model=tmp_path / "m.gguf", aliases=["m"])]),
+                        loader=loader, estimator=loader.estimate)
+
+    async def scenario() -> None:
+        async with registry.lease("m") as lease:
+            lease.model.broken = "its file changed size"
+        while state(registry, "m") != "failed":
+            await asyncio.sleep(0.01)
+        loader.gate = threading.Event()  # hold the reload while any stray unload would run
+        reload = asyncio.ensure_future(registry.acquire("m"))
+        await asyncio.sleep(0.3)
+        loader.gate.set()
+        registry.release(await reload)
+        assert state(registry, "m") == "ready"
+        await registry.close()
+
+    run(scenario())
