@@ -3,7 +3,6 @@ child process."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -139,19 +138,19 @@ def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
 
 
 def test_a_pinned_model_that_cannot_load_fails_the_start_with_status_2(tmp_path: Path) -> None:
-    broken = write_tiny_llama(tmp_path / "broken.gguf", seed=9)
-    os.truncate(broken, broken.stat().st_size // 2)
+    # a valid file the config accepts, whose KV cache for this n_ctx cannot fit the budget
+    big = write_tiny_llama(tmp_path / "big.gguf", seed=9, n_ctx_train=1 << 20)
     fine = write_tiny_llama(tmp_path / "fine.gguf", seed=10)
     config = tmp_path / "modelyard.yaml"
-    config.write_text(yaml.safe_dump({"models": [
-        {"model": str(fine), "aliases": ["fine"], "pinned": True},
-        {"model": str(broken), "aliases": ["broken"], "pinned": True}]}))
+    config.write_text(yaml.safe_dump({"registry": {"memory_budget": "256MiB"}, "models": [
+        {"model": str(fine), "aliases": ["fine"], "pinned": True, "n_ctx": 128},
+        {"model": str(big), "aliases": ["big"], "pinned": True, "n_ctx": 1 << 20}]}))
     server = ServerProcess(config, tmp_path / "server.log")
     try:
         assert server.wait(60) == 2
         log = server.log()
-        assert "cannot start: pinned model broken cannot load" in log
-        assert "truncated" in log
+        assert "cannot start: pinned model big cannot load" in log
+        assert "memory_budget" in log
         with pytest.raises(httpx.ConnectError):
             httpx.get(server.url + "/health", timeout=1)
     finally:
