@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -32,6 +33,7 @@ import engine
 
 from . import admin, defaults, model_info, serving
 from . import llama_protocol as lp
+from .config import LimitSettings
 from .errors import APIError, context_length_exceeded, invalid_request
 from .protocol import parse_request
 from .registry import Lease
@@ -85,12 +87,14 @@ def _logit_bias(req: lp.CompletionRequest, served: ServedModel) -> dict[int, flo
     return out
 
 
-def _prompt_ids(served: ServedModel, parts: list[int | str]) -> list[int]:
-    """A prompt of texts and ids as token ids; BOS (if the model wants it) before a leading text."""
+def _prompt_ids(served: ServedModel, parts: list[int | str], limits: LimitSettings) -> list[int]:
+    """A prompt of texts and ids as token ids; BOS (if the model wants it) before a leading text.
+    Texts pass the same size checks as the OpenAI routes' prompts (serving.check_prompt_size)."""
     n_vocab = served.model.n_vocab
     ids: list[int] = []
     for i, part in enumerate(parts):
         if isinstance(part, str):
+            serving.check_prompt_size(served, part, limits, "prompt")
             ids += (served.text_prompt(part) if i == 0 else
                     served.tokenizer.encode(part, add_special=False, parse_special=True))
         elif 0 <= part < n_vocab:
@@ -114,8 +118,10 @@ def _settings(values: dict[str, Any], req: lp.CompletionRequest, n_ctx: int, n_p
             "cache_prompt": req.cache_prompt}
 
 
-def _plan(req: lp.CompletionRequest, lease: Lease, served: ServedModel
-          ) -> tuple[list[list[int]], list[GenerationRequest], dict[str, Any]]:
+def _plan(req: lp.CompletionRequest, lease: Lease, served: ServedModel, limits: LimitSettings
+          ) -> tuple[list[list[int]], list[str], list[GenerationRequest], dict[str, Any]]:
+    """Runs in the model's prep threads (tokenizing is CPU work): the prompts' ids and texts,
+    one generation per prompt, and llama.cpp's generation_settings."""
     values = _sampling(req, lease, served)
     greedy = values["temperature"] <= 0 or values["top_p"] == 0
     budget = (defaults.chat_max_tokens(lease.entry, served.n_ctx) if req.n_predict < 0
@@ -127,7 +133,7 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: ServedModel
         frequency_penalty=values["frequency_penalty"], logit_bias=_logit_bias(req, served),
         seed=_seed(req, lease), top_logprobs=req.n_probs,
         logprobs=bool(req.n_probs))
-    prompts = [_prompt_ids(served, parts) for parts in req.prompts()]
+    prompts = [_prompt_ids(served, parts, limits) for parts in req.prompts()]
     requests = []
     for ids in prompts:
         if not ids:
@@ -137,8 +143,9 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: ServedModel
         requests.append(GenerationRequest(
             prompt_ids=ids, params=params, max_tokens=min(budget, served.n_ctx - len(ids)),
             stop=tuple(s for s in req.stop if s), logprobs=True))  # token ids come with logprobs
-    return prompts, requests, _settings(values, req, served.n_ctx, budget, lease.alias,
-                                        _seed(req, lease))
+    texts = [served.tokenizer.decode(ids) for ids in prompts]
+    return prompts, texts, requests, _settings(values, req, served.n_ctx, budget, lease.alias,
+                                               _seed(req, lease))
 
 
 # --------------------------------------------------------------------------------- responses
@@ -256,8 +263,8 @@ async def completion(request: Request) -> Response:
     lease, served = await acquire(request, req.model, req.keep_alive)
     handed_off = False
     try:
-        prompts, requests, settings = _plan(req, lease, served)
-        texts = [served.tokenizer.decode(ids) for ids in prompts]
+        prompts, texts, requests, settings = await serving.off_loop(
+            served, _plan, req, lease, served, request.app.state.config.limits)
         if req.stream and len(requests) > 1:
             raise invalid_request("stream takes one prompt; send several prompts without stream",
                                   "prompt")
@@ -301,14 +308,20 @@ async def tokenize(request: Request) -> Response:
     req = parse_request(lp.TokenizeRequest, await request.body())
     lease, served = await _with_model(request, req.model)
     try:
-        tok = served.tokenizer
-        ids = tok.encode(req.content, add_special=req.add_special, parse_special=req.parse_special)
-        if not req.with_pieces:
-            return JSONResponse({"tokens": list(ids)})
-        return JSONResponse({"tokens": [{"id": t, "piece": _piece(tok.token_bytes(t))}
-                                        for t in ids]})
+        limits = request.app.state.config.limits
+        return JSONResponse(await serving.off_loop(served, _tokens, served, req, limits))
     finally:
         request.app.state.registry.release(lease)
+
+
+def _tokens(served: ServedModel, req: lp.TokenizeRequest, limits: LimitSettings) -> dict[str, Any]:
+    """/tokenize's answer, computed in the model's prep threads under the prompt size limit."""
+    serving.check_prompt_size(served, req.content, limits, "content", fits_context=False)
+    tok = served.tokenizer
+    ids = tok.encode(req.content, add_special=req.add_special, parse_special=req.parse_special)
+    if not req.with_pieces:
+        return {"tokens": list(ids)}
+    return {"tokens": [{"id": t, "piece": _piece(tok.token_bytes(t))} for t in ids]}
 
 
 async def detokenize(request: Request) -> Response:
@@ -318,7 +331,8 @@ async def detokenize(request: Request) -> Response:
         n_vocab = served.model.n_vocab
         if any(not 0 <= t < n_vocab for t in req.tokens):
             raise invalid_request(f"token ids must be in 0..{n_vocab - 1}", "tokens")
-        return JSONResponse({"content": served.tokenizer.decode(req.tokens)})
+        text = await serving.off_loop(served, served.tokenizer.decode, req.tokens)
+        return JSONResponse({"content": text})
     finally:
         request.app.state.registry.release(lease)
 
@@ -327,8 +341,11 @@ async def apply_template(request: Request) -> Response:
     req = parse_request(lp.ApplyTemplateRequest, await request.body())
     lease, served = await _with_model(request, req.model)
     try:
-        text = served.chat_template.render([m.for_template() for m in req.messages],
-                                           add_generation_prompt=True)
+        limits = request.app.state.config.limits
+        text = await serving.off_loop(
+            served, partial(served.chat_template.render, add_generation_prompt=True,
+                            time_budget=limits.template_timeout, max_chars=limits.max_prompt),
+            [m.for_template() for m in req.messages])
         return JSONResponse({"prompt": text})
     finally:
         request.app.state.registry.release(lease)

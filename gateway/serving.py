@@ -116,23 +116,30 @@ def _generation(served: ServedModel, req: p.GenerationRequestBody, ids: list[int
     )
 
 
-async def _off_loop(served: ServedModel, fn: Callable[..., T], *args: Any) -> T:
+async def off_loop(served: ServedModel, fn: Callable[..., T], *args: Any) -> T:
     """Run `fn` in the model's prep threads (template rendering and tokenizing are CPU work)."""
     return await asyncio.get_running_loop().run_in_executor(served.prep, fn, *args)
 
 
-def _tokenize(served: ServedModel, text: str, limits: LimitSettings, param: str) -> list[int]:
-    """A prompt's tokens, refusing text that cannot fit before spending time on it: over
-    limits.max_prompt is a 413; more bytes than n_ctx of the model's longest token could hold
-    cannot fit the context (a 400, as the tokenized prompt would get)."""
+def check_prompt_size(served: ServedModel, text: str, limits: LimitSettings, param: str,
+                      fits_context: bool = True) -> None:
+    """Refuse text that cannot fit before spending time on it: over limits.max_prompt is a 413;
+    with `fits_context`, more bytes than n_ctx of the model's longest token could hold cannot
+    fit the context (a 400, as the tokenized prompt would get)."""
     if len(text) > limits.max_prompt:
         raise APIError(413, f"The prompt has {len(text)} characters; this server accepts at most "
                             f"{limits.max_prompt} (limits.max_prompt)", param=param,
                        code="prompt_too_large")
-    n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
-    at_least = -(-n_bytes // served.max_token_bytes)  # tokens: none holds more bytes
-    if at_least > served.n_ctx:
-        raise context_length_exceeded(at_least, served.n_ctx, param)
+    if fits_context:
+        n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
+        at_least = -(-n_bytes // served.max_token_bytes)  # tokens: none holds more bytes
+        if at_least > served.n_ctx:
+            raise context_length_exceeded(at_least, served.n_ctx, param)
+
+
+def tokenize_prompt(served: ServedModel, text: str, limits: LimitSettings, param: str) -> list[int]:
+    """A prompt's tokens, after check_prompt_size."""
+    check_prompt_size(served, text, limits, param)
     return served.text_prompt(text)
 
 
@@ -141,14 +148,14 @@ def _chat_ids(served: ServedModel, output: Output, limits: LimitSettings) -> lis
                                        tools=output.template_tools,
                                        time_budget=limits.template_timeout,
                                        max_chars=limits.max_prompt)
-    return _tokenize(served, text, limits, "messages")
+    return tokenize_prompt(served, text, limits, "messages")
 
 
 async def plan_chat(served: ServedModel, req: p.ChatCompletionRequest,
                     limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
     _check_logit_bias(served, req.logit_bias)
     output = chat_output(req, served.tool_format)
-    ids = await _off_loop(served, _chat_ids, served, output, limits)
+    ids = await off_loop(served, _chat_ids, served, output, limits)
     return Plan([_generation(served, req, ids, i, "messages") for i in range(req.n)], len(ids),
                 prompt_of=[0] * req.n, output=output)
 
@@ -156,7 +163,7 @@ async def plan_chat(served: ServedModel, req: p.ChatCompletionRequest,
 async def plan_completion(served: ServedModel, req: p.CompletionRequest,
                           limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
     _check_logit_bias(served, req.logit_bias)
-    return await _off_loop(served, _plan_completion, served, req, limits)
+    return await off_loop(served, _plan_completion, served, req, limits)
 
 
 def _plan_completion(served: ServedModel, req: p.CompletionRequest, limits: LimitSettings) -> Plan:
@@ -169,7 +176,7 @@ def _plan_completion(served: ServedModel, req: p.CompletionRequest, limits: Limi
     total = 0
     for number, prompt in enumerate(req.prompts()):
         if isinstance(prompt, str):
-            ids = _tokenize(served, prompt, limits, "prompt")
+            ids = tokenize_prompt(served, prompt, limits, "prompt")
             text = prompt
         else:
             if any(not 0 <= t < n_vocab for t in prompt):
@@ -416,7 +423,7 @@ async def embeddings(served: ServedModel, alias: str, req: p.EmbeddingRequest,
     n_embd = served.model.n_embd
     if req.dimensions is not None and req.dimensions != n_embd:
         raise invalid_request(f"this model's embeddings have {n_embd} dimensions", "dimensions")
-    prompts = await _off_loop(served, _embedding_inputs, served, req, limits)
+    prompts = await off_loop(served, _embedding_inputs, served, req, limits)
     data = []
     for index, ids in enumerate(prompts):
         vector = await served.scheduler.embed(ids)  # float32 [n_embd]
@@ -436,7 +443,7 @@ def _embedding_inputs(served: ServedModel, req: p.EmbeddingRequest,
     n_vocab = served.model.n_vocab
     prompts: list[list[int]] = []
     for item in req.inputs():
-        ids = _tokenize(served, item, limits, "input") if isinstance(item, str) else list(item)
+        ids = tokenize_prompt(served, item, limits, "input") if isinstance(item, str) else list(item)
         if not ids:
             raise invalid_request("input is empty after tokenizing", "input")
         if any(not 0 <= t < n_vocab for t in ids):

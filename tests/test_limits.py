@@ -133,3 +133,18 @@ def test_limits_are_in_the_config_with_defaults(tmp_path: Path) -> None:
     assert config.limits.max_body == 32 * MiB
     assert config.limits.template_timeout == 2.0
     assert config.shutdown_timeout == 60.0
+
+
+def test_llama_cpp_routes_take_the_same_prompt_limits(server: Server) -> None:
+    # /completion refuses what /v1/completions refuses, before tokenizing
+    r = httpx.post(server.url + "/completion", timeout=30, json={
+        "model": "tiny", "prompt": "a" * 150_000, "n_predict": 1})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(server.url + "/completion", timeout=30, json={
+        "model": "tiny", "prompt": ["a" * 300_000], "n_predict": 1})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "prompt_too_large"
+    # /tokenize has no context to fit, only the size cap
+    r = httpx.post(server.url + "/tokenize", timeout=30, json={"content": "a" * 150_000})
+    assert r.status_code == 200 and len(r.json()["tokens"]) > 128
+    r = httpx.post(server.url + "/tokenize", timeout=30, json={"content": "a" * 300_000})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "prompt_too_large"
