@@ -276,80 +276,69 @@ def test_a_broken_config_file_shows_its_error_and_line_within_seconds(console):
 
 # ------------------------------------------------------------------------------- API keys
 
-KEY = "sk-console-test-4c1f9e"
-
-
-class RequireKey:
-    """A server that wants `Authorization: Bearer KEY` on everything but the page itself, and
-    answers 401 in OpenAI's error shape otherwise (as a key-checking proxy or auth would)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.seen: list[str] = []  # the Authorization headers of refused requests
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from starlette.responses import JSONResponse
-
-        from gateway.console import is_console_path
-
-        if scope["type"] != "http" or is_console_path(scope["path"]):
-            await self.app(scope, receive, send)
-            return
-        auth = dict(scope["headers"]).get(b"authorization", b"").decode()
-        if auth != f"Bearer {KEY}":
-            self.seen.append(auth)
-            body = {"error": {"message": "Incorrect API key provided.", "type":
-                              "invalid_request_error", "param": None, "code": "invalid_api_key"}}
-            await JSONResponse(body, status_code=401)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+ADMIN_KEY = "sk-console-admin-4c1f9e"
+APP_KEY = "sk-console-app-77d2a0"
 
 
 def test_the_page_asks_for_a_key_on_401_sends_it_and_never_shows_it(browser, tmp_path):
-    from tests.test_admin import Loader
     from tests.ggufgen import write_servable
+    from tests.test_admin import Loader
 
-    for name in ("a", "b"):
-        write_servable(tmp_path / f"{name}.gguf")
-    config = tmp_path / "modelyard.yaml"
-    config.write_text("models:\n  - model: a.gguf\n    aliases: [a]\n"
-                      "  - model: b.gguf\n    aliases: [b]\n")
     class SlowLoader(Loader):
         def __call__(self, entry: Any) -> Any:
             time.sleep(1.5)  # in the registry's worker thread: long enough to watch
             return super().__call__(entry)
 
-    guarded = RequireKey(create_app(load_config(config), loader=SlowLoader()))
+    for name in ("a", "b"):
+        write_servable(tmp_path / f"{name}.gguf")
+    config = tmp_path / "modelyard.yaml"
+    config.write_text(f"""\
+auth:
+  admin_key: {ADMIN_KEY}
+  keys:
+    - name: app
+      key: {APP_KEY}
+models:
+  - model: a.gguf
+    aliases: [a]
+  - model: b.gguf
+    aliases: [b]
+""")
 
     class Server(ThreadedServer):
-        ready_path = "/"  # the only path that needs no key
+        ready_path = "/"  # the page needs no key
 
-    server = Server(guarded)
+    server = Server(create_app(load_config(config), loader=SlowLoader()))
     server.start_serving()
     page, errors = new_page(browser)
     try:
+        assert httpx.get(server.url + "/admin/models").status_code == 401
         page.goto(server.url + "/")
         dialog = page.get_by_role("dialog")
         expect(dialog).to_be_visible()
         expect(dialog).to_contain_text("needs an API key")
-        expect(page.get_by_label("Key", exact=True)).to_be_focused()
+        key = page.get_by_label("Key", exact=True)
+        expect(key).to_be_focused()
         page.keyboard.press("Escape")  # declined: the page says so and does not nag
         expect(dialog).to_be_hidden()
         expect(page.locator("#connection")).to_contain_text("disconnected")
         page.wait_for_timeout(1500)  # longer than the event stream's retry
         expect(dialog).to_be_hidden()
+
         page.get_by_role("button", name="API key").click()
         expect(dialog).to_be_visible()
-        page.get_by_label("Key", exact=True).focus()
-        page.keyboard.type("wrong-key")
+        key.fill("wrong-key")
         page.keyboard.press("Enter")
         expect(dialog).to_contain_text("did not accept that key")
-        assert "Bearer wrong-key" in guarded.seen
-        page.get_by_label("Key", exact=True).fill(KEY)
+        key.fill(APP_KEY)  # a client key: /admin wants the admin key (403)
+        page.keyboard.press("Enter")
+        expect(dialog).to_contain_text("needs the admin key")
+        key.fill(ADMIN_KEY)
         page.get_by_role("button", name="Use key").click()
         expect(dialog).to_be_hidden()
         expect(page.locator("#connection")).to_have_text("live")
         expect(page.locator("#models-table tbody tr")).to_have_count(2)
+
         page.get_by_role("button", name="Load b", exact=True).click()
         b = page.locator('tr[data-model="b"]')
         expect(b).to_have_attribute("data-state", "loading")  # live, while the load runs
@@ -359,10 +348,12 @@ def test_the_page_asks_for_a_key_on_401_sends_it_and_never_shows_it(browser, tmp
         page.locator("#tab-playground").click()
         page.locator("#pg-raw summary").click()
         expect(page.locator("#pg-curl")).to_contain_text("Bearer $MODELYARD_API_KEY")
-        # nowhere on the page: not in the markup, not in any field's value
-        assert KEY not in page.content()
-        values = page.evaluate("[...document.querySelectorAll('input,textarea')].map(e => e.value)")
-        assert KEY not in " ".join(values)
+        # no key anywhere on the page: not in the markup, not in any field's value
+        html = page.content()
+        values = " ".join(page.evaluate(
+            "[...document.querySelectorAll('input,textarea')].map(e => e.value)"))
+        for secret in (ADMIN_KEY, APP_KEY, "wrong-key"):
+            assert secret not in html and secret not in values
         assert not errors, f"the page threw: {errors}"
     finally:
         page.close()
