@@ -275,10 +275,9 @@ def reference(w: QuantMatrix | RepackedMatrix, x: np.ndarray) -> np.ndarray:
 
 # --- memory -----------------------------------------------------------------------------------
 
-# the matrices a model multiplies by (engine.model._prepared repacks exactly these; a tied
-# output is token_embd itself, repacked as a copy while lookups keep the mapped file)
+# the block matrices engine.model._prepared repacks (the output matrix, tied or not, stays mapped)
 MATMUL_WEIGHT = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up"
-                           r"|ffn_down)\.weight|output\.weight")
+                           r"|ffn_down)\.weight")
 
 
 def repacked_nbytes(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> int:
@@ -292,17 +291,13 @@ def estimate_repacked(tensors: dict[str, tuple[GGMLQuantizationType, int, int]],
                       repacks: Callable[[GGMLQuantizationType], bool]) -> int:
     """Bytes the repacking adds to a model's footprint, from its tensor table: name ->
     (type, n_rows, n_cols); `repacks(qtype)`: whether this host's kernels repack the type.
-    Each repacked copy adds its size and releases its source's pages (release_file_pages),
-    except a tied output's: token_embd stays mapped for lookups."""
-    names = [n for n in tensors if MATMUL_WEIGHT.fullmatch(n)]
-    if "output.weight" not in tensors and "token_embd.weight" in tensors:
-        names.append("token_embd.weight")  # tied: the output matmul repacks a copy
+    Each repacked copy adds its size and releases its source's pages (release_file_pages)."""
     total = 0
-    for n in names:
+    for n in (n for n in tensors if MATMUL_WEIGHT.fullmatch(n)):
         qtype, rows, cols = tensors[n]
         size = repacked_nbytes(qtype, rows, cols) if repacks(qtype) else 0
         if size:
-            total += size - (0 if n == "token_embd.weight" else row_bytes(qtype, cols) * rows)
+            total += size - row_bytes(qtype, cols) * rows
     return total
 
 
