@@ -1,6 +1,7 @@
 """Request fields -> grammar: schema checks and the closing of open objects (no model needed)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gateway.errors import APIError
@@ -42,3 +43,32 @@ def test_a_schema_error_names_where_it_is(schema, where):
 def test_a_valid_schema_passes():
     _check_schema({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}},
                   "json_schema")
+
+
+def test_an_integer_without_bounds_ends_within_the_safe_range():
+    from engine.constraint import TokenizerAdapter, json_schema_grammar
+    from gateway.structured import SAFE_INTEGER
+    from tests.fake_vocab import ByteVocabulary
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"},
+                                              "m": {"type": ["integer", "null"], "minimum": 0}},
+              "required": ["n", "m"]}
+    out = closed(schema)
+    assert (out["properties"]["n"]["minimum"], out["properties"]["n"]["maximum"]) == \
+        (-SAFE_INTEGER, SAFE_INTEGER)
+    assert out["properties"]["m"]["minimum"] == 0 and out["properties"]["m"]["maximum"] == SAFE_INTEGER
+    assert "maximum" not in schema["properties"]["n"]  # the request is untouched
+
+    vocab = ByteVocabulary([])
+    adapter = TokenizerAdapter(vocab)
+
+    def accepts(text: str) -> bool:
+        c = adapter.compile(json_schema_grammar(out))
+        return all(c.consume(b) for b in text.encode()) and bool(c.allowed()[vocab.eos_id])
+
+    assert accepts('{"n": %d, "m": null}' % SAFE_INTEGER)
+    assert accepts('{"n": %d, "m": 7}' % -SAFE_INTEGER)
+    assert not accepts('{"n": %d, "m": 7}' % (SAFE_INTEGER + 1))
+    c = adapter.compile(json_schema_grammar(out))
+    assert all(c.consume(b) for b in b'{"n": 1111111111111111')  # 16 digits: past 2**53
+    assert not any(c.consume(b) for b in b"1")                  # no 17th digit
