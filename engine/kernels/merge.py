@@ -23,6 +23,7 @@ Why compiled: the Python loop costs ~2 us per merge, so a 64 KiB word (64k merge
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 import threading
 
 import numpy as np
@@ -154,6 +155,33 @@ def _pop(module: ir.Module) -> ir.Function:
     return fn
 
 
+def _link_and_queue(b: ir.IRBuilder, i: ir.Value, n: ir.Value, nxt: ir.Value, prv: ir.Value,
+                    push_pair: Callable[[ir.Value, ir.Value], None],
+                    each: Callable[[ir.Value], None] | None = None) -> None:
+    """The loops' common start: symbols 0..n-1 linked in a list (nxt[k] = k + 1, prv[k] = k - 1,
+    nxt[n - 1] = -1; `each(k)` per symbol), then every adjacent pair offered to push_pair.
+    `i` is an i64 slot the caller owns."""
+    b.store(_c(0), i)
+    loop = _Loop(b, "links")
+    loop.test(b.icmp_signed("<", b.load(i), n))
+    k = b.load(i)
+    b.store(b.trunc(b.add(k, _c(1)), I32), b.gep(nxt, [k]))
+    b.store(b.trunc(b.sub(k, _c(1)), I32), b.gep(prv, [k]))
+    if each is not None:
+        each(k)
+    b.store(b.add(k, _c(1)), i)
+    loop.close()
+    last = b.sub(n, _c(1))
+    b.store(_c(-1, I32), b.gep(nxt, [last]))
+    b.store(_c(0), i)
+    loop = _Loop(b, "pairs")
+    loop.test(b.icmp_signed("<", b.load(i), last))
+    k = b.load(i)
+    push_pair(k, b.add(k, _c(1)))
+    b.store(b.add(b.load(i), _c(1)), i)
+    loop.close()
+
+
 def build_merge_ir() -> str:
     module = ir.Module(name="merge")
     lookup, push, pop = _lookup(module), _push(module), _pop(module)
@@ -180,24 +208,7 @@ def build_merge_ir() -> str:
             pr = b.zext(b.load(at32(prio, j)), I64)
             b.call(push, [heap, size, b.or_(b.shl(pr, _c(32)), left_pos)])
 
-    # links, then every adjacent pair
-    b.store(_c(0), i)
-    loop = _Loop(b, "links")
-    loop.test(b.icmp_signed("<", b.load(i), n))
-    k = b.load(i)
-    b.store(b.trunc(b.add(k, _c(1)), I32), at32(nxt, k))
-    b.store(b.trunc(b.sub(k, _c(1)), I32), at32(prv, k))
-    b.store(b.add(k, _c(1)), i)
-    loop.close()
-    last = b.sub(n, _c(1))
-    b.store(_c(-1, I32), at32(nxt, last))
-    b.store(_c(0), i)
-    loop = _Loop(b, "pairs")
-    loop.test(b.icmp_signed("<", b.load(i), last))
-    k = b.load(i)
-    push_pair(k, b.add(k, _c(1)))
-    b.store(b.add(b.load(i), _c(1)), i)
-    loop.close()
+    _link_and_queue(b, i, n, nxt, prv, push_pair)
 
     # the merge loop
     loop = _Loop(b, "merge")

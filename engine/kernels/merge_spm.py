@@ -21,7 +21,7 @@ import numpy as np
 from llvmlite import ir
 
 from engine.kernels.jit import CompiledLibrary, compile_cached
-from engine.kernels.merge import BOOL, I32, I64, _c, _lock, _Loop, _pop, _push
+from engine.kernels.merge import BOOL, I32, I64, _c, _link_and_queue, _lock, _Loop, _pop, _push
 
 
 def _same_bytes(module: ir.Module) -> ir.Function:
@@ -137,24 +137,10 @@ def build_spm_ir() -> str:
             pr = b.zext(b.load(b.gep(prio, [t])), I64)
             b.call(push, [heap, size, b.or_(b.shl(pr, _c(32)), left)])
 
-    b.store(_c(0), i)
-    loop = _Loop(b, "links")
-    loop.test(b.icmp_signed("<", b.load(i), n))
-    k = b.load(i)
-    b.store(b.trunc(b.add(k, _c(1)), I32), b.gep(nxt, [k]))
-    b.store(b.trunc(b.sub(k, _c(1)), I32), b.gep(prv, [k]))
-    b.store(_c(0, I32), b.gep(sym, [k]))  # alive (the ids are filled in at the end)
-    b.store(b.add(k, _c(1)), i)
-    loop.close()
-    last = b.sub(n, _c(1))
-    b.store(_c(-1, I32), b.gep(nxt, [last]))
-    b.store(_c(0), i)
-    loop = _Loop(b, "pairs")
-    loop.test(b.icmp_signed("<", b.load(i), last))
-    k = b.load(i)
-    push_pair(k, b.add(k, _c(1)))
-    b.store(b.add(b.load(i), _c(1)), i)
-    loop.close()
+    def alive(k: ir.Value) -> None:
+        b.store(_c(0, I32), b.gep(sym, [k]))  # the ids are filled in at the end
+
+    _link_and_queue(b, i, n, nxt, prv, push_pair, each=alive)
 
     loop = _Loop(b, "merge")
     loop.test(b.icmp_signed(">", b.load(size), _c(0)))
