@@ -286,15 +286,21 @@ def _build_rms_norm(module: ir.Module) -> None:
     b.ret_void()
 
 
-def _build_rope(module: ir.Module) -> None:
-    # i64 rope(float* x [M, n_heads, head_dim], float* out (same), i64* pos [M], i64 M,
-    #          i64 n_heads, i64 head_dim, i64 half_rot, float* cos [n_table, half_rot],
-    #          float* sin [n_table, half_rot], i64 n_table) -> 0, or 1 + first row whose
-    # position is outside the table (then nothing was written).
+RotateHead = Callable[[ir.IRBuilder, ir.Value, ir.Value, ir.Value, ir.Value, ir.Value], None]
+
+
+def _define_rope(module: ir.Module, name: str, rotate_head: RotateHead) -> None:
+    """rope's and rope_neox's shared frame:
+    i64 NAME(float* x [M, n_heads, head_dim], float* out (same), i64* pos [M], i64 M,
+             i64 n_heads, i64 head_dim, i64 half_rot, float* cos [n_table, half_rot],
+             float* sin [n_table, half_rot], i64 n_table) -> 0, or 1 + first row whose
+    position is outside the table (then nothing was written). Per row and head,
+    rotate_head(b, x_head, out_head, cos_row, sin_row, half_rot) rotates the first 2 * half_rot
+    dims; the dims past them are copied unchanged."""
     b, (x, out, pos, n_rows, n_heads, head_dim, half_rot, cos, sin, n_table) = define(
-        module, "rope", I64, [("x", F32P), ("out", F32P), ("pos", I64.as_pointer()), ("n_rows", I64),
-                              ("n_heads", I64), ("head_dim", I64), ("half_rot", I64),
-                              ("cos", F32P), ("sin", F32P), ("n_table", I64)])
+        module, name, I64, [("x", F32P), ("out", F32P), ("pos", I64.as_pointer()), ("n_rows", I64),
+                            ("n_heads", I64), ("head_dim", I64), ("half_rot", I64),
+                            ("cos", F32P), ("sin", F32P), ("n_table", I64)])
     with counted_loop(b, i64(0), n_rows, 1, "chk") as m:
         p = b.load(gep(b, pos, m))
         with b.if_then(b.icmp_unsigned(">=", p, n_table), likely=False):  # also catches p < 0
@@ -305,61 +311,57 @@ def _build_rope(module: ir.Module) -> None:
         s_row = gep(b, sin, b.mul(p, half_rot))
         with counted_loop(b, i64(0), n_heads, 1, "h") as h:
             base = b.mul(b.add(b.mul(m, n_heads), h), head_dim)
-            xh = gep(b, x, base)
-            oh = gep(b, out, base)
-            n_rot = b.shl(half_rot, i64(1))
-            # 8 floats = 4 pairs per step: de-interleave, rotate, re-interleave
-            with counted_loop(b, i64(0), round_down(b, n_rot, VEC), VEC, "v") as j:
-                lo = load(b, xh, j, V8F32)
-                evens = shuffle(b, lo, lo, [0, 2, 4, 6])
-                odds = shuffle(b, lo, lo, [1, 3, 5, 7])
-                k = b.lshr(j, i64(1))
-                c4 = load(b, c_row, k, ir.VectorType(F32, 4))
-                s4 = load(b, s_row, k, ir.VectorType(F32, 4))
-                r0 = b.fsub(b.fmul(evens, c4), b.fmul(odds, s4))
-                r1 = fmuladd(b, evens, s4, b.fmul(odds, c4))
-                store(b, shuffle(b, r0, r1, [0, 4, 1, 5, 2, 6, 3, 7]), oh, j)
-            with counted_loop(b, b.lshr(round_down(b, n_rot, VEC), i64(1)), half_rot, 1, "pt") as k:
-                j = b.shl(k, i64(1))
-                j1 = b.add(j, i64(1))
-                x0, x1 = load(b, xh, j), load(b, xh, j1)
-                c, s = load(b, c_row, k), load(b, s_row, k)
-                store(b, b.fsub(b.fmul(x0, c), b.fmul(x1, s)), oh, j)
-                store(b, fmuladd(b, x0, s, b.fmul(x1, c)), oh, j1)
-            with counted_loop(b, n_rot, head_dim, 1, "pass") as j:  # dims past n_rot: unchanged
-                store(b, load(b, xh, j), oh, j)
+            xh, oh = gep(b, x, base), gep(b, out, base)
+            rotate_head(b, xh, oh, c_row, s_row, half_rot)
+            with counted_loop(b, b.shl(half_rot, i64(1)), head_dim, 1, "pass") as j:
+                store(b, load(b, xh, j), oh, j)  # dims past n_rot: unchanged
     b.ret(i64(0))
+
+
+def _rotate_adjacent(b: ir.IRBuilder, xh: ir.Value, oh: ir.Value, c_row: ir.Value,
+                     s_row: ir.Value, half_rot: ir.Value) -> None:
+    """NORM rope (llama): pair i is (x[2i], x[2i + 1])."""
+    n_rot = b.shl(half_rot, i64(1))
+    # 8 floats = 4 pairs per step: de-interleave, rotate, re-interleave
+    with counted_loop(b, i64(0), round_down(b, n_rot, VEC), VEC, "v") as j:
+        lo = load(b, xh, j, V8F32)
+        evens = shuffle(b, lo, lo, [0, 2, 4, 6])
+        odds = shuffle(b, lo, lo, [1, 3, 5, 7])
+        k = b.lshr(j, i64(1))
+        c4 = load(b, c_row, k, ir.VectorType(F32, 4))
+        s4 = load(b, s_row, k, ir.VectorType(F32, 4))
+        r0 = b.fsub(b.fmul(evens, c4), b.fmul(odds, s4))
+        r1 = fmuladd(b, evens, s4, b.fmul(odds, c4))
+        store(b, shuffle(b, r0, r1, [0, 4, 1, 5, 2, 6, 3, 7]), oh, j)
+    with counted_loop(b, b.lshr(round_down(b, n_rot, VEC), i64(1)), half_rot, 1, "pt") as k:
+        j = b.shl(k, i64(1))
+        j1 = b.add(j, i64(1))
+        x0, x1 = load(b, xh, j), load(b, xh, j1)
+        c, s = load(b, c_row, k), load(b, s_row, k)
+        store(b, b.fsub(b.fmul(x0, c), b.fmul(x1, s)), oh, j)
+        store(b, fmuladd(b, x0, s, b.fmul(x1, c)), oh, j1)
+
+
+def _rotate_halves(b: ir.IRBuilder, x0h: ir.Value, o0h: ir.Value, c_row: ir.Value,
+                   s_row: ir.Value, half_rot: ir.Value) -> None:
+    """NEOX rope (qwen, gemma, phi3): pair i is (x[i], x[i + half_rot])."""
+    x1h, o1h = gep(b, x0h, half_rot), gep(b, o0h, half_rot)
+
+    def pair(k: ir.Value, ty: ir.Type) -> None:
+        x0, x1 = load(b, x0h, k, ty), load(b, x1h, k, ty)
+        c, s = load(b, c_row, k, ty), load(b, s_row, k, ty)
+        store(b, b.fsub(b.fmul(x0, c), b.fmul(x1, s)), o0h, k)
+        store(b, fmuladd(b, x0, s, b.fmul(x1, c)), o1h, k)
+
+    elementwise(b, half_rot, pair)
+
+
+def _build_rope(module: ir.Module) -> None:
+    _define_rope(module, "rope", _rotate_adjacent)
 
 
 def _build_rope_neox(module: ir.Module) -> None:
-    # rope_neox: rope's signature and table; pair i is (x[i], x[i + n_rot/2]), not (x[2i], x[2i+1])
-    b, (x, out, pos, n_rows, n_heads, head_dim, half_rot, cos, sin, n_table) = define(
-        module, "rope_neox", I64, [("x", F32P), ("out", F32P), ("pos", I64.as_pointer()),
-                                   ("n_rows", I64), ("n_heads", I64), ("head_dim", I64),
-                                   ("half_rot", I64), ("cos", F32P), ("sin", F32P), ("n_table", I64)])
-    with counted_loop(b, i64(0), n_rows, 1, "chk") as m:
-        p = b.load(gep(b, pos, m))
-        with b.if_then(b.icmp_unsigned(">=", p, n_table), likely=False):  # also catches p < 0
-            b.ret(b.add(m, i64(1)))
-    with counted_loop(b, i64(0), n_rows, 1, "m") as m:
-        p = b.load(gep(b, pos, m))
-        c_row = gep(b, cos, b.mul(p, half_rot))
-        s_row = gep(b, sin, b.mul(p, half_rot))
-        with counted_loop(b, i64(0), n_heads, 1, "h") as h:
-            base = b.mul(b.add(b.mul(m, n_heads), h), head_dim)
-            x0h, o0h = gep(b, x, base), gep(b, out, base)
-            x1h, o1h = gep(b, x0h, half_rot), gep(b, o0h, half_rot)
-
-            def pair(k: ir.Value, ty: ir.Type) -> None:
-                x0, x1 = load(b, x0h, k, ty), load(b, x1h, k, ty)
-                c, s = load(b, c_row, k, ty), load(b, s_row, k, ty)
-                store(b, b.fsub(b.fmul(x0, c), b.fmul(x1, s)), o0h, k)
-                store(b, fmuladd(b, x0, s, b.fmul(x1, c)), o1h, k)
-
-            elementwise(b, half_rot, pair)
-            with counted_loop(b, b.shl(half_rot, i64(1)), head_dim, 1, "pass") as j:
-                store(b, load(b, x0h, j), o0h, j)  # dims past n_rot: unchanged
-    b.ret(i64(0))
+    _define_rope(module, "rope_neox", _rotate_halves)
 
 
 def round_f16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
