@@ -164,16 +164,24 @@ def q3_k_body(t: QuantType) -> Body:
                              f"<32 x i8> zeroinitializer")
                 q = f.let(f"or <32 x i8> {_low2(f, qs, j)}, {high}")
                 _add_scaled(f, ops, q, _pair_scales(f, sc16, 8 * h + 2 * j), xs, 4 + 128 * h + 32 * j, isums)
-        out: list[Terms] = []
-        for i, x in enumerate(xs):
-            dx = f.f32_splat(x, 0)
-            corr = ops.madd(f.load("<16 x i16>", x, 260), sc16)
-            corr = f.let(f"shl <8 x i32> {corr}, {splat_const('i32', 8, 2)}")
-            isum = f.let(f"sub <8 x i32> {isums[i]}, {corr}")
-            out.append([Term(isum, f.let(f"fmul <8 x float> {d}, {dx}"))])
-        return out
+        return _minus_offset(f, ops, xs, isums, sc16, d, 2)
 
     return block
+
+
+def _minus_offset(f: MatmulFn, ops: IntOps, xs: list[str], isums: list[str], sc16: str,
+                  d: str, shift: int) -> list[Terms]:
+    """Per activation row: the block's integer sum less the type's constant offset (its
+    16-value sub-block scales times q8_k's block sums, shifted left by `shift`: 2 for Q3_K's -4,
+    5 for Q6_K's -32), scaled by d * dx."""
+    out: list[Terms] = []
+    for i, x in enumerate(xs):
+        dx = f.f32_splat(x, 0)
+        corr = ops.madd(f.load("<16 x i16>", x, 260), sc16)
+        corr = f.let(f"shl <8 x i32> {corr}, {splat_const('i32', 8, shift)}")
+        isum = f.let(f"sub <8 x i32> {isums[i]}, {corr}")
+        out.append([Term(isum, f.let(f"fmul <8 x float> {d}, {dx}"))])
+    return out
 
 
 def q4_5_k_body(t: QuantType) -> Body:
@@ -260,14 +268,7 @@ def q6_k_body() -> Body:
                     y = f.load("<32 x i8>", x, 4 + 128 * h + 32 * v)
                     part = ops.madd(ops.maddubs(q, y), scale)
                     isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
-        out: list[Terms] = []
-        for t, x in enumerate(xs):
-            dx = f.f32_splat(x, 0)
-            corr = ops.madd(f.load("<16 x i16>", x, 260), sc16)
-            corr = f.let(f"shl <8 x i32> {corr}, {splat_const('i32', 8, 5)}")
-            isum = f.let(f"sub <8 x i32> {isums[t]}, {corr}")
-            out.append([Term(isum, f.let(f"fmul <8 x float> {d}, {dx}"))])
-        return out
+        return _minus_offset(f, ops, xs, isums, sc16, d, 5)
 
     return block
 
