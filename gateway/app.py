@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import admin, console, events, llama_api
+from .asgi import StatusNotingSend
 from .auth import AuthMiddleware
 from .config import Config
 from .cors import ConfigCors
@@ -42,28 +43,21 @@ class RequestLog:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 0
-
-        async def send_and_note(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        noting = StatusNotingSend(send)
         try:
-            await self.app(scope, receive, send_and_note)
+            await self.app(scope, receive, noting)
         finally:
             client = scope.get("client") or ("-", 0)
             seconds = time.perf_counter() - start
             # routes note the alias a request was served under (request.state.model)
             model = (scope.get("state") or {}).get("model") or NO_MODEL
             access_log.info("%s %s %s %s %.0fms %s", client[0], scope["method"], scope["path"],
-                            status or "-", seconds * 1000, model)
+                            noting.status or "-", seconds * 1000, model)
             route = scope.get("route")  # the matched route: its template keeps series bounded
             endpoint = getattr(route, "path", None) or "unmatched"
             metrics = getattr(scope["app"].state, "metrics", None) if "app" in scope else None
             if metrics is not None:
-                metrics.request(model, endpoint, status or 500, seconds)
+                metrics.request(model, endpoint, noting.status or 500, seconds)
 
 
 def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_model,

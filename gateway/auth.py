@@ -23,12 +23,12 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .asgi import StatusNotingSend
 from .config import AuthSettings, Config
 from .console import is_console_path
 from .errors import APIError
@@ -157,20 +157,13 @@ class AuthMiddleware:
             await limited(scope, receive, send)
             return
         scope.setdefault("state", {})["api_key"] = info
-        status = 0
-
-        async def noting_status(message: Any) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        noting = StatusNotingSend(send)
         try:
-            await self.app(scope, receive, noting_status)
+            await self.app(scope, receive, noting)
         finally:
             self.limits.done(info.name)
             if metrics is not None:
-                metrics.key_request(info.name, status or 500)
+                metrics.key_request(info.name, noting.status or 500)
 
 
 def _key(request: Request) -> KeyInfo | None:
