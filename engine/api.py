@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .gguf import GGUFFile, ModelLoadError, read_header, split_part_paths
+from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm_kernels import host_repacks
 from .kv import MAX_CHUNK, KVLayout
@@ -172,14 +172,12 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) 
     counts them, rings of sliding-window layers included), from the headers alone. Raises
     ModelLoadError when the file cannot be served at all (the registry then fails the request
     rather than evict anything for a load that cannot succeed)."""
-    from .servable import check_servable
+    from .servable import judge_header, read_model_header
 
-    meta, tensors = read_header(path)
-    hp = check_servable(path)
+    meta, tensors = read_model_header(path)  # read once: Gemma 3 270M's header takes ~0.1 s
+    hp = judge_header(path, meta, tensors)
     count = meta.get("split.count", 1)
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
-    for part in files[1:]:
-        tensors = {**tensors, **read_header(part)[1]}
     shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items() if len(t.shape) == 2}
     return (sum(os.path.getsize(f) for f in files) + KVLayout(hp, n_ctx).bytes_per_slot() * n_slots
             + estimate_repacked(shapes, host_repacks))

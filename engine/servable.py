@@ -54,8 +54,9 @@ def _check_tensors(f: _HeaderOnlyFile, hp: HParams) -> None:
     load_weights(f, hp, hp.n_ctx_train)  # type: ignore[arg-type]  # n_ctx: LongRoPE's choice only
 
 
-def check_servable(path: str | os.PathLike[str]) -> HParams:
-    """The file's hyperparameters; raises ModelLoadError with the reason a load would fail."""
+def read_model_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    """The metadata of `path` and the tensors of every part of it (a split model's later parts
+    add theirs, each tagged with its part number)."""
     path = Path(path)
     meta, tensors = read_header(path)
     tensors = dict(tensors)
@@ -65,7 +66,12 @@ def check_servable(path: str | os.PathLike[str]) -> HParams:
             for name, info in read_header(part)[1].items():
                 tensors[name] = TensorInfo(info.name, info.shape, info.qtype, info.offset,
                                            info.n_bytes, part=no)
-    return judge_header(path, meta, tensors)
+    return meta, tensors
+
+
+def check_servable(path: str | os.PathLike[str]) -> HParams:
+    """The file's hyperparameters; raises ModelLoadError with the reason a load would fail."""
+    return judge_header(path, *read_model_header(path))
 
 
 def judge_header(path: str | os.PathLike[str], meta: dict[str, Any],
