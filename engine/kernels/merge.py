@@ -182,6 +182,21 @@ def _link_and_queue(b: ir.IRBuilder, i: ir.Value, n: ir.Value, nxt: ir.Value, pr
     loop.close()
 
 
+def _unlink_and_requeue(b: ir.IRBuilder, left: ir.Value, right: ir.Value, nxt: ir.Value,
+                        prv: ir.Value, push_pair: Callable[[ir.Value, ir.Value], None]) -> None:
+    """After `right` merged into `left`: unlink `right` from the list and offer the two new
+    neighbour pairs (left, its next) and (its previous, left) to push_pair."""
+    after32 = b.load(b.gep(nxt, [right]))
+    b.store(after32, b.gep(nxt, [left]))
+    with b.if_then(b.icmp_signed(">=", after32, _c(0, I32))):
+        after = b.sext(after32, I64)
+        b.store(b.trunc(left, I32), b.gep(prv, [after]))
+        push_pair(left, after)
+    before32 = b.load(b.gep(prv, [left]))
+    with b.if_then(b.icmp_signed(">=", before32, _c(0, I32))):
+        push_pair(b.sext(before32, I64), left)
+
+
 def build_merge_ir() -> str:
     module = ir.Module(name="merge")
     lookup, push, pop = _lookup(module), _push(module), _pop(module)
@@ -233,15 +248,7 @@ def build_merge_ir() -> str:
     b.position_at_end(valid)
     b.store(b.load(at32(merged, jj)), at32(sym, left))
     b.store(_c(-1, I32), at32(sym, right))
-    after32 = b.load(at32(nxt, right))
-    b.store(after32, at32(nxt, left))
-    with b.if_then(b.icmp_signed(">=", after32, _c(0, I32))):
-        after = b.sext(after32, I64)
-        b.store(b.trunc(left, I32), at32(prv, after))
-        push_pair(left, after)
-    before32 = b.load(at32(prv, left))
-    with b.if_then(b.icmp_signed(">=", before32, _c(0, I32))):
-        push_pair(b.sext(before32, I64), left)
+    _unlink_and_requeue(b, left, right, nxt, prv, push_pair)
     loop.close()
 
     # compact the survivors to the front (position 0 is never merged away: it is never a right)

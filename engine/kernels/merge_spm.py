@@ -21,7 +21,8 @@ import numpy as np
 from llvmlite import ir
 
 from engine.kernels.jit import CompiledLibrary, compile_cached
-from engine.kernels.merge import BOOL, I32, I64, _c, _link_and_queue, _lock, _Loop, _pop, _push
+from engine.kernels.merge import (BOOL, I32, I64, _c, _link_and_queue, _lock, _Loop, _pop, _push,
+                                  _unlink_and_requeue)
 
 
 def _same_bytes(module: ir.Module) -> ir.Function:
@@ -162,15 +163,7 @@ def build_spm_ir() -> str:
     b.cbranch(same, valid, loop.cond)
     b.position_at_end(valid)
     b.store(_c(-2, I32), b.gep(sym, [right]))  # merged away
-    after32 = b.load(b.gep(nxt, [right]))
-    b.store(after32, b.gep(nxt, [left]))
-    with b.if_then(b.icmp_signed(">=", after32, _c(0, I32))):
-        after = b.sext(after32, I64)
-        b.store(b.trunc(left, I32), b.gep(prv, [after]))
-        push_pair(left, after)
-    before32 = b.load(b.gep(prv, [left]))
-    with b.if_then(b.icmp_signed(">=", before32, _c(0, I32))):
-        push_pair(b.sext(before32, I64), left)
+    _unlink_and_requeue(b, left, right, nxt, prv, push_pair)
     loop.close()
 
     # survivors: token id of each (or -1) into sym[k], first character into nxt[k]; k <= pos
