@@ -298,7 +298,7 @@ class _MappedPart:
 
 
 # llama.cpp's names for the parts of a split model: NAME-00001-of-0000N.gguf (the generator in
-# gateway/scan.py groups files by the same pattern, so what it writes, this loads)
+# gateway/scan/discover.py groups files by the same pattern, so what it writes, this loads)
 SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})(?P<suffix>\.gguf)$", re.I)
 
 

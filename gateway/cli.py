@@ -3,7 +3,7 @@
     modelyard serve [--config FILE] [--host H] [--port P] [--no-watch] [--watch-poll [MS]]
     modelyard serve MODEL.gguf [MODEL2.gguf ...]     serve these files, no config needed
     modelyard serve --models-dir DIR                 every model under DIR, watched
-    modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan.py)
+    modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan/)
     modelyard --version
 
 Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on first use; offline,

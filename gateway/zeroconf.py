@@ -1,7 +1,7 @@
 """Serving without a config file: `modelyard serve FILE.gguf ...` and `--models-dir DIR`.
 
 Both build the config a `modelyard scan` would write, in memory: one entry per model, aliases
-from gateway/scan.py (a short family name such as `smollm2` where only one model has it, the
+from gateway/scan/ (a short family name such as `smollm2` where only one model has it, the
 clean name, the file stem), `n_ctx` capped at what the model was trained for. The default model
 (no arguments at all) is served the same way, so its aliases match a scan of the cache.
 

@@ -4,7 +4,7 @@
     python scripts/make_config.py DIR --update FILE
 
 Model headers are read, never their weights. Files that cannot be served are listed on stderr
-with the reason. See gateway/scan.py.
+with the reason. See gateway/scan/.
 """
 from __future__ import annotations
 
