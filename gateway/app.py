@@ -23,7 +23,7 @@ from .limits import BodyLimits
 from .metrics import NO_MODEL, Metrics, loader_with_metrics
 from .registry import PinnedLoadError, Registry
 from .routes import routes
-from .scheduler import load_served_model
+from .served_model import load_served_model
 from .watch import ConfigWatcher, Reloader, WatchOptions
 from .zeroconf import ModelsDirWatcher
 

@@ -19,9 +19,10 @@ import engine
 from engine.chat import ChatTemplateError
 
 from .config import ModelNotFoundError
+from .generation import (ModelBrokenError, QueueFullError, SchedulerClosedError,
+                         ServerStoppingError)
 from .protocol import ErrorInfo, ErrorResponse, RequestValidationError
 from .registry import ModelLoadFailedError, RegistryBusyError
-from .scheduler import ModelBrokenError, QueueFullError, SchedulerClosedError, ServerStoppingError
 
 log = logging.getLogger("modelyard.errors")
 

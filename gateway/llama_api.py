@@ -35,10 +35,11 @@ from . import admin, defaults, model_info, serving
 from . import llama_protocol as lp
 from .config import LimitSettings
 from .errors import APIError, context_length_exceeded, invalid_request
+from .generation import Finished, GenerationRequest, TextDelta, TokenInfo
 from .protocol import parse_request
 from .registry import Lease
 from .routes import acquire
-from .scheduler import Finished, GenerationRequest, ServedModel, TextDelta, TokenInfo
+from .served_model import ServedModel
 from .streaming import EventStreamResponse, cancel_on_disconnect
 
 BANNED = -1e9          # a logit bias that no sampler gets past (llama.cpp's `false`)

@@ -22,7 +22,7 @@ from . import serving
 from .config import LimitSettings
 from .metrics import observe_request
 from .registry import Lease
-from .scheduler import ServedModel
+from .served_model import ServedModel
 from .streaming import EventStreamResponse, cancel_on_disconnect
 
 R = TypeVar("R", p.ChatCompletionRequest, p.CompletionRequest)

@@ -26,208 +26,34 @@ A job's life (its `state`, changed under the scheduler's lock):
 
 The interface is request-level (`submit` -> async iterator of events, `cancel`); `n` > 1 and
 prompt arrays are several submits, batched together, sharing their prompt's KV (engine/batch.py).
+Requests and events are gateway/generation.py's, the stop-string scanner gateway/stop_strings.py's;
+gateway/served_model.py wraps a scheduler, a model and its template into what the registry holds.
 """
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 import time
 from collections import defaultdict, deque
-from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 
 import engine
 from engine import batch
-from engine.chat import ChatTemplate, ChatTemplateError
-from engine.chat_formats import TemplateChoice, choose_template
 from engine.sampling import NonFiniteLogitsError
-from engine.tool_formats import ToolFormat
-from engine.tool_formats import detect as detect_tool_format
 
-from . import defaults
+from .generation import (Event, Finished, GenerationCancelled, GenerationRequest,
+                         ModelBrokenError, PromptProgress, QueueFullError, SchedulerClosedError,
+                         TextDelta, TokenInfo)
 from .metrics import NULL_METRICS, MetricsSink
-
-if TYPE_CHECKING:
-    from .config import ModelEntry
+from .stop_strings import StopScanner
 
 log = logging.getLogger("modelyard.scheduler")
 
 PROGRESS_LOG_SECONDS = 10.0  # a generation running longer logs its progress this often
-
-
-# --------------------------------------------------------------------------------- requests, events
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    prompt_ids: list[int]
-    params: engine.SamplingParams
-    max_tokens: int                      # already capped to what the context leaves
-    stop: tuple[str, ...] = ()
-    logprobs: bool = False               # attach TokenInfo to deltas
-    constraint: engine.Constraint | None = None  # a grammar this choice alone follows
-    keep_special: bool = False           # decode control tokens too (tool-call markers)
-
-
-@dataclass(frozen=True)
-class TokenInfo:
-    """One generated token for logprobs: its text, raw bytes, log-probability, alternatives."""
-    token: int
-    text: str
-    bytes: bytes
-    logprob: float
-    top: list[tuple[str, bytes, float]] = field(default_factory=list)
-    top_ids: list[int] = field(default_factory=list)  # the alternatives' token ids, as `top`
-
-
-@dataclass(frozen=True)
-class PromptProgress:
-    """A long prompt is being read: `processed` of `total` tokens (`cached` came for free)."""
-    processed: int
-    total: int
-    cached: int
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-    tokens: list[TokenInfo]              # empty unless logprobs were requested
-
-
-@dataclass(frozen=True)
-class Finished:
-    finish_reason: str                   # "stop" (eog or stop string) or "length"
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0               # prompt tokens reused from a slot, not evaluated
-    # timings (llama.cpp's `timings`), left out of equality: they differ from run to run
-    prompt_seconds: float = field(default=0.0, compare=False)     # submit -> first token
-    predicted_seconds: float = field(default=0.0, compare=False)  # first token -> end
-    stop_word: str = ""                  # the stop string that ended it, if one did
-
-
-Event = PromptProgress | TextDelta | Finished
-
-
-class QueueFullError(Exception):
-    """A model's queue holds `max_queue` requests already; the client should retry later."""
-
-    def __init__(self, name: str, max_queue: int, retry_after: float = 1.0) -> None:
-        super().__init__(f"model '{name}' has {max_queue} requests waiting; retry later")
-        self.retry_after = retry_after
-
-
-class ModelBrokenError(Exception):
-    """The model cannot serve any more: its file changed under the mapping, or it produced
-    non-finite logits. The registry unloads it (gateway/registry.py); a later request loads
-    the file afresh."""
-
-    def __init__(self, name: str, reason: str, retry_after: float = 1.0,
-                 retryable: bool = True) -> None:
-        super().__init__(f"model '{name}' stopped serving: {reason}")
-        self.reason = reason
-        self.retry_after = retry_after
-        self.retryable = retryable  # a changed file loads afresh; corrupt weights stay corrupt
-
-
-class ServerStoppingError(Exception):
-    """The server's shutdown deadline ended this request (streams still get [DONE] after it)."""
-
-    def __init__(self, seconds: float, retry_after: float = 5.0) -> None:
-        super().__init__(f"the server is shutting down: running requests were given "
-                         f"{seconds:g} s to finish; retry elsewhere or later")
-        self.retry_after = retry_after
-
-
-class GenerationCancelled(Exception):
-    """Told to whoever still iterates a generation that was cancelled."""
-
-
-class SchedulerClosedError(Exception):
-    """The model was unloaded (or the server is stopping) before this request ran."""
-
-    def __init__(self, name: str, retry_after: float = 1.0) -> None:
-        super().__init__(f"model '{name}' was unloaded before the request ran; retry")
-        self.retry_after = retry_after
-
-
-# --------------------------------------------------------------------------------- stop strings
-
-T = TypeVar("T")
-
-
-class StopScanner(Generic[T]):
-    """Releases generated text in order, never any part of a stop string.
-
-    Text that could still turn into a stop string (a suffix that is a prefix of one) is held
-    back; a match cuts the text where it starts and ends the generation. Each piece of text
-    travels with an item (its token's logprobs), released whole with the piece it came with.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.stopped = False
-        self.matched = ""  # the stop string that ended the text
-        self._held: list[tuple[str, T]] = []
-
-    def push(self, piece: str, item: T) -> tuple[str, list[T]]:
-        """Add one token's text; returns the text and items now safe to release."""
-        if self.stopped:
-            return "", []
-        self._held.append((piece, item))
-        if not self.stops:
-            return self.flush()
-        text = "".join(p for p, _ in self._held)
-        hits = [(i, s) for i, s in ((text.find(s), s) for s in self.stops) if i >= 0]
-        if hits:
-            self.stopped = True
-            at, self.matched = min(hits, key=lambda hit: hit[0])
-            return self._release(at, cut=True)
-        return self._release(len(text) - self._partial_suffix(text), cut=False)
-
-    def flush(self) -> tuple[str, list[T]]:
-        """Release everything held (the generation ended for another reason)."""
-        text = "".join(p for p, _ in self._held)
-        items = [it for _, it in self._held]
-        self._held = []
-        return text, items
-
-    def _partial_suffix(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:k]):
-                    best = k
-                    break
-        return best
-
-    def _release(self, limit: int, cut: bool) -> tuple[str, list[T]]:
-        out: list[str] = []
-        items: list[T] = []
-        start = 0
-        while self._held:
-            piece, item = self._held[0]
-            end = start + len(piece)
-            if end <= limit:
-                out.append(piece)
-                items.append(item)
-            elif cut and start < limit:  # the token in which the stop string begins
-                out.append(piece[:limit - start])
-                items.append(item)
-            else:
-                break
-            self._held.pop(0)
-            start = end
-        if cut:
-            self._held = []
-        return "".join(out), items
 
 
 # --------------------------------------------------------------------------------- jobs
@@ -664,162 +490,3 @@ class Scheduler:
         outbox.send()
         self.runner.close()
         self._publish()
-
-
-# --------------------------------------------------------------------------------- served model
-
-class ServedModel:
-    """What the registry holds for a loaded model: engine model + scheduler + chat template."""
-
-    chat_format: str | None = None  # which template and why (chat_formats.TemplateChoice)
-
-    def __init__(self, model: Any, template: ChatTemplate, *, name: str, max_queue: int,
-                 metrics: MetricsSink = NULL_METRICS) -> None:
-        self.model = model
-        self.tokenizer = model.tokenizer
-        self.n_ctx: int = model.n_ctx
-        self.chat_template = template
-        # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
-        self.sampling_defaults = defaults.from_metadata(getattr(model, "metadata", None) or {})
-        self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics)
-        # Request preparation (template, tokenizing) is CPU work that must not block the event
-        # loop; two threads per model, so one model's slow prompts never delay another's.
-        self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"modelyard-{name}-prep")
-        self._max_token_bytes: int | None = None
-        self.fingerprint = _fingerprint(model, template)
-
-
-    @property
-    def max_token_bytes(self) -> int:
-        """The longest token's text in bytes: a prompt of more than n_ctx times this many bytes
-        cannot fit the context, whatever it tokenizes to (computed once)."""
-        if self._max_token_bytes is None:
-            tok = self.tokenizer
-            texts = getattr(self.model, "metadata", {}).get("tokenizer.ggml.tokens") or []
-            longest = max((len(tok.token_bytes(i)) for i in range(self.model.n_vocab)), default=1)
-            longest = max([longest, *(len(str(t).encode()) for t in texts)])
-            self._max_token_bytes = max(1, longest)
-        return self._max_token_bytes
-
-    @property
-    def memory_bytes(self) -> int:
-        return int(self.model.memory_bytes)
-
-    @property
-    def broken(self) -> str | None:
-        """Why this model must stop serving, or None (the registry unloads a broken model)."""
-        return self.scheduler.broken
-
-    def abort(self, error: BaseException) -> None:
-        """End every request this model runs or queues with `error` (shutdown deadline)."""
-        self.scheduler.abort(error)
-
-    def file_changed(self) -> str | None:
-        """Why the model file is no longer what is mapped (a stat), or None."""
-        check = getattr(self.model, "file_changed", None)
-        return None if check is None else check()
-
-    @property
-    def mapped_bytes(self) -> int:
-        """The part of memory_bytes another load of the same file shares (its mapping)."""
-        return int(getattr(self.model, "mapped_bytes", 0))
-
-    @property
-    def queued(self) -> int:
-        """Requests waiting for a slot (the registry reports it)."""
-        return self.scheduler.queued
-
-    @property
-    def active(self) -> int:
-        """Requests generating in a slot (the registry reports it)."""
-        return self.scheduler.active
-
-    def chat_prompt(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None, *, time_budget: float = 2.0,
-                    max_chars: int = 64 * 1024 * 1024) -> list[int]:
-        """Render the chat template (within its budget, engine/template_budget.py) and tokenize
-        it, special tokens parsed as such. Call it on `prep`, not on the event loop."""
-        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools,
-                                         time_budget=time_budget, max_chars=max_chars)
-        return self.text_prompt(text)
-
-    @property
-    def tool_format(self) -> ToolFormat:
-        """How this model's template writes tool calls (engine/tool_formats.py), found once."""
-        fmt = self.__dict__.get("_tool_format")
-        if fmt is None:
-            tok = self.tokenizer
-
-            def control_token(text: str) -> int | None:
-                token = tok.token_id(text)
-                return token if token is not None and tok.is_special(token) else None
-
-            fmt = self.__dict__["_tool_format"] = detect_tool_format(self.chat_template.source,
-                                                                     control_token)
-        return fmt
-
-    def text_prompt(self, text: str) -> list[int]:
-        """Tokenize a prompt; BOS is added when the model wants it and the text lacks it."""
-        tok = self.tokenizer
-        bos = self.chat_template.bos_token
-        add_bos = bool(tok.add_bos) and not (bos and text.startswith(bos))
-        return list(tok.encode(text, add_special=add_bos, parse_special=True))
-
-    def close(self) -> None:
-        self.prep.shutdown(wait=True, cancel_futures=True)
-        self.scheduler.close()
-        self.model.close()
-
-
-def _fingerprint(model: Any, template: ChatTemplate) -> str:
-    """OpenAI's `system_fingerprint`: changes when what shapes the outputs does (the weights
-    file, the context, the template, the engine's version), so clients can tell."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        ours = version("modelyard")
-    except PackageNotFoundError:
-        ours = "dev"
-    path = getattr(model, "path", None)
-    stat = path.stat() if path is not None and path.exists() else None
-    parts = (ours, str(path), stat.st_size if stat else 0, stat.st_mtime_ns if stat else 0,
-             getattr(model, "n_ctx", 0), getattr(template, "source", ""))
-    return "fp_" + hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
-
-
-def _template_for(model: Any, entry: ModelEntry) -> tuple[ChatTemplate, TemplateChoice]:
-    """The entry's template (engine/chat_formats.py says which wins); a file template that does
-    not compile falls back to the built-in its vocabulary suggests."""
-    tok = model.tokenizer
-    tokens = model.metadata.get("tokenizer.ggml.tokens") or []
-    choice = choose_template(model.metadata, config_template=entry.chat_template,
-                             chat_format=entry.chat_format)
-    try:
-        template = ChatTemplate.for_model(choice.source, tokens, tok.bos_id, tok.eos_id)
-    except ChatTemplateError as exc:
-        if choice.origin != "gguf":
-            raise  # config.py compiled it already: only the file's own can fail here
-        meta = {k: v for k, v in model.metadata.items() if k != "tokenizer.chat_template"}
-        fallback = choose_template(meta)
-        choice = TemplateChoice(fallback.source, "built-in", fallback.name,
-                                f"the file's chat template does not compile ({exc})")
-        log.warning("%s: %s; using %s instead", model.path, exc, choice.describe())
-        template = ChatTemplate.for_model(choice.source, tokens, tok.bos_id, tok.eos_id)
-    return template, choice
-
-
-def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) -> ServedModel:
-    """The registry's loader: load the GGUF (compiling kernels) with `n_parallel` KV-cache slots
-    and start its scheduler."""
-    model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
-                        n_slots=entry.n_parallel)
-    try:
-        template, choice = _template_for(model, entry)
-        log.info("%s: chat template: %s", entry.name, choice.describe())
-        served = ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
-                             metrics=metrics)
-        served.chat_format = choice.describe()
-        return served
-    except BaseException:
-        model.close()
-        raise

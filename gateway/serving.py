@@ -25,8 +25,9 @@ import numpy as np
 from . import protocol as p
 from .config import LimitSettings
 from .errors import APIError, context_length_exceeded, invalid_request
-from .scheduler import (Event, Finished, GenerationRequest, PromptProgress, ServedModel,
-                        TextDelta, TokenInfo)
+from .generation import (Event, Finished, GenerationRequest, PromptProgress, TextDelta,
+                         TokenInfo)
+from .served_model import ServedModel
 from .streaming import TextEventTemplate
 from .structured import Output, chat_output, completion_output
 from .tool_stream import ReplyReader, finish_reason

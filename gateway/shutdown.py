@@ -18,7 +18,7 @@ import enum
 import logging
 from typing import Any
 
-from .scheduler import ServerStoppingError
+from .generation import ServerStoppingError
 
 log = logging.getLogger("modelyard")
 

@@ -22,7 +22,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from .errors import to_api_error
-from .scheduler import ServerStoppingError
+from .generation import ServerStoppingError
 
 log = logging.getLogger("modelyard.streaming")
 

@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType
 
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.scheduler import load_served_model
+from gateway.served_model import load_served_model
 from tests.ggufgen import write_tiny_llama
 from tests.refs import REFS_DIR
 from tests.servers import ThreadedServer, free_port

@@ -12,7 +12,7 @@ import yaml
 from gateway import defaults
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.scheduler import load_served_model
+from gateway.served_model import load_served_model
 from tests.ggufgen import write_tiny_llama
 from tests.servers import ThreadedServer
 

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.metrics import NULL_METRICS, MetricsSink, loader_with_metrics
-from gateway.scheduler import load_served_model
+from gateway.served_model import load_served_model
 from gateway.watch import WatchOptions
 from tests.ggufgen import write_tiny_llama
 from tests.servers import ThreadedServer, free_port

@@ -182,7 +182,8 @@ def test_non_finite_logits_fail_the_requests_and_mark_the_model_broken() -> None
     import numpy as np
 
     import engine
-    from gateway.scheduler import GenerationRequest, ModelBrokenError, Scheduler
+    from gateway.generation import GenerationRequest, ModelBrokenError
+    from gateway.scheduler import Scheduler
     from tests.scripted_model import ScriptedModel, letters, script
 
     model = ScriptedModel(n_slots=2)

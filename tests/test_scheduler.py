@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from engine.sampling import SamplingParams
-from gateway.scheduler import (HANDOFF_ROUNDS, Finished, Generation, GenerationCancelled,
-                               GenerationRequest, PromptProgress, QueueFullError, Scheduler,
-                               SchedulerClosedError, StopScanner, TextDelta)
+from gateway.generation import (Finished, GenerationCancelled, GenerationRequest, PromptProgress,
+                                QueueFullError, SchedulerClosedError, TextDelta)
+from gateway.scheduler import HANDOFF_ROUNDS, Generation, Scheduler
+from gateway.stop_strings import StopScanner
 from tests.scripted_model import FAIL, SEP, ScriptedModel, ScriptedTokenizer, letters, script
 
 # ------------------------------------------------------------------ StopScanner
@@ -354,7 +355,7 @@ def test_metrics_record_queue_slots_batches_and_cache_hits():
 
 def test_served_model_reports_its_queue_and_slots():
     """The registry's /admin/models rows read `queued` and `active` from the served model."""
-    from gateway.scheduler import ServedModel
+    from gateway.served_model import ServedModel
 
     async def main():
         gate = threading.Semaphore(0)
