@@ -18,28 +18,16 @@ from tests.ggufgen import write_servable
 MB = 1 << 20
 
 
-class FakeScheduler:
-    def __init__(self) -> None:
-        self.queued = 0
-        self.active = 0
-
-
 class FakeServed:
-    """Shaped like scheduler.ServedModel: its counts are its scheduler's."""
+    """Shaped like served_model.ServedModel: it reports the counts of its queue and slots
+    (test_scheduler.py checks that the real one reads them from its scheduler)."""
 
     def __init__(self, entry: ModelEntry) -> None:
         self.entry = entry
         self.memory_bytes = 3 * MB
-        self.scheduler = FakeScheduler()
+        self.queued = 0
+        self.active = 0
         self.closed = False
-
-    @property
-    def queued(self) -> int:
-        return self.scheduler.queued
-
-    @property
-    def active(self) -> int:
-        return self.scheduler.active
 
     def close(self) -> None:
         self.closed = True
@@ -128,11 +116,11 @@ def test_models_lists_every_entry_with_its_numbers(client: TestClient, config_pa
     assert rows(client)["b"]["state"] == "unloaded"  # only the one asked for
 
 
-def test_queued_and_active_counts_come_from_the_models_scheduler(client: TestClient,
-                                                                 loader: Loader) -> None:
+def test_queued_and_active_counts_come_from_the_served_model(client: TestClient,
+                                                             loader: Loader) -> None:
     client.post("/admin/models/b/load")
-    loader.loaded[0].scheduler.queued = 7
-    loader.loaded[0].scheduler.active = 3
+    loader.loaded[0].queued = 7
+    loader.loaded[0].active = 3
     row = rows(client)["b"]
     assert (row["queued"], row["active"]) == (7, 3)
 
