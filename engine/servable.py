@@ -3,7 +3,7 @@
     why_not_servable(path) -> None, or the reason (str) a load would fail
     check_servable(path) / judge_header(path, meta, tensors) -> HParams, or ModelLoadError
 
-The config check (gateway/config.py), `modelyard scan` (gateway/scan/) and the registry (before
+The config check (gateway/config/), `modelyard scan` (gateway/scan/) and the registry (before
 it evicts anything to make room) all ask this one function, so they agree with each other and
 with a real load. It runs the loader's own judgements rather than a list of its own:
 

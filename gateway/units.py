@@ -1,7 +1,7 @@
 """Human-friendly durations and sizes for the config file: `30s`, `10m`, `1h`, `512MiB`, `4GiB`.
 
 Both parsers accept a plain number too (seconds, bytes) and raise ValueError with a message that
-shows what is accepted, so config.py can hand it to the user unchanged.
+shows what is accepted, so the config loader can hand it to the user unchanged.
 """
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ from typing import Any
 
 from watchfiles import Change, awatch
 
-from .config import Config, ConfigError, load_config
+from .config import Config, ConfigError, load_config, restart_needed
 from .metrics import NULL_METRICS, MetricsSink
 from .registry import Registry
 
@@ -179,7 +179,7 @@ class Reloader:
         paths_before = self.watched_paths()
         result = self.registry.apply(new)
         self._on_applied(new)
-        restart = _restart_needed(old, new)
+        restart = restart_needed(old, new)
         record = ReloadRecord(True, now, trigger, kept=result.kept, reloaded=result.reloaded,
                               added=result.added, removed=result.removed, restart_needed=restart,
                               warnings=list(new.warnings))
@@ -190,12 +190,6 @@ class Reloader:
             for listener in self._listeners:
                 listener()
         return record
-
-
-def _restart_needed(old: Config, new: Config) -> list[str]:
-    """Settings a running server cannot change: where it listens."""
-    return [f"{name} ({getattr(old, name)!r} -> {getattr(new, name)!r})"
-            for name in ("host", "port") if getattr(old, name) != getattr(new, name)]
 
 
 def _summary(r: ReloadRecord) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.config import (Config, ConfigError, ModelEntry, ModelNotFoundError,
                             load_config)
+from gateway.config.reload import RELOAD, RESTART, marked, unmarked
 from gateway.units import format_duration, format_size, parse_duration, parse_size
 from tests.ggufgen import write_servable
 
@@ -194,6 +195,17 @@ def test_settings_key_changes_only_with_what_shapes_a_loaded_model(tmp_path: Pat
                    {"model": tmp_path / "b.gguf"}, {"n_parallel": 1}):
         assert entry.model_copy(update=change).settings_key() != entry.settings_key()
     hash(entry.settings_key())
+
+
+def test_every_config_field_says_when_a_change_to_it_applies() -> None:
+    # A new key must be marked LIVE, RELOAD or RESTART (or INTERNAL): the reload diff reads it.
+    assert unmarked(Config) == []
+
+
+def test_the_reload_marks_match_what_the_registry_and_the_reloader_act_on() -> None:
+    assert set(marked(ModelEntry, RELOAD)) == {"model", "n_ctx", "n_threads", "n_parallel",
+                                               "max_queue", "chat_template", "chat_format"}
+    assert marked(Config, RESTART) == ("host", "port")
 
 
 # ----------------------------------------------------------------------------- env expansion

@@ -6,9 +6,7 @@
 """
 from __future__ import annotations
 
-import json
 import re
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +15,8 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, load_config
+from ..config.formats import FORMATS, ParseError, parse
 from .render import DEFAULT_N_CTX, Entry, render, toml_items, yaml_items
-
-FORMATS = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}
-
 
 class ScanError(Exception):
     """A problem with the arguments or the existing config: said to the user, exit status 2."""
@@ -51,11 +47,7 @@ class Existing:
 
 
 def parse_text(fmt: str, text: str) -> Any:
-    if fmt == "yaml":
-        return yaml.safe_load(text)
-    if fmt == "toml":
-        return tomllib.loads(text)
-    return json.loads(text)
+    return parse(fmt, text).data  # the reader load_config uses
 
 
 def read_existing(path: Path) -> Existing:
@@ -73,8 +65,9 @@ def read_existing(path: Path) -> Existing:
         raise ScanError(f"{path}: cannot read: {e}") from None
     try:
         data = parse_text(fmt, text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-        raise ScanError(f"{path}: cannot parse it as {fmt.upper()}: {e}") from None
+    except ParseError as e:
+        where = f"{path}:{e.line}" if e.line else f"{path}"
+        raise ScanError(f"{where}: cannot parse it as {fmt.upper()}: {e.reason}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -138,7 +131,7 @@ def updated_text(existing: Existing, entries: Sequence[Entry]) -> tuple[str, boo
 def _adds_exactly(existing: Existing, text: str, entries: Sequence[Entry]) -> bool:
     try:
         data = parse_text(existing.fmt, text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError):
+    except ParseError:
         return False
     if not isinstance(data, dict):
         return False

@@ -1,0 +1,37 @@
+"""Configs written for llama-cpp-python's `--config_file` load unchanged: what that takes.
+
+Its server and model keys that modelyard does not use (yet) are accepted with a warning; the
+entry's `model_alias` is its first alias, an entry without one answers to its `model` string,
+and the top-level `api_key` is one more client key that also guards the admin endpoints.
+"""
+from __future__ import annotations
+
+MODEL_ALIAS = "model_alias"  # its one alias per entry: the first of ours
+API_KEY = "api_key"          # its one key: a client key named "api_key" (see loader._auth)
+
+# llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet).
+LLAMA_CPP_SERVER_KEYS = frozenset({
+    "ssl_keyfile", "ssl_certfile", "interrupt_requests", "disable_ping_events",
+    "root_path",
+})
+LLAMA_CPP_MODEL_KEYS = frozenset({
+    "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap",
+    "use_mlock", "kv_overrides", "rpc_servers", "n_batch", "n_ubatch", "n_threads_batch",
+    "rope_scaling_type", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
+    "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "mul_mat_q",
+    "logits_all", "embedding", "offload_kqv", "flash_attn", "last_n_tokens_size", "lora_base",
+    "lora_path", "numa", "clip_model_path", "cache", "cache_type", "cache_size",
+    "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
+    "draft_model", "draft_model_num_pred_tokens", "type_k", "type_v", "verbose",
+})
+_SERVER_KEY_NOTES = {
+    "ssl_keyfile": "TLS is not served yet: put a reverse proxy in front for HTTPS",
+    "ssl_certfile": "TLS is not served yet: put a reverse proxy in front for HTTPS",
+}
+UNUSED = "accepted for llama-cpp-python compatibility; not used by modelyard yet"
+
+
+def server_key_note(key: str) -> str:
+    """The warning for one of LLAMA_CPP_SERVER_KEYS."""
+    return "accepted for llama-cpp-python compatibility; " + _SERVER_KEY_NOTES.get(
+        key, "not used by modelyard yet")

@@ -1,0 +1,327 @@
+"""`load_config(path)`: a file in, a complete and valid `Config` out, or every problem at once.
+
+Reading happens in four steps, each collecting problems instead of stopping at the first:
+  parse (formats.py, remembering the line of every key) -> expand ${VAR} / ${VAR:-default}
+  (env.py) -> prepare (sort keys into ours / llama-cpp-python's / unknown, merge `defaults`,
+  resolve paths, read key and chat template files) -> validate each part with the schema
+  (schema.py), then the checks across entries.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from .env import expand_env
+from .formats import FORMATS, ParseError, format_of, parse
+from .llama_cpp import API_KEY, LLAMA_CPP_MODEL_KEYS, LLAMA_CPP_SERVER_KEYS, MODEL_ALIAS, UNUSED
+from .llama_cpp import server_key_note
+from .problems import ConfigError, Loc, Problems, pydantic_message, render, unknown_key
+from .reload import file_keys
+from .schema import (ENTRY_KEYS, PER_MODEL_ONLY, TOP_KEYS, AuthSettings, Config, CorsSettings,
+                     EntrySettings, LimitSettings, ModelEntry, RegistrySettings, ServerSettings,
+                     check_across_entries)
+
+log = logging.getLogger("modelyard.config")
+
+# An entry's index and where each of its aliases came from, for the checks across entries.
+_Aliases = tuple[int, list[tuple[str, Loc]]]
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and check a YAML (.yaml/.yml), TOML (.toml) or JSON (.json) config file."""
+    path = Path(path)
+    shown = str(path)
+    fmt = format_of(path)
+    if fmt is None:
+        raise ConfigError(shown, [f"{shown}: unsupported config format {path.suffix or '(none)'!r}"
+                                  f"; use {_suffixes()}"])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(shown, [f"{shown}: config file not found"]) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(shown, [f"{shown}: cannot read the config file: {e}"]) from None
+
+    try:
+        parsed = parse(fmt, text)
+    except ParseError as e:
+        where = f"{shown}:{e.line}" if e.line else shown
+        raise ConfigError(shown, [f"{where}: {e}"]) from None
+    problems = Problems()
+    for loc, message in parsed.duplicates:
+        problems.add(loc, message)
+
+    config = _build(parsed.data, path.resolve().parent, problems, source=path.resolve())
+    if problems.items or config is None:
+        raise ConfigError(shown, render(problems.items, parsed.lines, shown))
+    warnings = render(problems.warnings, parsed.lines, shown)
+    for message in warnings:
+        log.warning("%s", message)
+    return config.model_copy(update={"warnings": warnings})
+
+
+def _suffixes() -> str:
+    *rest, last = FORMATS
+    return f"{', '.join(rest)} or {last}"
+
+
+def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Config | None:
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        problems.add((), f"the top level must be a mapping of keys ({', '.join(TOP_KEYS)}); "
+                         f"got {got}")
+        return None
+    data = expand_env(data, (), problems)
+
+    for key in data:
+        if key == API_KEY:  # llama-cpp-python's single key: enforced (see _auth_section)
+            continue
+        if key in LLAMA_CPP_SERVER_KEYS:
+            problems.warn((key,), server_key_note(key))
+        elif key not in TOP_KEYS:
+            problems.add((key,), unknown_key(key, TOP_KEYS))
+
+    server = _validate(ServerSettings, {k: data[k] for k in ServerSettings.model_fields
+                                        if k in data}, (), problems)
+    registry = _validate(RegistrySettings, _section(data, "registry"), ("registry",), problems)
+    auth = _validate(AuthSettings, _auth_section(data, base_dir, problems), ("auth",), problems)
+    cors = _validate(CorsSettings, _section(data, "cors"), ("cors",), problems)
+    limits = _validate(LimitSettings, _section(data, "limits"), ("limits",), problems)
+    defaults = _prepare_defaults(_section(data, "defaults"), base_dir, problems)
+
+    raw_models = data.get("models")
+    entries: list[ModelEntry | None] = []
+    seen: list[_Aliases] = []
+    if not isinstance(raw_models, list) or not raw_models:
+        problems.add(("models",), "required: a list with at least one model "
+                                  "(each at least `model: path/to/file.gguf`)")
+    else:
+        for i, raw in enumerate(raw_models):
+            prepared = _prepare_entry(raw, defaults, base_dir, ("models", i), problems)
+            if prepared is None:
+                entries.append(None)
+                continue
+            entry_fields, alias_locs = prepared
+            seen.append((i, alias_locs))
+            entries.append(_validate(ModelEntry, entry_fields, ("models", i), problems))
+
+    default_model = data.get("default_model")
+    all_prepared = len(seen) == len(entries) > 0
+    check_across_entries(
+        seen, default_model if isinstance(default_model, str) and all_prepared else None, problems)
+    if (problems.items or server is None or registry is None or auth is None or cors is None
+            or limits is None or None in entries):
+        return None
+    try:
+        return Config(**server.model_dump(), registry=registry, auth=auth, cors=cors,
+                      limits=limits,
+                      models=[e for e in entries if e is not None], source=source)
+    except ValidationError as e:  # a check above missed something; still report, never crash
+        for err in e.errors():
+            problems.add(tuple(err["loc"]), pydantic_message(err, TOP_KEYS))
+        return None
+
+
+def _secret(raw: dict[str, Any], key: str, base_dir: Path, loc: Loc, problems: Problems) -> None:
+    """`key` given inline (often `${ENV}`) or as `key_file` (its first line): into raw[key]."""
+    file_key = f"{key}_file"
+    if file_key not in raw:
+        return
+    if key in raw:
+        problems.add(loc + (file_key,), f"give {key} or {file_key}, not both")
+        return
+    value = raw.pop(file_key)
+    if not isinstance(value, str) or not value.strip():
+        problems.add(loc + (file_key,), "must be the path of a file holding the key")
+        return
+    path = (base_dir / Path(value).expanduser()).resolve()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        problems.add(loc + (file_key,), f"cannot read the key file {path}: "
+                                        f"{getattr(e, 'strerror', None) or e}")
+        return
+    secret = lines[0].strip() if lines else ""
+    if not secret:
+        problems.add(loc + (file_key,), f"the key file {path} is empty")
+        return
+    raw[key] = secret
+
+
+def _auth_section(data: dict[str, Any], base_dir: Path, problems: Problems) -> Any:
+    """`auth:` with key files read, and llama-cpp-python's top-level `api_key` as one more key
+    (that also guards the admin endpoints unless auth.admin_key is set)."""
+    raw = _section(data, "auth")
+    if not isinstance(raw, dict):
+        return raw
+    raw = dict(raw)
+    _secret(raw, "admin_key", base_dir, ("auth",), problems)
+    keys = raw.get("keys")
+    if isinstance(keys, list):
+        raw["keys"] = []
+        for i, item in enumerate(keys):
+            if isinstance(item, dict):
+                item = dict(item)
+                _secret(item, "key", base_dir, ("auth", "keys", i), problems)
+            raw["keys"].append(item)
+    api_key = data.get(API_KEY)
+    if isinstance(api_key, str) and api_key:
+        raw["keys"] = [*raw.get("keys", []), {"name": API_KEY, "key": api_key}]
+        raw.setdefault("admin_key", api_key)
+    elif api_key is not None:
+        problems.add((API_KEY,), "must be a non-empty string")
+    for i, item in enumerate(raw.get("keys") or []):
+        if isinstance(item, dict) and isinstance(item.get("key"), str) and not item["key"].strip():
+            problems.add(("auth", "keys", i, "key"), "must not be empty")
+    return raw
+
+
+def _section(data: dict[str, Any], key: str) -> Any:
+    """A mapping section; `registry:` with every key commented out reads as empty."""
+    value = data.get(key)
+    return {} if value is None else value
+
+
+def _entry_setting(key: str, value: Any, fields: dict[str, Any], extra: dict[str, Any],
+                   base_dir: Path, loc: Loc, problems: Problems) -> None:
+    """A key that `defaults` and a `models` entry share: the chat template, one of our settings,
+    a llama-cpp-python key (kept in `extra`, with a warning) or an unknown key (an error)."""
+    if key == "chat_template":
+        fields.update(_chat_template(value, base_dir, loc + (key,), problems))
+    elif key in ENTRY_KEYS:
+        fields[key] = value
+    elif key in LLAMA_CPP_MODEL_KEYS:
+        problems.warn(loc + (key,), UNUSED)
+        extra[key] = value
+    else:
+        problems.add(loc + (key,), unknown_key(key, ENTRY_KEYS))
+
+
+def _prepare_defaults(raw: Any, base_dir: Path, problems: Problems) -> dict[str, Any]:
+    """The `defaults` keys that are valid, ready to merge under every entry."""
+    loc: Loc = ("defaults",)
+    if not isinstance(raw, dict):
+        problems.add(loc, "must be a mapping of model keys (n_ctx, n_threads, ...)")
+        return {}
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in PER_MODEL_ONLY:
+            problems.add(loc + (key,), "belongs in each entry of `models`, not in defaults")
+        else:
+            _entry_setting(key, value, fields, extra, base_dir, loc, problems)
+    # Check the values once here, so a bad default is reported once, not once per model.
+    try:
+        EntrySettings.model_validate(fields)
+    except ValidationError as e:
+        for err in e.errors():
+            problems.add(loc + tuple(err["loc"]), pydantic_message(err, ENTRY_KEYS))
+            fields.pop(str(err["loc"][0]), None)
+    if extra:
+        fields["extra"] = extra
+    return fields
+
+
+def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
+                   problems: Problems) -> tuple[dict[str, Any], list[tuple[str, Loc]]] | None:
+    """Turn one `models` item into ModelEntry fields; also return where each alias came from."""
+    if not isinstance(raw, dict):
+        problems.add(loc, "must be a mapping with at least `model: path/to/file.gguf`")
+        return None
+    fields = {k: v for k, v in defaults.items() if k != "extra"}
+    extra = dict(defaults.get("extra", {}))
+    alias_locs: list[tuple[str, Loc]] = []
+
+    for key, value in raw.items():
+        if key == "model":
+            fields["model"] = _model_path(value, base_dir, loc + (key,), problems)
+        elif key == MODEL_ALIAS:  # llama-cpp-python's single alias comes first
+            if isinstance(value, str):
+                alias_locs.insert(0, (value, loc + (key,)))
+            elif value is not None:
+                problems.add(loc + (key,), "must be a string")
+        elif key == "aliases":
+            names = [value] if isinstance(value, str) else value
+            if not isinstance(names, list):
+                problems.add(loc + (key,), "must be a list of names")
+                continue
+            for j, name in enumerate(names):
+                if isinstance(name, str) and name.strip():
+                    alias_locs.append((name, loc + (key, j)))
+                else:
+                    problems.add(loc + (key, j), f"an alias must be a non-empty string, got {name!r}")
+        else:
+            _entry_setting(key, value, fields, extra, base_dir, loc, problems)
+
+    if "model" not in raw:
+        problems.add(loc + ("model",), "required: the path of a GGUF file")
+        return None
+    if not alias_locs and "aliases" not in raw and isinstance(raw["model"], str):
+        # llama-cpp-python serves an entry without an alias under its `model` string.
+        alias_locs = [(raw["model"], loc + ("model",))]
+    # Listing a name twice is reported by check_across_entries; pydantic gets each once.
+    fields["aliases"] = list(dict.fromkeys(a for a, _ in alias_locs))
+    fields["extra"] = extra
+    return fields, alias_locs
+
+
+def _model_path(value: Any, base_dir: Path, loc: Loc, problems: Problems) -> Any:
+    if not isinstance(value, str) or not value.strip():
+        problems.add(loc, "must be the path of a GGUF file (a string)")
+        return value
+    path = (base_dir / Path(value).expanduser()).resolve()
+    if not path.is_file():
+        problems.add(loc, f"model file not found: {path}")
+        return path
+    from engine.servable import why_not_servable  # the judgement scan and serve share
+
+    reason = why_not_servable(path)
+    if reason is not None:
+        problems.add(loc, f"cannot serve {path}: {reason}")
+    return path
+
+
+def _chat_template(value: Any, base_dir: Path, loc: Loc, problems: Problems) -> dict[str, Any]:
+    """`chat_template` is inline template text, or else the path of a file holding it."""
+    if value is None:
+        return {"chat_template": None, "chat_template_path": None}
+    if not isinstance(value, str) or not value.strip():
+        problems.add(loc, "must be template text or the path of a template file")
+        return {}
+    if "{{" in value or "{%" in value or "\n" in value:
+        text, path = value, None
+    else:
+        path = (base_dir / Path(value).expanduser()).resolve()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            problems.add(loc, f"chat template file not found: {path} (inline templates must "
+                              "contain '{{' or '{%')")
+            return {}
+        except (OSError, UnicodeDecodeError) as e:
+            problems.add(loc, f"cannot read chat template file {path}: {e}")
+            return {}
+    from engine.chat import ChatTemplate, ChatTemplateError
+
+    try:
+        ChatTemplate(text)  # compile now: a broken template is a config error, not a 500 later
+    except ChatTemplateError as e:
+        problems.add(loc, f"{e}" + (f" (in {path})" if path else ""))
+        return {}
+    return {"chat_template": text, "chat_template_path": path}
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validate(cls: type[M], data: Any, loc: Loc, problems: Problems) -> M | None:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        for err in e.errors():
+            problems.add(loc + tuple(err["loc"]), pydantic_message(err, file_keys(cls)))
+        return None

@@ -1,0 +1,280 @@
+"""The config's pydantic schema: what a complete, checked configuration holds.
+
+Each field says when a change to it applies on reload (`LIVE`, `RELOAD`, `RESTART`, see
+gateway/config/reload.py), and the key lists the loader checks files against derive from these
+models (`TOP_KEYS`, `ENTRY_KEYS`), as does the JSON Schema of the file (json_schema.py).
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr,
+                      field_validator, model_validator)
+
+from gateway.units import parse_duration, parse_size
+
+from .llama_cpp import MODEL_ALIAS
+from .problems import Loc, Problems, dotted
+from .reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
+
+GiB = 1024**3
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]  # seconds
+Size = Annotated[int, BeforeValidator(parse_size)]            # bytes
+
+
+class ModelNotFoundError(LookupError):
+    """No configured model answers to `alias` (the API turns it into 404 model_not_found)."""
+
+    def __init__(self, alias: str, available: Iterable[str]):
+        self.alias = alias
+        self.available = list(available)
+        super().__init__(f"model {alias!r} does not exist; available: {', '.join(self.available)}")
+
+
+class RegistrySettings(BaseModel):
+    """How many models stay loaded, and for how long."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_loaded_models: Annotated[int, LIVE] = Field(2, ge=1)
+    memory_budget: Annotated[Size, LIVE] = 4 * GiB  # weights + KV cache of every loaded model
+    idle_timeout: Annotated[Duration, LIVE] = 600.0  # 0 = never unload for idleness
+    load_timeout: Annotated[Duration, LIVE] = Field(120.0, gt=0)  # the longest a request waits
+
+
+class LimitSettings(BaseModel):
+    """What one request may cost before it is refused (gateway/limits.py enforces them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body: Annotated[Size, LIVE] = Field(32 * 1024 * 1024, ge=1)  # larger bodies get 413
+    body_timeout: Annotated[Duration, LIVE] = Field(30.0, gt=0)  # reading one body; then 408
+    template_timeout: Annotated[Duration, LIVE] = Field(2.0, gt=0)  # one chat template; then 400
+    max_prompt: Annotated[Size, LIVE] = Field(64 * 1024 * 1024, ge=1)  # prompt text; then 413
+
+
+class EntrySettings(BaseModel):
+    """The per-model keys that may also be given once under `defaults`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_ctx: Annotated[int, RELOAD] = 4096
+    n_threads: Annotated[int, RELOAD] = 2
+    n_parallel: Annotated[int, RELOAD] = Field(4, ge=1)  # requests batched together (scheduler)
+    max_queue: Annotated[int, RELOAD] = Field(64, ge=0)  # waiting beyond n_parallel before 503
+    idle_timeout: Annotated[Duration | None, LIVE] = None  # None = registry.idle_timeout; 0 = never
+    chat_template: Annotated[str | None, RELOAD] = None  # template text; None = the GGUF's own
+    # where chat_template was read from, for watching
+    chat_template_path: Annotated[Path | None, INTERNAL] = None
+    # a built-in template by name (engine/chat_formats.py)
+    chat_format: Annotated[str | None, RELOAD] = None
+    pinned: Annotated[bool, LIVE] = False  # never evicted, loaded at start-up
+    # Sampling defaults for requests that leave a field out (gateway/defaults.py); None = the
+    # GGUF's general.sampling.* value, else llama.cpp's.
+    temperature: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=2.0)
+    top_p: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=1.0)
+    top_k: Annotated[int | None, LIVE] = Field(None, ge=0)
+    min_p: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: Annotated[float | None, LIVE] = Field(None, gt=0.0)
+    presence_penalty: Annotated[float | None, LIVE] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Annotated[float | None, LIVE] = Field(None, ge=-2.0, le=2.0)
+    # None: chat 1024 (<= n_ctx/2), completions 16
+    max_tokens: Annotated[int | None, LIVE] = Field(None, ge=1)
+    seed: Annotated[int | None, LIVE] = None  # requests without a seed use it (llama.cpp --seed)
+
+    @field_validator("n_ctx")
+    @classmethod
+    def _positive_context(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("0 (llama-cpp-python's 'the model's own context size') is not "
+                             "supported yet; give a size such as 4096")
+        if v < 1:
+            raise ValueError("must be at least 1")
+        return v
+
+    @field_validator("chat_format")
+    @classmethod
+    def _known_format(cls, v: str | None) -> str | None:
+        from engine.chat_formats import FORMAT_NAMES, builtin_name
+
+        if v is not None and builtin_name(v) is None:
+            close = difflib.get_close_matches(v.strip().lower(), FORMAT_NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown chat format {v!r}{hint} (known: {', '.join(FORMAT_NAMES)})")
+        return v
+
+    @field_validator("n_threads")
+    @classmethod
+    def _threads(cls, v: int) -> int:
+        # after pydantic's int parsing, so -1 also works from "${THREADS:--1}"
+        if v == -1:  # llama-cpp-python reads -1 as "every core"
+            return os.cpu_count() or 1
+        if v < 1:
+            raise ValueError("must be at least 1 (or -1 for every core)")
+        return v
+
+
+class ModelEntry(EntrySettings):
+    """One servable model: a GGUF file, the names it answers to, and how to run it."""
+
+    model: Annotated[Path, RELOAD]  # absolute
+    aliases: Annotated[list[str], LIVE] = Field(min_length=1)
+    # llama-cpp-python keys, not used yet
+    extra: Annotated[dict[str, Any], INTERNAL] = Field(default_factory=dict)
+
+    @field_validator("model")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return v if v.is_absolute() else (Path.cwd() / v).resolve()
+
+    @field_validator("aliases")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for alias in v:
+            if not alias.strip():
+                raise ValueError("an alias must not be empty")
+        if len(set(v)) != len(v):
+            raise ValueError(f"an alias is listed twice: {v}")
+        return v
+
+    def settings_key(self) -> tuple[tuple[str, Any], ...]:
+        """What must stay equal for a loaded model to stay warm across a config reload: the
+        RELOAD fields. The LIVE ones (aliases, pinning, idle timeout, sampling defaults) apply
+        to a loaded model as they are."""
+        return settings_key(self)
+
+    @property
+    def name(self) -> str:
+        """The first alias: how logs and errors refer to the entry."""
+        return self.aliases[0]
+
+
+class ApiKey(BaseModel):
+    """One client key of `auth.keys`. The key's value is a secret: never logged or shown."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, LIVE] = Field(min_length=1)  # how logs and metrics name the key
+    key: Annotated[SecretStr, LIVE]  # from `key` (e.g. ${ENV}) or the file `key_file`
+    models: Annotated[list[str] | None, LIVE] = None  # aliases it may use; None = every model
+    max_concurrent: Annotated[int | None, LIVE] = Field(None, ge=1)  # requests in flight at once
+    requests_per_minute: Annotated[int | None, LIVE] = Field(None, ge=1)
+
+
+class AuthSettings(BaseModel):
+    """`auth:` API keys for the API and a separate admin key (gateway/auth.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: list[ApiKey] = Field(default_factory=list)
+    # for /admin/* and the router API (/models/load...)
+    admin_key: Annotated[SecretStr | None, LIVE] = None
+    public: Annotated[list[str], LIVE] = Field(default_factory=lambda: ["/health", "/metrics"])
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys) or self.admin_key is not None
+
+
+class CorsSettings(BaseModel):
+    """`cors:` which browser origins may call the API (none by default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow_origins: Annotated[list[str], LIVE] = Field(default_factory=list)  # ["*"]: any origin
+
+
+class ServerSettings(BaseModel):
+    """The top-level keys that are not sections."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: Annotated[str, RESTART] = "127.0.0.1"
+    port: Annotated[int, RESTART] = Field(8080, ge=0, le=65535)  # 0 = any free port
+    default_model: Annotated[str | None, LIVE] = None  # used when a request names no model
+    # SIGTERM: how long running requests may finish
+    shutdown_timeout: Annotated[Duration, LIVE] = Field(60.0, ge=0)
+
+
+class Config(ServerSettings):
+    """A complete, checked configuration."""
+
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    cors: CorsSettings = Field(default_factory=CorsSettings)
+    models: list[ModelEntry] = Field(min_length=1)
+    # the file this came from; None = built in code
+    source: Annotated[Path | None, INTERNAL] = None
+    warnings: Annotated[list[str], INTERNAL] = Field(default_factory=list)  # accepted, unused keys
+
+    _by_alias: dict[str, ModelEntry] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        problems = Problems()
+        check_across_entries(
+            [(i, [(a, ("models", i, "aliases")) for a in e.aliases])
+             for i, e in enumerate(self.models)],
+            self.default_model, problems)
+        if problems.items:
+            raise ValueError("; ".join(f"{dotted(loc)}: {msg}" for loc, msg in problems.items))
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._by_alias = {a: e for e in self.models for a in e.aliases}
+
+    def resolve(self, alias: str | None) -> ModelEntry:
+        """The entry serving `alias`; None means default_model, or else the first entry."""
+        if alias is None:
+            if self.default_model is None:
+                return self.models[0]
+            alias = self.default_model
+        try:
+            return self._by_alias[alias]
+        except KeyError:
+            raise ModelNotFoundError(alias, self.aliases()) from None
+
+    def aliases(self) -> list[str]:
+        return [a for e in self.models for a in e.aliases]
+
+
+def default_config() -> Config:
+    """Used without a config file: serve the default model (downloaded once) as `smollm2`."""
+    from engine.default_model import DEFAULT_ALIAS, default_model_path
+
+    entry = ModelEntry(model=default_model_path(), aliases=[DEFAULT_ALIAS])
+    return Config(default_model=DEFAULT_ALIAS, models=[entry])
+
+
+def check_across_entries(entries: list[tuple[int, list[tuple[str, Loc]]]],
+                         default_model: str | None, problems: Problems) -> None:
+    """Aliases unique across all entries (each given as its index and where each alias came
+    from); default_model exists. Several entries may share one model file (with different
+    settings: llama-cpp-python's docs serve gpt-3.5-turbo and gpt-4 from one file with
+    different n_ctx); the registry keys its models by entry."""
+    owner: dict[str, int] = {}
+    for i, alias_locs in entries:
+        for alias, loc in alias_locs:
+            if alias not in owner:
+                owner[alias] = i
+            elif owner[alias] == i:
+                problems.add(loc, f"duplicate alias {alias!r}: listed twice in this entry")
+            else:
+                problems.add(loc, f"duplicate alias {alias!r}: models.{owner[alias]} already "
+                                  "answers to it")
+    if default_model is not None and owner and default_model not in owner:
+        problems.add(("default_model",), f"no model answers to {default_model!r}; aliases: "
+                                         f"{', '.join(owner)}")
+
+
+# The keys a file may hold. `defaults` is merged under each entry, so it is no field of Config.
+TOP_KEYS = (*(k for k in file_keys(Config) if k != "models"), "defaults", "models")
+PER_MODEL_ONLY = (*(k for k in file_keys(ModelEntry) if k not in EntrySettings.model_fields),
+                  MODEL_ALIAS)
+ENTRY_KEYS = (*PER_MODEL_ONLY, *file_keys(EntrySettings))
