@@ -4,6 +4,7 @@
     modelyard serve MODEL.gguf [MODEL2.gguf ...]     serve these files, no config needed
     modelyard serve --models-dir DIR                 every model under DIR, watched
     modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan/)
+    modelyard config-schema [-o FILE]    the JSON Schema of config files (gateway/config/)
     modelyard --version
 
 Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on first use; offline,
@@ -78,7 +79,24 @@ def _parser() -> argparse.ArgumentParser:
                        choices=["debug", "info", "warning", "error"], help="default: info")
     serve.set_defaults(run=serve_command)
     _add_scan_command(commands)
+    schema = commands.add_parser(
+        "config-schema", help="write the JSON Schema of the config file",
+        description="Write the JSON Schema that config files (YAML, TOML, JSON) validate "
+                    "against, for editors: examples/config.schema.json holds a copy.")
+    schema.add_argument("-o", "--output", type=Path, metavar="FILE",
+                        help="write it to FILE (default: standard output)")
+    schema.set_defaults(run=config_schema_command)
     return parser
+
+
+def config_schema_command(args: argparse.Namespace) -> int:
+    from .config.json_schema import schema_text
+
+    if args.output is None:
+        sys.stdout.write(schema_text())
+    else:
+        args.output.write_text(schema_text(), encoding="utf-8")
+    return 0
 
 
 def _add_scan_command(commands: Any) -> None:

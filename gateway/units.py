@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 import re
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # IEC units are powers of 1024, SI units powers of 1000; a bare K/M/G/T means the IEC unit,
 # like docker and llama-swap read them.
-_SIZE_UNITS = {
+SIZE_UNITS = {
     "b": 1,
     "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
@@ -25,13 +25,13 @@ SIZE_HINT = "use bytes or a number with a unit: 512MiB, 4GiB, 2GB"
 
 def parse_duration(value: object) -> float:
     """Seconds from `30s`, `10m`, `1.5h`, `500ms`, `1d`, or a plain non-negative number of seconds."""
-    seconds = _parse(value, _DURATION_UNITS, "duration", DURATION_HINT, default_unit="s")
+    seconds = _parse(value, DURATION_UNITS, "duration", DURATION_HINT, default_unit="s")
     return seconds
 
 
 def parse_size(value: object) -> int:
     """Bytes from `512MiB`, `4GiB`, `2GB`, `1.5G`, or a plain non-negative number of bytes."""
-    size = _parse(value, _SIZE_UNITS, "size", SIZE_HINT, default_unit="b")
+    size = _parse(value, SIZE_UNITS, "size", SIZE_HINT, default_unit="b")
     return int(round(size))
 
 

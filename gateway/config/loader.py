@@ -21,9 +21,9 @@ from .llama_cpp import API_KEY, LLAMA_CPP_MODEL_KEYS, LLAMA_CPP_SERVER_KEYS, MOD
 from .llama_cpp import server_key_note
 from .problems import ConfigError, Loc, Problems, pydantic_message, render, unknown_key
 from .reload import file_keys
-from .schema import (ENTRY_KEYS, PER_MODEL_ONLY, TOP_KEYS, AuthSettings, Config, CorsSettings,
-                     EntrySettings, LimitSettings, ModelEntry, RegistrySettings, ServerSettings,
-                     check_across_entries)
+from .schema import (ENTRY_KEYS, PER_MODEL_ONLY, SCHEMA_KEY, TOP_KEYS, AuthSettings, Config,
+                     CorsSettings, EntrySettings, LimitSettings, ModelEntry, RegistrySettings,
+                     ServerSettings, check_across_entries)
 
 log = logging.getLogger("modelyard.config")
 
@@ -78,7 +78,7 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
     data = expand_env(data, (), problems)
 
     for key in data:
-        if key == API_KEY:  # llama-cpp-python's single key: enforced (see _auth_section)
+        if key in (API_KEY, SCHEMA_KEY):  # llama-cpp-python's key: see _auth_section
             continue
         if key in LLAMA_CPP_SERVER_KEYS:
             problems.warn((key,), server_key_note(key))
@@ -253,7 +253,8 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
                 if isinstance(name, str) and name.strip():
                     alias_locs.append((name, loc + (key, j)))
                 else:
-                    problems.add(loc + (key, j), f"an alias must be a non-empty string, got {name!r}")
+                    problems.add(loc + (key, j),
+                                 f"an alias must be a non-empty string, got {name!r}")
         else:
             _entry_setting(key, value, fields, extra, base_dir, loc, problems)
 

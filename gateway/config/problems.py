@@ -19,7 +19,8 @@ class ConfigError(Exception):
         self.source = source
         self.errors = errors
         count = f"{len(errors)} problem" + ("s" if len(errors) != 1 else "")
-        super().__init__(f"invalid config {source} ({count}):\n" + "\n".join(f"  {e}" for e in errors))
+        listed = "\n".join(f"  {e}" for e in errors)
+        super().__init__(f"invalid config {source} ({count}):\n{listed}")
 
 
 class Problems:

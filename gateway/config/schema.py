@@ -3,6 +3,10 @@
 Each field says when a change to it applies on reload (`LIVE`, `RELOAD`, `RESTART`, see
 gateway/config/reload.py), and the key lists the loader checks files against derive from these
 models (`TOP_KEYS`, `ENTRY_KEYS`), as does the JSON Schema of the file (json_schema.py).
+
+Adding a key: declare the field here with its mark and a description; the loader, the reload
+diff and the JSON Schema follow. Then `modelyard config-schema -o examples/config.schema.json`
+(a test fails until the copy is current), and a line in README.md's "Configuration reference".
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ GiB = 1024**3
 Duration = Annotated[float, BeforeValidator(parse_duration)]  # seconds
 Size = Annotated[int, BeforeValidator(parse_size)]            # bytes
 
+_SAMPLING = ("the sampling default of requests that leave it out; default: the GGUF's "
+             "general.sampling.* value, else llama.cpp's")
+
 
 class ModelNotFoundError(LookupError):
     """No configured model answers to `alias` (the API turns it into 404 model_not_found)."""
@@ -41,10 +48,14 @@ class RegistrySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_loaded_models: Annotated[int, LIVE] = Field(2, ge=1)
-    memory_budget: Annotated[Size, LIVE] = 4 * GiB  # weights + KV cache of every loaded model
-    idle_timeout: Annotated[Duration, LIVE] = 600.0  # 0 = never unload for idleness
-    load_timeout: Annotated[Duration, LIVE] = Field(120.0, gt=0)  # the longest a request waits
+    max_loaded_models: Annotated[int, LIVE] = Field(
+        2, ge=1, description="models loaded at once; one more evicts the least recently used")
+    memory_budget: Annotated[Size, LIVE] = Field(
+        4 * GiB, description="weights + KV cache of every loaded model (bytes, or 4GiB)")
+    idle_timeout: Annotated[Duration, LIVE] = Field(
+        600.0, description="unload a model after this long unused (seconds, or 10m); 0 = never")
+    load_timeout: Annotated[Duration, LIVE] = Field(
+        120.0, gt=0, description="the longest a request waits for its model to become ready")
 
 
 class LimitSettings(BaseModel):
@@ -52,10 +63,14 @@ class LimitSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_body: Annotated[Size, LIVE] = Field(32 * 1024 * 1024, ge=1)  # larger bodies get 413
-    body_timeout: Annotated[Duration, LIVE] = Field(30.0, gt=0)  # reading one body; then 408
-    template_timeout: Annotated[Duration, LIVE] = Field(2.0, gt=0)  # one chat template; then 400
-    max_prompt: Annotated[Size, LIVE] = Field(64 * 1024 * 1024, ge=1)  # prompt text; then 413
+    max_body: Annotated[Size, LIVE] = Field(
+        32 * 1024 * 1024, ge=1, description="largest request body; a larger one gets 413")
+    body_timeout: Annotated[Duration, LIVE] = Field(
+        30.0, gt=0, description="the longest one request body may take to arrive; then 408")
+    template_timeout: Annotated[Duration, LIVE] = Field(
+        2.0, gt=0, description="the longest a chat template may render; then 400")
+    max_prompt: Annotated[Size, LIVE] = Field(
+        64 * 1024 * 1024, ge=1, description="most characters of prompt text; then 413")
 
 
 class EntrySettings(BaseModel):
@@ -63,29 +78,42 @@ class EntrySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    n_ctx: Annotated[int, RELOAD] = 4096
-    n_threads: Annotated[int, RELOAD] = 2
-    n_parallel: Annotated[int, RELOAD] = Field(4, ge=1)  # requests batched together (scheduler)
-    max_queue: Annotated[int, RELOAD] = Field(64, ge=0)  # waiting beyond n_parallel before 503
-    idle_timeout: Annotated[Duration | None, LIVE] = None  # None = registry.idle_timeout; 0 = never
-    chat_template: Annotated[str | None, RELOAD] = None  # template text; None = the GGUF's own
+    n_ctx: Annotated[int, RELOAD] = Field(
+        4096, description="context size in tokens (the KV cache is sized for it)")
+    n_threads: Annotated[int, RELOAD] = Field(
+        2, description="threads for this model's computation; -1 = every core")
+    n_parallel: Annotated[int, RELOAD] = Field(
+        4, ge=1, description="requests served together (batched) by this model")
+    max_queue: Annotated[int, RELOAD] = Field(
+        64, ge=0, description="requests waiting beyond n_parallel; more get 503")
+    idle_timeout: Annotated[Duration | None, LIVE] = Field(
+        None, description="this model's idle timeout; 0 = never; default: registry.idle_timeout")
+    chat_template: Annotated[str | None, RELOAD] = Field(
+        None, description="a Jinja chat template: inline text, or the path of a template file; "
+                          "default: the GGUF's own")
     # where chat_template was read from, for watching
     chat_template_path: Annotated[Path | None, INTERNAL] = None
-    # a built-in template by name (engine/chat_formats.py)
-    chat_format: Annotated[str | None, RELOAD] = None
-    pinned: Annotated[bool, LIVE] = False  # never evicted, loaded at start-up
+    chat_format: Annotated[str | None, RELOAD] = Field(
+        None, description="a built-in chat template by name: chatml, llama-3, gemma, ... "
+                          "(engine/chat_formats.py)")
+    pinned: Annotated[bool, LIVE] = Field(
+        False, description="load at start-up; never evicted or unloaded for idleness")
     # Sampling defaults for requests that leave a field out (gateway/defaults.py); None = the
     # GGUF's general.sampling.* value, else llama.cpp's.
-    temperature: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=2.0)
-    top_p: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=1.0)
-    top_k: Annotated[int | None, LIVE] = Field(None, ge=0)
-    min_p: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: Annotated[float | None, LIVE] = Field(None, gt=0.0)
-    presence_penalty: Annotated[float | None, LIVE] = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: Annotated[float | None, LIVE] = Field(None, ge=-2.0, le=2.0)
-    # None: chat 1024 (<= n_ctx/2), completions 16
-    max_tokens: Annotated[int | None, LIVE] = Field(None, ge=1)
-    seed: Annotated[int | None, LIVE] = None  # requests without a seed use it (llama.cpp --seed)
+    temperature: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=2.0, description=_SAMPLING)
+    top_p: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=1.0, description=_SAMPLING)
+    top_k: Annotated[int | None, LIVE] = Field(None, ge=0, description=_SAMPLING)
+    min_p: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=1.0, description=_SAMPLING)
+    repeat_penalty: Annotated[float | None, LIVE] = Field(None, gt=0.0, description=_SAMPLING)
+    presence_penalty: Annotated[float | None, LIVE] = Field(
+        None, ge=-2.0, le=2.0, description=_SAMPLING)
+    frequency_penalty: Annotated[float | None, LIVE] = Field(
+        None, ge=-2.0, le=2.0, description=_SAMPLING)
+    max_tokens: Annotated[int | None, LIVE] = Field(
+        None, ge=1, description="the default budget of requests without one; default: chat 1024 "
+                                "(at most n_ctx / 2), completions 16")
+    seed: Annotated[int | None, LIVE] = Field(
+        None, description="the seed of requests that bring none (llama-server's --seed)")
 
     @field_validator("n_ctx")
     @classmethod
@@ -122,8 +150,10 @@ class EntrySettings(BaseModel):
 class ModelEntry(EntrySettings):
     """One servable model: a GGUF file, the names it answers to, and how to run it."""
 
-    model: Annotated[Path, RELOAD]  # absolute
-    aliases: Annotated[list[str], LIVE] = Field(min_length=1)
+    model: Annotated[Path, RELOAD] = Field(  # absolute once loaded
+        description="path of a GGUF file, relative to the config file's folder")
+    aliases: Annotated[list[str], LIVE] = Field(
+        min_length=1, description="the names clients use in \"model\"; unique across entries")
     # llama-cpp-python keys, not used yet
     extra: Annotated[dict[str, Any], INTERNAL] = Field(default_factory=dict)
 
@@ -159,11 +189,16 @@ class ApiKey(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Annotated[str, LIVE] = Field(min_length=1)  # how logs and metrics name the key
-    key: Annotated[SecretStr, LIVE]  # from `key` (e.g. ${ENV}) or the file `key_file`
-    models: Annotated[list[str] | None, LIVE] = None  # aliases it may use; None = every model
-    max_concurrent: Annotated[int | None, LIVE] = Field(None, ge=1)  # requests in flight at once
-    requests_per_minute: Annotated[int | None, LIVE] = Field(None, ge=1)
+    name: Annotated[str, LIVE] = Field(
+        min_length=1, description="how logs and metrics name the key")
+    key: Annotated[SecretStr, LIVE] = Field(  # from `key` (e.g. ${ENV}) or the file `key_file`
+        description="the key clients send (often ${ENV}); or give key_file")
+    models: Annotated[list[str] | None, LIVE] = Field(
+        None, description="the aliases it may use; default: every model")
+    max_concurrent: Annotated[int | None, LIVE] = Field(
+        None, ge=1, description="its requests in flight at once")
+    requests_per_minute: Annotated[int | None, LIVE] = Field(
+        None, ge=1, description="its requests per minute")
 
 
 class AuthSettings(BaseModel):
@@ -171,10 +206,12 @@ class AuthSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    keys: list[ApiKey] = Field(default_factory=list)
-    # for /admin/* and the router API (/models/load...)
-    admin_key: Annotated[SecretStr | None, LIVE] = None
-    public: Annotated[list[str], LIVE] = Field(default_factory=lambda: ["/health", "/metrics"])
+    keys: list[ApiKey] = Field(default_factory=list, description="the client keys of the API")
+    admin_key: Annotated[SecretStr | None, LIVE] = Field(
+        None, description="the key of /admin/* and the router API (/models/load, ...); "
+                          "or give admin_key_file")
+    public: Annotated[list[str], LIVE] = Field(
+        default_factory=lambda: ["/health", "/metrics"], description="paths open without a key")
 
     @property
     def enabled(self) -> bool:
@@ -186,7 +223,8 @@ class CorsSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    allow_origins: Annotated[list[str], LIVE] = Field(default_factory=list)  # ["*"]: any origin
+    allow_origins: Annotated[list[str], LIVE] = Field(
+        default_factory=list, description="browser origins that may call the API; [\"*\"]: any")
 
 
 class ServerSettings(BaseModel):
@@ -194,11 +232,14 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host: Annotated[str, RESTART] = "127.0.0.1"
-    port: Annotated[int, RESTART] = Field(8080, ge=0, le=65535)  # 0 = any free port
-    default_model: Annotated[str | None, LIVE] = None  # used when a request names no model
-    # SIGTERM: how long running requests may finish
-    shutdown_timeout: Annotated[Duration, LIVE] = Field(60.0, ge=0)
+    host: Annotated[str, RESTART] = Field(
+        "127.0.0.1", description="the address to listen on; 0.0.0.0: every interface")
+    port: Annotated[int, RESTART] = Field(
+        8080, ge=0, le=65535, description="the port to listen on; 0: any free port")
+    default_model: Annotated[str | None, LIVE] = Field(
+        None, description="the alias a request without \"model\" gets; default: the first entry")
+    shutdown_timeout: Annotated[Duration, LIVE] = Field(
+        60.0, ge=0, description="on SIGTERM/SIGINT, how long running requests may go on")
 
 
 class Config(ServerSettings):
@@ -208,7 +249,7 @@ class Config(ServerSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     cors: CorsSettings = Field(default_factory=CorsSettings)
-    models: list[ModelEntry] = Field(min_length=1)
+    models: list[ModelEntry] = Field(min_length=1, description="the models to serve")
     # the file this came from; None = built in code
     source: Annotated[Path | None, INTERNAL] = None
     warnings: Annotated[list[str], INTERNAL] = Field(default_factory=list)  # accepted, unused keys
@@ -274,6 +315,7 @@ def check_across_entries(entries: list[tuple[int, list[tuple[str, Loc]]]],
 
 
 # The keys a file may hold. `defaults` is merged under each entry, so it is no field of Config.
+SCHEMA_KEY = "$schema"  # a JSON file may name its JSON Schema for editors; ignored
 TOP_KEYS = (*(k for k in file_keys(Config) if k != "models"), "defaults", "models")
 PER_MODEL_ONLY = (*(k for k in file_keys(ModelEntry) if k not in EntrySettings.model_fields),
                   MODEL_ALIAS)
