@@ -4,9 +4,10 @@ GraphBuilder lays a block out as task nodes (engine.kernels.tasks) over fixed ac
 once per model and output kind; EagerBuilder computes it at once, op by op from Python, with
 the same kernels. Both give the same bits, which tests/test_step.py holds them to.
 
-Producers of per-token rows (norm, quantize, bias, head norm, glu, rope) split rows the same
-way, so they chain without barriers; a barrier comes before anything that reads other threads'
-rows (matmuls read every activation row, attention every cache row of its chunk).
+Producers of per-token rows (norm, quantize, bias, head norm, glu, rope, scale) split rows the
+same way, so they chain without barriers; a barrier comes before anything that reads other
+threads' rows (matmuls read every activation row, attention every cache row of its chunk, the
+final norm's gather the last row of each chunk).
 """
 from __future__ import annotations
 
@@ -81,19 +82,18 @@ class GraphBuilder:
                    head_dim=hp.head_dim, half_rot=hp.n_rot // 2, cos=_addr(cos), sin=_addr(sin),
                    n_table=cos.shape[0], k_cache=_addr(k_cache[0]), v_cache=_addr(v_cache[0]),
                    group=group)
-        self.graph.barrier()
 
     def scale_q(self) -> None:
         a = self.a
         self._node("task_scale", tasks.SCALE, fn=self.op["scale"], x=_addr(a.q), n=a.q.shape[1],
                    c=self.hp.scale(), m_at=tasks.M_TOKENS)
-        self.graph.barrier()
         self.q_scaled = True
 
     def attention(self, layer: int) -> None:
         tr, a, hp = self.tr, self.a, self.hp
         k_cache, v_cache, group = tr.cache.layer(layer)
         scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
+        self.graph.barrier()  # every thread's cache rows and q rows (rope_store, scale_q) are in
         self._node("task_attention", tasks.ATTENTION, f16acc=tr.attention.f16acc_address,
                    exact=tr.attention.exact_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
                    v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
@@ -112,8 +112,12 @@ class GraphBuilder:
     # -- the nodes ---------------------------------------------------------------------------------
     def norm_rows(self, x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,
                   out: np.ndarray, m_at: int = tasks.M_TOKENS, gather: bool = False) -> None:
-        """out = rms_norm(x += residual) * weight, per row (gather: rows STEP.out_rows)."""
-        self.graph.barrier()  # x and residual rows may come from any thread (matmul outputs)
+        """out = rms_norm(x += residual) * weight, per row (gather: rows STEP.out_rows).
+
+        x and residual come from matmuls or attention, which end with a barrier, or from
+        nodes with this row split (another norm): only a gather reads other threads' rows."""
+        if gather:
+            self.graph.barrier()
         self._node("task_norm", tasks.NORM, fn=self.op["rms_norm"], x=_addr(x),
                    residual=0 if residual is None else _addr(residual), weight=_addr(weight),
                    out=_addr(out), n=x.shape[1], eps=self.hp.rms_eps, m_at=m_at,

@@ -20,6 +20,7 @@ from engine.kernels.matmul import iquants, kquants
 from engine.kernels.matmul.floats import build_float_rows
 from engine.kernels.matmul.isa import DECLARATIONS, IntOps, MatmulFn
 from engine.kernels.matmul.legacy import LegacyTiles
+from engine.kernels.matmul import loops
 from engine.kernels.matmul.loops import TILES, RowCallbacks, emit_rows
 from engine.kernels.matmul.quantizer import build_quantize_ir
 from engine.quants import QuantType, quant_type
@@ -61,7 +62,7 @@ def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: b
     c = FAMILIES[t.kernel](t, f, ops, tiles, wide)
     emit_rows(f, n_blocks="%nb", w_block_bytes=block_bytes, w_row_bytes=f.mul("%nb", block_bytes),
               group=t.group, accs=c.accs, block=c.block, finish=c.finish, prefetch=not portable,
-              tiles=tiles, prologue=c.prologue)
+              tiles=tiles, prologue=c.prologue, row_group=loops.ROW_GROUP.get(t.kernel, 1))
     f.do("ret void")
     fused = (f"define void @matmul_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %xq, "
              f"ptr noalias %out, i64 %nb, i64 %M, i64 %N) {{\n"

@@ -9,7 +9,7 @@ Term: d*dx * isum.
 from __future__ import annotations
 
 from engine.kernels.matmul.isa import IntOps, MatmulFn, shuffle_mask, splat_const, vec_const
-from engine.kernels.matmul.kquants import Body, Term, Terms, super_block_tiles
+from engine.kernels.matmul.kquants import Body, ISums, Term, Terms, super_block_tiles
 from engine.kernels.matmul.loops import RowCallbacks
 from engine.quants import QuantType
 
@@ -37,14 +37,13 @@ def iq4_xs_body(t: QuantType) -> Body:
     def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
         d = f.f16_splat(w, d_at)
         ls = iq4_xs_scales(f, w, t)
-        isums = ["zeroinitializer"] * len(xs)
+        isums = ISums(f, ops, len(xs))
         for j in range(8):
             prepared = ops.signed(ops.lookup(f.nibbles32(w, qs_at + 16 * j), codebook))
             scale = f.let(f"shufflevector <8 x i16> {ls}, <8 x i16> poison, {shuffle_mask([j] * 16)}")
             for i, x in enumerate(xs):
-                pairs = ops.dot_ss_pairs(prepared, f.load("<32 x i8>", x, 4 + 32 * j))
-                isums[i] = f.let(f"add <8 x i32> {isums[i]}, {ops.madd(pairs, scale)}")
-        return [[Term(isums[i], f.let(f"fmul <8 x float> {d}, {f.f32_splat(x, 0)}"))]
+                isums.add(i, ops.dot_ss_pairs(prepared, f.load("<32 x i8>", x, 4 + 32 * j)), scale)
+        return [[Term(isums.total(i), f.let(f"fmul <8 x float> {d}, {f.f32_splat(x, 0)}"))]
                 for i, x in enumerate(xs)]
 
     return block

@@ -105,6 +105,7 @@ declare <32 x i8> @llvm.x86.avx2.psign.b(<32 x i8>, <32 x i8>)
 declare <32 x i8> @llvm.x86.avx2.pshuf.b(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, <8 x i32>)
 declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)
+declare <8 x i32> @llvm.x86.avx512.vpdpwssd.256(<8 x i32>, <8 x i32>, <8 x i32>)
 declare <64 x i8> @llvm.abs.v64i8(<64 x i8>, i1)
 declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
 """
@@ -145,6 +146,18 @@ class IntOps:
         aw = f.let(f"sext <16 x i16> {a} to <16 x i32>")
         bw = f.let(f"sext <16 x i16> {b} to <16 x i32>")
         return self._pairs(f.let(f"mul <16 x i32> {aw}, {bw}"), 8, "i32")
+
+    def madd_acc(self, acc: str, a: str, b: str) -> str:
+        """acc + madd(a, b) (<8 x i32>). With VNNI one vpdpwssd, called as the intrinsic so
+        that each accumulator stays its own chain: LLVM otherwise folds every madd + add of
+        a block into one chain of dependent vpdpwssd (the integers are the same either way)."""
+        if not self.vnni:
+            return self.f.let(f"add <8 x i32> {acc}, {self.madd(a, b)}")
+        f = self.f
+        a32 = f.let(f"bitcast <16 x i16> {a} to <8 x i32>")
+        b32 = f.let(f"bitcast <16 x i16> {b} to <8 x i32>")
+        return f.let(f"call <8 x i32> @llvm.x86.avx512.vpdpwssd.256(<8 x i32> {acc}, <8 x i32> {a32}, "
+                     f"<8 x i32> {b32})")
 
     def dot_us(self, u: str, s: str) -> str:
         """<8 x i32>, lane k = sum of u[j]*s[j] for j in 4k..4k+3 (u unsigned).

@@ -38,6 +38,31 @@ class Term:
 Terms = list[Term]
 Body = Callable[[MatmulFn, IntOps, str, list[str]], list[Terms]]
 
+CHAINS = 2  # independent integer accumulators per row and block (their sum is the same integers)
+
+
+class ISums:
+    """Per activation row, a block's scaled integer sums, madd(maddubs(q, y), scale) added up
+    in CHAINS accumulators taken in turn (one chain of dependent vpdpwssd per block limits a
+    single row's speed), summed at the end: integer adds, so the same <8 x i32> either way."""
+
+    def __init__(self, f: MatmulFn, ops: IntOps, rows: int) -> None:
+        self.f, self.ops = f, ops
+        self.accs = [["zeroinitializer"] * CHAINS for _ in range(rows)]
+        self.turn = [0] * rows
+
+    def add(self, t: int, pairs: str, scale: str) -> None:
+        """Row t += madd(pairs, scale); pairs is maddubs' <16 x i16>."""
+        k = self.turn[t]
+        self.accs[t][k] = self.ops.madd_acc(self.accs[t][k], pairs, scale)
+        self.turn[t] = (k + 1) % CHAINS
+
+    def total(self, t: int) -> str:
+        v = self.accs[t][0]
+        for a in self.accs[t][1:]:
+            v = v if a == "zeroinitializer" else self.f.let(f"add <8 x i32> {v}, {a}")
+        return v
+
 
 def k_scales_mins(f: MatmulFn, w: str) -> tuple[str, str]:
     """Q4_K/Q5_K: the 12 packed scale bytes at w+4 -> (<8 x i16> sc, <8 x i16> mn).
@@ -68,12 +93,24 @@ def k_scales_mins(f: MatmulFn, w: str) -> tuple[str, str]:
 
 
 def _add_scaled(f: MatmulFn, ops: IntOps, q: str, scale: str, xs: list[str], y_at: int,
-                isums: list[str]) -> None:
+                isums: ISums) -> None:
     """isums[t] += madd(maddubs(q, y_t), scale) for the 32 activation values at y_at of each row:
     q unsigned, scale <16 x i16> (one i16 per pair of maddubs lanes)."""
     for t, x in enumerate(xs):
-        part = ops.madd(ops.maddubs(q, f.load("<32 x i8>", x, y_at)), scale)
-        isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
+        isums.add(t, ops.maddubs(q, f.load("<32 x i8>", x, y_at)), scale)
+
+
+def _with_mins(f: MatmulFn, ops: IntOps, xs: list[str], isums: ISums, d: str, dmin: str,
+               mn16: str) -> list[Terms]:
+    """Per activation row (q8_k: f32 dx at 0, i16 bsums at 260): the terms d*dx * isum and
+    -dmin*dx * madd(bsums, mn16), the block mins of Q2_K, Q4_K and Q5_K."""
+    out: list[Terms] = []
+    for t, x in enumerate(xs):
+        dx = f.f32_splat(x, 0)
+        minsum = ops.madd(f.load("<16 x i16>", x, 260), mn16)
+        neg_dmin_dx = f.let(f"fneg <8 x float> {f.let(f'fmul <8 x float> {dmin}, {dx}')}")
+        out.append([Term(isums.total(t), f.let(f"fmul <8 x float> {d}, {dx}")), Term(minsum, neg_dmin_dx)])
+    return out
 
 
 def _pair_scales(f: MatmulFn, sc16: str, g: int) -> str:
@@ -105,19 +142,13 @@ def q2_k_body(t: QuantType) -> Body:
         mn = f.let(f"lshr <16 x i8> {packed}, {splat_const('i8', 16, 4)}")
         sc16 = f.let(f"zext <16 x i8> {sc} to <16 x i16>")
         mn16 = f.let(f"zext <16 x i8> {mn} to <16 x i16>")
-        isums = ["zeroinitializer"] * len(xs)
+        isums = ISums(f, ops, len(xs))
         for h in range(2):
             qs = f.load("<32 x i8>", w, qs_at + 32 * h)
             for j in range(4):
                 _add_scaled(f, ops, _low2(f, qs, j), _pair_scales(f, sc16, 8 * h + 2 * j), xs,
                             4 + 128 * h + 32 * j, isums)
-        out: list[Terms] = []
-        for i, x in enumerate(xs):
-            dx = f.f32_splat(x, 0)
-            minsum = ops.madd(f.load("<16 x i16>", x, 260), mn16)
-            neg_dmin_dx = f.let(f"fneg <8 x float> {f.let(f'fmul <8 x float> {dmin}, {dx}')}")
-            out.append([Term(isums[i], f.let(f"fmul <8 x float> {d}, {dx}")), Term(minsum, neg_dmin_dx)])
-        return out
+        return _with_mins(f, ops, xs, isums, d, dmin, mn16)
 
     return block
 
@@ -154,7 +185,7 @@ def q3_k_body(t: QuantType) -> Body:
         d = f.f16_splat(w, d_at)
         sc16 = q3_k_scales(f, w, scales_at)
         hm = f.load("<32 x i8>", w, hm_at)
-        isums = ["zeroinitializer"] * len(xs)
+        isums = ISums(f, ops, len(xs))
         for h in range(2):
             qs = f.load("<32 x i8>", w, qs_at + 32 * h)
             for j in range(4):
@@ -169,7 +200,7 @@ def q3_k_body(t: QuantType) -> Body:
     return block
 
 
-def _minus_offset(f: MatmulFn, ops: IntOps, xs: list[str], isums: list[str], sc16: str,
+def _minus_offset(f: MatmulFn, ops: IntOps, xs: list[str], isums: ISums, sc16: str,
                   d: str, shift: int) -> list[Terms]:
     """Per activation row: the block's integer sum less the type's constant offset (its
     16-value sub-block scales times q8_k's block sums, shifted left by `shift`: 2 for Q3_K's -4,
@@ -179,7 +210,7 @@ def _minus_offset(f: MatmulFn, ops: IntOps, xs: list[str], isums: list[str], sc1
         dx = f.f32_splat(x, 0)
         corr = ops.madd(f.load("<16 x i16>", x, 260), sc16)
         corr = f.let(f"shl <8 x i32> {corr}, {splat_const('i32', 8, shift)}")
-        isum = f.let(f"sub <8 x i32> {isums[i]}, {corr}")
+        isum = f.let(f"sub <8 x i32> {isums.total(i)}, {corr}")
         out.append([Term(isum, f.let(f"fmul <8 x float> {d}, {dx}"))])
     return out
 
@@ -201,7 +232,7 @@ def q4_5_k_body(t: QuantType) -> Body:
         sc, mn = k_scales_mins(f, w)
         mn16 = f.let(f"shufflevector <8 x i16> {mn}, <8 x i16> poison, {shuffle_mask(j // 2 for j in range(16))}")
         qh = f.load("<32 x i8>", w, qh_at) if qh_at is not None else None
-        isums = ["zeroinitializer"] * len(xs)
+        isums = ISums(f, ops, len(xs))
         for c in range(4):
             qs = f.load("<32 x i8>", w, qs_at + 32 * c)
             halves = [f.let(f"and <32 x i8> {qs}, {splat_const('i8', 32, 15)}"),
@@ -217,16 +248,8 @@ def q4_5_k_body(t: QuantType) -> Body:
                     q = f.let(f"or <32 x i8> {q}, {high}")
                 scale = f.let(f"shufflevector <8 x i16> {sc}, <8 x i16> poison, {shuffle_mask([j] * 16)}")
                 for t, x in enumerate(xs):
-                    y = f.load("<32 x i8>", x, 4 + 32 * j)
-                    part = ops.madd(ops.maddubs(q, y), scale)
-                    isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
-        out: list[Terms] = []
-        for t, x in enumerate(xs):
-            dx = f.f32_splat(x, 0)
-            minsum = ops.madd(f.load("<16 x i16>", x, 260), mn16)
-            neg_dmin_dx = f.let(f"fneg <8 x float> {f.let(f'fmul <8 x float> {dmin}, {dx}')}")
-            out.append([Term(isums[t], f.let(f"fmul <8 x float> {d}, {dx}")), Term(minsum, neg_dmin_dx)])
-        return out
+                    isums.add(t, ops.maddubs(q, f.load("<32 x i8>", x, 4 + 32 * j)), scale)
+        return _with_mins(f, ops, xs, isums, d, dmin, mn16)
 
     return block
 
@@ -245,7 +268,7 @@ def q6_k_body() -> Body:
     def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
         d = f.f16_splat(w, 208)
         sc16 = f.let(f"sext <16 x i8> {f.load('<16 x i8>', w, 192)} to <16 x i16>")
-        isums = ["zeroinitializer"] * len(xs)
+        isums = ISums(f, ops, len(xs))
         low4, hi2 = splat_const("i8", 32, 15), splat_const("i8", 32, 0x30)
         for h in range(2):
             qa = f.load("<32 x i8>", w, 64 * h)
@@ -265,9 +288,7 @@ def q6_k_body() -> Body:
                 g = 8 * h + 2 * v
                 scale = f.let(f"shufflevector <16 x i16> {sc16}, <16 x i16> poison, {shuffle_mask([g] * 8 + [g + 1] * 8)}")
                 for t, x in enumerate(xs):
-                    y = f.load("<32 x i8>", x, 4 + 128 * h + 32 * v)
-                    part = ops.madd(ops.maddubs(q, y), scale)
-                    isums[t] = f.let(f"add <8 x i32> {isums[t]}, {part}")
+                    isums.add(t, ops.maddubs(q, f.load("<32 x i8>", x, 4 + 128 * h + 32 * v)), scale)
         return _minus_offset(f, ops, xs, isums, sc16, d, 5)
 
     return block

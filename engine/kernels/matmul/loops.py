@@ -26,6 +26,8 @@ from engine.kernels.matmul.isa import MatmulFn
 TILES = (8, 4, 2, 1)
 NARROW_TILES = (4, 2, 1)  # without AVX-512's 32 vector registers, 8 rows' accumulators spill
 PREFETCH_BYTES = 1024  # how far ahead in the weight row to prefetch
+# weight rows a decode (M = 1) call takes side by side, per tile family (emit_rows' row_group)
+ROW_GROUP: dict[str, int] = {"legacy": 2}
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def row_tiles(f: MatmulFn, *, x_base: str, x_row_bytes: str, x_block_bytes: int,
 
 def emit_rows(f: MatmulFn, *, n_blocks: str, w_block_bytes: int, w_row_bytes: str, group: int,
               accs: Accs, block: Block, finish: Finish, prefetch: bool,
-              tiles: tuple[int, ...], prologue: Prologue | None = None) -> None:
+              tiles: tuple[int, ...], prologue: Prologue | None = None,
+              row_group: int = 1) -> None:
     """The shared loop nest, writing out[m * N + r]:
 
         for r in [r0, r1):                          weight rows (the split across threads)
@@ -95,8 +98,13 @@ def emit_rows(f: MatmulFn, *, n_blocks: str, w_block_bytes: int, w_row_bytes: st
                     values = block(w[r, group], tile, values)
                 out[m0 + t, r] = finish(w row, tile, values)[t]
 
-    A row's arithmetic does not depend on whether it sits in a tile, so each output row is the
-    same whatever else is in the batch.
+    With M = 1 (decode) and row_group > 1, `row_group` weight rows share one block loop, each
+    with its own values: their chains of dependent adds run side by side instead of one after
+    the other (a row of 640 values is only 20 legacy blocks, too short for the core to overlap
+    rows by itself). A single-row tile's prologue must keep nothing across weight rows.
+
+    A row's arithmetic does not depend on whether it sits in a tile or beside other weight
+    rows, so each output row is the same whatever else is in the batch.
     """
     n_rows = f.let("sub i64 %r1, %r0")
     # tile stages, largest first: stage i takes as many tiles of tiles[i] rows as fit in what the
@@ -112,40 +120,71 @@ def emit_rows(f: MatmulFn, *, n_blocks: str, w_block_bytes: int, w_row_bytes: st
     left_start = f.mul(n_groups, group)
     n_left = f.let(f"sub i64 {n_blocks}, {left_start}")
 
-    def per_row(ri: str, _: list[str]) -> list[str]:
-        r = f.add("%r0", ri)
-        w_row = f.gep("%w", f.mul(r, w_row_bytes))
+    def tile(rs: list[str], m0: str, rows: int) -> None:
+        """Weight rows rs against activation rows m0 .. m0 + rows - 1, in one block loop."""
+        t = Tile(m0, rows)
+        w_rows = [f.gep("%w", f.mul(r, w_row_bytes)) for r in rs]
+        carried = accs(rows)
+        k = len(carried)
 
-        def tile(m0: str, rows: int) -> list[str]:
-            t = Tile(m0, rows)
-
-            def blocks(first: str, size: int, values: list[str]) -> list[str]:
-                idx = [first if g == 0 else f.add(first, g) for g in range(size)]
+        def blocks(first: str, size: int, values: list[str]) -> list[str]:
+            idx = [first if g == 0 else f.add(first, g) for g in range(size)]
+            out: list[str] = []
+            for j, w_row in enumerate(w_rows):
                 wbs = [f.gep(w_row, f.mul(b, w_block_bytes)) for b in idx]
                 if prefetch:
                     ahead = f.gep(wbs[0], PREFETCH_BYTES)
                     f.do(f"call void @llvm.prefetch.p0(ptr {ahead}, i32 0, i32 3, i32 1)")
-                return block(wbs, idx, t, values)
+                out += block(wbs, idx, t, values[j * k:(j + 1) * k])
+            return out
 
-            if prologue is not None:
+        if prologue is not None:
+            for w_row in w_rows:
                 prologue(w_row, t)
-            carried = accs(rows)
-            types = [ty for ty, _ in carried]
-            values = f.loop(n_groups, carried, lambda gi, v: blocks(f.mul(gi, group), group, v))
-            if group > 1:
-                values = f.loop(n_left, list(zip(types, values)),
-                                lambda li, v: blocks(f.add(left_start, li), 1, v))
-            for i, result in enumerate(finish(w_row, t, values)):
-                idx = f.add(f.mul(f.add(m0, i), "%N"), r)
-                dst = f.let(f"getelementptr inbounds float, ptr %out, i64 {idx}", "p")
+        types = [ty for ty, _ in carried] * len(rs)
+        values = f.loop(n_groups, carried * len(rs), lambda gi, v: blocks(f.mul(gi, group), group, v))
+        if group > 1:
+            values = f.loop(n_left, list(zip(types, values)),
+                            lambda li, v: blocks(f.add(left_start, li), 1, v))
+        for j, (r, w_row) in enumerate(zip(rs, w_rows)):
+            for i, result in enumerate(finish(w_row, t, values[j * k:(j + 1) * k])):
+                at = f.add(f.mul(f.add(m0, i), "%N"), r)
+                dst = f.let(f"getelementptr inbounds float, ptr %out, i64 {at}", "p")
                 f.do(f"store float {result}, ptr {dst}, align 4")
-            return []
 
+    def per_row(ri: str, _: list[str]) -> list[str]:
+        r = f.add("%r0", ri)
         for size, first, count in stages:
-            f.loop(count, [], lambda ti, _, size=size, first=first:
-                   tile(f.add(first, f.mul(ti, size)), size))
+            def tiles_of(ti: str, _: list[str], size: int = size, first: str = first) -> list[str]:
+                tile([r], f.add(first, f.mul(ti, size)), size)
+                return []
+
+            f.loop(count, [], tiles_of)
         return []
 
-    f.loop(n_rows, [], per_row)
+    if row_group == 1:
+        f.loop(n_rows, [], per_row)
+        return
+    single = f.let("icmp eq i64 %M, 1")
 
+    def decode() -> None:
+        n_full = f.let(f"udiv i64 {n_rows}, {row_group}")
+        rest = f.add("%r0", f.mul(n_full, row_group))
 
+        def rows_together(gi: str, _: list[str]) -> list[str]:
+            r = f.add("%r0", f.mul(gi, row_group))
+            tile([r if j == 0 else f.add(r, j) for j in range(row_group)], "0", 1)
+            return []
+
+        def leftover(ri: str, _: list[str]) -> list[str]:
+            tile([f.add(rest, ri)], "0", 1)
+            return []
+
+        f.loop(n_full, [], rows_together)
+        f.loop(f.let(f"sub i64 %r1, {rest}"), [], leftover)
+
+    def batch() -> None:
+        f.loop(n_rows, [], per_row)
+
+    f.if_then(single, decode)
+    f.if_then(f.let(f"xor i1 {single}, true"), batch)

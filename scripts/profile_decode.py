@@ -1,0 +1,107 @@
+"""Where a decode step's time goes: per task kind, and per matmul with its GB/s.
+
+    python scripts/profile_decode.py MODEL.gguf [--threads 2] [--steps 48] [--batch 1]
+
+Runs `--steps` decode steps of `--batch` sequences through the fused graph twice, interleaved:
+whole (one pool dispatch per step, as the engine runs it) and node by node (each node its own
+dispatch, timed alone). The node-by-node sum less the whole step's time is what the per-node
+dispatches add; the rest is each task's own time. Matmuls print bytes read and GB/s.
+Numbers are medians over the steps; on a shared machine compare runs interleaved, not figures.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--top", type=int, default=12, help="matmuls to list by time")
+    args = ap.parse_args()
+
+    import engine
+    from engine.kernels import tasks
+    from engine.model import Chunk
+
+    model = engine.load(args.model, n_ctx=1024, n_threads=args.threads, n_slots=args.batch)
+    tr = model.transformer
+    ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)
+    for s in range(args.batch):
+        tr.forward([Chunk(s, ids[s:s + 32], 0)], "last")
+    names = {addr: name for name, addr in tr.tasks.address.items()}
+    mat_names: dict[int, str] = {}
+    for li, layer in enumerate(tr.weights.layers):
+        for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            mat_names[getattr(layer, n).address] = n
+    mat_names[tr.weights.output.address] = "output"
+    mat_bytes = {m.address: m.nbytes for m in tr.weights.matrices()}
+    pool = tr.pool
+    real_run = pool.run
+    per_node: dict[int, list[float]] = defaultdict(list)
+    whole: list[float] = []
+    mode = {"split": False}
+
+    def run(graph: Any, step: int = 0, threads: int | None = None) -> None:
+        nodes = graph.nodes if hasattr(graph, "nodes") else graph
+        if not mode["split"]:
+            t = time.perf_counter()
+            real_run(nodes, step, threads)
+            whole.append(time.perf_counter() - t)
+            return
+        for i in range(nodes.shape[0]):
+            t = time.perf_counter()
+            real_run(nodes[i:i + 1], step, threads)
+            per_node[i].append(time.perf_counter() - t)
+
+    pool.run = run  # type: ignore[method-assign]
+    tr.governor.choose = lambda kind: args.threads  # type: ignore[method-assign]
+    toks = [ids[32 + s] for s in range(args.batch)]
+    pos = 32
+    for i in range(args.steps * 2):
+        mode["split"] = bool(i % 2)
+        logits = tr.forward([Chunk(s, [toks[s]], pos) for s in range(args.batch)], "last")
+        toks = [int(np.argmax(row)) for row in logits]
+        pos += 1
+    pool.run = real_run  # type: ignore[method-assign]
+
+    graph = tr._graphs["last"][0]
+    nodes = graph.nodes
+    by_kind: dict[str, float] = defaultdict(float)
+    mats: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    node_total = 0.0
+    for i, task in enumerate(nodes[:, 0]):
+        t = statistics.median(per_node[i])
+        node_total += t
+        name = names[int(task)].removeprefix("task_")
+        if name == "matmul":
+            w = int(graph._keep[i][tasks.MATMUL.offset("w") // 8])
+            label = mat_names.get(w, "?")
+            mats[label][0] += t
+            mats[label][1] += mat_bytes.get(w, 0)
+            name = "matmul " + label
+        by_kind[name] += t
+    step = statistics.median(whole)
+    print(f"{model.path.name if hasattr(model, 'path') else args.model}: {args.threads} threads, "
+          f"batch {args.batch}, {nodes.shape[0]} nodes")
+    print(f"whole step {step * 1e3:.3f} ms ({args.batch / step:.1f} tok/s); node by node "
+          f"{node_total * 1e3:.3f} ms (+{(node_total - step) * 1e6 / nodes.shape[0]:.2f} us/node)")
+    for name, t in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        extra = ""
+        if name.startswith("matmul "):
+            nbytes = mats[name.removeprefix("matmul ")][1]
+            extra = f"  {nbytes / 1e6:8.2f} MB  {nbytes / t / 1e9:6.2f} GB/s"
+        print(f"  {name:20s} {t * 1e3:8.3f} ms  {100 * t / node_total:5.1f}%{extra}")
+    model.close()
+
+
+if __name__ == "__main__":
+    main()
