@@ -408,29 +408,27 @@ def _build_add_bias(module: ir.Module) -> None:
     b.ret_void()
 
 
-def _build_softcap(module: ir.Module) -> None:
-    # void softcap(float* x [n], float* out [n], i64 n, float cap): cap * tanh(x / cap)
-    b, (x, out, n, cap) = define(module, "softcap", ir.VoidType(), [
-        ("x", F32P), ("out", F32P), ("n", I64), ("cap", F32)])
-
-    def body(j: ir.Value, ty: ir.Type) -> None:
-        c = splat(b, cap) if ty is V8F32 else cap
-        store(b, b.fmul(c, tanh(b, b.fdiv(load(b, x, j, ty), c))), out, j)
-
-    elementwise(b, n, body)
-    b.ret_void()
-
-
-def _build_scale(module: ir.Module) -> None:
-    # void scale(float* x [n], float* out [n], i64 n, float c): x * c (softcap's signature)
-    b, (x, out, n, c) = define(module, "scale", ir.VoidType(), [
+def _build_scalar_op(module: ir.Module, name: str,
+                     fn: Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]) -> None:
+    # void name(float* x [n], float* out [n], i64 n, float c): out = fn(x, c), elementwise
+    b, (x, out, n, c) = define(module, name, ir.VoidType(), [
         ("x", F32P), ("out", F32P), ("n", I64), ("c", F32)])
 
     def body(j: ir.Value, ty: ir.Type) -> None:
-        store(b, b.fmul(load(b, x, j, ty), splat(b, c) if ty is V8F32 else c), out, j)
+        store(b, fn(b, load(b, x, j, ty), splat(b, c) if ty is V8F32 else c), out, j)
 
     elementwise(b, n, body)
     b.ret_void()
+
+
+def _build_softcap(module: ir.Module) -> None:
+    # softcap(x, out, n, cap): cap * tanh(x / cap)
+    _build_scalar_op(module, "softcap", lambda b, v, cap: b.fmul(cap, tanh(b, b.fdiv(v, cap))))
+
+
+def _build_scale(module: ir.Module) -> None:
+    # scale(x, out, n, c): x * c
+    _build_scalar_op(module, "scale", lambda b, v, c: b.fmul(v, c))
 
 
 def _build_silu_mul(module: ir.Module) -> None:
@@ -709,16 +707,21 @@ def rope_reference(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeF
     return y.astype(np.float32)
 
 
-def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """silu(gate) * up = gate / (1 + e^-gate) * up, elementwise; any shape. out may be gate or up."""
+def _gated(name: str, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """The compiled `name`(gate, up, out, count) over arrays of one shape."""
     _f32(gate, "gate")
     _f32(up, "up")
     if gate.shape != up.shape:
         raise ValueError(f"gate shape {gate.shape} != up shape {up.shape}")
     out = _out_like(out, gate)
     if gate.size:
-        load_ops().silu_mul(address(gate), address(up), address(out), gate.size)
+        getattr(load_ops(), name)(address(gate), address(up), address(out), gate.size)
     return out
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """silu(gate) * up = gate / (1 + e^-gate) * up, elementwise; any shape. out may be gate or up."""
+    return _gated("silu_mul", gate, up, out)
 
 
 def silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -730,14 +733,7 @@ def silu_mul_reference(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 def gelu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """gelu_tanh(gate) * up, elementwise (the tanh approximation, as gemma uses), with ggml's
     f16 rounding of gelu's input and result (its table); any shape. out may be gate or up."""
-    _f32(gate, "gate")
-    _f32(up, "up")
-    if gate.shape != up.shape:
-        raise ValueError(f"gate shape {gate.shape} != up shape {up.shape}")
-    out = _out_like(out, gate)
-    if gate.size:
-        load_ops().gelu_mul(address(gate), address(up), address(out), gate.size)
-    return out
+    return _gated("gelu_mul", gate, up, out)
 
 
 def gelu_tanh_reference(x: np.ndarray) -> np.ndarray:

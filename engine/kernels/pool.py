@@ -133,19 +133,19 @@ release:
   store atomic i32 %gen1, ptr %genp release, align 4
   br label %done
 wait:
-  %k = phi i64 [0, %sync], [%k1, %waited]
-  %slow = icmp eq i64 %k, {BARRIER_PAUSES}
-  br i1 %slow, label %count, label %waited
-count:
-  %slowp = getelementptr inbounds i8, ptr %pool, i64 {_SLOW_WAITS}
-  %c = atomicrmw add ptr %slowp, i64 1 monotonic
-  br label %waited
-waited:
+  %k = phi i64 [0, %sync], [%k1, %wait]
   call void @backoff(i64 %k, i64 {BARRIER_PAUSES})
   %k1 = add i64 %k, 1
   %now = load atomic i32, ptr %genp acquire, align 4
   %same = icmp eq i32 %now, %gen
-  br i1 %same, label %wait, label %done
+  br i1 %same, label %wait, label %woke
+woke:
+  %slow = icmp ugt i64 %k1, {BARRIER_PAUSES}
+  br i1 %slow, label %count, label %done
+count:
+  %slowp = getelementptr inbounds i8, ptr %pool, i64 {_SLOW_WAITS}
+  %c = atomicrmw add ptr %slowp, i64 1 monotonic
+  br label %done
 done:
   ret void
 }}

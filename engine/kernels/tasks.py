@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -215,55 +216,54 @@ def _task_norm() -> str:
     return f.text()
 
 
-def _task_quant() -> str:
-    """My rows of src quantized into the packed activations of all M rows: fn(src, dst, nb, r0, r1, M)."""
-    f = IRFunction(f"void @task_quant{_SIG}")
-    a = QUANT.load(f, "%args")
-    m = _step_count(f, a["m_at"])
-    r0, r1 = _row_range(f, m)
-    f.do(f"call void {a['fn']}(ptr {a['src']}, ptr {a['dst']}, i64 {a['nb']}, i64 {r0}, i64 {r1}, i64 {m})")
+def _row_task(name: str, layout: Layout, call: Callable[[IRFunction, dict[str, str], str, str], str]) -> str:
+    """A task over my rows [r0, r1) of the STEP count at m_at: call(f, args, r0, r1) gives the
+    one kernel call that does them."""
+    f = IRFunction(f"void @task_{name}{_SIG}")
+    a = layout.load(f, "%args")
+    r0, r1 = _row_range(f, _step_count(f, a["m_at"]))
+    f.do(call(f, a, r0, r1))
     f.do("ret void")
     return f.text()
+
+
+def _rows_at(f: IRFunction, a: dict[str, str], base: str, r0: str, r1: str) -> tuple[str, str]:
+    """(row r0 of the f32 [M, n] array at a[base], floats in rows [r0, r1))."""
+    return (f.gep(a[base], f.mul(r0, f.mul(a["n"], 4))),
+            f.mul(f.let(f"sub i64 {r1}, {r0}"), a["n"]))
+
+
+def _task_quant() -> str:
+    """My rows of src quantized into the packed activations of all M rows: fn(src, dst, nb, r0, r1, M)."""
+    return _row_task("quant", QUANT, lambda f, a, r0, r1: (
+        f"call void {a['fn']}(ptr {a['src']}, ptr {a['dst']}, i64 {a['nb']}, i64 {r0}, i64 {r1}, "
+        f"i64 {_step_count(f, a['m_at'])})"))
 
 
 def _task_glu() -> str:
     """My rows: gate = act(gate) * up, fn is ops' silu_mul or gelu_mul(gate, up, out, count)."""
-    f = IRFunction(f"void @task_glu{_SIG}")
-    a = GLU.load(f, "%args")
-    m = _step_count(f, a["m_at"])
-    r0, r1 = _row_range(f, m)
-    off = f.mul(r0, f.mul(a["n"], 4))
-    g, u = f.gep(a["gate"], off), f.gep(a["up"], off)
-    count = f.mul(f.let(f"sub i64 {r1}, {r0}"), a["n"])
-    f.do(f"call void {a['fn']}(ptr {g}, ptr {u}, ptr {g}, i64 {count})")
-    f.do("ret void")
-    return f.text()
+    def call(f: IRFunction, a: dict[str, str], r0: str, r1: str) -> str:
+        g, count = _rows_at(f, a, "gate", r0, r1)
+        u, _ = _rows_at(f, a, "up", r0, r1)
+        return f"call void {a['fn']}(ptr {g}, ptr {u}, ptr {g}, i64 {count})"
+    return _row_task("glu", GLU, call)
 
 
 def _task_bias() -> str:
     """My rows: x[row] += bias, fn is ops' add_bias(x, bias, out, n_rows, n)."""
-    f = IRFunction(f"void @task_bias{_SIG}")
-    a = BIAS.load(f, "%args")
-    m = _step_count(f, a["m_at"])
-    r0, r1 = _row_range(f, m)
-    x = f.gep(a["x"], f.mul(r0, f.mul(a["n"], 4)))
-    f.do(f"call void {a['fn']}(ptr {x}, ptr {a['bias']}, ptr {x}, i64 {f.let(f'sub i64 {r1}, {r0}')}, "
-         f"i64 {a['n']})")
-    f.do("ret void")
-    return f.text()
+    def call(f: IRFunction, a: dict[str, str], r0: str, r1: str) -> str:
+        x, _ = _rows_at(f, a, "x", r0, r1)
+        return (f"call void {a['fn']}(ptr {x}, ptr {a['bias']}, ptr {x}, "
+                f"i64 {f.let(f'sub i64 {r1}, {r0}')}, i64 {a['n']})")
+    return _row_task("bias", BIAS, call)
 
 
 def _task_scale() -> str:
     """My rows: x[row] *= c, fn is ops' scale(x, out, count, c)."""
-    f = IRFunction(f"void @task_scale{_SIG}")
-    a = SCALE.load(f, "%args")
-    m = _step_count(f, a["m_at"])
-    r0, r1 = _row_range(f, m)
-    x = f.gep(a["x"], f.mul(r0, f.mul(a["n"], 4)))
-    count = f.mul(f.let(f"sub i64 {r1}, {r0}"), a["n"])
-    f.do(f"call void {a['fn']}(ptr {x}, ptr {x}, i64 {count}, float {a['c']})")
-    f.do("ret void")
-    return f.text()
+    def call(f: IRFunction, a: dict[str, str], r0: str, r1: str) -> str:
+        x, count = _rows_at(f, a, "x", r0, r1)
+        return f"call void {a['fn']}(ptr {x}, ptr {x}, i64 {count}, float {a['c']})"
+    return _row_task("scale", SCALE, call)
 
 
 def _task_head_norm() -> str:
