@@ -13,7 +13,7 @@ block holding its 16 rows' data side by side:
                                  d   f16 [16]
     Q4_K (2368 = 16 x 144 + 64): d, dmin  f16 [16] each
                                  sc  u8 [8 sub-blocks][16]        the 6-bit scales
-                                 mn  u8 [4 pairs][16][2]          the 6-bit mins, sub-blocks 2p, 2p+1
+                                 mn  u8 [8 sub-blocks][16]        the 6-bit mins
                                  qs  u8 [4 pairs][8 chunks][16][4]  ggml's qs bytes 32p+4c..+3:
                                      low nibbles are sub-block 2p's values 4c.., high 2p+1's
     Q6_K (3360 = 16 x 210):      d   f16 [16]
@@ -32,11 +32,12 @@ q8_k blocks (engine.quants.quantize_activations gives the same values):
 The c fields undo offsets in integers: Q8_0 weights are stored + 128 (vpdpbusd takes them
 unsigned), so sum(q * y) = sum((q + 128) * y) - 128 * sum(y); Q6_K's values are q - 32.
 
-Per row r and block b the kernels compute, in this order (isum exact in int32):
+Per row r and block b the kernels compute (isum exact in int32):
     Q8_0:  acc = fma(d[r] * dx[b], float(sum q * y), acc)
-    Q4_K:  acc = fma(d[r] * dx[b], float(sum_j sc_j * sum(q * y over j)), acc)
-           acc = fma(-(dmin[r] * dx[b]), float(sum_j mn_j * b32_j), acc)
-    Q6_K:  acc = fma(d[r] * dx[b], float(sum_j sc_j * (sum(q * y over j) - 32 * bsum_j)), acc)
+    Q4_K, Q6_K: the file-layout kernels' (engine.kernels.matmul.kquants) arithmetic exactly:
+           per lane i < 8 an integer lane sum (Q4_K: sum_j sc_j * dot of values 4i..4i+3 of
+           sub-block j, and mn_i * b32_i), folded as kquants.fold does into accumulator i,
+           the 8 accumulators summed at the end in isa.hsum_halves' order: the same bits.
 so the numpy twin (reference) is the exact product of the dequantized weights and activations
 up to float32 rounding of those few terms. Each row's arithmetic is the same whatever M, the
 thread split or the other rows, as the file-layout kernels promise.
@@ -204,7 +205,7 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
         out.put(_per_row(b["d"]))
         out.put(_per_row(b["dmin"]))
         out.put(_per_row(sc))
-        out.put(_interleave(mn.reshape(*b.shape, 4, 2)))
+        out.put(_per_row(mn))
         out.put(_interleave(b["qs"].reshape(*b.shape, 4, 8, 4)))  # [.., pair, chunk, 4]
     else:  # Q6_K
         q = _q6_values(b).reshape(*b.shape, 2, 8, 2, 2, 4)  # [.., half, step, p, k, 4]

@@ -9,12 +9,14 @@ the same signatures as engine.kernels.matmul's quantize_/rows_ functions, so the
 runs either. A thread's rows are rounded up to whole groups of 16 ([ceil16(r0), ceil16(r1)):
 consecutive ranges stay disjoint and cover [0, N)), so callers split anywhere.
 
-The loop nest: for each group of 16 weight rows, for each tile of TILE activation rows (then
-single rows), for each block: unpack the 16 rows' block once (registers), then for each tile
+The loop nest: for each group of 16 weight rows, for each tile of TILES[type] activation rows
+(then single rows), for each block: unpack the 16 rows' block (registers), then for each tile
 row take the integer dot products with 4-byte activation broadcasts (`vpdpbusd` adds four u8 x
-i8 products into each row's lane), scale and accumulate per block. A tile's accumulators (16
-rows x TILE activation rows) live in registers; the group's weights stay in L1/L2 while all M
-activation rows stream past them, so weights are read from memory once per call.
+i8 products into each row's lane), scale and accumulate per block. A tile's accumulators live
+in registers; the group's weights stay in L1/L2 while all M activation rows stream past them,
+so weights are read from memory once per call. The K-quants keep LANES = 8 accumulators per
+activation row: lane i gathers what lane i of the file-layout kernel gathers (chunk i of each
+32-value group), so the float operations and their order are that kernel's (FILE_LAYOUT_BITS).
 
 Instruction selections (the same integers everywhere, so all give the same bits):
   vnni512   `vpdpbusd` / `vpdpwssd` on 512-bit vectors (AVX-512 VNNI + BW)
@@ -30,7 +32,8 @@ from collections.abc import Callable
 from engine.kernels.irtext import IRFunction
 from engine.repack import ACT_BLOCK, ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
-TILE = 4  # activation rows per register tile (16 weight rows x 4: 4-16 accumulators)
+# activation rows per register tile: a tile row keeps LANES[type] accumulators of 16 rows
+TILES = {T.Q8_0: 4, T.Q4_K: 1, T.Q6_K: 1}  # (K-quants: 2 or 4 spill, measured no faster)
 # (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM)
 ISAS = ("vnni512", "avx2", "portable")
 V16F, V16I = "<16 x float>", "<16 x i32>"
@@ -130,6 +133,19 @@ class _Dots:
         prod = f.let(f"mul <64 x i32> {uw}, {sw}")
         return f.let(f"add {V16I} {acc}, {self._sum_groups(prod, 16, 4)}")
 
+    def scale(self, v: str) -> str:
+        """A <16 x i32> of 16-bit-range multipliers in the form `scaled` takes (VNNI: the value
+        in each lane's low i16, zero above, so vpdpwssd's second product vanishes)."""
+        if self.isa != "vnni512":
+            return v
+        return self.f.let(f"and {V16I} {v}, {_vec('i32', [0xFFFF] * 16)}")
+
+    def scaled(self, acc: str, d: str, sc: str) -> str:
+        """acc + d * sc per lane, for d within i16 and sc from `scale` (exact either way)."""
+        if self.isa == "vnni512":
+            return self.wdot(acc, d, sc)
+        return self.f.let(f"add {V16I} {acc}, {self.f.let(f'mul {V16I} {d}, {sc}')}")
+
     def wdot(self, acc: str, a: str, b: str) -> str:
         f = self.f
         if self.isa == "vnni512":
@@ -168,13 +184,15 @@ class _Act:
         return self.f.gep("%xq", self.f.mul(m, self.stride))
 
 
-_Body = Callable[[_Fn, _Dots, _Act, str, str, list[str], list[str]], list[str]]
+# A body folds one block of 16 weight rows into each tile row's accumulators: accs[t] holds
+# LANES[type] <16 x float> vectors (see the module docstring), returned updated.
+_Body = Callable[[_Fn, _Dots, _Act, str, str, list[str], list[list[str]]], list[list[str]]]
 
 
 def _body_q8_0(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
-               accs: list[str]) -> list[str]:
+               accs: list[list[str]]) -> list[list[str]]:
     isums = [f.bcast(x, f.add(act.c_at, f.mul(b, 4))) for x in xs]   # -128 * sum(y)
-    qs = [f.mul(b, 32) for _ in range(1)][0]
+    qs = f.mul(b, 32)
     for k in range(8):
         u = f.load("<64 x i8>", wb, 64 * k)
         isums = [dots.dot(acc, u, f.bcast(x, f.add(qs, 4 * k))) for acc, x in zip(isums, xs)]
@@ -182,42 +200,51 @@ def _body_q8_0(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
     out = []
     for acc, isum, x in zip(accs, isums, xs):
         dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
-        out.append(f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc))
+        out.append([f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc[0])])
     return out
 
 
+def _fold(f: _Fn, acc: str, isum: str, ddx: str, minsum: str | None = None,
+          neg_dmdx: str | None = None) -> str:
+    """acc + (float(isum) * ddx [+ float(minsum) * neg_dmdx, fused]): kquants.fold's order."""
+    part = f.let(f"fmul {V16F} {f.tofloat(isum)}, {ddx}")
+    if minsum is not None:
+        part = f.fma16(f.tofloat(minsum), neg_dmdx, part)
+    return f.let(f"fadd {V16F} {acc}, {part}")
+
+
+def _x_scale(f: _Fn, act: _Act, x: str, b: str, w_scale: str) -> str:
+    """w_scale * dx[b] for one activation row (16 weight rows' products)."""
+    dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
+    return f.let(f"fmul {V16F} {w_scale}, {dx}")
+
+
 def _body_q4_k(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
-               accs: list[str]) -> list[str]:
+               accs: list[list[str]]) -> list[list[str]]:
+    """Lane i of the file-layout kernel (kquants.q4_5_k_body) is, per row, sum_j sc_j * (dot
+    of values 4i..4i+3 of sub-block j) and mn_i * (sum of sub-block i's activations): here
+    accumulator i of a tile row, for 16 rows at once, then folded as kquants.fold does."""
     qs = f.mul(b, 256)
-    isums = ["zeroinitializer"] * len(xs)
-    msums = ["zeroinitializer"] * len(xs)
     b32 = f.add(act.b32_at, f.mul(b, 16))
-    for p in range(4):
-        lo_d = ["zeroinitializer"] * len(xs)
-        hi_d = ["zeroinitializer"] * len(xs)
-        for i in range(8):
-            v = f.load("<64 x i8>", wb, 320 + 512 * p + 64 * i)
-            lo = f.let(f"and <64 x i8> {v}, {_splat_i8(64, 15)}")
-            hi = f.let(f"lshr <64 x i8> {v}, {_splat_i8(64, 4)}")
-            for t, x in enumerate(xs):
-                lo_d[t] = dots.dot(lo_d[t], lo, f.bcast(x, f.add(qs, 64 * p + 4 * i)))
-                hi_d[t] = dots.dot(hi_d[t], hi, f.bcast(x, f.add(qs, 64 * p + 32 + 4 * i)))
-        sc_lo = f.widen16(wb, 64 + 16 * (2 * p), signed=False)
-        sc_hi = f.widen16(wb, 64 + 16 * (2 * p + 1), signed=False)
-        mn = f.load("<32 x i8>", wb, 192 + 32 * p)
-        mn = f.let(f"bitcast <32 x i16> {f.let(f'zext <32 x i8> {mn} to <32 x i16>')} to {V16I}")
-        for t, x in enumerate(xs):
-            part = f.let(f"add {V16I} {f.let(f'mul {V16I} {lo_d[t]}, {sc_lo}')}, "
-                         f"{f.let(f'mul {V16I} {hi_d[t]}, {sc_hi}')}")
-            isums[t] = f.let(f"add {V16I} {isums[t]}, {part}")
-            msums[t] = dots.wdot(msums[t], mn, f.bcast(x, f.add(b32, 4 * p)))
+    sc = [dots.scale(f.widen16(wb, 64 + 16 * j, signed=False)) for j in range(8)]
     dw, dmin = f.half16(wb, 0), f.half16(wb, 32)
-    out = []
-    for acc, isum, msum, x in zip(accs, isums, msums, xs):
-        dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
-        acc = f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc)
-        neg = f.let(f"fneg {V16F} {f.let(f'fmul {V16F} {dmin}, {dx}')}")
-        out.append(f.fma16(neg, f.tofloat(msum), acc))
+    ddx = [_x_scale(f, act, x, b, dw) for x in xs]
+    ndm = [f.let(f"fneg {V16F} {_x_scale(f, act, x, b, dmin)}") for x in xs]
+    out = [list(a) for a in accs]
+    for i in range(8):
+        vs = [f.load("<64 x i8>", wb, 320 + 512 * p + 64 * i) for p in range(4)]
+        nib = [(f.let(f"and <64 x i8> {v}, {_splat_i8(64, 15)}"),
+                f.let(f"lshr <64 x i8> {v}, {_splat_i8(64, 4)}")) for v in vs]
+        mn = dots.scale(f.widen16(wb, 192 + 16 * i, signed=False))
+        for t, x in enumerate(xs):
+            isum = "zeroinitializer"
+            for p in range(4):
+                for h in range(2):
+                    d = dots.dot("zeroinitializer", nib[p][h], f.bcast(x, f.add(qs, 64 * p + 32 * h + 4 * i)))
+                    isum = dots.scaled(isum, d, sc[2 * p + h])
+            bsum = f.let(f"sext i16 {f.load('i16', x, f.add(b32, 2 * i), 2)} to i32")
+            minsum = dots.scaled("zeroinitializer", f.splat_i32(bsum), mn)
+            out[t][i] = _fold(f, out[t][i], isum, ddx[t], minsum, ndm[t])
     return out
 
 
@@ -231,45 +258,60 @@ def _q6_field(f: _Fn, h: str, k: int) -> str:
 
 
 def _body_q6_k(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
-               accs: list[str]) -> list[str]:
+               accs: list[list[str]]) -> list[list[str]]:
+    """Lane k = 4a + i of the file-layout kernel (kquants.q6_k_body) is, per row, sum over the
+    chunks c = 8m + k (values 4c..4c+3; sub-block c // 4) of sc * dot, less 32 * (sub-blocks
+    2k and 2k+1's scales times activation sums). Those chunks sit in steps s = a, a+2, a+4,
+    a+6 of the repacked block, ql vector i (chunk 4s+i, high nibble 32+4s+i)."""
     qs = f.mul(b, 256)
     c16 = f.add(act.c_at, f.mul(b, 64))
-    isums = ["zeroinitializer"] * len(xs)
-    for s in range(8):
-        hs = [f.load("<64 x i8>", wb, 288 + 384 * s + 256 + 64 * p) for p in range(2)]
-        va, vb = [], []  # chunks 4s+i (sub-block s), 32+4s+i (sub-block 8+s)
-        for i in range(4):
+    sc_raw = [f.widen16(wb, 32 + 16 * j, signed=True) for j in range(16)]
+    sc = [dots.scale(v) for v in sc_raw]
+    dw = f.half16(wb, 0)
+    ddx = [_x_scale(f, act, x, b, dw) for x in xs]
+    out = [list(a) for a in accs]
+    for k in range(8):
+        a, i = divmod(k, 4)
+        p, c = divmod(i, 2)
+        chunks = []  # (weights, chunk index) of this lane
+        for s in range(a, 8, 2):
             ql = f.load("<64 x i8>", wb, 288 + 384 * s + 64 * i)
-            p, c = divmod(i, 2)
+            qh = f.load("<64 x i8>", wb, 288 + 384 * s + 256 + 64 * p)
             lo = f.let(f"and <64 x i8> {ql}, {_splat_i8(64, 15)}")
             hi = f.let(f"lshr <64 x i8> {ql}, {_splat_i8(64, 4)}")
-            va.append(f.let(f"or <64 x i8> {lo}, {_q6_field(f, hs[p], c)}"))
-            vb.append(f.let(f"or <64 x i8> {hi}, {_q6_field(f, hs[p], 2 + c)}"))
-        sc_a = f.widen16(wb, 32 + 16 * s, signed=True)
-        sc_b = f.widen16(wb, 32 + 16 * (s + 8), signed=True)
+            chunks.append((f.let(f"or <64 x i8> {lo}, {_q6_field(f, qh, c)}"), 4 * s + i))
+            chunks.append((f.let(f"or <64 x i8> {hi}, {_q6_field(f, qh, 2 + c)}"), 32 + 4 * s + i))
         for t, x in enumerate(xs):
-            da = f.bcast(x, f.add(c16, 4 * s))        # -32 * bsum of sub-block s
-            db = f.bcast(x, f.add(c16, 4 * (s + 8)))
-            for i in range(4):
-                da = dots.dot(da, va[i], f.bcast(x, f.add(qs, 16 * s + 4 * i)))
-                db = dots.dot(db, vb[i], f.bcast(x, f.add(qs, 128 + 16 * s + 4 * i)))
-            part = f.let(f"add {V16I} {f.let(f'mul {V16I} {da}, {sc_a}')}, "
-                         f"{f.let(f'mul {V16I} {db}, {sc_b}')}")
-            isums[t] = f.let(f"add {V16I} {isums[t]}, {part}")
-    dw = f.half16(wb, 0)
-    out = []
-    for acc, isum, x in zip(accs, isums, xs):
-        dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
-        out.append(f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc))
+            isum = "zeroinitializer"
+            for u, ch in chunks:
+                isum = dots.scaled(isum, dots.dot("zeroinitializer", u, f.bcast(x, f.add(qs, 4 * ch))),
+                                   sc[ch // 4])
+            for j in (2 * k, 2 * k + 1):  # -32 * bsum_j * sc_j (too wide for i16 products)
+                corr = f.let(f"mul {V16I} {f.bcast(x, f.add(c16, 4 * j))}, {sc_raw[j]}")
+                isum = f.let(f"add {V16I} {isum}, {corr}")
+            out[t][k] = _fold(f, out[t][k], isum, ddx[t])
     return out
 
 
 BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q4_K: _body_q4_k, T.Q6_K: _body_q6_k}
+# accumulators per (16 weight rows, activation row): the file-layout kernel's float lanes
+LANES = {T.Q8_0: 1, T.Q4_K: 8, T.Q6_K: 8}
+# the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
+FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q6_K})
 
 
 def supported(qtype: T, isa: str) -> bool:
     """Whether this module has a kernel for qtype on isa (AVX2 maddubs would saturate on Q8_0)."""
     return qtype in BODIES and not (qtype == T.Q8_0 and isa == "avx2")
+
+
+def _lane_sum(f: _Fn, v: list[str]) -> str:
+    """The lanes' total in isa.hsum_halves' order: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
+    if len(v) == 1:
+        return v[0]
+    r = [f.let(f"fadd {V16F} {v[i]}, {v[i + 4]}") for i in range(4)]
+    s = [f.let(f"fadd {V16F} {r[i]}, {r[i + 2]}") for i in range(2)]
+    return f.let(f"fadd {V16F} {s[0]}, {s[1]}")
 
 
 def _build_gemm(qtype: T, isa: str, tile: int) -> str:
@@ -278,7 +320,7 @@ def _build_gemm(qtype: T, isa: str, tile: int) -> str:
             f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
     dots = _Dots(f, isa)
     act = _Act(f, ACTIVATION[qtype])
-    body = BODIES[qtype]
+    body, lanes = BODIES[qtype], LANES[qtype]
     g0 = f.let(f"lshr i64 {f.add('%r0', ROWS - 1)}, 4")
     g1 = f.let(f"lshr i64 {f.add('%r1', ROWS - 1)}, 4")
     group_bytes = f.mul("%nb", GROUP_BLOCK_BYTES[qtype])
@@ -292,12 +334,14 @@ def _build_gemm(qtype: T, isa: str, tile: int) -> str:
         def tile_rows(m0: str, rows: int) -> None:
             xs = [act.row(f.add(m0, t)) for t in range(rows)]
 
-            def block(b: str, accs: list[str]) -> list[str]:
+            def block(b: str, flat: list[str]) -> list[str]:
                 wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
-                return body(f, dots, act, wb, b, xs, accs)
+                accs = [flat[lanes * t:lanes * (t + 1)] for t in range(rows)]
+                return [v for row in body(f, dots, act, wb, b, xs, accs) for v in row]
 
-            accs = f.loop("%nb", [(V16F, "zeroinitializer")] * rows, block)
-            for t, acc in enumerate(accs):
+            flat = f.loop("%nb", [(V16F, "zeroinitializer")] * (rows * lanes), block)
+            for t in range(rows):
+                acc = _lane_sum(f, flat[lanes * t:lanes * (t + 1)])
                 at = f.add(f.mul(f.add(m0, t), "%N"), col)
                 f.store(V16F, acc, f.gep("%out", f.mul(at, 4)), 0, 4)
 
@@ -373,8 +417,9 @@ def _build_quantize(act: str) -> str:
     return f.text()
 
 
-def build_gemm_ir(qtype: T, isa: str, tile: int = TILE) -> str:
+def build_gemm_ir(qtype: T, isa: str, tile: int | None = None) -> str:
     """The module for one weight type: its activation quantizer and its gemm function."""
+    tile = TILES[qtype] if tile is None else tile
     if not supported(qtype, isa):
         raise ValueError(f"no interleaved kernel for {qtype.name} on {isa}")
     return DECLARATIONS + _build_quantize(ACTIVATION[qtype]) + _build_gemm(qtype, isa, tile)

@@ -30,22 +30,32 @@ def host_isa(portable: bool = False) -> str:
     return "avx2" if jit.host_has("avx2") else "portable"
 
 
-# The types models run on these kernels. The Q4_K and Q6_K kernels are tested and 2-3x the
-# file-layout ones, but each moves Gemma 3 270M's logits across one of the llama.cpp bars of
-# tests/test_gemma3_reference.py on the "primes" prompt (max |diff| <= 3, mean of the last row's
-# |diff| <= 0.4): file-layout kernels max 2.55 / last 0.24; Q6_K 3.01 / 0.59; Q4_K + Q8_0 2.33 /
-# 0.54; all three 3.53 / 0.64. Against the exact float64 model (tests/reference_model.py) all of
-# them are equally close (mean |diff| 0.31-0.35; llama.cpp itself 0.34): a change in f32
-# rounding order, amplified through the 8-bit activation rounding, not a loss of accuracy.
-# Until those bars are revisited, models run only Q8_0 here; MODELYARD_INTERLEAVED (type names,
-# comma-separated, or "none") overrides the set, for benchmarks.
+# The types models run on these kernels (MODELYARD_INTERLEAVED, type names comma-separated or
+# "none", overrides the set, for benchmarks). Q4_K and Q6_K give the file-layout kernels' bits
+# (gemm.FILE_LAYOUT_BITS: with them on, Gemma 3 270M's logits are unchanged), but that
+# arithmetic (8 float lanes per activation row, each lane's integer sum scaled per sub-block)
+# takes twice the multiply instructions of a whole-block sum, and they do not pay yet: 1.1B
+# Q4_K_M, one thread, decode 0.66x the file layout (17.0 vs 25.8 tok/s; one 5632x2048 Q4_K
+# matrix from DRAM, M = 1: 0.64x), prefill matrices 0.9-1.1x. So models keep them off.
+# Q8_0 rounds differently from its file layout but measured inside the llama.cpp bars of
+# tests/test_gemma3_reference.py, and is faster.
 IN_MODELS = frozenset(T[n.strip()] for n in os.environ.get("MODELYARD_INTERLEAVED", "Q8_0").split(",")
                       if n.strip() and n.strip().lower() != "none")
+# The K-quant kernels keep 8 accumulators of 16 rows per activation row: without AVX-512's 32
+# registers they spill (AVX2 form at M = 16: 0.64-0.75x the file layout), so models take them
+# only on vnni512.
+NEEDS_AVX512 = frozenset({T.Q4_K, T.Q6_K})
+
+
+def runs_in_models(qtype: T, isa: str) -> bool:
+    """Whether a model on `isa` computes `qtype` matrices with these kernels (repacked)."""
+    return (qtype in IN_MODELS and gemm.supported(qtype, isa)
+            and (isa == "vnni512" or qtype not in NEEDS_AVX512))
 
 
 def host_repacks(qtype: T) -> bool:
     """Whether a model loaded on this host keeps `qtype` matrices repacked (memory estimates)."""
-    return qtype in IN_MODELS and gemm.supported(qtype, host_isa())
+    return runs_in_models(qtype, host_isa())
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,7 @@ class GemmKernels:
         self._lock = threading.Lock()
 
     def _load(self, qtype: T) -> GemmTypeKernels:
-        lib = jit.compile_cached("gemm", (qtype.name, self.isa, gemm.TILE),
+        lib = jit.compile_cached("gemm", (qtype.name, self.isa, gemm.TILES[qtype]),
                                  lambda: gemm.build_gemm_ir(qtype, self.isa))
         act = ACTIVATION[qtype]
         name = qtype.name.lower()
@@ -83,7 +93,7 @@ class GemmKernels:
         return qtype in self._kernels
 
     def runs_in_models(self, qtype: T) -> bool:
-        return qtype in IN_MODELS and self.has(qtype)
+        return runs_in_models(qtype, self.isa)
 
     def kernels(self, qtype: T) -> GemmTypeKernels:
         k = self._kernels.get(qtype)

@@ -15,6 +15,7 @@ from engine.activations import ACTIVATION_LAYOUTS
 from engine.kernels.matmul.isa import (
     V8F,
     IntOps,
+    hsum_halves,
     MatmulFn,
     i8_const,
     shuffle_mask,
@@ -321,7 +322,7 @@ def super_block_tiles(body: Body, f: MatmulFn, ops: IntOps) -> RowCallbacks:
     x_block_bytes = ACTIVATION_LAYOUTS["q8_k"].itemsize  # q8_k: ggml's blocks, row by row
     accs, block, finish = row_tiles(
         f, x_base="%xq", x_row_bytes=f.mul("%nb", x_block_bytes), x_block_bytes=x_block_bytes,
-        acc_types=(V8F,), block=k_block, finish=lambda row_accs, _w, _x: f.hsum8(row_accs[0]))
+        acc_types=(V8F,), block=k_block, finish=lambda row_accs, _w, _x: hsum_halves(f, row_accs[0]))
     return RowCallbacks(accs, block, finish)
 
 
