@@ -99,9 +99,18 @@ class _Dots:
         assert isa in ISAS
         self.f, self.isa = f, isa
 
-    def _halves(self, v: str, ty: str) -> list[str]:
-        return [self.f.let(f"shufflevector <64 x {ty}> {v}, <64 x {ty}> poison, "
-                           f"{_mask(list(range(32 * h, 32 * h + 32)))}") for h in range(2)]
+    def _avx2_halves(self, acc: str, a: str, b: str, elem: str,
+                     half: Callable[[str, str], str]) -> str:
+        """acc + the two 256-bit halves' half(a_h, b_h) (<8 x i32> each), side by side."""
+        f = self.f
+        n = 64 if elem == "i8" else 32
+        parts = []
+        for h in range(2):
+            m = _mask(list(range(n // 2 * h, n // 2 * (h + 1))))
+            ah, bh = (f.let(f"shufflevector <{n} x {elem}> {v}, <{n} x {elem}> poison, {m}") for v in (a, b))
+            parts.append(half(ah, bh))
+        both = f.let(f"shufflevector <8 x i32> {parts[0]}, <8 x i32> {parts[1]}, {_mask(list(range(16)))}")
+        return f.let(f"add {V16I} {acc}, {both}")
 
     def _sum_groups(self, v: str, n: int, k: int) -> str:
         """<n*k x i32> -> <n x i32>: sums of k consecutive lanes."""
@@ -122,12 +131,10 @@ class _Dots:
         s8 = f.let(f"bitcast {V16I} {s} to <64 x i8>")
         if self.isa == "avx2":
             ones = _vec("i16", [1] * 16)
-            parts = []
-            for uh, sh in zip(self._halves(u, "i8"), self._halves(s8, "i8")):
-                p = f.let(f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {uh}, <32 x i8> {sh})")
-                parts.append(f.let(f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {p}, <16 x i16> {ones})"))
-            both = f.let(f"shufflevector <8 x i32> {parts[0]}, <8 x i32> {parts[1]}, {_mask(list(range(16)))}")
-            return f.let(f"add {V16I} {acc}, {both}")
+            return self._avx2_halves(acc, u, s8, "i8", lambda uh, sh: f.let(
+                f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> "
+                f"{f.let(f'call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {uh}, <32 x i8> {sh})')}, "
+                f"<16 x i16> {ones})"))
         uw = f.let(f"zext <64 x i8> {u} to <64 x i32>")
         sw = f.let(f"sext <64 x i8> {s8} to <64 x i32>")
         prod = f.let(f"mul <64 x i32> {uw}, {sw}")
@@ -153,14 +160,8 @@ class _Dots:
         a16 = f.let(f"bitcast {V16I} {a} to <32 x i16>")
         b16 = f.let(f"bitcast {V16I} {b} to <32 x i16>")
         if self.isa == "avx2":
-            parts = []
-            for h in range(2):
-                m = _mask(list(range(16 * h, 16 * h + 16)))
-                ah = f.let(f"shufflevector <32 x i16> {a16}, <32 x i16> poison, {m}")
-                bh = f.let(f"shufflevector <32 x i16> {b16}, <32 x i16> poison, {m}")
-                parts.append(f.let(f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {ah}, <16 x i16> {bh})"))
-            both = f.let(f"shufflevector <8 x i32> {parts[0]}, <8 x i32> {parts[1]}, {_mask(list(range(16)))}")
-            return f.let(f"add {V16I} {acc}, {both}")
+            return self._avx2_halves(acc, a16, b16, "i16", lambda ah, bh: f.let(
+                f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {ah}, <16 x i16> {bh})"))
         aw = f.let(f"sext <32 x i16> {a16} to <32 x i32>")
         bw = f.let(f"sext <32 x i16> {b16} to <32 x i32>")
         prod = f.let(f"mul <32 x i32> {aw}, {bw}")
@@ -204,12 +205,12 @@ def _body_q8_0(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
     return out
 
 
-def _fold(f: _Fn, acc: str, isum: str, ddx: str, minsum: str | None = None,
-          neg_dmdx: str | None = None) -> str:
-    """acc + (float(isum) * ddx [+ float(minsum) * neg_dmdx, fused]): kquants.fold's order."""
+def _fold(f: _Fn, acc: str, isum: str, ddx: str, mins: tuple[str, str] | None = None) -> str:
+    """acc + (float(isum) * ddx [+ float(minsum) * neg_dmdx, fused]): kquants.fold's order;
+    mins = (minsum, neg_dmdx)."""
     part = f.let(f"fmul {V16F} {f.tofloat(isum)}, {ddx}")
-    if minsum is not None:
-        part = f.fma16(f.tofloat(minsum), neg_dmdx, part)
+    if mins is not None:
+        part = f.fma16(f.tofloat(mins[0]), mins[1], part)
     return f.let(f"fadd {V16F} {acc}, {part}")
 
 
@@ -244,7 +245,7 @@ def _body_q4_k(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
                     isum = dots.scaled(isum, d, sc[2 * p + h])
             bsum = f.let(f"sext i16 {f.load('i16', x, f.add(b32, 2 * i), 2)} to i32")
             minsum = dots.scaled("zeroinitializer", f.splat_i32(bsum), mn)
-            out[t][i] = _fold(f, out[t][i], isum, ddx[t], minsum, ndm[t])
+            out[t][i] = _fold(f, out[t][i], isum, ddx[t], (minsum, ndm[t]))
     return out
 
 
@@ -345,7 +346,11 @@ def _build_gemm(qtype: T, isa: str, tile: int) -> str:
                 at = f.add(f.mul(f.add(m0, t), "%N"), col)
                 f.store(V16F, acc, f.gep("%out", f.mul(at, 4)), 0, 4)
 
-        f.loop(n_tiles, [], lambda i, _: tile_rows(f.mul(i, tile), tile) or [])
+        def full_tile(i: str, _: list[str]) -> list[str]:
+            tile_rows(f.mul(i, tile), tile)
+            return []
+
+        f.loop(n_tiles, [], full_tile)
         f.loop_range(rest0, "%M", lambda m: tile_rows(m, 1))
 
     f.loop_range(g0, g1, group)
@@ -412,7 +417,14 @@ def _build_quantize(act: str) -> str:
             pair = f.let(f"add i32 {sums[0]}, {sums[1]}")
             f.store("i16", f.let(f"trunc i32 {pair} to i16"), b32, 2 * c, 2)
 
-    f.loop_range("%r0", "%r1", lambda m: f.loop("%nb", [], lambda j, _: per_block(m, j) or []))
+    def row(m: str) -> None:
+        def block(j: str, _: list[str]) -> list[str]:
+            per_block(m, j)
+            return []
+
+        f.loop("%nb", [], block)
+
+    f.loop_range("%r0", "%r1", row)
     f.do("ret void")
     return f.text()
 
