@@ -10,17 +10,18 @@ from engine.activations import dequantize_activations, quantize_activations
 from engine.kernels import gemm, jit
 from engine.kernels.gemm_kernels import GemmKernels, host_isa
 from engine.kernels.matmul import MatmulKernels
+from engine.kernels.repack_ir import COMPILED, CompiledRepack
 from engine.quants import QuantMatrix, dequantize, random_quant_matrix
 from engine.repack import (
     ACTIVATION,
     REPACKED,
     RepackedMatrix,
+    T,
     can_repack,
     quantize_rows,
     reference,
     repack,
 )
-from engine.repack import T
 
 TYPES = list(REPACKED)
 IDS = [t.name for t in TYPES]
@@ -121,7 +122,7 @@ def test_compiled_quantizer_writes_the_twins_bytes(act: str) -> None:
 def test_repacking_keeps_every_value(qtype: T) -> None:
     """The repacked bytes decode (with the layout engine.repack documents) to the same values:
     the twin reads the source, so this checks the layout itself, lane by lane."""
-    w, x = _case(qtype, 1, seed=3)
+    w, _ = _case(qtype, 1, seed=3)
     rw = repack(w)
     assert rw.nbytes == w.nbytes + (w.n_rows // 16) * (w.n_cols // 256) * 64 * (qtype == T.Q4_K)
     # one-hot activations pick single columns: out[r] = W[r, j] * (127 * dx)
@@ -134,6 +135,16 @@ def test_repacking_keeps_every_value(qtype: T) -> None:
         col = k.matmul(rw, e)[0]
         np.testing.assert_allclose(col, dequantize(w.raw, w.qtype, w.n_cols)[:, j] * seen,
                                    rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("qtype", COMPILED, ids=[t.name for t in COMPILED])
+def test_compiled_repack_writes_the_numpy_repacks_bytes(qtype: T) -> None:
+    rng = np.random.default_rng(11)
+    compiled = CompiledRepack((qtype,))
+    for n_rows, n_blocks in ((16, 1), (48, 3), (64, 7)):
+        w = random_quant_matrix(qtype, n_rows, n_blocks * (256 if qtype in (T.Q4_K, T.Q6_K) else 32), rng)
+        assert np.array_equal(repack(w, compiled.into).data, repack(w).data)
+    assert GemmKernels([qtype], host_isa()).repack(w).data.tobytes() == repack(w).data.tobytes()
 
 
 def test_what_cannot_be_repacked_is_refused() -> None:
@@ -159,7 +170,7 @@ def test_the_facade_runs_repacked_matrices_on_threads(qtype: T) -> None:
             pytest.skip("models keep this type in the file's layout on this host")
         ref = GemmKernels([qtype], host_isa()).matmul(p, x)
         assert np.array_equal(one.matmul(p, x), ref)
-        import engine.kernels.matmul.facade as facade
+        from engine.kernels.matmul import facade
         saved, facade.MIN_SPLIT_BYTES = facade.MIN_SPLIT_BYTES, 1
         try:
             assert np.array_equal(two.matmul(p, x), ref)

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.kernels import gemm, jit
-from engine.repack import ACT_BLOCK, ACTIVATION, RepackedMatrix, T, act_bytes
+from engine.kernels.repack_ir import COMPILED, CompiledRepack
+from engine.quants import QuantMatrix
+from engine.repack import ACT_BLOCK, ACTIVATION, RepackedMatrix, T, act_bytes, repack
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
@@ -39,7 +41,7 @@ def host_isa(portable: bool = False) -> str:
 # matrix from DRAM, M = 1: 0.64x), prefill matrices 0.9-1.1x. So models keep them off.
 # Q8_0 rounds differently from its file layout but measured inside the llama.cpp bars of
 # tests/test_gemma3_reference.py, and is faster.
-IN_MODELS = frozenset(T[n.strip()] for n in os.environ.get("MODELYARD_INTERLEAVED", "Q8_0").split(",")
+IN_MODELS = frozenset(T.__members__[n.strip()] for n in os.environ.get("MODELYARD_INTERLEAVED", "Q8_0").split(",")
                       if n.strip() and n.strip().lower() != "none")
 # The K-quant kernels keep 8 accumulators of 16 rows per activation row: without AVX-512's 32
 # registers they spill (AVX2 form at M = 16: 0.64-0.75x the file layout), so models take them
@@ -77,6 +79,7 @@ class GemmKernels:
         self.isa = isa or host_isa()
         self._kernels = {q: self._load(q) for q in sorted(set(qtypes), key=lambda t: t.value)
                          if gemm.supported(q, self.isa)}
+        self._repack = CompiledRepack(tuple(q for q in self._kernels if q in COMPILED))
         self._lock = threading.Lock()
 
     def _load(self, qtype: T) -> GemmTypeKernels:
@@ -91,6 +94,10 @@ class GemmKernels:
 
     def has(self, qtype: T) -> bool:
         return qtype in self._kernels
+
+    def repack(self, w: QuantMatrix) -> RepackedMatrix:
+        """w in the interleaved layout: the compiled repacking where the type has one."""
+        return repack(w, self._repack.into if self._repack.has(w.qtype) else None)
 
     def runs_in_models(self, qtype: T) -> bool:
         return runs_in_models(qtype, self.isa)

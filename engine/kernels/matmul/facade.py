@@ -32,7 +32,7 @@ from engine.kernels.matmul.loops import NARROW_TILES, TILES
 from engine.kernels.ops import address
 from engine.kernels.pool import Pool
 from engine.quants import SUPPORTED, QuantMatrix, quant_type
-from engine.repack import RepackedMatrix, can_repack, release_file_pages, repack
+from engine.repack import RepackedMatrix, can_repack, release_file_pages
 
 _F32 = np.dtype(np.float32)
 _I64 = ctypes.c_int64
@@ -125,7 +125,7 @@ class MatmulKernels:
         `file_backed` (w views a read-only file mapping) the source's pages are released."""
         if (self._gemm is not None and self._gemm.runs_in_models(w.qtype)
                 and can_repack(w.qtype, w.n_rows, w.n_cols)):
-            packed = repack(w)
+            packed = self._gemm.repack(w)
             if file_backed:
                 release_file_pages(w.raw)
             return packed
