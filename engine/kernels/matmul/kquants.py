@@ -15,8 +15,8 @@ from engine.activations import ACTIVATION_LAYOUTS
 from engine.kernels.matmul.isa import (
     V8F,
     IntOps,
-    hsum_halves,
     MatmulFn,
+    hsum_halves,
     i8_const,
     shuffle_mask,
     splat_const,
@@ -248,8 +248,8 @@ def q4_5_k_body(t: QuantType) -> Body:
                                  f"<32 x i8> zeroinitializer")
                     q = f.let(f"or <32 x i8> {q}, {high}")
                 scale = f.let(f"shufflevector <8 x i16> {sc}, <8 x i16> poison, {shuffle_mask([j] * 16)}")
-                for t, x in enumerate(xs):
-                    isums.add(t, ops.maddubs(q, f.load("<32 x i8>", x, 4 + 32 * j)), scale)
+                for r, x in enumerate(xs):
+                    isums.add(r, ops.maddubs(q, f.load("<32 x i8>", x, 4 + 32 * j)), scale)
         return _with_mins(f, ops, xs, isums, d, dmin, mn16)
 
     return block
