@@ -11,5 +11,5 @@ from .gguf import ModelLoadError
 from .model import ContextOverflowError
 from .sampling import Sampled, SamplingParams
 
-__all__ = ["Constraint", "ConstraintError", "ContextOverflowError", "Model", "ModelLoadError", "Sampled", "SamplingParams",
-           "TokenizerAdapter", "estimate_memory", "load"]
+__all__ = ["Constraint", "ConstraintError", "ContextOverflowError", "Model", "ModelLoadError", "Sampled",
+           "SamplingParams", "TokenizerAdapter", "estimate_memory", "load"]

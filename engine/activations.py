@@ -9,6 +9,7 @@ part of the type's record (engine.quants.TYPES).
 from __future__ import annotations
 
 import numpy as np
+
 from engine.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 
 T = GGMLQuantizationType
@@ -117,7 +118,7 @@ def pack_activations(blocks: np.ndarray, act: str) -> np.ndarray:
     scales of up to 8 rows with one vector load; every stride along the blocks is a constant.
     q8_k: ggml's blocks as they are.
     """
-    layout, elems = _activation_layout(act)
+    layout, _ = _activation_layout(act)
     blocks = np.asarray(blocks, dtype=np.uint8)
     if blocks.ndim != 2:
         raise ValueError(f"activation blocks must be 2-D [M, row bytes], got shape {blocks.shape}")
@@ -141,7 +142,7 @@ def pack_activations(blocks: np.ndarray, act: str) -> np.ndarray:
 def dequantize_activations(blocks: np.ndarray, act: str, n_cols: int) -> np.ndarray:
     """uint8 [M, activation_row_bytes] (ggml's blocks, not packed) -> float32 [M, n_cols]:
     d * q per block."""
-    layout, elems = _activation_layout(act)
+    layout, _ = _activation_layout(act)
     blocks = np.asarray(blocks)
     if blocks.dtype != np.uint8 or blocks.ndim != 2:
         raise ValueError(f"expected a 2-D uint8 array of blocks, got {blocks.dtype} {blocks.shape}")

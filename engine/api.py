@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from .constraint import Constraint
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm_kernels import host_repacks
 from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
-from .constraint import Constraint
 from .repack import estimate_repacked
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
@@ -150,7 +150,7 @@ class Model:
             self._file.close()
             self._file = None  # type: ignore[assignment]
 
-    def __enter__(self) -> "Model":
+    def __enter__(self) -> Model:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -46,7 +46,8 @@ class GraphBuilder:
         return args
 
     def _buf(self, name: str) -> np.ndarray:
-        return getattr(self.a, name)
+        buf: np.ndarray = getattr(self.a, name)
+        return buf
 
     # -- Builder ---------------------------------------------------------------------------------
     def add_norm(self, weight: np.ndarray) -> None:
@@ -133,7 +134,7 @@ class GraphBuilder:
         quantized: dict[str | None, int] = {None: _addr(src)}
         for w, _ in targets:
             k = mk.kernels_for(w)
-            if k.act not in quantized:
+            if k.act is not None and k.act not in quantized:  # None: float weights read src
                 xq = self.a.xq[k.act]
                 quantized[k.act] = _addr(xq)
                 self._node("task_quant", tasks.QUANT, fn=k.quantize_address, src=_addr(src),

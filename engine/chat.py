@@ -20,8 +20,13 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 
-from .template_budget import (DEFAULT_MAX_CHARS, DEFAULT_SECONDS, BudgetedSandbox,
-                              TemplateBudgetExceeded, budget)
+from .template_budget import (
+    DEFAULT_MAX_CHARS,
+    DEFAULT_SECONDS,
+    BudgetedSandbox,
+    TemplateBudgetExceeded,
+    budget,
+)
 
 # Used when a model file carries no template: the format SmolLM2, Qwen and many others use.
 CHATML_TEMPLATE = (
@@ -40,7 +45,7 @@ class _GenerationBlock(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` marks assistant text for training masks in HF;
     for rendering it is a no-op wrapper, but templates using it must still parse."""
 
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 - jinja2's Extension declares it an instance attribute
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

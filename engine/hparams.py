@@ -66,7 +66,7 @@ class HParams:
         return 2 * 2 * self.n_layer * self.kv_dim
 
     @classmethod
-    def from_metadata(cls, meta: dict[str, Any], path: str) -> "HParams":
+    def from_metadata(cls, meta: dict[str, Any], path: str) -> HParams:
         arch = meta.get("general.architecture")
         if arch not in SUPPORTED_ARCHS:
             raise ModelLoadError(path, f"unsupported architecture {arch!r} "

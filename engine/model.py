@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -40,8 +41,8 @@ from .gguf import GGUFFile
 from .hparams import HParams
 from .kernels import ops, tasks
 from .kernels.attention import AttentionKernel, exact_scratch_floats, f16acc_scratch_floats
-from .kernels.matmul import MatmulKernels
 from .kernels.governor import ThreadGovernor
+from .kernels.matmul import MatmulKernels
 from .kernels.pool import Graph, Pool
 from .kv import KVCache
 from .repack import RepackedMatrix
@@ -101,8 +102,9 @@ def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
     output costs load time (Gemma 3 270M: 178 MB, +0.25 s per load, decode unchanged; measured
     with scripts/bench_compare.py and MODELYARD_INTERLEAVED=none)."""
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-    layers = [dataclasses.replace(layer, **{n: mk.prepare(getattr(layer, n), file_backed=True)
-                                            for n in names})
+    # a prepared matrix may be a RepackedMatrix: the kernels take it wherever a QuantMatrix goes
+    layers = [dataclasses.replace(layer, **cast(dict[str, Any], {
+                  n: mk.prepare(getattr(layer, n), file_backed=True) for n in names}))
               for layer in w.layers]
     return dataclasses.replace(w, layers=layers)
 
@@ -234,8 +236,8 @@ class Transformer:
             tasks.MATMUL.fill(out_args, out=_addr(result))
         tasks.STEP.fill(self._step, n_tokens=T, n_out=n_out, n_chunks=len(chunks),
                         positions=_addr(positions), kv_rows=_addr(kv_rows),
-                        kv_mirror=_addr(kv_mirror), chunks=_addr(chunk_tables), seg_start=_addr(seg_start), segs=_addr(segs),
-                        out_rows=_addr(out_rows))
+                        kv_mirror=_addr(kv_mirror), chunks=_addr(chunk_tables),
+                        seg_start=_addr(seg_start), segs=_addr(segs), out_rows=_addr(out_rows))
         self._step_arrays = (positions, kv_rows, kv_mirror, chunk_tables, seg_start, segs, out_rows)
         started = time.perf_counter()
         self.pool.run(graph, _addr(self._step), threads)

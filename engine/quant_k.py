@@ -13,7 +13,8 @@ from engine.quant_legacy import random_f16
 
 # Q2_K, 84 bytes: u8 scales[16] | u8 qs[64] | f16 d | f16 dmin
 #   16 sub-blocks of 16, scales[j] = sc | mn << 4 (4 bits each); value i (h = i // 128,
-#   j = i % 128 // 32, l = i % 32): q = qs[32h + l] >> 2j & 3, value = d * sc[i // 16] * q - dmin * mn[i // 16]
+#   j = i % 128 // 32, l = i % 32): q = qs[32h + l] >> 2j & 3,
+#   value = d * sc[i // 16] * q - dmin * mn[i // 16]
 Q2_K = np.dtype([("scales", "u1", (16,)), ("qs", "u1", (64,)), ("d", "<f2"), ("dmin", "<f2")])
 # Q3_K, 110 bytes: u8 hmask[32] | u8 qs[64] | u8 scales[12] | f16 d
 #   the 2 low bits as in Q2_K; bit 4h + j of hmask[l] is the third: q = low2 - (bit ? 0 : 4);
@@ -90,7 +91,7 @@ def dequantize_q4_5_k(b: np.ndarray) -> np.ndarray:
     sc, mn = k_scales_mins(b["scales"])  # [rows, nb, 8]
     qs = b["qs"].reshape(*b.shape, 4, 1, 32)
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-2).reshape(*b.shape, 8, 32)
-    if "qh" in b.dtype.names:  # Q5_K
+    if "qh" in (b.dtype.names or ()):  # Q5_K
         qh = b["qh"][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]  # [.., 8, 32]
         q = q | ((qh & 1) << 4)
     d = (_f32(b["d"])[..., None] * _f32(sc))[..., None]

@@ -44,10 +44,10 @@ def dequantizer(zero: int) -> Callable[[np.ndarray], np.ndarray]:
 
     def dequantize(b: np.ndarray) -> np.ndarray:
         q = nibbles(b["qs"]).astype(np.int32)  # [rows, nb, 32]
-        if "qh" in b.dtype.names:
+        if "qh" in (b.dtype.names or ()):
             q |= _bits32(b["qh"]).astype(np.int32) << 4
         d = _f32(b["d"])[..., None]
-        if "m" in b.dtype.names:
+        if "m" in (b.dtype.names or ()):
             return d * _f32(q) + _f32(b["m"])[..., None]
         return d * _f32(q + zero)
 
@@ -68,7 +68,7 @@ def random_scales(levels: int) -> Callable[[np.ndarray, np.random.Generator], No
 
     def fill(b: np.ndarray, rng: np.random.Generator) -> None:
         b["d"] = random_f16(rng, b.shape, 0.02 / levels, 0.1 / levels)
-        if "m" in b.dtype.names:  # the block's minimum: about -d * levels / 2
+        if "m" in (b.dtype.names or ()):  # the block's minimum: about -d * levels / 2
             b["m"] = (-b["d"].astype(np.float32) * levels / 2
                       * rng.uniform(0.8, 1.2, size=b.shape)).astype(np.float16)
 

@@ -18,19 +18,42 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from engine import quant_iq, quant_k, quant_legacy
-from engine.activations import (  # noqa: F401 - re-exported: the activation half of the format
-    ACTIVATION_BLOCK,
-    ACTIVATION_LAYOUTS,
-    Q8_0_ACT,
-    Q8_1_ACT,
-    Q8_K_ACT,
-    activation_row_bytes,
-    dequantize_activations,
-    empty_packed,
-    pack_activations,
-    packed_activation_bytes,
-    quantize_activations,
+
+# re-exported (`X as X`): the activation half of the format
+from engine.activations import (
+    ACTIVATION_BLOCK as ACTIVATION_BLOCK,
+)
+from engine.activations import (
+    ACTIVATION_LAYOUTS as ACTIVATION_LAYOUTS,
+)
+from engine.activations import (
+    Q8_0_ACT as Q8_0_ACT,
+)
+from engine.activations import (
+    Q8_1_ACT as Q8_1_ACT,
+)
+from engine.activations import (
+    Q8_K_ACT as Q8_K_ACT,
+)
+from engine.activations import (
+    activation_row_bytes as activation_row_bytes,
+)
+from engine.activations import (
+    dequantize_activations as dequantize_activations,
+)
+from engine.activations import (
+    empty_packed as empty_packed,
+)
+from engine.activations import (
+    pack_activations as pack_activations,
+)
+from engine.activations import (
+    packed_activation_bytes as packed_activation_bytes,
+)
+from engine.activations import (
+    quantize_activations as quantize_activations,
 )
 from engine.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -72,7 +95,9 @@ class QuantType:
 
     def offset(self, field: str) -> int:
         """Byte offset of a field in the block."""
-        return int(self.layout.fields[field][1])
+        fields = self.layout.fields
+        assert fields is not None, "block layouts are structured dtypes"
+        return int(fields[field][1])
 
     def has(self, field: str) -> bool:
         return field in (self.layout.names or ())

@@ -154,7 +154,7 @@ def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _q6_values(b: np.ndarray) -> np.ndarray:
+def _q6_values(b: _FieldViews) -> np.ndarray:
     """Q6_K blocks -> u8 [rows, nb, 256]: the 6-bit values (0..63), in order."""
     ql = b["ql"].reshape(*b.shape, 2, 64)
     qh = b["qh"].reshape(*b.shape, 2, 32)
@@ -177,7 +177,9 @@ class _FieldViews:
         self.blocks = w.raw.reshape(*self.shape, self.layout.itemsize)
 
     def __getitem__(self, name: str) -> np.ndarray:
-        dtype, offset = self.layout.fields[name][:2]
+        fields = self.layout.fields
+        assert fields is not None, "block layouts are structured dtypes"
+        dtype, offset = fields[name][:2]
         v = self.blocks[..., offset:offset + dtype.itemsize]
         if dtype.base == np.float16:
             return np.ascontiguousarray(v).view(np.float16)[..., 0]

@@ -1,8 +1,8 @@
 """Logits -> next token: penalties, bias, greedy or seeded random sampling, logprobs.
 
 Order of operations (vLLM's and llama.cpp's, which agree here):
-    [grammar mask: disallowed tokens -> -inf] -> logit_bias -> repetition/presence/frequency penalties -> [greedy if temperature == 0]
-    -> top-k -> temperature -> softmax -> min-p -> top-p -> draw
+    [grammar mask: disallowed tokens -> -inf] -> logit_bias -> repetition/presence/frequency penalties
+    -> [greedy if temperature == 0] -> top-k -> temperature -> softmax -> min-p -> top-p -> draw
 Reported logprobs come from the model's own distribution (log-softmax of the raw logits), as
 OpenAI reports them, whatever the sampling settings.
 """

@@ -32,6 +32,7 @@ from .hparams import HParams
 from .tokenizer import vocabulary_model
 from .weights import load_weights
 
+
 class _HeaderOnlyFile:
     """The part of GGUFFile the tensor walk uses, with zero bytes in place of the weights."""
 

@@ -25,6 +25,7 @@ import platform
 import signal
 import sys
 import threading
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ not_ours:
 """
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}     # lib, the globals' addresses, libc
+_state: dict[str, Any] = {}     # lib, the handler's address, libc (ctypes handles)
 _slots: dict[int, tuple[int, int]] = {}  # slot -> (start, end)
 
 
@@ -91,10 +92,11 @@ def _supported() -> bool:
     return sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
 
 
-def _global(name: str, ctype: type) -> ctypes.Array:  # type: ignore[type-arg]
+def _global(name: str, ctype: Any) -> Any:
+    """The IR module's global `name` seen as the ctypes type `ctype`."""
     lib = _state["lib"]
-    addr = lib._engine.get_global_value_address(name)  # type: ignore[attr-defined]
-    return ctype.from_address(addr)  # type: ignore[no-any-return]
+    addr = lib._engine.get_global_value_address(name)
+    return ctype.from_address(addr)
 
 
 def install() -> bool:
@@ -108,21 +110,21 @@ def install() -> bool:
             libc = ctypes.CDLL(None, use_errno=True)
             _state["lib"] = compile_ir(_IR)
             _state["libc"] = libc
-            _state["handler"] = _state["lib"].address("modelyard_on_sigbus")  # type: ignore[attr-defined]
+            _state["handler"] = _state["lib"].address("modelyard_on_sigbus")
             _global("page_mask", ctypes.c_uint64).value = (~(mmap.PAGESIZE - 1)) & (2**64 - 1)
             _global("mmap_fn", ctypes.c_void_p).value = ctypes.cast(libc.mmap, ctypes.c_void_p).value
             _global("sigaction_fn", ctypes.c_void_p).value = ctypes.cast(
                 libc.sigaction, ctypes.c_void_p).value
         libc = _state["libc"]
         current = (ctypes.c_uint64 * (_SIGACTION_BYTES // 8 + 8))()
-        libc.sigaction(int(signal.SIGBUS), None, current)  # type: ignore[attr-defined]
+        libc.sigaction(int(signal.SIGBUS), None, current)
         if current[0] == _state["handler"]:
             return True
         action = (ctypes.c_uint64 * (_SIGACTION_BYTES // 8 + 8))()
-        action[0] = int(_state["handler"])  # type: ignore[call-overload]
+        action[0] = int(_state["handler"])
         ctypes.c_int.from_address(ctypes.addressof(action) + 136).value = _SA_SIGINFO | _SA_ONSTACK
         old = _global("old_action", ctypes.c_uint64 * (_SIGACTION_BYTES // 8 + 8))
-        if libc.sigaction(int(signal.SIGBUS), action, old) != 0:  # type: ignore[attr-defined]
+        if libc.sigaction(int(signal.SIGBUS), action, old) != 0:
             log.warning("cannot install the SIGBUS handler (errno %d)", ctypes.get_errno())
             return False
         return True

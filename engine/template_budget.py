@@ -179,7 +179,7 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
         _tick()
         return _measured(value)
 
-    def concat(self, parts: Iterable[str]) -> str:  # type: ignore[override]
+    def concat(self, parts: Iterable[str]) -> str:
         """Every buffer join (the output, `set` blocks, macros), measured as it grows."""
         collected: list[str] = []
         size = 0
@@ -211,10 +211,10 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
         _tick()
         if operator_name == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, str | list | tuple) and isinstance(n, int):
-                    if len(seq) * n > _limits.max_chars:
-                        raise _too_big("a repetition", len(seq) * n)
-        elif operator_name == "**" and isinstance(left, int) and isinstance(right, int):
-            if right > 0 and abs(left) > 1 and right * math.log2(abs(left)) > 8 * _limits.max_chars:
-                raise TemplateBudgetExceeded("the chat template computes a power over the size cap")
+                if (isinstance(seq, str | list | tuple) and isinstance(n, int)
+                        and len(seq) * n > _limits.max_chars):
+                    raise _too_big("a repetition", len(seq) * n)
+        elif (operator_name == "**" and isinstance(left, int) and isinstance(right, int)
+              and right > 0 and abs(left) > 1 and right * math.log2(abs(left)) > 8 * _limits.max_chars):
+            raise TemplateBudgetExceeded("the chat template computes a power over the size cap")
         return _measured(super().call_binop(context, operator_name, left, right))

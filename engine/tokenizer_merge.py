@@ -77,7 +77,7 @@ def spm_merge(text: str, id_of: Mapping[str, int], scores: Sequence[float]) -> t
     pop, push = heapq.heappop, heapq.heappush
     pops = 0
     while heap:
-        neg_score, left, joined = pop(heap)
+        _, left, joined = pop(heap)
         pops += 1
         right = nxt[left]
         if right < 0 or not sym[left] or sym[left] + sym[right] != joined:

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .constraint import JSON_STYLE
-from .tool_call_text import (CallText, calls_in, json_string_prefix, read_call, skip_ws,
-                             value_end)
+from .tool_call_text import CallText, calls_in, json_string_prefix, read_call, skip_ws, value_end
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import quants
 from .arch import LayerWeights
-from .gguf import GGUFFile, ModelLoadError
+from .gguf import GGUFFile, ModelLoadError, TensorInfo
 from .hparams import HParams
 
 
@@ -42,7 +42,7 @@ def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
     path, spec = str(f.path), hp.spec
     used: set[str] = set()
 
-    def info(name: str, shape: tuple[int, ...]):
+    def info(name: str, shape: tuple[int, ...]) -> TensorInfo:
         t = f.tensors.get(name)
         if t is None:
             raise ModelLoadError(path, f"tensor {name} is missing")

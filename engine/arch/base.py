@@ -15,8 +15,9 @@ output), h = rms_norm(x) * w, so a block reads like pre-norm transformer algebra
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 

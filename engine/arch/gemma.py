@@ -10,6 +10,8 @@ attention scores and the final logits instead.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from . import llama
 from .base import ArchSpec, Builder, LayerWeights
 
@@ -24,8 +26,8 @@ def block(b: Builder, w: LayerWeights, layer: int) -> None:
     b.norm("o", w.post_ffn_norm)                              # o = rms_norm(o) * post_ffw_norm
 
 
-_GEMMA = dict(rope_neox=True, post_norms=True, embed_scale=True, ffn_act="gelu_tanh")
-GEMMA2 = ArchSpec("gemma2", block, swa_period=2, attn_softcap=True, final_softcap=True,
-                  embd_scale_layers=(46,), **_GEMMA)
-GEMMA3 = ArchSpec("gemma3", block, qk_norm=True, swa_period=6, swa_rope_base=10000.0,
-                  final_softcap=True, embd_scale_layers=(62,), **_GEMMA)
+_GEMMA = ArchSpec("gemma", block, rope_neox=True, post_norms=True, embed_scale=True, ffn_act="gelu_tanh")
+GEMMA2 = replace(_GEMMA, name="gemma2", swa_period=2, attn_softcap=True, final_softcap=True,
+                 embd_scale_layers=(46,))
+GEMMA3 = replace(_GEMMA, name="gemma3", qk_norm=True, swa_period=6, swa_rope_base=10000.0,
+                 final_softcap=True, embd_scale_layers=(62,))

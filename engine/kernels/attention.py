@@ -46,8 +46,24 @@ from llvmlite import ir
 
 from engine.kernels import ops
 from engine.kernels.jit import compile_cached, host_has
+from engine.kernels.ops import (
+    F32,
+    F32P,
+    I16,
+    I32,
+    I64,
+    V8F32,
+    VEC,
+    const,
+    counted_loop,
+    fmuladd,
+    gep,
+    i64,
+    load,
+    store,
+    variable,
+)
 from engine.kernels.pool import Pool
-from engine.kernels.ops import F32, F32P, I16, I32, I64, V8F32, VEC, const, counted_loop, fmuladd, gep, i64, load, store, variable
 
 V8I32 = ir.VectorType(I32, VEC)
 V4F32 = ir.VectorType(F32, 4)
@@ -513,7 +529,7 @@ def _check(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int, w
         raise ValueError(f"n_head {n_head} is not a multiple of n_kv_head {n_kv_head}")
     if window < 0:
         raise ValueError(f"window must be >= 0, got {window}")
-    if not 0 <= pos0:
+    if not pos0 >= 0:
         raise ValueError(f"pos0 must be >= 0, got {pos0}")
     if ring == n_ctx:
         if pos0 + n_q > n_ctx:
@@ -668,7 +684,7 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     n_q, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[1]
     kv_of_head = np.arange(n_head) // (n_head // n_kv_head)
-    scale = np.float32(1.0 / math.sqrt(head_dim) if scale is None else scale)
+    scale32 = np.float32(1.0 / math.sqrt(head_dim) if scale is None else scale)
     q16 = q.astype(np.float16).astype(np.float32)                 # [n_q, n_head, head_dim]
     acc = np.zeros((n_q, n_head, head_dim), np.float32)           # f16-representable values
     m = np.full((n_q, n_head), -np.inf, np.float32)
@@ -678,7 +694,7 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
         row = p % (ring or k_cache.shape[0])
         k = k_cache[row, kv_of_head].astype(np.float32)           # [n_head, head_dim]
         v = v_cache[row, kv_of_head].astype(np.float32)
-        s = _cap(np.einsum("qhd,hd->qh", q16, k) * scale, softcap)  # [n_q, n_head]
+        s = _cap(np.einsum("qhd,hd->qh", q16, k) * scale32, softcap)  # [n_q, n_head]
         seen = visible[:, t:t + 1]                                # [n_q, 1]
         new_max = seen & (s > m)
         with np.errstate(invalid="ignore", over="ignore"):

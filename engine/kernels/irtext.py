@@ -65,7 +65,16 @@ class IRFunction:
         self.label(done)
         return values
 
-    def loop_range(self, start: str, stop: str, body: Callable[[str], None]) -> None:
+    def each(self, count: str, body: Callable[[str], object]) -> None:
+        """for (i = 0; i < count; i++) body(i): a loop that carries no values."""
+
+        def step(i: str, _: list[str]) -> list[str]:
+            body(i)
+            return []
+
+        self.loop(count, [], step)
+
+    def loop_range(self, start: str, stop: str, body: Callable[[str], object]) -> None:
         """for (i = start; i < stop; i++) body(i); nothing when stop <= start (signed)."""
         n = self.let(f"sub i64 {stop}, {start}")
         n = self.let(f"select i1 {self.let(f'icmp sgt i64 {n}, 0')}, i64 {n}, i64 0")

@@ -19,6 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -82,7 +83,8 @@ def _optimize_to_object(ir_text: str) -> bytes:
     pto.slp_vectorization = True
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
-    return tm.emit_object(mod)
+    obj: bytes = tm.emit_object(mod)
+    return obj
 
 
 def _store(path: Path, data: bytes) -> None:
@@ -97,6 +99,10 @@ def _store(path: Path, data: bytes) -> None:
         log.debug("kernel cache not written (%s): %s", path, e)
 
 
+CFunction = Callable[..., Any]
+"""A compiled function called through ctypes (`CompiledLibrary.function`)."""
+
+
 class CompiledLibrary:
     """Machine code for one IR module, loaded into this process."""
 
@@ -104,7 +110,7 @@ class CompiledLibrary:
         """Compile ir_text (or load its cached object); with ir_text None, the cached object
         `key` (see compile_cached)."""
         _init()
-        self.key = key if ir_text is None else cache_key(ir_text)
+        self.key: str = cache_key(ir_text) if ir_text is not None else str(key)
         path = cache_dir() / f"{self.key}.o"
         self.from_cache = path.is_file()
         if self.from_cache:
@@ -119,15 +125,15 @@ class CompiledLibrary:
         self._engine = llvm.create_mcjit_compiler(empty, _target_machine())
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self._engine.finalize_object()
-        self._functions: dict[str, object] = {}
+        self._functions: dict[str, CFunction] = {}
 
     def address(self, name: str) -> int:
-        addr = self._engine.get_function_address(name)
+        addr: int = self._engine.get_function_address(name)
         if not addr:
             raise KeyError(f"compiled module has no function {name!r}")
         return addr
 
-    def function(self, name: str, restype, *argtypes):  # -> ctypes function
+    def function(self, name: str, restype: type | None, *argtypes: type) -> CFunction:
         fn = self._functions.get(name)
         if fn is None:
             fn = ctypes.CFUNCTYPE(restype, *argtypes)(self.address(name))

@@ -23,13 +23,13 @@ Why compiled: the Python loop costs ~2 us per merge, so a 64 KiB word (64k merge
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 import threading
+from collections.abc import Callable
 
 import numpy as np
 from llvmlite import ir
 
-from engine.kernels.jit import CompiledLibrary, compile_cached
+from engine.kernels.jit import CFunction, CompiledLibrary, compile_cached
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 BOOL = ir.IntType(1)
@@ -281,11 +281,11 @@ class PairTable:
         self.merged = np.ascontiguousarray(merged[first], dtype=np.int32)
 
 
-_fn = None
+_fn: CFunction | None = None
 _lock = threading.Lock()
 
 
-def _merge_fn():  # -> ctypes function
+def _merge_fn() -> CFunction:
     global _fn
     with _lock:
         if _fn is None:

@@ -20,9 +20,19 @@ import ctypes
 import numpy as np
 from llvmlite import ir
 
-from engine.kernels.jit import CompiledLibrary, compile_cached
-from engine.kernels.merge import (BOOL, I32, I64, _c, _link_and_queue, _lock, _Loop, _pop, _push,
-                                  _unlink_and_requeue)
+from engine.kernels.jit import CFunction, CompiledLibrary, compile_cached
+from engine.kernels.merge import (
+    BOOL,
+    I32,
+    I64,
+    _c,
+    _link_and_queue,
+    _lock,
+    _Loop,
+    _pop,
+    _push,
+    _unlink_and_requeue,
+)
 
 
 def _same_bytes(module: ir.Module) -> ir.Function:
@@ -232,10 +242,10 @@ class SpmVocab:
         self.prio = rank.astype(np.int32)
 
 
-_spm = None
+_spm: CFunction | None = None
 
 
-def _spm_fn():  # -> ctypes function
+def _spm_fn() -> CFunction:
     global _spm
     with _lock:
         if _spm is None:

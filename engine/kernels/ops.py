@@ -24,9 +24,9 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
@@ -249,7 +249,7 @@ def define(module: ir.Module, name: str, ret: ir.Type, args: list[tuple[str, ir.
 def address(a: np.ndarray) -> int:
     """Address of a C-contiguous array's data; ~0.2 us on the writable arrays we usually get."""
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]  # numpy's stubs lack Buffer
     except (TypeError, ValueError, BufferError):  # read-only or empty
         return a.ctypes.data
 
@@ -596,7 +596,7 @@ RopeFreqs = float | np.ndarray | RopeSpec  # a base (theta_i = base^(-2i/n_rot))
 #                                            theta_i, or llama.cpp's float32 recipe
 
 
-def rope_inv_freq(n_rot: int, base: RopeFreqs) -> np.ndarray:
+def rope_inv_freq(n_rot: int, base: float | np.ndarray) -> np.ndarray:
     """[n_rot/2] float64 per-pair angular speeds theta_i.
 
     A float is llama's base: theta_i = base^(-2i/n_rot). An array is taken as the theta_i

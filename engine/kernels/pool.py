@@ -263,9 +263,9 @@ entry:
 
 @dataclass(frozen=True)
 class _PoolFunctions:
-    run: ctypes._CFuncPtr        # pool_run(pool, nodes, n, step, active)
-    worker: ctypes._CFuncPtr     # pool_worker(pool, tid)
-    stop: ctypes._CFuncPtr       # pool_stop(pool)
+    run: jit.CFunction        # pool_run(pool, nodes, n, step, active)
+    worker: jit.CFunction     # pool_worker(pool, tid)
+    stop: jit.CFunction       # pool_stop(pool)
 
 
 _functions: _PoolFunctions | None = None
@@ -293,7 +293,7 @@ def _aligned_zeros(nbytes: int, align: int = 64) -> tuple[np.ndarray, int]:
     return buf, addr + (-addr) % align
 
 
-def _shutdown(stop: ctypes._CFuncPtr, control: np.ndarray, address: int,
+def _shutdown(stop: jit.CFunction, control: np.ndarray, address: int,
               threads: list[threading.Thread]) -> None:
     """Stop and join the workers (control is passed so it outlives them)."""
     if threads:
@@ -390,7 +390,7 @@ class Pool:
             self.closed = True
         self._finalizer()
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,9 +16,10 @@ the same split, so a thread reads only rows it wrote itself and such nodes need 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,12 +32,13 @@ from engine.kernels.irtext import IRFunction
 class Layout:
     """Named 8-byte fields of an int64 argument block: kinds 'ptr', 'i64' or 'float'."""
     fields: tuple[tuple[str, str], ...]
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_index", {n: i for i, (n, _) in enumerate(self.fields)})
 
     def offset(self, name: str) -> int:
-        return 8 * self._index[name]  # type: ignore[attr-defined]
+        return 8 * self._index[name]
 
     def pack(self, **values: int | float) -> np.ndarray:
         """int64 [n_fields]; pointers as integer addresses (0 = null)."""
@@ -54,7 +56,7 @@ class Layout:
 
     def fill(self, args: np.ndarray, **values: int) -> None:
         """Overwrite integer/pointer fields of an existing block in place."""
-        index = self._index  # type: ignore[attr-defined]
+        index = self._index
         for name, value in values.items():
             args[index[name]] = value
 
@@ -134,7 +136,7 @@ def split_attention(chunks: list[tuple[int, int]], n_head: int,
     bounds = [(0, 0), *cuts, (len(chunks), 0)]
     segs: list[tuple[int, int, int]] = []
     seg_start = [0]
-    for (c0, i0), (c1, i1) in zip(bounds, bounds[1:]):
+    for (c0, i0), (c1, i1) in itertools.pairwise(bounds):
         for c in range(c0, min(c1, len(chunks) - 1) + 1):
             lo = i0 if c == c0 else 0
             hi = i1 if c == c1 else n_items[c]
@@ -154,7 +156,7 @@ def _row_range(f: IRFunction, m: str) -> tuple[str, str]:
     return r0, r1
 
 
-def _step_count(f: IRFunction, at: str) -> str:
+def _step_count(f: IRFunction, at: int | str) -> str:
     return f.load("i64", "%step", at, align=8)
 
 

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 
 from engine.kernels.irtext import IRFunction
 
-
 # --- textual IR helpers -----------------------------------------------------------------------
 
 def vec_const(elem: str, values: Iterable[int | float | str]) -> str:

@@ -10,7 +10,7 @@ type (field offsets, zero point, activation format) come from its record, engine
 """
 from __future__ import annotations
 
-from engine.kernels.matmul.isa import IntOps, MatmulFn, V8F, fma_vec, hsum_halves, shuffle_mask
+from engine.kernels.matmul.isa import V8F, IntOps, MatmulFn, fma_vec, hsum_halves, shuffle_mask
 from engine.kernels.matmul.loops import Tile
 from engine.kernels.matmul.quantizer import Packed
 from engine.quants import QuantType
@@ -119,14 +119,14 @@ class LegacyTiles:
             else:
                 scales = f.load(vn, scale_row, 0, 4)
 
-            def splat(lanes: list[int]) -> str:
+            def splat(lanes: list[int], scales: str = scales, scale_row: str = scale_row) -> str:
                 if n < SCALE_BUFFER_ROWS or len(lanes) > 8:
                     return f.let(f"shufflevector {vn} {scales}, {vn} poison, {shuffle_mask(lanes)}")
                 return f.splat_float(f.load("float", scale_row, 4 * lanes[0], 4))  # a broadcast load
 
             for p in range(pairs):
                 y = f.load("<64 x i8>", self.packed.qs(f.add(tile.m0, 2 * p), b))
-                isum = ops.dot_ss_wide(wide, y) if self.signed else ops.dot_us_wide(q2, y)
+                isum = ops.dot_ss_wide(wide, y) if self.signed and wide else ops.dot_us_wide(q2, y)
                 fs = f.let(f"sitofp <16 x i32> {isum} to <16 x float>")
                 out[p] = fma_vec(f, 16, splat([2 * p] * 8 + [2 * p + 1] * 8), fs, out[p])
             for t in range(2 * pairs, n):

@@ -121,7 +121,7 @@ def build_quantize_ir(act: str) -> str:
             dh = f.let(f"fptrunc float {d} to half")
             f.store("float", f.let(f"fpext half {dh} to float"), packed.scale(m, j, 0), 0, 4)
 
-    f.loop_range("%r0", "%r1", lambda m: f.loop("%nb", [], lambda j, _: per_block(m, j) or []))
+    f.loop_range("%r0", "%r1", lambda m: f.each("%nb", lambda j: per_block(m, j)))
     f.do("ret void")
     return f.text()
 
