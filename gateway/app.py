@@ -106,7 +106,7 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
         routes=(routes() + admin.routes() + llama_api.routes() + events.routes()
                 + console.routes()),
         lifespan=lifespan,
-        exception_handlers={cls: handle_exception for cls in HANDLED},
+        exception_handlers=dict.fromkeys(HANDLED, handle_exception),
     )
     app.state.config = config
     app.state.started = int(time.time())

@@ -52,7 +52,7 @@ def is_admin_path(method: str, path: str) -> bool:
 
 
 def _presented(scope: Scope) -> str | None:
-    headers = dict(scope.get("headers") or [])
+    headers: dict[bytes, bytes] = dict(scope.get("headers") or [])
     auth = headers.get(b"authorization", b"").decode("latin-1").strip()
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return auth[7:].strip()

@@ -104,7 +104,7 @@ def plan_load(residents: Iterable[Resident], need_bytes: int, *, max_loaded: int
 def _why_busy(r: Resident) -> str:
     if r.state is ModelState.READY:
         return f"{r.in_flight} in flight"
-    return r.state.value
+    return str(r.state.value)
 
 
 def _too_large_reason(need: int, pinned: int, budget: int) -> str:

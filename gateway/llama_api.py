@@ -84,7 +84,7 @@ def _logit_bias(req: lp.CompletionRequest, served: ServedModel) -> dict[int, flo
         for t in ids:
             out[t] = value
     if req.ignore_eos:
-        out.update({t: BANNED for t in served.tokenizer.eog_ids})
+        out.update(dict.fromkeys(served.tokenizer.eog_ids, BANNED))
     return out
 
 

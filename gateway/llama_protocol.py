@@ -54,7 +54,7 @@ class CompletionRequest(_LlamaRequest):
         if p and all(isinstance(x, str) for x in p):
             return [[x] for x in p]  # type: ignore[list-item]
         if any(isinstance(x, list) for x in p):
-            return [x if isinstance(x, list) else [x] for x in p]  # type: ignore[list-item]
+            return [x if isinstance(x, list) else [x] for x in p]
         return [list(p)]  # type: ignore[arg-type]
 
 

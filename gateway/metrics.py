@@ -31,8 +31,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
-                               disable_created_metrics, generate_latest)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
@@ -79,7 +85,7 @@ class Metrics(MetricsSink):
     def __init__(self) -> None:
         # `*_created` timestamps would double the text and Prometheus' text format reads them as
         # separate gauges; the switch is process-wide, and the only metrics here are ours.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstream
         self.registry = CollectorRegistry()
         r = self.registry
         self._requests = Counter("modelyard_requests", "HTTP requests by model alias, endpoint "

@@ -16,9 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from . import auth, defaults, model_cards
+from . import auth, defaults, model_cards, serving
 from . import protocol as p
-from . import serving
 from .config import LimitSettings
 from .metrics import observe_request
 from .registry import Lease

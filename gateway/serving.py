@@ -16,7 +16,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,8 +25,7 @@ import numpy as np
 from . import protocol as p
 from .config import LimitSettings
 from .errors import APIError, context_length_exceeded, invalid_request
-from .generation import (Event, Finished, GenerationRequest, PromptProgress, TextDelta,
-                         TokenInfo)
+from .generation import Event, Finished, GenerationRequest, PromptProgress, TextDelta, TokenInfo
 from .served_model import ServedModel
 from .streaming import TextEventTemplate
 from .structured import Output, chat_output, completion_output
@@ -194,7 +193,7 @@ def _plan_completion(served: ServedModel, req: p.CompletionRequest, limits: Limi
     return Plan(requests, total, echo, prompt_of, output=completion_output(req))
 
 
-async def _events(generations: list[Any]) -> AsyncIterator[tuple[int, Event]]:
+async def _events(generations: list[Any]) -> AsyncGenerator[tuple[int, Event], None]:
     """Yield (choice index, event) as the submitted choices' events arrive. Leaving early, or an
     error in any choice, cancels all of them."""
     pumps: list[asyncio.Task[None]] = []
@@ -308,7 +307,7 @@ async def chat_completion(served: ServedModel, alias: str, req: p.ChatCompletion
         choices.append(p.ChatChoice(
             index=index, message=message,
             logprobs=_chat_logprobs(r.tokens) if req.logprobs else None,
-            finish_reason=reason,  # type: ignore[arg-type]
+            finish_reason=reason,
         ))
     return p.ChatCompletion(id=p.new_id("chatcmpl"), created=p.now(), model=alias, choices=choices,
                             usage=_usage(plan, results), system_fingerprint=served.fingerprint)
@@ -322,7 +321,7 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
               finish: str | None = None,
               progress: p.PromptProgress | None = None) -> p.ChatCompletionChunk:
         choice = p.ChunkChoice(index=index, delta=delta, logprobs=logprobs,
-                               finish_reason=finish)  # type: ignore[arg-type]
+                               finish_reason=finish)
         return p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[choice],
                                      prompt_progress=progress,
                                      system_fingerprint=served.fingerprint)
@@ -375,7 +374,7 @@ async def completion(served: ServedModel, alias: str, req: p.CompletionRequest,
     choices = [p.CompletionChoice(
         index=index, text=echo + r.text,
         logprobs=_completion_logprobs(r.tokens, 0) if req.wants_logprobs() else None,
-        finish_reason=r.finish_reason,  # type: ignore[arg-type]
+        finish_reason=r.finish_reason,
     ) for index, (r, echo) in enumerate(zip(results, plan.echo))]
     return p.Completion(id=p.new_id("cmpl"), created=p.now(), model=alias, choices=choices,
                         usage=_usage(plan, results), system_fingerprint=served.fingerprint)
@@ -388,7 +387,7 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
     def chunk(index: int, text: str, logprobs: p.CompletionLogprobs | None = None,
               finish: str | None = None, progress: p.PromptProgress | None = None) -> p.Completion:
         choice = p.CompletionChoice(index=index, text=text, logprobs=logprobs,
-                                    finish_reason=finish)  # type: ignore[arg-type]
+                                    finish_reason=finish)
         return p.Completion(id=cid, created=created, model=alias, choices=[choice],
                             prompt_progress=progress, system_fingerprint=served.fingerprint)
 

@@ -16,8 +16,15 @@ from typing import Any
 
 import jsonschema
 
-from engine.constraint import (Constraint, ConstraintError, TokenizerAdapter, check_grammar,
-                               gbnf_grammar, json_schema_grammar, lark_grammar)
+from engine.constraint import (
+    Constraint,
+    ConstraintError,
+    TokenizerAdapter,
+    check_grammar,
+    gbnf_grammar,
+    json_schema_grammar,
+    lark_grammar,
+)
 from engine.tool_formats import ThinkingFormat, ToolFormat
 
 from . import protocol as p
@@ -65,7 +72,7 @@ def _check_schema(schema: Any, param: str) -> None:
         raise invalid_request(f"'{param}' must be a JSON Schema object", param)
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        cls.check_schema(schema)
+        cls.check_schema(schema)  # type: ignore[arg-type]  # the stubs forget boolean schemas
     except jsonschema.SchemaError as exc:
         where = "/" + "/".join(str(x) for x in exc.path)
         raise invalid_request(f"'{param}' is not a valid JSON Schema: at '{where}' "

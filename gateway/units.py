@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # IEC units are powers of 1024, SI units powers of 1000; a bare K/M/G/T means the IEC unit,
@@ -32,10 +33,10 @@ def parse_duration(value: object) -> float:
 def parse_size(value: object) -> int:
     """Bytes from `512MiB`, `4GiB`, `2GB`, `1.5G`, or a plain non-negative number of bytes."""
     size = _parse(value, SIZE_UNITS, "size", SIZE_HINT, default_unit="b")
-    return int(round(size))
+    return round(size)
 
 
-def _parse(value: object, units: dict[str, float | int], what: str, hint: str,
+def _parse(value: object, units: Mapping[str, float], what: str, hint: str,
            default_unit: str) -> float:
     # bool is an int subclass; `idle_timeout: yes` is a mistake, not one second
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -68,7 +69,7 @@ def format_duration(seconds: float) -> str:
     """`90s` -> `1m30s`-style text for messages and logs."""
     if seconds < 60:
         return f"{seconds:g}s"
-    whole = int(round(seconds))
+    whole = round(seconds)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]

@@ -36,7 +36,7 @@ def _config(found: Sequence[scan.FoundModel], source: Path | None, **server: obj
                           n_ctx=min(N_CTX, m.n_ctx_train) if m.n_ctx_train > 0 else N_CTX)
                for m, names in zip(found, aliases)]
     return Config(models=entries, source=source, default_model=entries[0].name,
-                  **server)  # type: ignore[arg-type]
+                  **server)
 
 
 def config_for_files(paths: Sequence[str | os.PathLike[str]], **server: object) -> Config:

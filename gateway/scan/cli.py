@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
         _check_loads(text, fmt, folder if folder else Path(tempfile.gettempdir()))
     except ConfigError as e:
         if existing is None or existing.problems is None:
-            raise ScanError(f"the config written would not load, so nothing was written:\n{e}")
+            raise ScanError(f"the config written would not load, so nothing was written:\n{e}") from e
         _say(f"warning: {target} had problems before this update and still has them:\n"
             f"{existing.problems}")
 

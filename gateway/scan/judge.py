@@ -56,7 +56,7 @@ def examine_parts(parts: list[Path], stem: str) -> FoundModel | Skipped:
     """Read the header of a model file (of every part, for a split model) and judge it."""
     try:
         return _judge(parts, stem)
-    except Exception as e:  # odd metadata values the checks did not foresee: skip, never crash
+    except Exception as e:  # noqa: BLE001 - odd metadata values the checks did not foresee: skip
         return Skipped(parts[0], f"cannot make sense of its header ({type(e).__name__}: {e})")
 
 
