@@ -79,8 +79,9 @@ def main() -> None:
         repeat = args.repeat if n_q == 1 else max(1, args.repeat // 200)
         line = f"{name:7s} n_q={n_q:3d} cache={pos0 + n_q:4d}:"
         for n, kern in kernels.items():
-            line += f"  {n} thr {best_us(lambda: kern(q, k, v, pos0, out), repeat):9.1f} us"
-        ref_us = best_us(lambda: attention_reference(q, k, v, pos0), max(1, repeat // 20))
+            us = best_us(lambda kern=kern, q=q, pos0=pos0, out=out: kern(q, k, v, pos0, out), repeat)
+            line += f"  {n} thr {us:9.1f} us"
+        ref_us = best_us(lambda q=q, pos0=pos0: attention_reference(q, k, v, pos0), max(1, repeat // 20))
         line += f"  | numpy twin {ref_us:9.1f} us"
         print(line)
     for kern in kernels.values():

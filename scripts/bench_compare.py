@@ -144,6 +144,7 @@ def first_request_ms(model: Path, threads: int) -> dict:
     request to its first content token, load included."""
     import socket
     import tempfile
+
     import httpx
 
     with socket.socket() as sock:

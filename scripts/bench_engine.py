@@ -33,8 +33,9 @@ from pathlib import Path
 
 def measure(model_path: str, threads: int, repeat: int, batch: int, bandwidth: float) -> dict:
     t0 = time.perf_counter()
-    import engine  # noqa: PLC0415 - the import is part of what a cold start costs
     import numpy as np  # noqa: PLC0415
+
+    import engine  # noqa: PLC0415 - the import is part of what a cold start costs
     from engine.model import Chunk  # noqa: PLC0415
 
     model = engine.load(model_path, n_ctx=1024, n_threads=threads, n_slots=batch)

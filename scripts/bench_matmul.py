@@ -25,7 +25,8 @@ from engine.quants import TYPES, QuantMatrix, T, block_size, random_quant_matrix
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
 
 
-def bench(mk: MatmulKernels, mats: list[QuantMatrix], m: int, min_seconds: float = 0.2) -> tuple[float, float]:
+def bench(mk: MatmulKernels, mats: list[QuantMatrix], m: int,
+          min_seconds: float = 0.2) -> tuple[float, float]:
     """(GB/s of weight bytes, microseconds per call), cycling through `mats`."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(m, mats[0].n_cols)).astype(np.float32)
@@ -85,7 +86,8 @@ def main() -> None:
             cols = 576 if 576 % block_size(t)[0] == 0 else 1536
             rows = 1536 if cols == 576 else 576
             one = random_quant_matrix(t, rows, cols, rng)
-            mats = [QuantMatrix(one.raw.copy(), t, rows, cols) for _ in range(max(2, (96 << 20) // one.nbytes))]
+            copies = max(2, (96 << 20) // one.nbytes)
+            mats = [QuantMatrix(one.raw.copy(), t, rows, cols) for _ in range(copies)]
             gbs, us = bench(mk, mats, args.m)
             cells.append(f"{gbs:10.1f} ({us:5.0f})")
             print(f"  {t.name:6s}" + "".join(cells))

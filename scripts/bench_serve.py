@@ -47,7 +47,7 @@ class Sample:
 def one_stream(client: openai.OpenAI, model: str, prompt: str, args: argparse.Namespace) -> Sample:
     extra: dict[str, Any] = {}
     if args.ban:
-        extra["logit_bias"] = {t: -100 for t in args.ban}
+        extra["logit_bias"] = dict.fromkeys(args.ban, -100)
     sent = time.perf_counter()
     first = None
     tokens = 0

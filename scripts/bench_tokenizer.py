@@ -79,9 +79,10 @@ def main() -> None:
               f"{(time.perf_counter() - t) * 1000:.0f} ms (wall)")
         clear = getattr(tok, "_word_cache", {}).clear
         for name, text in shapes().items():
-            ms = cpu_ms(lambda: tok.encode(text), args.repeat, clear)
+            ms = cpu_ms(lambda tok=tok, text=text: tok.encode(text), args.repeat, clear)
             line = f"  {name:30s} {ms:8.1f} ms  {len(tok.encode(text)):6d} tokens"
-            line += f"   (Python merge loop: {cpu_ms(lambda: python_loop(tok, text), args.repeat):.1f} ms)"
+            loop_ms = cpu_ms(lambda tok=tok, text=text: python_loop(tok, text), args.repeat)
+            line += f"   (Python merge loop: {loop_ms:.1f} ms)"
             print(line)
 
 

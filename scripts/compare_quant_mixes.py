@@ -73,7 +73,8 @@ def main() -> None:
     import engine
 
     print(f"{args.model.name}, prompt of {len(PROMPT)} chars; |logit diff| vs llama.cpp (flash off)")
-    print(f"{'mix':8s} {'max':>6s} {'mean':>6s} {'row0':>8s} {'top-1':>6s}  {'llama.cpp repacked vs plain':>27s}  types")
+    print(f"{'mix':8s} {'max':>6s} {'mean':>6s} {'row0':>8s} {'top-1':>6s}  "
+          f"{'llama.cpp repacked vs plain':>27s}  types")
     for ftype in args.types.split(","):
         dst = args.model.with_name(f"{args.model.stem}.as-{ftype}.gguf")
         with tempfile.TemporaryDirectory() as tmp:

@@ -22,13 +22,20 @@ CHATML = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # general.file_type speaks LlamaFileType, not tensor type ids
 FILE_TYPE = {
-    GGMLQuantizationType.F32: LlamaFileType.ALL_F32, GGMLQuantizationType.F16: LlamaFileType.MOSTLY_F16,
-    GGMLQuantizationType.BF16: LlamaFileType.MOSTLY_BF16, GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
-    GGMLQuantizationType.Q4_0: LlamaFileType.MOSTLY_Q4_0, GGMLQuantizationType.Q4_1: LlamaFileType.MOSTLY_Q4_1,
-    GGMLQuantizationType.Q5_0: LlamaFileType.MOSTLY_Q5_0, GGMLQuantizationType.Q5_1: LlamaFileType.MOSTLY_Q5_1,
-    GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M, GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
-    GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K, GGMLQuantizationType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
-    GGMLQuantizationType.Q3_K: LlamaFileType.MOSTLY_Q3_K_M, GGMLQuantizationType.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL,
+    GGMLQuantizationType.F32: LlamaFileType.ALL_F32,
+    GGMLQuantizationType.F16: LlamaFileType.MOSTLY_F16,
+    GGMLQuantizationType.BF16: LlamaFileType.MOSTLY_BF16,
+    GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+    GGMLQuantizationType.Q4_0: LlamaFileType.MOSTLY_Q4_0,
+    GGMLQuantizationType.Q4_1: LlamaFileType.MOSTLY_Q4_1,
+    GGMLQuantizationType.Q5_0: LlamaFileType.MOSTLY_Q5_0,
+    GGMLQuantizationType.Q5_1: LlamaFileType.MOSTLY_Q5_1,
+    GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M,
+    GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
+    GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+    GGMLQuantizationType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
+    GGMLQuantizationType.Q3_K: LlamaFileType.MOSTLY_Q3_K_M,
+    GGMLQuantizationType.IQ4_NL: LlamaFileType.MOSTLY_IQ4_NL,
     GGMLQuantizationType.IQ4_XS: LlamaFileType.MOSTLY_IQ4_XS,
 }
 SAMPLE = ("the quick brown fox jumps over the lazy dog. hello world, this is a tiny model "

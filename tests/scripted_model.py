@@ -2,9 +2,10 @@
 
 A prompt is `script + [SEP]`; the model then generates the script's tokens one by one and then
 0 (end of generation). The script starts after the last START before SEP, if there is one, so a
-conversation can go on: [START, s1.., SEP, generated.., START, s2.., SEP] generates s2. Tokens 1..26 read as the letters a..z. A chunk containing FAIL makes the
-forward pass raise. Everything the batch runner relies on is real in shape: slots with token
-lists, copy_prefix, positions checked like the engine checks them; every call is recorded.
+conversation can go on: [START, s1.., SEP, generated.., START, s2.., SEP] generates s2. Tokens
+1..26 read as the letters a..z. A chunk containing FAIL makes the forward pass raise. Everything
+the batch runner relies on is real in shape: slots with token lists, copy_prefix, positions
+checked like the engine checks them; every call is recorded.
 """
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ class ScriptedTransformer:
             if c.pos0 + len(c.tokens) > cache.n_ctx:
                 raise ContextOverflowError(c.pos0 + len(c.tokens), cache.n_ctx)
             if c.pos0 > len(cache.tokens[c.slot]):
-                raise ValueError(f"slot {c.slot} holds {len(cache.tokens[c.slot])}; cannot append at {c.pos0}")
+                raise ValueError(f"slot {c.slot} holds {len(cache.tokens[c.slot])}; "
+                                 f"cannot append at {c.pos0}")
             if FAIL in c.tokens:
                 raise RuntimeError("scripted failure")
         self.calls.append(Call(output, [(c.slot, list(c.tokens), c.pos0) for c in chunks]))

@@ -49,7 +49,7 @@ class ThreadedServer:
 
         try:
             asyncio.run(main())
-        except BaseException as exc:  # reported by stop()
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
             self._error = exc
 
     def start_serving(self, timeout: float = 30.0) -> None:
@@ -85,7 +85,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self._log = open(log_path, "wb")
+        self._log = open(log_path, "wb")  # noqa: SIM115 - open while the server runs; stop() closes it
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path),

@@ -290,7 +290,8 @@ class TestServer:
         for t in content:
             tops = [x.logprob for x in t.top_logprobs]
             assert len(tops) == 3 and tops == sorted(tops, reverse=True) and tops[0] <= 0
-            assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+            assert t.top_logprobs[0].token == t.token
+            assert t.top_logprobs[0].logprob == pytest.approx(t.logprob)
 
     def test_completions_several_prompts_and_echo(self, server):
         r = server.client.completions.create(model="tiny-b", prompt=["the quick", "hello world"],

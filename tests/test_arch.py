@@ -73,7 +73,7 @@ def test_what_the_engine_cannot_honour_is_refused(key, value, match):
 def test_an_unknown_architecture_is_named():
     meta = meta_of("qwen2_d64_gqa2_bias_f32")
     meta["general.architecture"] = "mamba"
-    with pytest.raises(ModelLoadError, match="unsupported architecture 'mamba'.*gemma3"):
+    with pytest.raises(ModelLoadError, match=r"unsupported architecture 'mamba'.*gemma3"):
         HParams.from_metadata(meta, "x")
 
 

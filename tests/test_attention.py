@@ -7,8 +7,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engine.kernels.attention import (AttentionKernel, attention_exact, attention_reference,
-                                      f16acc_scratch_floats)
+from engine.kernels.attention import (
+    AttentionKernel,
+    attention_exact,
+    attention_reference,
+    f16acc_scratch_floats,
+)
 
 # The kernel and its twin keep the accumulator f16-rounded after every key (llama.cpp's order);
 # float32 differences in a dot product or exp can move one rounding by an f16 ulp of the
@@ -152,7 +156,8 @@ def test_item_ranges_that_cut_groups_give_the_same_bits(kernels, n_head, n_kv_he
             before = out.copy()
             run_items(kernels[1], q, k, v, pos0, out, int(lo), int(hi))
             items, items_before = out.reshape(n_items, head_dim), before.reshape(n_items, head_dim)
-            assert np.isnan(items[hi:]).all() and np.array_equal(items[:lo], items_before[:lo], equal_nan=True)
+            assert np.isnan(items[hi:]).all()
+            assert np.array_equal(items[:lo], items_before[:lo], equal_nan=True)
         assert np.array_equal(out.view(np.uint32), whole.view(np.uint32)), cuts
 
 

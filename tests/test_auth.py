@@ -179,7 +179,7 @@ def test_keys_are_never_logged(server, caplog):
 def test_llama_cpp_pythons_api_key_is_enforced(models, tmp_path):
     a, _ = models
     config = tmp_path / "llama.json"
-    config.write_text('{"api_key": "sk-one", "models": [{"model": "%s", "model_alias": "a"}]}' % a)
+    config.write_text(f'{{"api_key": "sk-one", "models": [{{"model": "{a}", "model_alias": "a"}}]}}')
     srv = serve(config)
     try:
         with pytest.raises(openai.AuthenticationError):

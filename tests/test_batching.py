@@ -129,7 +129,7 @@ def test_each_step_is_one_pass_of_decodes_plus_prefill_within_the_budget():
     while long.state is State.PREFILLING or long.state is State.WAITING:
         runner.step()
     for call in model.calls[calls:]:
-        decodes = [t for _, t, p in call.chunks if len(t) == 1 and p > 0 and not t == [SEP]]
+        decodes = [t for _, t, p in call.chunks if len(t) == 1 and p > 0 and t != [SEP]]
         assert len(decodes) == 3                         # every talker advanced in every pass
         assert sum(len(t) for _, t, _ in call.chunks) <= max(64, 3 + MIN_PREFILL)
     assert len(model.calls) - calls == -(-len(long.prompt) // (64 - 3))
@@ -443,7 +443,8 @@ def test_n_choices_stream_side_by_side(server):
     events: list[tuple[float, dict[str, Any]]] = []
     stream_chat(server.url, body, events)
     chunks = [e for _, e in events]
-    order = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    order = [c["choices"][0]["index"] for c in chunks
+             if c["choices"] and c["choices"][0]["delta"].get("content")]
     assert set(order) == {0, 1, 2}
     first_finish = min(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["finish_reason"])
     seen_before = {c["choices"][0]["index"] for c in chunks[:first_finish]

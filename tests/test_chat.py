@@ -48,7 +48,8 @@ def test_bos_and_eos_texts_come_from_the_vocabulary():
 
 
 def test_blocks_are_trimmed_like_transformers():
-    source = "{% for m in messages %}\n  {{ m['content'] }}\n  {% if loop.last %}\nend\n  {% endif %}\n{% endfor %}"
+    source = ("{% for m in messages %}\n  {{ m['content'] }}\n  {% if loop.last %}\nend\n  {% endif %}\n"
+              "{% endfor %}")
     out = ChatTemplate(source).render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
     assert out == "  a\n  b\nend\n"
 
@@ -90,5 +91,6 @@ def test_generation_block_loopcontrols_tools_and_strftime():
         "{{ tools is none }}|{{ strftime_now('%Y') }}"
     )
     before = datetime.now().strftime("%Y")
-    out = ChatTemplate(source).render([{"role": "user", "content": "one"}, {"role": "user", "content": "two"}])
+    out = ChatTemplate(source).render([{"role": "user", "content": "one"},
+                                       {"role": "user", "content": "two"}])
     assert out in (f"[one]True|{before}", f"[one]True|{datetime.now().strftime('%Y')}")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import (Config, ConfigError, ModelEntry, ModelNotFoundError,
-                            load_config)
+from gateway.config import Config, ConfigError, ModelEntry, ModelNotFoundError, load_config
 from gateway.config.reload import RELOAD, RESTART, marked, unmarked
 from gateway.units import format_duration, format_size, parse_duration, parse_size
 from tests.ggufgen import write_servable

@@ -16,8 +16,14 @@ import pytest
 
 import engine
 from engine import batch
-from engine.constraint import (ConstraintError, MaskFiller, TokenizerAdapter, gbnf_grammar,
-                               json_schema_grammar, lark_grammar)
+from engine.constraint import (
+    ConstraintError,
+    MaskFiller,
+    TokenizerAdapter,
+    gbnf_grammar,
+    json_schema_grammar,
+    lark_grammar,
+)
 from engine.sampling import NonFiniteLogitsError, Sampler, SamplingParams
 from tests.fake_vocab import ByteVocabulary
 from tests.ggufgen import write_tiny_llama

@@ -168,7 +168,7 @@ def test_split_model_with_a_missing_part(tmp_path: Path) -> None:
     first = write_tiny_llama(tmp_path / "split.gguf", qtype=GGMLQuantizationType.F32,
                              split_max_tensors=8)
     (tmp_path / first.name.replace("00001-of", "00003-of")).unlink()
-    with pytest.raises(ModelLoadError, match="00003-of-00003.gguf: cannot open"):
+    with pytest.raises(ModelLoadError, match=r"00003-of-00003.gguf: cannot open"):
         GGUFFile(first)
     with pytest.raises(ModelLoadError, match="open the first part"):
         GGUFFile(tmp_path / first.name.replace("00001-of", "00002-of"))

@@ -74,7 +74,7 @@ def test_a_chunked_body_is_cut_off_once_it_passes_the_limit(server: Server) -> N
 def test_a_trickled_body_is_dropped_after_the_timeout(server: Server) -> None:
     socks = [_raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                           b"Content-Length: 100000\r\n\r\n{\"prompt\": ") for _ in range(20)]
-    replies = {s: b"" for s in socks}
+    replies = dict.fromkeys(socks, b"")
     open_socks = set(socks)
     start = time.monotonic()
     while open_socks and time.monotonic() - start < 10:
@@ -97,7 +97,7 @@ def test_a_trickled_body_is_dropped_after_the_timeout(server: Server) -> None:
         sock.close()
     assert not open_socks, "connections still held open"
     assert elapsed < 4.0  # body_timeout is 1 s for the whole body, however it trickles
-    assert all(r.startswith(b"HTTP/1.1 408") for r in replies.values()), list(replies.values())[0]
+    assert all(r.startswith(b"HTTP/1.1 408") for r in replies.values()), next(iter(replies.values()))
     assert httpx.get(server.url + "/health").status_code == 200
 
 

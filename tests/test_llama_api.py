@@ -5,7 +5,6 @@ OpenAI routes of the same server."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +222,8 @@ def test_router_api_lists_status_and_loads_and_unloads(server):
     assert set(status()) == {"smollm2", "smol"}
     assert server.llama.make_request("POST", "/models/load", {"model": "smol"}).json() == {"success": True}
     assert status() == {"smollm2": "loaded", "smol": "loaded"}
-    assert server.llama.make_request("POST", "/models/unload", {"model": "smollm2"}).json() == {"success": True}
+    unloaded = server.llama.make_request("POST", "/models/unload", {"model": "smollm2"})
+    assert unloaded.json() == {"success": True}
     assert status() == {"smollm2": "unloaded", "smol": "unloaded"}
     missing = server.llama.make_request("POST", "/models/load", {"model": "nope"})
     assert missing.status_code == 404

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from engine.kernels import matmul
-from engine.kernels.matmul import facade
-from engine.kernels.matmul import MatmulKernels, matmul_reference
+from engine.kernels.matmul import MatmulKernels, facade, matmul_reference
 from engine.quants import (
     SUPPORTED,
     TYPES,

@@ -15,10 +15,16 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.config import Config, ModelEntry, RegistrySettings, load_config
-from gateway.metrics import (CONTENT_TYPE_LATEST, NULL_METRICS, Metrics, MetricsSink,
-                             loader_with_metrics, observe_request)
-from gateway.registry import Registry
 from gateway.generation import Finished, TextDelta
+from gateway.metrics import (
+    CONTENT_TYPE_LATEST,
+    NULL_METRICS,
+    Metrics,
+    MetricsSink,
+    loader_with_metrics,
+    observe_request,
+)
+from gateway.registry import Registry
 from tests.ggufgen import write_servable
 
 MB = 1 << 20

@@ -112,7 +112,7 @@ def test_generation_stops_before_end_of_generation_tokens(q8) -> None:
     assert list(q8.generate(ids, max_tokens=5, **forced)) == []
     assert list(q8.generate(ids, max_tokens=5, stop_at_eog=False, **forced)) == [eos] * 5
     banned = list(q8.generate(ids, max_tokens=20, stop_at_eog=False,
-                              logit_bias={t: -100.0 for t in q8.tokenizer.eog_ids}))
+                              logit_bias=dict.fromkeys(q8.tokenizer.eog_ids, -100.0)))
     assert len(banned) == 20 and not set(banned) & q8.tokenizer.eog_ids
 
 
@@ -137,7 +137,7 @@ def test_shape_mismatch_is_a_load_error(tmp_path: Path) -> None:
     pos = data.index(key) + len(key) + 4  # skip the u32 value type
     data[pos:pos + 4] = (999).to_bytes(4, "little")
     path.write_bytes(bytes(data))
-    with pytest.raises(engine.ModelLoadError, match="ffn_gate.weight has shape"):
+    with pytest.raises(engine.ModelLoadError, match=r"ffn_gate.weight has shape"):
         engine.load(path, n_ctx=32)
 
 

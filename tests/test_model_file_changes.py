@@ -168,8 +168,8 @@ def _row(server: ServerProcess, alias: str) -> dict:
 @pytest.mark.parametrize("change", ["truncate", "rewrite"])
 def test_a_changed_file_is_seen_before_the_next_request_touches_it(tmp_path: Path,
                                                                    change: str) -> None:
-    from gateway.served_model import load_served_model
     from gateway.config import ModelEntry
+    from gateway.served_model import load_served_model
 
     path = write_tiny_llama(tmp_path / "m.gguf", seed=4)
     served = load_served_model(ModelEntry(model=path, aliases=["m"], n_ctx=64))

@@ -23,7 +23,8 @@ def rand(shape, seed, scale=1.0) -> np.ndarray:
 def vector_exp():
     """ops.exp compiled on its own: out[i] = exp(x[i]), vector body plus scalar tail."""
     module = ops.new_module("exp_test")
-    b, (x, out, n) = ops.define(module, "exp_all", ir.VoidType(), [("x", ops.F32P), ("out", ops.F32P), ("n", ops.I64)])
+    b, (x, out, n) = ops.define(module, "exp_all", ir.VoidType(),
+                                [("x", ops.F32P), ("out", ops.F32P), ("n", ops.I64)])
     ops.elementwise(b, n, lambda j, ty: ops.store(b, ops.exp(b, ops.load(b, x, j, ty)), out, j))
     b.ret_void()
     fn = compile_ir(str(module)).function("exp_all", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
@@ -59,7 +60,8 @@ def test_exp_edges(vector_exp):
 @pytest.mark.parametrize("rows", [1, 5])
 def test_rms_norm_matches_twin(n, rows):
     x, w = rand((rows, n), n), rand(n, n + 1)
-    np.testing.assert_allclose(ops.rms_norm(x, w, 1e-5), ops.rms_norm_reference(x, w, 1e-5), rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(ops.rms_norm(x, w, 1e-5), ops.rms_norm_reference(x, w, 1e-5),
+                               rtol=2e-6, atol=1e-6)
 
 
 def test_rms_norm_in_place_and_definition():
@@ -114,7 +116,8 @@ def test_rope_scores_depend_on_relative_position_only():
     q, k = rand((1, 1, 64), 10), rand((1, 1, 64), 11)
 
     def score(m: int, n: int) -> float:
-        return float(ops.rope(q, np.array([m]), 64, 10000.0).ravel() @ ops.rope(k, np.array([n]), 64, 10000.0).ravel())
+        qm = ops.rope(q, np.array([m]), 64, 10000.0).ravel()
+        return float(qm @ ops.rope(k, np.array([n]), 64, 10000.0).ravel())
 
     assert score(7, 3) == pytest.approx(score(104, 100), rel=1e-5)
     assert score(7, 3) != pytest.approx(score(8, 3), rel=1e-3)

@@ -76,8 +76,8 @@ def test_a_full_queue_is_a_503_before_a_stream_starts(tmp_path: Path) -> None:
             "logit_bias": {"0": -100, "1": -100, "2": -100},  # no end-of-generation: runs long
             "messages": [{"role": "user", "content": "hello there"}]}
     try:
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            with client.stream("POST", "/v1/chat/completions", json=body) as first:
+        with (httpx.Client(base_url=server.url, timeout=60) as client,
+              client.stream("POST", "/v1/chat/completions", json=body) as first):
                 assert first.status_code == 200
                 lines = first.iter_lines()
                 assert any('"content":"' in line and '"content":""' not in line for line in lines

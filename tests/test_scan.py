@@ -21,8 +21,7 @@ from starlette.testclient import TestClient
 from engine.gguf import ModelLoadError, read_header
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.scan import (FoundModel, assign_aliases, clean_name, format_count, main,
-                          scan_dir)
+from gateway.scan import FoundModel, assign_aliases, clean_name, format_count, main, scan_dir
 from tests.ggufgen import write_tiny_llama
 
 Q = GGMLQuantizationType

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 
 from engine.sampling import SamplingParams
-from gateway.generation import (Finished, GenerationCancelled, GenerationRequest, PromptProgress,
-                                QueueFullError, SchedulerClosedError, TextDelta)
+from gateway.generation import (
+    Finished,
+    GenerationCancelled,
+    GenerationRequest,
+    PromptProgress,
+    QueueFullError,
+    SchedulerClosedError,
+    TextDelta,
+)
 from gateway.scheduler import HANDOFF_ROUNDS, Generation, Scheduler
 from gateway.stop_strings import StopScanner
 from tests.scripted_model import FAIL, SEP, ScriptedModel, ScriptedTokenizer, letters, script
@@ -59,7 +66,8 @@ def test_released_text_is_the_text_before_the_first_stop(seed):
     rng = random.Random(seed)
     text = "".join(rng.choice("abc ") for _ in range(rng.randint(0, 40)))
     stops = ["".join(rng.choice("abc ") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
-    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 10)))) if len(text) > 1 else []
+    cuts = (sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 10))))
+            if len(text) > 1 else [])
     pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])] if text else []
     first = min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
     out, _, stopped = run_scanner(pieces, stops)
@@ -412,7 +420,7 @@ def test_handoff_ends_once_every_stream_took_its_event(rounds, complete):
 
         async def stream(jobs):
             generations = [Generation(_NoScheduler(), job) for job in jobs]
-            async for index, event in _events(generations):
+            async for _, event in _events(generations):
                 seen.append(event.text)
 
         consumers = [asyncio.ensure_future(stream([single])), asyncio.ensure_future(stream(pair))]

@@ -105,9 +105,8 @@ def one_request(client: httpx.Client, rng: random.Random, tally: Tally) -> None:
         finished: set[int] = set()
         tokens = 0
         last = ""
-        for data in sse_data(r):
+        for events, data in enumerate(sse_data(r), start=1):  # noqa: B007 - counted for after the loop
             last = data
-            events += 1
             if hang_up is not None and events >= hang_up:
                 tally.done("hung up")
                 return                    # leaving the block closes the connection mid-stream

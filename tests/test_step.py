@@ -54,7 +54,7 @@ def test_attention_split_covers_every_item_once_in_balanced_runs(n_threads: int)
             cost = 0
             for c, lo, hi in segs[seg_start[t]:seg_start[t + 1]]:
                 seen[c][lo:hi] += 1
-                n_q, pos0 = chunks[c]
+                _, pos0 = chunks[c]
                 cost += sum(pos0 + w // n_head + 1 for w in range(lo, hi))
             costs.append(cost)
         assert all((s == 1).all() for s in seen)

@@ -7,8 +7,15 @@ from starlette.requests import Request
 
 from gateway import protocol as p
 from gateway.errors import APIError
-from gateway.streaming import (DONE, EventStreamResponse, TextEventTemplate, _json_string,
-                               cancel_on_disconnect, sse, sse_body)
+from gateway.streaming import (
+    DONE,
+    EventStreamResponse,
+    TextEventTemplate,
+    _json_string,
+    cancel_on_disconnect,
+    sse,
+    sse_body,
+)
 
 
 def chunk(text: str) -> p.ChatCompletionChunk:

@@ -7,6 +7,7 @@ re-statement of that algorithm written here.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -297,7 +298,7 @@ def _naive_bpe(word_symbols: list[str], merges: list[str]) -> list[str]:
     rank = {tuple(m.split(" ")): r for r, m in enumerate(merges)}
     parts = list(word_symbols)
     while True:
-        candidates = [(rank[(a, b)], i) for i, (a, b) in enumerate(zip(parts, parts[1:]))
+        candidates = [(rank[(a, b)], i) for i, (a, b) in enumerate(itertools.pairwise(parts))
                       if (a, b) in rank]
         if not candidates:
             return parts
@@ -376,7 +377,7 @@ def test_special_tokens_longest_first_and_user_defined_always() -> None:
     specials = (("<a>", CONTROL), ("<a><b>", CONTROL), ("ab", CONTROL), ("bcd", CONTROL),
                 ("<tool>", USER_DEFINED))
     tok = Tokenizer.from_metadata(bpe_meta("gpt-2", specials=specials))
-    ida, idab, id_ab, id_bcd, id_tool = range(5)
+    ida, idab, _id_ab, id_bcd, id_tool = range(5)
     assert tok.encode("<a><b>", parse_special=True) == [idab]
     assert tok.encode("<a><a><b><a>", parse_special=True) == [ida, idab, ida]
     # every occurrence of the longer token is cut first, even to the right of a shorter one
@@ -506,7 +507,7 @@ def test_spm_matches_naive_greedy_on_random_vocabularies() -> None:
     rng = random.Random(99)
     alphabet = "ab c" + "é"
     for _ in range(30):
-        scores: dict[str, float] = {ch: -10.0 for ch in ("a", "b", " ".replace(" ", W))}
+        scores: dict[str, float] = dict.fromkeys(("a", "b", " ".replace(" ", W)), -10.0)
         for _ in range(25):
             piece = "".join(rng.choice("ab" + W) for _ in range(rng.randint(2, 5)))
             scores[piece] = -float(rng.randint(1, 6))  # integer scores: many ties

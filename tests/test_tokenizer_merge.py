@@ -7,6 +7,7 @@ O(log n) heap operation, and the pops must stay within 3n for any string shape.
 """
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -27,7 +28,7 @@ ID_OF = {t: i for i, t in enumerate(VOCAB)}
 def naive_bpe(parts: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
     parts = list(parts)
     while True:
-        found = [(ranks[p], i) for i, p in enumerate(zip(parts, parts[1:])) if p in ranks]
+        found = [(ranks[p], i) for i, p in enumerate(itertools.pairwise(parts)) if p in ranks]
         if not found:
             return parts
         _, i = min(found)
@@ -37,7 +38,7 @@ def naive_bpe(parts: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
 def naive_spm(text: str, id_of: dict[str, int], scores: list[float]) -> list[str]:
     parts = list(text)
     while True:
-        found = [(-scores[id_of[a + b]], i) for i, (a, b) in enumerate(zip(parts, parts[1:]))
+        found = [(-scores[id_of[a + b]], i) for i, (a, b) in enumerate(itertools.pairwise(parts))
                  if a + b in id_of]
         if not found:
             return parts
@@ -154,11 +155,12 @@ def test_compiled_merge_work_is_linear_in_heap_operations_for_every_shape() -> N
 
 
 def _compiled_spm_pieces(text: str) -> list[str]:
-    from engine.kernels.merge_spm import SpmVocab, spm_merge as compiled
+    from engine.kernels.merge_spm import SpmVocab
+    from engine.kernels.merge_spm import spm_merge as compiled
 
     symbols, _ = compiled(text, SpmVocab(VOCAB, SCORES))
     starts = [s for _, s in symbols] + [len(text)]
-    pieces = [text[a:b] for a, b in zip(starts, starts[1:])]
+    pieces = [text[a:b] for a, b in itertools.pairwise(starts)]
     # a symbol's id is its token's, or -1 for a lone character no token covers
     assert [t for t, _ in symbols] == [ID_OF.get(p, -1) for p in pieces]
     return pieces
@@ -173,7 +175,8 @@ def test_compiled_spm_merge_equals_the_naive_merger(alphabet: str) -> None:
 
 
 def test_compiled_spm_work_is_linear_in_heap_operations_for_every_shape() -> None:
-    from engine.kernels.merge_spm import SpmVocab, spm_merge as compiled
+    from engine.kernels.merge_spm import SpmVocab
+    from engine.kernels.merge_spm import spm_merge as compiled
 
     vocab = SpmVocab(VOCAB, SCORES)
     for name, text in _shapes(64_000).items():

@@ -17,8 +17,15 @@ import pytest
 
 from engine.chat import ChatTemplate
 from engine.constraint import TokenizerAdapter, lark_grammar
-from engine.tool_formats import (GenericFormat, HermesFormat, Llama3Format, MistralArgsFormat,
-                                 MistralFormat, ToolFormat, detect)
+from engine.tool_formats import (
+    GenericFormat,
+    HermesFormat,
+    Llama3Format,
+    MistralArgsFormat,
+    MistralFormat,
+    ToolFormat,
+    detect,
+)
 from gateway.tool_stream import ReplyReader
 from tests.fake_vocab import ByteVocabulary
 
@@ -90,7 +97,7 @@ def model_reply(case: Case) -> str:
     common = 0
     while common < min(len(prompt), len(full)) and prompt[common] == full[common]:
         common += 1
-    reply = full[common:] if full.startswith(prompt) else full[common:]
+    reply = full[common:]
     for end in TURN_ENDS:
         reply = reply.split(end)[0]
     return reply

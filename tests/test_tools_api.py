@@ -53,7 +53,8 @@ SCHEMAS = [
     {"type": "object", "properties": {"result": {"anyOf": [
         {"type": "object", "properties": {"ok": {"const": True}, "value": {"type": "integer"}},
          "required": ["ok", "value"], "additionalProperties": False},
-        {"type": "object", "properties": {"ok": {"const": False}, "error": {"type": "string", "maxLength": 30}},
+        {"type": "object",
+         "properties": {"ok": {"const": False}, "error": {"type": "string", "maxLength": 30}},
          "required": ["ok", "error"], "additionalProperties": False}]}},
      "required": ["result"], "additionalProperties": False},
     {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$"},
@@ -63,7 +64,8 @@ SCHEMAS = [
                                       "id": {"type": "string", "format": "uuid"}},
      "required": ["day", "id"], "additionalProperties": False},
     {"type": "object", "properties": {"matrix": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
-        "type": "array", "items": {"type": "integer", "minimum": -9, "maximum": 9}, "minItems": 2, "maxItems": 2}},
+        "type": "array", "items": {"type": "integer", "minimum": -9, "maximum": 9},
+        "minItems": 2, "maxItems": 2}},
         "flag": {"type": "boolean"}, "note": {"type": ["string", "null"], "maxLength": 20}},
      "required": ["matrix", "flag", "note"], "additionalProperties": False},
 ]

@@ -179,7 +179,7 @@ def test_host_and_port_changes_say_a_restart_is_needed(folder: Path,
     path = write(folder / "modelyard.yaml", {"port": 8080, "models": [entry("keep")]})
 
     async def main() -> None:
-        registry, reloader, _ = start(path, Loader())
+        _, reloader, _ = start(path, Loader())
         write(path, {"host": "0.0.0.0", "port": 9090, "models": [entry("keep")]})
         with caplog.at_level(logging.WARNING, logger="modelyard.watch"):
             record = await reloader.reload("test")
@@ -219,7 +219,7 @@ def test_a_burst_of_triggers_makes_one_reload(folder: Path) -> None:
     path = write(folder / "modelyard.yaml", {"models": [entry("keep")]})
 
     async def main() -> None:
-        registry, reloader, applied = start(path, Loader(), settle=0.05)
+        _, reloader, applied = start(path, Loader(), settle=0.05)
         runner = asyncio.create_task(reloader.run())
         for _ in range(5):
             reloader.request("file change: modelyard.yaml")
@@ -294,7 +294,7 @@ def test_concurrent_reloads_run_one_at_a_time(folder: Path,
     monkeypatch.setattr(watch_module, "load_config", counting_load)
 
     async def main() -> None:
-        registry, reloader, applied = start(path, Loader())
+        _, reloader, applied = start(path, Loader())
         records = await asyncio.gather(*(reloader.reload(f"admin {i}") for i in range(4)))
         assert all(r.ok for r in records) and len(applied) == 4
 
@@ -412,7 +412,7 @@ def test_a_file_replaced_by_rename_is_followed(folder: Path, polling: bool) -> N
         for n in (1, 2):  # twice: the watch survives the file being replaced
             staged = write(folder / ".modelyard.yaml.tmp", {"models": [entry("a", f"a{n}")]})
             os.replace(staged, path)
-            await until(lambda: f"a{n}" in registry.config.aliases())
+            await until(lambda n=n: f"a{n}" in registry.config.aliases())
 
     run(watching(path, Loader(), WatchOptions(force_polling=polling, poll_delay_ms=50), body))
 

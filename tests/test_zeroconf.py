@@ -106,7 +106,8 @@ def test_a_watched_models_folder_serves_files_added_and_drops_files_removed(tmp_
 
 # ------------------------------------------------------------------ the command line
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=REPO, env=env)
 
