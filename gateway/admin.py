@@ -19,20 +19,22 @@ import math
 import time
 from typing import Any
 
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from .errors import invalid_request
 from .metrics import CONTENT_TYPE_LATEST
+from .state import app_state
 
 UNLOAD_TIMEOUT = 30.0
 
 
-def is_stopping(app: Any) -> bool:
+def is_stopping(app: Starlette) -> bool:
     """True once shutdown began (the CLI marks it on SIGINT/SIGTERM; the lifespan on exit)."""
-    registry = getattr(app.state, "registry", None)
-    return bool(getattr(app.state, "stopping", False)) or (registry is not None and registry.closed)
+    state = app_state(app)
+    return state.stopping or (state.running is not None and state.running.registry.closed)
 
 
 async def health(request: Request) -> Response:
@@ -45,16 +47,16 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(app_state(request.app).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 async def status(request: Request) -> Response:
     return JSONResponse(status_body(request.app))
 
 
-def status_body(app: Any) -> dict[str, Any]:
+def status_body(app: Starlette) -> dict[str, Any]:
     """GET /admin/status's body (the console's event stream sends it too)."""
-    state = app.state
+    state = app_state(app)
     registry, reloader, watcher = state.registry, state.reloader, state.watcher
     rows = registry.snapshot()
     last = reloader.last
@@ -80,17 +82,17 @@ def status_body(app: Any) -> dict[str, Any]:
 
 
 async def reload(request: Request) -> Response:
-    record = await request.app.state.reloader.reload("admin")
+    record = await app_state(request.app).reloader.reload("admin")
     return JSONResponse(record.as_dict(), status_code=200 if record.ok else 422)
 
 
 async def list_models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": request.app.state.registry.snapshot()})
+    return JSONResponse({"object": "list", "data": app_state(request.app).registry.snapshot()})
 
 
 async def load_model(request: Request) -> Response:
     alias = request.path_params["alias"]
-    row = await request.app.state.registry.load(alias)
+    row = await app_state(request.app).registry.load(alias)
     request.state.model = alias  # a configured alias: safe as a metrics label
     return JSONResponse(row)
 
@@ -104,7 +106,7 @@ async def unload_model(request: Request) -> Response:
     if not 0 <= timeout < math.inf:
         raise invalid_request(f"timeout must be a number of seconds, got {raw!r}", "timeout")
     alias = request.path_params["alias"]
-    row = await request.app.state.registry.unload(alias, timeout)
+    row = await app_state(request.app).registry.unload(alias, timeout)
     request.state.model = alias
     # 202: accepted but still draining (requests running); the row says so too.
     return JSONResponse(row, status_code=202 if row["state"] == "draining" else 200)

@@ -24,6 +24,7 @@ from .metrics import NO_MODEL, Metrics, loader_with_metrics
 from .registry import PinnedLoadError, Registry
 from .routes import routes
 from .served_model import load_served_model
+from .state import GatewayState, Running, app_state
 from .watch import ConfigWatcher, Reloader, WatchOptions
 from .zeroconf import ModelsDirWatcher
 
@@ -55,9 +56,9 @@ class RequestLog:
                             noting.status or "-", seconds * 1000, model)
             route = scope.get("route")  # the matched route: its template keeps series bounded
             endpoint = getattr(route, "path", None) or "unmatched"
-            metrics = getattr(scope["app"].state, "metrics", None) if "app" in scope else None
-            if metrics is not None:
-                metrics.request(model, endpoint, noting.status or 500, seconds)
+            if "app" in scope:
+                app_state(scope["app"]).metrics.request(model, endpoint, noting.status or 500,
+                                                        seconds)
 
 
 def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_model,
@@ -77,17 +78,20 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = Registry(config, loader=loader_with_metrics(loader, metrics), metrics=metrics)
         metrics.watch_models(registry.snapshot)
-        reloader = Reloader(registry, path, metrics=metrics, load=load,
-                            on_applied=lambda new: setattr(app.state, "config", new))
-        watcher: Any = None
+
+        def applied(new: Config) -> None:
+            state.config = new
+
+        reloader = Reloader(registry, path, metrics=metrics, load=load, on_applied=applied)
+        watcher: ConfigWatcher | ModelsDirWatcher | None = None
         if watch.enabled and path is not None:
             watcher = (ModelsDirWatcher(reloader, watch) if watch.models_dir
                        else ConfigWatcher(reloader, watch))
-        app.state.registry, app.state.reloader, app.state.watcher = registry, reloader, watcher
+        state.running = Running(registry, reloader, watcher)
         try:
             await registry.start()
         except PinnedLoadError as exc:
-            app.state.startup_error = str(exc)  # what `modelyard serve` prints before exiting 2
+            state.startup_error = str(exc)  # what `modelyard serve` prints before exiting 2
             await registry.close()
             raise
         tasks = [asyncio.create_task(reloader.run(), name="modelyard-reloader")]
@@ -96,7 +100,7 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
         try:
             yield
         finally:
-            app.state.stopping = True
+            state.stopping = True
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -108,10 +112,7 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
         lifespan=lifespan,
         exception_handlers=dict.fromkeys(HANDLED, handle_exception),
     )
-    app.state.config = config
-    app.state.started = int(time.time())
-    app.state.metrics = metrics
-    app.state.stopping = False
+    state = app.state.gateway = GatewayState(config, metrics, started=int(time.time()))
     # outermost first: the request log sees everything (what BodyLimits refuses too), CORS
     # answers preflights before keys; a body over the limit is refused before anything reads it
     app.add_middleware(BodyLimits)

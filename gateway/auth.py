@@ -32,6 +32,7 @@ from .asgi import StatusNotingSend
 from .config import AuthSettings, Config
 from .console import is_console_path
 from .errors import APIError
+from .state import app_state
 
 ADMIN = "admin"               # the name the admin key goes by
 WINDOW = 60.0                 # requests_per_minute counts over this sliding window (s)
@@ -123,8 +124,8 @@ class AuthMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        state = scope["app"].state
-        settings: AuthSettings = state.config.auth
+        state = app_state(scope["app"])
+        settings = state.config.auth
         path, method = scope["path"], scope["method"]
         if (not settings.enabled or path in settings.public or method == "OPTIONS"
                 or (method in ("GET", "HEAD") and is_console_path(path))):
@@ -141,10 +142,9 @@ class AuthMiddleware:
         elif is_admin_path(method, path) and not info.admin:
             rejection = _error(403, f"Key '{info.name}' may not use {path}: it needs the admin "
                                     "key (auth.admin_key)", "permission_denied")
-        metrics = getattr(state, "metrics", None)
+        metrics = state.metrics
         if rejection is not None:
-            if metrics is not None:
-                metrics.key_request(info.name if info else "-", rejection.status_code)
+            metrics.key_request(info.name if info else "-", rejection.status_code)
             await rejection(scope, receive, send)
             return
         assert info is not None
@@ -152,8 +152,7 @@ class AuthMiddleware:
         limited = self.limits.admit(info.name, key.max_concurrent if key else None,
                                     key.requests_per_minute if key else None, time.monotonic())
         if limited is not None:
-            if metrics is not None:
-                metrics.key_request(info.name, 429)
+            metrics.key_request(info.name, 429)
             await limited(scope, receive, send)
             return
         scope.setdefault("state", {})["api_key"] = info
@@ -162,8 +161,7 @@ class AuthMiddleware:
             await self.app(scope, receive, noting)
         finally:
             self.limits.done(info.name)
-            if metrics is not None:
-                metrics.key_request(info.name, noting.status or 500)
+            metrics.key_request(info.name, noting.status or 500)
 
 
 def _key(request: Request) -> KeyInfo | None:
@@ -182,7 +180,7 @@ def check_model(request: Request, alias: str) -> None:
     info = _key(request)
     if info is None or info.models is None:
         return
-    config: Config = request.app.state.config
+    config = app_state(request.app).config
     try:
         entry = config.resolve(alias)
     except LookupError:
@@ -197,6 +195,6 @@ def visible_aliases(request: Request, aliases: Iterable[str]) -> list[str] | Non
     info = _key(request)
     if info is None or info.models is None:
         return None
-    config: Config = request.app.state.config
+    config = app_state(request.app).config
     files = _allowed_entries(config, info)
     return [a for a in aliases if str(config.resolve(a).model) in files]

@@ -32,6 +32,7 @@ from typing import Any
 from . import scan
 from .config import Config, ConfigError, load_config
 from .shutdown import Shutdown
+from .state import app_state
 from .watch import WatchOptions
 
 EXIT_CONFIG = 2
@@ -168,11 +169,11 @@ async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
     shutdown = Shutdown(app, config.shutdown_timeout)
 
     def reload_on_hangup() -> None:
-        reloader = getattr(app.state, "reloader", None)
-        if reloader is None:
+        running = app_state(app).running
+        if running is None:
             log.warning("SIGHUP before the server started; not reloading")
         else:
-            reloader.request("SIGHUP")
+            running.reloader.request("SIGHUP")
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -191,7 +192,7 @@ async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
     try:
         await serve(app, hconfig, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
     except LifespanFailureError:  # its message is a traceback; app.py kept the reason
-        raise StartupFailed(getattr(app.state, "startup_error", None)
+        raise StartupFailed(app_state(app).startup_error
                             or "the application failed to start") from None
     log.info("stopped")
 

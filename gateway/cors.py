@@ -11,6 +11,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .config import CorsSettings
+from .state import app_state
 
 EXPOSED = ["Retry-After"]  # a browser app reading a 429 or 503 needs to see when to retry
 
@@ -29,7 +30,7 @@ class ConfigCors:
         return self._built[1]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        settings: CorsSettings = scope["app"].state.config.cors if scope["type"] == "http" else None
+        settings = app_state(scope["app"]).config.cors if scope["type"] == "http" else None
         if settings is None or not settings.allow_origins:
             await self.app(scope, receive, send)
             return

@@ -18,11 +18,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from .admin import is_stopping, status_body
+from .state import app_state
 
 TICK = 0.5        # seconds: the longest a change the registry is not told about waits
 KEEPALIVE = 15.0  # seconds between comment lines on a quiet stream
@@ -33,13 +35,13 @@ def event(name: str, data: Any) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-def _views(app: Any) -> dict[str, Any]:
+def _views(app: Starlette) -> dict[str, Any]:
     status = status_body(app)
     status.pop("uptime_seconds")  # changes every tick; the page counts from `started`
-    return {"models": app.state.registry.snapshot(), "status": status}
+    return {"models": app_state(app).registry.snapshot(), "status": status}
 
 
-async def _stream(app: Any) -> AsyncIterator[bytes]:
+async def _stream(app: Starlette) -> AsyncIterator[bytes]:
     sent: dict[str, Any] = {}
     quiet_since = time.monotonic()
     # retry: how long a browser's EventSource waits before reconnecting (ms)
@@ -53,7 +55,7 @@ async def _stream(app: Any) -> AsyncIterator[bytes]:
         if time.monotonic() - quiet_since >= KEEPALIVE:
             quiet_since = time.monotonic()
             yield b": keepalive\n\n"
-        await app.state.registry.wait_changed(TICK)
+        await app_state(app).registry.wait_changed(TICK)
 
 
 async def events(request: Request) -> Response:

@@ -7,7 +7,7 @@ request began gets 408. Both answers carry `Connection: close`, so the connectio
 rather than read on: a client trickling a body (or announcing more than it sends) holds nothing.
 After the body is complete the wrapper steps aside (routes keep receiving to see a disconnect).
 
-The limits are read from `app.state.config` for each request, so a reload applies them.
+The limits are read from the app's config (gateway/state.py) for each request, so a reload applies them.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import LimitSettings
 from .errors import APIError, error_response
+from .state import app_state
 from .units import format_duration, format_size
 
 CLOSE = {"Connection": "close"}
@@ -53,8 +54,7 @@ class BodyLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        config = getattr(scope["app"].state, "config", None) if "app" in scope else None
-        limits: LimitSettings = config.limits if config is not None else LimitSettings()
+        limits = app_state(scope["app"]).config.limits if "app" in scope else LimitSettings()
         length = _content_length(scope)
         if length is not None and length > limits.max_body:
             await error_response(body_too_large(limits.max_body))(scope, receive, send)

@@ -40,6 +40,7 @@ from .protocol import parse_request
 from .registry import Lease
 from .routes import acquire
 from .served_model import ServedModel
+from .state import app_state
 from .streaming import EventStreamResponse, cancel_on_disconnect
 
 BANNED = -1e9          # a logit bias that no sampler gets past (llama.cpp's `false`)
@@ -260,12 +261,12 @@ async def _stream(plan: serving.Plan, req: lp.CompletionRequest, settings: dict[
 
 async def completion(request: Request) -> Response:
     req = parse_request(lp.CompletionRequest, await request.body())
-    registry = request.app.state.registry
+    registry = app_state(request.app).registry
     lease, served = await acquire(request, req.model, req.keep_alive)
     handed_off = False
     try:
         prompts, texts, requests, settings = await serving.off_loop(
-            served, _plan, req, lease, served, request.app.state.config.limits)
+            served, _plan, req, lease, served, app_state(request.app).config.limits)
         if req.stream and len(requests) > 1:
             raise invalid_request("stream takes one prompt; send several prompts without stream",
                                   "prompt")
@@ -309,10 +310,10 @@ async def tokenize(request: Request) -> Response:
     req = parse_request(lp.TokenizeRequest, await request.body())
     lease, served = await _with_model(request, req.model)
     try:
-        limits = request.app.state.config.limits
+        limits = app_state(request.app).config.limits
         return JSONResponse(await serving.off_loop(served, _tokens, served, req, limits))
     finally:
-        request.app.state.registry.release(lease)
+        app_state(request.app).registry.release(lease)
 
 
 def _tokens(served: ServedModel, req: lp.TokenizeRequest, limits: LimitSettings) -> dict[str, Any]:
@@ -335,21 +336,21 @@ async def detokenize(request: Request) -> Response:
         text = await serving.off_loop(served, served.tokenizer.decode, req.tokens)
         return JSONResponse({"content": text})
     finally:
-        request.app.state.registry.release(lease)
+        app_state(request.app).registry.release(lease)
 
 
 async def apply_template(request: Request) -> Response:
     req = parse_request(lp.ApplyTemplateRequest, await request.body())
     lease, served = await _with_model(request, req.model)
     try:
-        limits = request.app.state.config.limits
+        limits = app_state(request.app).config.limits
         text = await serving.off_loop(
             served, partial(served.chat_template.render, add_generation_prompt=True,
                             time_budget=limits.template_timeout, max_chars=limits.max_prompt),
             [m.for_template() for m in req.messages])
         return JSONResponse({"prompt": text})
     finally:
-        request.app.state.registry.release(lease)
+        app_state(request.app).registry.release(lease)
 
 
 # --------------------------------------------------------------------------------- props, slots
@@ -359,12 +360,12 @@ def _entry_and_row(request: Request) -> tuple[Any, dict[str, Any]]:
     nothing (llama.cpp's router does not wake a model for these either)."""
     from .auth import check_model
 
-    config = request.app.state.config
+    config = app_state(request.app).config
     alias = request.query_params.get("model")
     entry = config.resolve(alias)
     check_model(request, alias or entry.name)
     request.state.model = alias or entry.name
-    rows = [r for r in request.app.state.registry.snapshot()
+    rows = [r for r in app_state(request.app).registry.snapshot()
             if r["model"] == str(entry.model) and not r["retiring"]]
     return entry, rows[0] if rows else {}
 
@@ -418,17 +419,17 @@ async def slots(request: Request) -> Response:
 
 async def load_model(request: Request) -> Response:
     req = parse_request(lp.RouterModelRequest, await request.body())
-    request.app.state.config.resolve(req.model)  # 404 model_not_found before anything else
+    app_state(request.app).config.resolve(req.model)  # 404 model_not_found before anything else
     request.state.model = req.model
-    await request.app.state.registry.load(req.model)
+    await app_state(request.app).registry.load(req.model)
     return JSONResponse({"success": True})
 
 
 async def unload_model(request: Request) -> Response:
     req = parse_request(lp.RouterModelRequest, await request.body())
-    request.app.state.config.resolve(req.model)
+    app_state(request.app).config.resolve(req.model)
     request.state.model = req.model
-    await request.app.state.registry.unload(req.model, admin.UNLOAD_TIMEOUT)
+    await app_state(request.app).registry.unload(req.model, admin.UNLOAD_TIMEOUT)
     return JSONResponse({"success": True})
 
 

@@ -22,6 +22,7 @@ from .config import LimitSettings
 from .metrics import observe_request
 from .registry import Lease
 from .served_model import ServedModel
+from .state import app_state
 from .streaming import EventStreamResponse, cancel_on_disconnect
 
 R = TypeVar("R", p.ChatCompletionRequest, p.CompletionRequest)
@@ -32,7 +33,7 @@ def _json(body: BaseModel) -> JSONResponse:
 
 
 async def list_models(request: Request) -> Response:
-    state = request.app.state
+    state = app_state(request.app)
     cards = await model_cards.cards(state.config, state.registry.snapshot(), state.started,
                                     auth.visible_aliases(request, state.config.aliases()))
     body = p.ModelList(data=cards).model_dump(mode="json")
@@ -43,7 +44,7 @@ async def list_models(request: Request) -> Response:
 
 
 async def retrieve_model(request: Request) -> Response:
-    state = request.app.state
+    state = app_state(request.app)
     alias = request.path_params["model"]
     auth.check_model(request, alias)
     card = await model_cards.card(state.config, state.registry.snapshot(), state.started, alias)
@@ -55,11 +56,11 @@ async def acquire(request: Request, alias: str | None,
                    keep_alive: p.KeepAlive = None) -> tuple[Lease, ServedModel]:
     """A lease on the model, and the model as the handlers see it (recording into the metrics)."""
     started = time.perf_counter()
-    auth.check_model(request, alias or request.app.state.config.resolve(None).name)
-    lease = await request.app.state.registry.acquire(alias)
+    auth.check_model(request, alias or app_state(request.app).config.resolve(None).name)
+    lease = await app_state(request.app).registry.acquire(alias)
     request.state.model = lease.alias  # for the request log and metrics
-    request.app.state.registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
-    return lease, observe_request(lease.model, request.app.state.metrics, lease.alias, started)
+    app_state(request.app).registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
+    return lease, observe_request(lease.model, app_state(request.app).metrics, lease.alias, started)
 
 
 def with_defaults(req: R, lease: Lease, served: ServedModel) -> R:
@@ -76,12 +77,12 @@ async def _generate(request: Request, req: R,
                     whole: Callable[[ServedModel, str, R, serving.Plan], Awaitable[BaseModel]],
                     chunks: Callable[[ServedModel, str, R, serving.Plan],
                                      AsyncIterator[BaseModel | bytes]]) -> Response:
-    registry = request.app.state.registry
+    registry = app_state(request.app).registry
     lease, served = await acquire(request, req.model, req.keep_alive)
     handed_off = False
     try:
         req = with_defaults(req, lease, served)
-        planned = await plan(served, req, request.app.state.config.limits)  # off the loop
+        planned = await plan(served, req, app_state(request.app).config.limits)  # off the loop
         await planned.prepare(served)  # grammars compile on a worker thread
         if req.stream:
             planned.submit(served)  # a full queue is a 503 here, before any header goes out
@@ -116,9 +117,9 @@ async def embeddings(request: Request) -> Response:
     lease, served = await acquire(request, req.model, req.keep_alive)
     try:
         return _json(await cancel_on_disconnect(request, serving.embeddings(
-            served, lease.alias, req, request.app.state.config.limits)))
+            served, lease.alias, req, app_state(request.app).config.limits)))
     finally:
-        request.app.state.registry.release(lease)
+        app_state(request.app).registry.release(lease)
 
 
 def routes() -> list[BaseRoute]:

@@ -18,7 +18,10 @@ import enum
 import logging
 from typing import Any
 
+from starlette.applications import Starlette
+
 from .generation import ServerStoppingError
+from .state import app_state
 
 log = logging.getLogger("modelyard")
 
@@ -35,7 +38,7 @@ class Phase(enum.Enum):
 class Shutdown:
     """The drain for one app; `signal()` from the signal handler, `wait()` for Hypercorn."""
 
-    def __init__(self, app: Any, timeout: float) -> None:
+    def __init__(self, app: Starlette, timeout: float) -> None:
         self.app = app
         self.timeout = timeout
         self.phase = Phase.SERVING
@@ -49,12 +52,11 @@ class Shutdown:
     def signal(self, name: str) -> None:
         if self.phase is Phase.SERVING:
             self.phase = Phase.DRAINING
-            config = getattr(self.app.state, "config", None)  # a reload may have changed it
-            self.timeout = getattr(config, "shutdown_timeout", self.timeout)
-            self.app.state.stopping = True  # /health answers 503 from now on
-            registry = getattr(self.app.state, "registry", None)
-            if registry is not None:
-                registry.stop_accepting()
+            state = app_state(self.app)
+            self.timeout = state.config.shutdown_timeout  # a reload may have changed it
+            state.stopping = True  # /health answers 503 from now on
+            if state.running is not None:
+                state.running.registry.stop_accepting()
             log.info("%s: stopping; running requests have up to %gs to finish (signal again "
                      "to stop now)", name, self.timeout)
             self._drain = asyncio.get_running_loop().create_task(self._run_drain(),
@@ -64,7 +66,8 @@ class Shutdown:
             self._abort_and_stop()
 
     async def _run_drain(self) -> None:
-        registry = getattr(self.app.state, "registry", None)
+        running = app_state(self.app).running
+        registry = running.registry if running is not None else None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while registry is not None and self.phase is Phase.DRAINING:
@@ -85,9 +88,9 @@ class Shutdown:
 
     def _abort_and_stop(self) -> None:
         self.phase = Phase.STOPPING
-        registry = getattr(self.app.state, "registry", None)
-        if registry is not None:
-            registry.abort_running(ServerStoppingError(self.timeout))
+        running = app_state(self.app).running
+        if running is not None:
+            running.registry.abort_running(ServerStoppingError(self.timeout))
         self._stop.set()
 
     async def _abort(self, registry: Any) -> None:

@@ -12,7 +12,7 @@ Three triggers, one path:
                                | valid                                        config; record
                                v                                              {ok: false, errors}
                              on the event loop, with no await in between:
-                             registry.apply(new) and app.state.config = new
+                             registry.apply(new) and the app state's config = new
                                -> a request resolves its model against the old config or the
                                   new one, never a mix; record {ok: true, kept, reloaded, ...}
 

@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.config import Config, ModelEntry, load_config
+from gateway.state import app_state
 from tests.ggufgen import write_servable
 
 MB = 1 << 20
@@ -81,7 +82,7 @@ def rows(client: TestClient) -> dict[str, dict[str, Any]]:
 def test_health_is_200_while_serving_and_503_once_stopping(client: TestClient) -> None:
     r = client.get("/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
-    client.app.state.stopping = True  # what the CLI sets on SIGINT/SIGTERM
+    app_state(client.app).stopping = True  # what the CLI sets on SIGINT/SIGTERM
     r = client.get("/health")
     assert r.status_code == 503 and r.json()["status"] == "stopping"
     # llama.cpp's clients read its 503 shape: {"error": {"code": 503, ..., "type": "unavailable_error"}}
@@ -91,7 +92,7 @@ def test_health_is_200_while_serving_and_503_once_stopping(client: TestClient) -
 
 
 def test_health_is_503_once_the_registry_closes(client: TestClient) -> None:
-    client.portal.call(client.app.state.registry.close)  # type: ignore[union-attr]
+    client.portal.call(app_state(client.app).registry.close)
     assert client.get("/health").status_code == 503
 
 
@@ -133,7 +134,7 @@ def test_load_twice_loads_once_and_aliases_with_a_slash_work(client: TestClient,
 
 
 def test_unload_drains_first(client: TestClient, loader: Loader) -> None:
-    registry = client.app.state.registry  # type: ignore[attr-defined]
+    registry = app_state(client.app).registry
     client.post("/admin/models/a/load")
     lease = client.portal.call(registry.acquire, "a")  # type: ignore[union-attr]
 

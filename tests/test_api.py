@@ -31,6 +31,7 @@ from gguf import GGMLQuantizationType
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.served_model import load_served_model
+from gateway.state import app_state
 from tests.ggufgen import write_tiny_llama
 from tests.refs import REFS_DIR
 from tests.servers import ThreadedServer, free_port
@@ -61,7 +62,7 @@ class Server(ThreadedServer):
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Registry state by first alias, read on the server's own event loop."""
         async def read() -> list[dict[str, Any]]:
-            return self.app.state.registry.snapshot()
+            return app_state(self.app).registry.snapshot()
 
         return {row["aliases"][0]: row for row in self.on_loop(read())}
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from gguf import GGMLQuantizationType
 
+from gateway.state import app_state
 from tests.ggufgen import SAMPLE, write_tiny_llama
 from tests.test_api import Server, rss_bytes, write_config
 from tests.test_batching import sse_data
@@ -168,7 +169,7 @@ def test_soak_many_clients_two_models_one_loaded(server):
         assert time.monotonic() < deadline, f"leaked: {busy}"
         time.sleep(0.1)
     snapshot = server.snapshot()
-    active = {alias: server.app.state.registry._slots[alias].model.scheduler.active
+    active = {alias: app_state(server.app).registry._slots[alias].model.scheduler.active
               for alias, row in snapshot.items() if row["state"] == "ready"}
     loads = {alias: row["load_count"] for alias, row in snapshot.items()}
     first = statistics.median(tally.rss[:100])

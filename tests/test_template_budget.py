@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from engine.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from gateway.state import app_state
 from tests.ggufgen import write_tiny_llama
 from tests.test_api import TINY_SPECIAL, Server, write_config
 
@@ -94,7 +95,7 @@ def test_a_looping_template_gets_400_within_its_budget_while_health_stays_fast(
     try:
         # load both first, so the timings below are about the template only
         for alias in ("fine", "looping"):
-            server.on_loop(server.app.state.registry.load(alias), timeout=60)
+            server.on_loop(app_state(server.app).registry.load(alias), timeout=60)
         stop, latencies = threading.Event(), []
         poller = threading.Thread(target=_health_latencies, args=(server.url, stop, latencies))
         poller.start()

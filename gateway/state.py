@@ -1,0 +1,68 @@
+"""The gateway's state on its Starlette app: one typed object, not attributes found by name.
+
+    create_app   GatewayState(config, metrics, started) as app.state.gateway
+    lifespan     .running = Running(registry, reloader, watcher) before the registry starts;
+                 .startup_error when pinned models fail to load; .stopping on the way out
+    reloads      .config replaced whole (watch.Reloader's on_applied)
+    shutdown     .stopping from the first SIGINT/SIGTERM (/health answers 503 from then on)
+
+Handlers, middleware and the CLI reach it with `app_state(app)` (a request: `request.app`, a
+middleware: `scope["app"]`). `registry`, `reloader` and `watcher` exist only while the lifespan
+runs, as requests do; `running` is None before start-up and says so to code that may run then
+(a signal handler, the shutdown drain).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .metrics import Metrics
+    from .registry import Registry
+    from .watch import ConfigWatcher, Reloader
+    from .zeroconf import ModelsDirWatcher
+
+
+@dataclass(eq=False)
+class Running:
+    """What the lifespan starts, for as long as it runs."""
+
+    registry: Registry
+    reloader: Reloader
+    watcher: ConfigWatcher | ModelsDirWatcher | None  # None: no --watch (or nothing to watch)
+
+
+@dataclass(eq=False)
+class GatewayState:
+    config: Config                    # the config in force: a reload swaps it whole
+    metrics: Metrics
+    started: int                      # unix time the app was made (/v1/models' `created`)
+    stopping: bool = False            # shutdown began: /health answers 503
+    startup_error: str | None = None  # why start-up failed (`modelyard serve` prints it)
+    running: Running | None = None    # set by the lifespan
+
+    @property
+    def registry(self) -> Registry:
+        return self._running().registry
+
+    @property
+    def reloader(self) -> Reloader:
+        return self._running().reloader
+
+    @property
+    def watcher(self) -> ConfigWatcher | ModelsDirWatcher | None:
+        return self._running().watcher
+
+    def _running(self) -> Running:
+        if self.running is None:
+            raise RuntimeError("the gateway is not running (its lifespan has not started)")
+        return self.running
+
+
+def app_state(app: Starlette) -> GatewayState:
+    """The state create_app put on `app` (Starlette types app.state's attributes as Any)."""
+    state: GatewayState = app.state.gateway
+    return state
