@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from .constraint import Constraint, MaskFiller
+from .loaded import LoadedModel
 from .model import Chunk, ContextOverflowError, pooled_embedding
 from .sampling import Sampled, Sampler, SamplingParams
 
@@ -142,7 +143,7 @@ class StepError(Exception):
 class BatchRunner:
     """The slots of one loaded model and the sequences in them. One thread drives it."""
 
-    def __init__(self, model: Any, *, prefill_budget: int = PREFILL_BUDGET,
+    def __init__(self, model: LoadedModel, *, prefill_budget: int = PREFILL_BUDGET,
                  sample_threads: int | None = None) -> None:
         if prefill_budget < 1:
             raise ValueError("prefill_budget must be positive")

@@ -31,6 +31,8 @@ from typing import Any, ClassVar, cast
 import llguidance as llg
 import numpy as np
 
+from .loaded import ModelTokenizer
+
 
 def _limits() -> llg.LLParserLimits:
     """Grammar limits: a request's schema must not make a step slow for everyone else."""
@@ -46,7 +48,7 @@ class _VocabularyView:
 
     is_tokenizer_wrapper = True
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: ModelTokenizer) -> None:
         n = tokenizer.n_vocab
         self.tokens = [tokenizer.token_bytes(i) for i in range(n)]
         self.special_token_ids = [i for i in range(n) if tokenizer.is_special(i)]
@@ -63,7 +65,7 @@ class _VocabularyView:
 class TokenizerAdapter:
     """One model vocabulary as llguidance sees it; build with `TokenizerAdapter.of(tokenizer)`."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: ModelTokenizer) -> None:
         self.n_vocab: int = tokenizer.n_vocab
         self.eog_ids = sorted(tokenizer.eog_ids)
         # llguidance duck-types its TokenizerWrapper but its stubs name the class
@@ -72,11 +74,12 @@ class TokenizerAdapter:
                                            eos_token=self.eog_ids or None)
         self.mask_words = (self.n_vocab + 31) // 32  # int32 words per bitmask row
 
-    _cache: ClassVar[weakref.WeakKeyDictionary[Any, TokenizerAdapter]] = weakref.WeakKeyDictionary()
+    _cache: ClassVar[weakref.WeakKeyDictionary[ModelTokenizer, TokenizerAdapter]] = (
+        weakref.WeakKeyDictionary())
     _lock = threading.Lock()
 
     @classmethod
-    def of(cls, tokenizer: Any) -> TokenizerAdapter:
+    def of(cls, tokenizer: ModelTokenizer) -> TokenizerAdapter:
         """The adapter of `tokenizer`, built on first use (seconds for big vocabularies: call
         it off the event loop) and kept as long as the tokenizer lives."""
         with cls._lock:

@@ -10,7 +10,10 @@ checked like the engine checks them; every call is recorded.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,10 +36,31 @@ def letters(text: str) -> list[int]:
 
 
 class ScriptedTokenizer:
+    """Tokens 1..26 are the letters a..z; every other id is a control token, written "<id>"."""
+
+    n_vocab = N_VOCAB
+    bos_id: int | None = None
+    eos_id: int | None = 0
+    add_bos = False
     eog_ids = frozenset({0})
 
     def token_bytes(self, token: int) -> bytes:
         return chr(ord("a") + token - 1).encode() if 1 <= token <= 26 else f"<{token}>".encode()
+
+    def is_special(self, token: int) -> bool:
+        return not 1 <= token <= 26
+
+    def token_id(self, text: str) -> int | None:
+        return next((t for t in range(N_VOCAB) if self.token_bytes(t) == text.encode()), None)
+
+    def encode(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        if any(not "a" <= c <= "z" for c in text):
+            raise ValueError(f"the scripted vocabulary has only the letters a..z: {text!r}")
+        return letters(text)
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        return "".join(self.token_bytes(t).decode() for t in ids
+                       if not (skip_special and self.is_special(t)))
 
     def incremental_decoder(self, skip_special: bool = False) -> _Decoder:
         return _Decoder(self)
@@ -120,17 +144,35 @@ class ScriptedTransformer:
 
 
 class ScriptedModel:
-    """Just what BatchRunner and the scheduler use of engine.Model."""
+    """engine.loaded.LoadedModel, as BatchRunner and the scheduler use it, without a file."""
 
     n_vocab = N_VOCAB
+    n_embd = N_EMBD
     n_threads = 1
+    path: Path | None = None
+    memory_bytes = 0
+    mapped_bytes = 0
 
     def __init__(self, n_slots: int = 2, n_ctx: int = 64, gate: threading.Semaphore | None = None) -> None:
         self.n_slots = n_slots
         self.n_ctx = n_ctx
+        self.metadata: dict[str, Any] = {}
         self.tokenizer = ScriptedTokenizer()
         self.transformer = ScriptedTransformer(n_slots, n_ctx, gate)
 
     @property
     def calls(self) -> list[Call]:
         return self.transformer.calls
+
+    def file_changed(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+if TYPE_CHECKING:
+    from engine.loaded import LoadedModel
+
+    def _meets_the_protocol(model: ScriptedModel) -> LoadedModel:
+        return model  # mypy (pyproject.toml) checks the stand-in against engine/loaded.py
