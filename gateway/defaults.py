@@ -14,6 +14,7 @@ entry's `seed` (llama-server's --seed) seeds requests that bring none.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -64,7 +65,7 @@ _VALID = {  # a GGUF value outside these ranges is ignored (files are not always
 }
 
 
-def from_metadata(metadata: dict[str, Any]) -> Sampling:
+def from_metadata(metadata: Mapping[str, Any]) -> Sampling:
     """The sampling settings a GGUF recommends, from its general.sampling.* keys."""
     found: dict[str, Any] = {}
     for key, name in GGUF_KEYS.items():

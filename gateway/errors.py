@@ -19,8 +19,7 @@ import engine
 from engine.chat import ChatTemplateError
 
 from .config import ModelNotFoundError
-from .generation import (ModelBrokenError, QueueFullError, SchedulerClosedError,
-                         ServerStoppingError)
+from .generation import ModelBrokenError, QueueFullError, SchedulerClosedError, ServerStoppingError
 from .protocol import ErrorInfo, ErrorResponse, RequestValidationError
 from .registry import ModelLoadFailedError, RegistryBusyError
 

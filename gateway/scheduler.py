@@ -43,11 +43,21 @@ import numpy as np
 
 import engine
 from engine import batch
+from engine.loaded import LoadedModel, ModelTokenizer
 from engine.sampling import NonFiniteLogitsError
 
-from .generation import (Event, Finished, GenerationCancelled, GenerationRequest,
-                         ModelBrokenError, PromptProgress, QueueFullError, SchedulerClosedError,
-                         TextDelta, TokenInfo)
+from .generation import (
+    Event,
+    Finished,
+    GenerationCancelled,
+    GenerationRequest,
+    ModelBrokenError,
+    PromptProgress,
+    QueueFullError,
+    SchedulerClosedError,
+    TextDelta,
+    TokenInfo,
+)
 from .metrics import NULL_METRICS, MetricsSink
 from .stop_strings import StopScanner
 
@@ -84,7 +94,7 @@ class _GenerationJob(_Job):
     work: batch.Sequence
 
     def __init__(self, loop: asyncio.AbstractEventLoop, request: GenerationRequest,
-                 tokenizer: Any) -> None:
+                 tokenizer: ModelTokenizer) -> None:
         super().__init__(loop, batch.Sequence(request.prompt_ids, params=request.params,
                                               max_tokens=request.max_tokens,
                                               constraint=request.constraint))
@@ -119,12 +129,12 @@ class _EmbeddingJob(_Job):
                 self.future.set_result(event)
 
 
-def _token_text(tok: Any, token: int) -> tuple[str, bytes]:
+def _token_text(tok: ModelTokenizer, token: int) -> tuple[str, bytes]:
     raw = tok.token_bytes(token)
     return raw.decode("utf-8", errors="backslashreplace"), raw
 
 
-def _token_info(tok: Any, sampled: engine.Sampled) -> TokenInfo:
+def _token_info(tok: ModelTokenizer, sampled: engine.Sampled) -> TokenInfo:
     text, raw = _token_text(tok, sampled.token)
     top = [(*_token_text(tok, t), lp) for t, lp in sampled.top_logprobs]
     return TokenInfo(sampled.token, text, raw, sampled.logprob, top,
@@ -227,7 +237,7 @@ class Generation:
 class Scheduler:
     """One thread per model runs every request in continuous batches (see the module doc)."""
 
-    def __init__(self, model: Any, *, name: str = "model", max_queue: int = 64,
+    def __init__(self, model: LoadedModel, *, name: str = "model", max_queue: int = 64,
                  metrics: MetricsSink = NULL_METRICS,
                  prefill_budget: int = batch.PREFILL_BUDGET) -> None:
         self.model = model
@@ -244,7 +254,7 @@ class Scheduler:
         self._broken: str | None = None     # why this model must stop serving (ModelBrokenError)
         self._retryable = True              # whether loading the file again may help
         self._abort: BaseException | None = None  # end every job with this (shutdown deadline)
-        self._file_changed = getattr(model, "file_changed", lambda: None)
+        self._file_changed = model.file_changed
         self._thread = threading.Thread(target=self._work, name=f"modelyard-{name}", daemon=True)
         self._thread.start()
 

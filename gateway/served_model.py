@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import engine
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.chat_formats import TemplateChoice, choose_template
+from engine.loaded import LoadedModel
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 
@@ -33,14 +34,14 @@ class ServedModel:
 
     chat_format: str | None = None  # which template and why (chat_formats.TemplateChoice)
 
-    def __init__(self, model: Any, template: ChatTemplate, *, name: str, max_queue: int,
+    def __init__(self, model: LoadedModel, template: ChatTemplate, *, name: str, max_queue: int,
                  metrics: MetricsSink = NULL_METRICS) -> None:
         self.model = model
         self.tokenizer = model.tokenizer
         self.n_ctx: int = model.n_ctx
         self.chat_template = template
         # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
-        self.sampling_defaults = defaults.from_metadata(getattr(model, "metadata", None) or {})
+        self.sampling_defaults = defaults.from_metadata(model.metadata)
         self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics)
         # Request preparation (template, tokenizing) is CPU work that must not block the event
         # loop; two threads per model, so one model's slow prompts never delay another's.
@@ -55,7 +56,7 @@ class ServedModel:
         cannot fit the context, whatever it tokenizes to (computed once)."""
         if self._max_token_bytes is None:
             tok = self.tokenizer
-            texts = getattr(self.model, "metadata", {}).get("tokenizer.ggml.tokens") or []
+            texts = self.model.metadata.get("tokenizer.ggml.tokens") or []
             longest = max((len(tok.token_bytes(i)) for i in range(self.model.n_vocab)), default=1)
             longest = max([longest, *(len(str(t).encode()) for t in texts)])
             self._max_token_bytes = max(1, longest)
@@ -76,13 +77,12 @@ class ServedModel:
 
     def file_changed(self) -> str | None:
         """Why the model file is no longer what is mapped (a stat), or None."""
-        check = getattr(self.model, "file_changed", None)
-        return None if check is None else check()
+        return self.model.file_changed()
 
     @property
     def mapped_bytes(self) -> int:
         """The part of memory_bytes another load of the same file shares (its mapping)."""
-        return int(getattr(self.model, "mapped_bytes", 0))
+        return int(self.model.mapped_bytes)
 
     @property
     def queued(self) -> int:
@@ -131,7 +131,7 @@ class ServedModel:
         self.model.close()
 
 
-def _fingerprint(model: Any, template: ChatTemplate) -> str:
+def _fingerprint(model: LoadedModel, template: ChatTemplate) -> str:
     """OpenAI's `system_fingerprint`: changes when what shapes the outputs does (the weights
     file, the context, the template, the engine's version), so clients can tell."""
     from importlib.metadata import PackageNotFoundError, version
@@ -140,14 +140,14 @@ def _fingerprint(model: Any, template: ChatTemplate) -> str:
         ours = version("modelyard")
     except PackageNotFoundError:
         ours = "dev"
-    path = getattr(model, "path", None)
+    path = model.path
     stat = path.stat() if path is not None and path.exists() else None
     parts = (ours, str(path), stat.st_size if stat else 0, stat.st_mtime_ns if stat else 0,
-             getattr(model, "n_ctx", 0), getattr(template, "source", ""))
+             model.n_ctx, getattr(template, "source", ""))
     return "fp_" + hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
 
 
-def _template_for(model: Any, entry: ModelEntry) -> tuple[ChatTemplate, TemplateChoice]:
+def _template_for(model: LoadedModel, entry: ModelEntry) -> tuple[ChatTemplate, TemplateChoice]:
     """The entry's template (engine/chat_formats.py says which wins); a file template that does
     not compile falls back to the built-in its vocabulary suggests."""
     tok = model.tokenizer

@@ -25,6 +25,7 @@ from engine.constraint import (
     json_schema_grammar,
     lark_grammar,
 )
+from engine.loaded import ModelTokenizer
 from engine.tool_formats import ThinkingFormat, ToolFormat
 
 from . import protocol as p
@@ -48,12 +49,12 @@ class Output:
     def constrained(self) -> bool:
         return self.grammar is not None or self.gbnf is not None
 
-    async def compile(self, tokenizer: Any) -> Constraint | None:
+    async def compile(self, tokenizer: ModelTokenizer) -> Constraint | None:
         if not self.constrained:
             return None
         return await asyncio.to_thread(self._compile, tokenizer)
 
-    def _compile(self, tokenizer: Any) -> Constraint:
+    def _compile(self, tokenizer: ModelTokenizer) -> Constraint:
         for param, schema in self.schemas.items():
             _check_schema(schema, param)
         try:
