@@ -22,8 +22,17 @@ from __future__ import annotations
 from .loader import load_config
 from .problems import ConfigError
 from .reload import restart_needed
-from .schema import (ApiKey, AuthSettings, Config, CorsSettings, LimitSettings, ModelEntry,
-                     ModelNotFoundError, RegistrySettings, default_config)
+from .schema import (
+                     ApiKey,
+                     AuthSettings,
+                     Config,
+                     CorsSettings,
+                     LimitSettings,
+                     ModelEntry,
+                     ModelNotFoundError,
+                     RegistrySettings,
+                     default_config,
+)
 
 __all__ = ["ApiKey", "AuthSettings", "Config", "ConfigError", "CorsSettings", "LimitSettings",
            "ModelEntry", "ModelNotFoundError", "RegistrySettings", "default_config",

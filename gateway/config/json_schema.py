@@ -26,8 +26,14 @@ from pydantic_core import core_schema
 
 from gateway.units import DURATION_UNITS, SIZE_UNITS, parse_duration, parse_size
 
-from .llama_cpp import API_KEY, LLAMA_CPP_MODEL_KEYS, LLAMA_CPP_SERVER_KEYS, MODEL_ALIAS, UNUSED
-from .llama_cpp import server_key_note
+from .llama_cpp import (
+    API_KEY,
+    LLAMA_CPP_MODEL_KEYS,
+    LLAMA_CPP_SERVER_KEYS,
+    MODEL_ALIAS,
+    UNUSED,
+    server_key_note,
+)
 from .reload import RELOAD, RESTART, Applies, applies, is_internal, sections_in
 from .schema import PER_MODEL_ONLY, SCHEMA_KEY, Config
 
@@ -99,7 +105,7 @@ def config_schema() -> dict[str, Any]:
                                       "description": f"{about}: a list, or one name; without "
                                                      "any, the `model` string as written"}
     entry["required"] = ["model"]
-    entry["properties"].update({key: unused for key in sorted(LLAMA_CPP_MODEL_KEYS)})
+    entry["properties"].update(dict.fromkeys(sorted(LLAMA_CPP_MODEL_KEYS), unused))
     defaults = copy.deepcopy(entry)
     defaults["properties"] = {k: v for k, v in entry["properties"].items()
                               if k not in PER_MODEL_ONLY}

@@ -17,13 +17,31 @@ from pydantic import BaseModel, ValidationError
 
 from .env import expand_env
 from .formats import FORMATS, ParseError, format_of, parse
-from .llama_cpp import API_KEY, LLAMA_CPP_MODEL_KEYS, LLAMA_CPP_SERVER_KEYS, MODEL_ALIAS, UNUSED
-from .llama_cpp import server_key_note
+from .llama_cpp import (
+    API_KEY,
+    LLAMA_CPP_MODEL_KEYS,
+    LLAMA_CPP_SERVER_KEYS,
+    MODEL_ALIAS,
+    UNUSED,
+    server_key_note,
+)
 from .problems import ConfigError, Loc, Problems, pydantic_message, render, unknown_key
 from .reload import file_keys
-from .schema import (ENTRY_KEYS, PER_MODEL_ONLY, SCHEMA_KEY, TOP_KEYS, AuthSettings, Config,
-                     CorsSettings, EntrySettings, LimitSettings, ModelEntry, RegistrySettings,
-                     ServerSettings, check_across_entries)
+from .schema import (
+    ENTRY_KEYS,
+    PER_MODEL_ONLY,
+    SCHEMA_KEY,
+    TOP_KEYS,
+    AuthSettings,
+    Config,
+    CorsSettings,
+    EntrySettings,
+    LimitSettings,
+    ModelEntry,
+    RegistrySettings,
+    ServerSettings,
+    check_across_entries,
+)
 
 log = logging.getLogger("modelyard.config")
 

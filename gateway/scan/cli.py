@@ -8,11 +8,12 @@ import tempfile
 from pathlib import Path
 
 from ..config import ConfigError, load_config
+from ..config.formats import FORMATS
 from .discover import scan_dir
 from .judge import NOT_GGUF, Skipped
 from .naming import assign_aliases
 from .render import DEFAULT_N_CTX, build_entries, render
-from .update import FORMATS, ScanError, read_existing, updated_text
+from .update import ScanError, read_existing, updated_text
 
 SUFFIX = {"yaml": ".yaml", "toml": ".toml", "json": ".json"}
 

@@ -18,6 +18,7 @@ from ..config import ConfigError, load_config
 from ..config.formats import FORMATS, ParseError, parse
 from .render import DEFAULT_N_CTX, Entry, render, toml_items, yaml_items
 
+
 class ScanError(Exception):
     """A problem with the arguments or the existing config: said to the user, exit status 2."""
 
