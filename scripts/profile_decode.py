@@ -39,7 +39,7 @@ def main() -> None:
         tr.forward([Chunk(s, ids[s:s + 32], 0)], "last")
     names = {addr: name for name, addr in tr.tasks.address.items()}
     mat_names: dict[int, str] = {}
-    for li, layer in enumerate(tr.weights.layers):
+    for layer in tr.weights.layers:
         for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
             mat_names[getattr(layer, n).address] = n
     mat_names[tr.weights.output.address] = "output"
