@@ -87,8 +87,8 @@ def _q6_k_block(f: IRFunction, src: list[str], dst: str) -> None:
                 fields = [q[4 * st + 2 * p], q[4 * st + 2 * p + 1], q[32 + 4 * st + 2 * p],
                           q[32 + 4 * st + 2 * p + 1]]
                 word = "0"
-                for k, v in enumerate(fields):
-                    word = op(word, "or", op(op(op(v, "lshr", 4), "and", m2), "shl", 2 * k))
+                for k, value in enumerate(fields):
+                    word = op(word, "or", op(op(op(value, "lshr", 4), "and", m2), "shl", 2 * k))
                 f.store("i32", word, dst, at + 256 + 64 * p + 4 * r)
 
 

@@ -16,11 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.ggml_types import GGMLQuantizationType
-from engine.kernels.matmul import iquants, kquants
+from engine.kernels.matmul import iquants, kquants, loops
 from engine.kernels.matmul.floats import build_float_rows
 from engine.kernels.matmul.isa import DECLARATIONS, IntOps, MatmulFn
 from engine.kernels.matmul.legacy import LegacyTiles
-from engine.kernels.matmul import loops
 from engine.kernels.matmul.loops import TILES, RowCallbacks, emit_rows
 from engine.kernels.matmul.quantizer import build_quantize_ir
 from engine.quants import QuantType, quant_type
