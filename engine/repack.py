@@ -12,6 +12,10 @@ block holding its 16 rows' data side by side:
 
     Q8_0 (544 bytes = 16 x 34):  qs  u8 [8 chunks][16 rows][4]   q + 128, chunk c = values 4c..4c+3
                                  d   f16 [16]
+    Q5_0 (352 = 16 x 22):        qs  u8 [4][16][4]   ggml's qs bytes 4k..4k+3: low nibbles are
+                                     values 4k.. (chunk k), high nibbles 16+4k.. (chunk k+4)
+                                 qh  u32 [16]        bit j: the 5th bit of value j
+                                 d   f16 [16]
     Q4_K (2368 = 16 x 144 + 64): d, dmin  f16 [16] each
                                  sc  u8 [8 sub-blocks][16]        the 6-bit scales
                                  mn  u8 [8 sub-blocks][16]        the 6-bit mins
@@ -35,6 +39,8 @@ unsigned), so sum(q * y) = sum((q + 128) * y) - 128 * sum(y); Q6_K's values are 
 
 Per row r and block b the kernels compute (isum exact in int32):
     Q8_0:  acc = fma(d[r] * dx[b], float(sum q * y), acc)
+    Q5_0:  acc = fma(d[r] * dx[b], float(sum (q - 16) * y), acc)    (q8_0 activations, as
+           llama.cpp pairs Q5_0; c / 8 = -16 * sum(y) takes the offset off in integers)
     Q4_K, Q6_K: the file-layout kernels' (engine.kernels.matmul.kquants) arithmetic exactly:
            per lane i < 8 an integer lane sum (Q4_K: sum_j sc_j * dot of values 4i..4i+3 of
            sub-block j, and mn_i * b32_i), folded as kquants.fold does into accumulator i,
@@ -65,11 +71,11 @@ from engine.quants import QuantMatrix, dequantize, quant_type, row_bytes
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
-GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q4_K: 2368, T.Q6_K: 3360}
+GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q5_0: 352, T.Q4_K: 2368, T.Q6_K: 3360}
 REPACKED = tuple(GROUP_BLOCK_BYTES)
-ACTIVATION = {T.Q8_0: "r8_0", T.Q4_K: "r8_k", T.Q6_K: "r8_k"}
+ACTIVATION = {T.Q8_0: "r8_0", T.Q5_0: "r8_0", T.Q4_K: "r8_k", T.Q6_K: "r8_k"}
 ACT_BLOCK = {"r8_0": 32, "r8_k": 256}
-BLOCK_ELEMS = {T.Q8_0: 32, T.Q4_K: 256, T.Q6_K: 256}
+BLOCK_ELEMS = {T.Q8_0: 32, T.Q5_0: 32, T.Q4_K: 256, T.Q6_K: 256}
 
 
 def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
@@ -214,6 +220,10 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
     if w.qtype == T.Q8_0:
         qs = b["qs"].view(np.uint8) ^ np.uint8(0x80)                # q + 128
         out.put(_interleave(qs.reshape(*b.shape, 8, 4)))
+        out.put(_per_row(b["d"]))
+    elif w.qtype == T.Q5_0:
+        out.put(_interleave(b["qs"].reshape(*b.shape, 4, 4)))      # [.., pair k, 4]
+        out.put(_interleave(b["qh"].reshape(*b.shape, 1, 4)))
         out.put(_per_row(b["d"]))
     elif w.qtype == T.Q4_K:
         sc, mn = _k_scales_mins(b["scales"])

@@ -33,7 +33,7 @@ from engine.kernels.irtext import IRFunction
 from engine.repack import ACT_BLOCK, ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per register tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q4_K: 1, T.Q6_K: 1}  # (K-quants: 2 or 4 spill, measured no faster)
+TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_K: 1, T.Q6_K: 1}  # (K-quants: 2 or 4 spill, measured no faster)
 # (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM)
 ISAS = ("vnni512", "avx2", "portable")
 V16F, V16I = "<16 x float>", "<16 x i32>"
@@ -59,6 +59,10 @@ def _vec(elem: str, values: list[int]) -> str:
 
 def _splat_i8(n: int, v: int) -> str:
     return _vec("i8", [v - 256 if v > 127 else v] * n)
+
+
+def _vec_i32(v: int) -> str:
+    return _vec("i32", [v] * 16)
 
 
 def _mask(idx: list[int]) -> str:
@@ -205,6 +209,37 @@ def _body_q8_0(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
     return out
 
 
+def _q5_top_bits(f: _Fn, qh: str, first: int) -> str:
+    """Bits first..first+3 of each lane's qh, as bit 4 of its four bytes (a multiply spreads
+    4 bits to bytes 0..3: x * 0x204081 is x | x << 7 | x << 14 | x << 21, no carries)."""
+    t = f.let(f"and {V16I} {f.let(f'lshr {V16I} {qh}, {_vec_i32(first)}') if first else qh}, {_vec_i32(15)}")
+    t = f.let(f"mul {V16I} {t}, {_vec_i32(0x204081 << 4)}")
+    return f.let(f"bitcast {V16I} {f.let(f'and {V16I} {t}, {_vec_i32(0x10101010)}')} to <64 x i8>")
+
+
+def _body_q5_0(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
+               accs: list[list[str]]) -> list[list[str]]:
+    """As Q8_0 with q = nibble | 5th bit << 4 (unsigned, 0..31) and the offset -16 * sum(y)
+    (the r8_0 row's c / 8, exact) as the starting value."""
+    qh = f.load(V16I, wb, 256)
+    chunks: list[str] = [""] * 8
+    for k in range(4):
+        v = f.load("<64 x i8>", wb, 64 * k)
+        lo = f.let(f"and <64 x i8> {v}, {_splat_i8(64, 15)}")
+        hi = f.let(f"lshr <64 x i8> {v}, {_splat_i8(64, 4)}")
+        chunks[k] = f.let(f"or <64 x i8> {lo}, {_q5_top_bits(f, qh, 4 * k)}")
+        chunks[k + 4] = f.let(f"or <64 x i8> {hi}, {_q5_top_bits(f, qh, 16 + 4 * k)}")
+    qs = f.mul(b, 32)
+    dw = f.half16(wb, 320)
+    out = []
+    for acc, x in zip(accs, xs):
+        c = f.let(f"ashr {V16I} {f.bcast(x, f.add(act.c_at, f.mul(b, 4)))}, {_vec_i32(3)}")
+        for k in range(8):
+            c = dots.dot(c, chunks[k], f.bcast(x, f.add(qs, 4 * k)))
+        out.append([f.fma16(_x_scale(f, act, x, b, dw), f.tofloat(c), acc[0])])
+    return out
+
+
 def _fold(f: _Fn, acc: str, isum: str, ddx: str, mins: tuple[str, str] | None = None) -> str:
     """acc + (float(isum) * ddx [+ float(minsum) * neg_dmdx, fused]): kquants.fold's order;
     mins = (minsum, neg_dmdx)."""
@@ -294,9 +329,9 @@ def _body_q6_k(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
     return out
 
 
-BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q4_K: _body_q4_k, T.Q6_K: _body_q6_k}
+BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q5_0: _body_q5_0, T.Q4_K: _body_q4_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row): the file-layout kernel's float lanes
-LANES = {T.Q8_0: 1, T.Q4_K: 8, T.Q6_K: 8}
+LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_K: 8, T.Q6_K: 8}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q6_K})
 

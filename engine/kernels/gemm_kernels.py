@@ -39,14 +39,18 @@ def host_isa(portable: bool = False) -> str:
 # takes twice the multiply instructions of a whole-block sum, and they do not pay yet: 1.1B
 # Q4_K_M, one thread, decode 0.66x the file layout (17.0 vs 25.8 tok/s; one 5632x2048 Q4_K
 # matrix from DRAM, M = 1: 0.64x), prefill matrices 0.9-1.1x. So models keep them off.
-# Q8_0 rounds differently from its file layout but measured inside the llama.cpp bars of
-# tests/test_gemma3_reference.py, and is faster.
-IN_MODELS = frozenset(T.__members__[n.strip()] for n in os.environ.get("MODELYARD_INTERLEAVED", "Q8_0").split(",")
+# Q8_0 and Q5_0 sum a whole block in one int32 lane (Q5_0 against q8_0 activations, its
+# offset taken off in integers, as llama.cpp's own Q5_0 kernel does), a different rounding
+# from their file layout but measured inside the llama.cpp bars of
+# tests/test_gemma3_reference.py (primes: max 2.27, mean 0.36 with Q5_0 on; 2.55, 0.37 off),
+# and 2-2.6x the file layout's speed (Gemma 3 270M, one thread: prefill 1.47x, decode 1.12x).
+_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q5_0").split(",")
+IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
                       if n.strip() and n.strip().lower() != "none")
 # The K-quant kernels keep 8 accumulators of 16 rows per activation row: without AVX-512's 32
 # registers they spill (AVX2 form at M = 16: 0.64-0.75x the file layout), so models take them
-# only on vnni512.
-NEEDS_AVX512 = frozenset({T.Q4_K, T.Q6_K})
+# only on vnni512; Q5_0's tile (4 rows' accumulators and 8 unpacked chunks) would spill too.
+NEEDS_AVX512 = frozenset({T.Q5_0, T.Q4_K, T.Q6_K})
 
 
 def runs_in_models(qtype: T, isa: str) -> bool:
