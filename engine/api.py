@@ -80,7 +80,8 @@ class Model:
 
     # -- evaluation --------------------------------------------------------------------------
     def _prefill(self, ids: list[int], slot: int, output: str) -> list[np.ndarray]:
-        """Evaluate `ids` in `slot`, reusing the cached prefix; returns per-chunk outputs."""
+        """Evaluate `ids` in `slot`, reusing the cached prefix; returns per-chunk outputs (for
+        `last`, only the final chunk has logits)."""
         if not ids:
             raise ValueError("no tokens to evaluate")
         if len(ids) > self.n_ctx:
@@ -95,7 +96,8 @@ class Model:
         outs = []
         for start in range(reuse, len(ids), PREFILL_CHUNK):
             part = ids[start:start + PREFILL_CHUNK]
-            outs.append(self.transformer.forward([Chunk(slot, part, start)], output)[0])
+            final = start + len(part) == len(ids)  # `last` needs only the final chunk's logits
+            outs.append(self.transformer.forward([Chunk(slot, part, start, logits=final)], output)[0])
         return outs
 
     def logits(self, ids: list[int]) -> np.ndarray:

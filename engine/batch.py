@@ -249,7 +249,8 @@ class BatchRunner:
             if budget <= 0:
                 break
             n = min(budget, len(seq.prompt) - seq.pos)
-            chunks.append(Chunk(seq.slot, seq.prompt[seq.pos:seq.pos + n], seq.pos))
+            last = seq.pos + n == len(seq.prompt)  # only the prompt's end needs logits
+            chunks.append(Chunk(seq.slot, seq.prompt[seq.pos:seq.pos + n], seq.pos, logits=last))
             owners.append(seq)
             budget -= n
         e_chunks: list[Chunk] = []

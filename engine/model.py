@@ -55,6 +55,14 @@ def pooled_embedding(hidden: np.ndarray) -> np.ndarray:
     return (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
 
 
+def _by_chunk(logits: np.ndarray, chunks: list[Chunk]) -> list[np.ndarray]:
+    """[n_out, n_vocab] rows of the chunks that asked for logits -> one entry per chunk (an
+    empty array for the others)."""
+    rows = iter(logits)
+    none = np.empty(0, np.float32)
+    return [next(rows) if c.logits else none for c in chunks]
+
+
 class ContextOverflowError(ValueError):
     """More tokens than a sequence's context holds."""
 
@@ -66,10 +74,15 @@ class ContextOverflowError(ValueError):
 
 @dataclass
 class Chunk:
-    """Tokens for one slot, appended at position `len(cache.tokens[slot])` after truncating to pos0."""
+    """Tokens for one slot, appended at position `len(cache.tokens[slot])` after truncating to pos0.
+
+    `logits`: whether a `last` forward computes this chunk's last logits (a prompt read in
+    several chunks needs only its final chunk's: each row saves a pass over the output matrix,
+    178 MB for Gemma 3 270M); without, its entry in the result is an empty array."""
     slot: int
     tokens: list[int]
     pos0: int
+    logits: bool = True
 
 
 class _Activations:
@@ -209,8 +222,9 @@ class Transformer:
 
     # -- the fused path --------------------------------------------------------------------------
     def forward(self, chunks: list[Chunk], output: str = "last") -> list[np.ndarray]:
-        """Run all chunks through the model; per chunk return logits (`last`: [n_vocab], `all`:
-        [n, n_vocab]) or the final normed hidden states (`hidden`: [n, n_embd])."""
+        """Run all chunks through the model; per chunk return logits (`last`: [n_vocab], or
+        empty for a chunk without `logits`; `all`: [n, n_vocab]) or the final normed hidden
+        states (`hidden`: [n, n_embd])."""
         if output not in ("last", "all", "hidden"):
             raise ValueError(f"unknown output kind {output!r}")
         tokens, spans = self._check(chunks)
@@ -228,8 +242,9 @@ class Transformer:
         threads = self.governor.choose(kind)
         seg_start, segs = tasks.split_attention([(b - a, c.pos0) for c, (a, b) in zip(chunks, spans)],
                                                 self.hp.n_head, threads)
-        out_rows = np.array([b - 1 for _, b in spans], np.int64)                   # [C]
-        n_out = len(chunks) if output == "last" else T
+        wanted = [i for i, c in enumerate(chunks) if c.logits]
+        out_rows = np.array([spans[i][1] - 1 for i in wanted], np.int64)           # [n_out]
+        n_out = len(wanted) if output == "last" else T
         result = None
         if out_args is not None:
             result = np.empty((n_out, self.hp.n_vocab), np.float32)                # logits
@@ -250,7 +265,7 @@ class Transformer:
         assert result is not None
         self._finish_logits(result)
         if output == "last":
-            return [result[i] for i in range(len(chunks))]
+            return _by_chunk(result, chunks)
         return [result[a:b] for a, b in spans]
 
     def _activations_for(self, n_tokens: int) -> _Activations:
@@ -317,10 +332,12 @@ class Transformer:
             hn = ops.rms_norm(x, self.weights.output_norm, hp.rms_eps)
             return [hn[a:b] for a, b in spans]
         if output == "last":
-            rows = np.array([b - 1 for _, b in spans])
+            rows = np.array([b - 1 for c, (_, b) in zip(chunks, spans) if c.logits], np.int64)
+            if rows.size == 0:
+                return _by_chunk(np.empty((0, hp.n_vocab), np.float32), chunks)
             hn = ops.rms_norm(np.ascontiguousarray(x[rows]), self.weights.output_norm, hp.rms_eps)
-            logits = self._finish_logits(mm(self.weights.output, hn))       # [n_chunks, n_vocab]
-            return [logits[i] for i in range(len(chunks))]
+            logits = self._finish_logits(mm(self.weights.output, hn))       # [n_out, n_vocab]
+            return _by_chunk(logits, chunks)
         hn = ops.rms_norm(x, self.weights.output_norm, hp.rms_eps)
         logits = self._finish_logits(mm(self.weights.output, hn))           # [T, n_vocab]
         return [logits[a:b] for a, b in spans]

@@ -89,6 +89,31 @@ def test_batched_sequences_equal_separate_runs(q8) -> None:
     np.testing.assert_allclose(lb, alone_b, atol=1e-4 * np.abs(alone_b).max())
 
 
+def test_chunks_without_logits_skip_them_and_change_nothing_else(q8) -> None:
+    """A prompt's early chunk asks for no logits: its entry is empty, and what the later
+    chunk and a sequence beside it compute is the same bits as with all logits computed."""
+    a = q8.tokenizer.encode(PROMPT)
+    b = q8.tokenizer.encode("the lazy dog")
+    tr = q8.transformer
+    runs = []
+    for want in (True, False):
+        tr.cache.tokens[1] = []
+        tr.cache.tokens[2] = []
+        first = tr.forward([Chunk(1, a[:4], 0, logits=want), Chunk(2, b, 0)], "last")
+        rest = tr.forward([Chunk(1, a[4:], 4)], "last")[0]
+        runs.append((first, rest))
+    (with_all, rest_all), (without, rest_without) = runs
+    assert without[0].size == 0 and with_all[0].shape == (tr.hp.n_vocab,)
+    np.testing.assert_array_equal(without[1], with_all[1])
+    np.testing.assert_array_equal(rest_without, rest_all)
+    tr.cache.tokens[1] = []  # no chunk wants logits at all: the output matmul has no rows
+    assert [o.size for o in tr.forward([Chunk(1, a[:4], 0, logits=False)], "last")] == [0]
+    np.testing.assert_array_equal(tr.forward([Chunk(1, a[4:], 4)], "last")[0], rest_all)
+    tr.cache.tokens[1] = []  # the eager twin does the same
+    assert tr.forward_eager([Chunk(1, a[:4], 0, logits=False)], "last")[0].size == 0
+    np.testing.assert_array_equal(tr.forward_eager([Chunk(1, a[4:], 4)], "last")[0], rest_all)
+
+
 def test_prefix_reuse_gives_same_continuation(q8) -> None:
     ids = q8.tokenizer.encode(PROMPT)
     q8.transformer.cache.tokens[0] = []  # whatever earlier tests left there: a fresh context
