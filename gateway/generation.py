@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import engine
+
+
+class GenerationObserver(Protocol):
+    """Told each event of a generation as its consumer receives it (gateway/metrics.py's
+    RequestMetrics: time to first token, tokens as usage bills them)."""
+
+    def event(self, request: GenerationRequest, event: Event) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -20,6 +28,7 @@ class GenerationRequest:
     logprobs: bool = False               # attach TokenInfo to deltas
     constraint: engine.Constraint | None = None  # a grammar this choice alone follows
     keep_special: bool = False           # decode control tokens too (tool-call markers)
+    observer: GenerationObserver | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

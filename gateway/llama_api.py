@@ -262,7 +262,7 @@ async def _stream(plan: serving.Plan, req: lp.CompletionRequest, settings: dict[
 async def completion(request: Request) -> Response:
     req = parse_request(lp.CompletionRequest, await request.body())
     registry = app_state(request.app).registry
-    lease, served = await acquire(request, req.model, req.keep_alive)
+    lease, served, metrics = await acquire(request, req.model, req.keep_alive)
     handed_off = False
     try:
         prompts, texts, requests, settings = await serving.off_loop(
@@ -275,6 +275,7 @@ async def completion(request: Request) -> Response:
                                     req.response_fields) for i, ids in enumerate(prompts)]
             return JSONResponse(results[0] if len(results) == 1 else results)
         plan = serving.Plan(requests, sum(len(ids) for ids in prompts))
+        plan.observe(metrics)
         plan.submit(served)  # a full queue is a 503 here, before any header goes out
         if req.stream:
             def close() -> None:
@@ -303,7 +304,8 @@ async def completion(request: Request) -> Response:
 # --------------------------------------------------------------------------------- tokens, template
 
 async def _with_model(request: Request, model: str | None) -> tuple[Lease, ServedModel]:
-    return await acquire(request, model)
+    lease, served, _ = await acquire(request, model)  # no generation: nothing to observe
+    return lease, served
 
 
 async def tokenize(request: Request) -> Response:

@@ -3,8 +3,8 @@
 Who records what:
 
     app.RequestLog (ASGI middleware)  requests_total{model,endpoint,status}, request_duration
-    routes -> observe_request()       time_to_first_token, prompt/completion tokens (from the
-                                      scheduler's events, via a thin proxy around the served model)
+    RequestMetrics (one per request)  time_to_first_token, prompt/completion tokens: told each
+                                      event as the route receives it (GenerationRequest.observer)
     registry                          model loads, load failures, evictions, idle unloads
     watch.Reloader                    config reloads by result
     scheduler (optional)              queue length, active slots, batch size, prompt-cache hits
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -43,8 +43,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsSink", "NULL_METRICS", "loader_with_metrics",
-           "observe_request"]
+from .generation import Event, Finished, GenerationRequest, TextDelta
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsSink", "NULL_METRICS", "RequestMetrics",
+           "loader_with_metrics"]
 
 # Latency buckets: a tiny model answers in milliseconds, a long stream takes minutes.
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -223,78 +225,33 @@ def loader_with_metrics(loader: Callable[..., Any], metrics: MetricsSink) -> Cal
     return lambda entry: loader(entry, metrics=metrics)
 
 
-def observe_request(served: Any, metrics: MetricsSink, model: str, started: float) -> Any:
-    """`served` as the routes see it, with its scheduler's events counted into `metrics`.
+class RequestMetrics:
+    """One HTTP request's share of the metrics, recorded where its events already pass.
 
-    `started` is the request's perf_counter() at arrival: time to first token includes waiting
-    for the model to load and for a scheduler slot, as a client experiences it.
+    The route hands it to the request's plan; each GenerationRequest carries it as `observer`,
+    and scheduler.Generation tells it every event as the route receives it. `started` is the
+    request's perf_counter() at arrival: time to first token includes waiting for the model to
+    load and for a scheduler slot, as a client experiences it.
     """
-    if metrics is NULL_METRICS:
-        return served
-    return _ObservedModel(served, _ObservedScheduler(served.scheduler, metrics, model, started))
 
-
-class _ObservedModel:
-    """Delegates everything to the served model except `scheduler`."""
-
-    def __init__(self, served: Any, scheduler: _ObservedScheduler) -> None:
-        self._served = served
-        self.scheduler = scheduler
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._served, name)
-
-
-class _ObservedScheduler:
-    def __init__(self, inner: Any, metrics: MetricsSink, model: str, started: float) -> None:
-        self._inner = inner
+    def __init__(self, metrics: MetricsSink, model: str, started: float) -> None:
         self._metrics = metrics
         self._model = model
         self._started = started
         self._first_seen = False
         self._billed_prompts: set[int] = set()
 
-    def submit(self, request: Any) -> _ObservedGeneration:
-        return _ObservedGeneration(self._inner.submit(request), self, request)
-
-    async def embed(self, ids: list[int]) -> Any:
-        vector = await self._inner.embed(ids)
-        self._metrics.tokens(self._model, len(ids), 0)
-        return vector
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def _event(self, request: Any, event: Any) -> None:
-        if not self._first_seen and getattr(event, "text", None):
+    def event(self, request: GenerationRequest, event: Event) -> None:
+        if not self._first_seen and isinstance(event, TextDelta) and event.text:
             self._first_seen = True
             self._metrics.first_token(self._model, time.perf_counter() - self._started)
-        if hasattr(event, "completion_tokens"):  # Finished
+        if isinstance(event, Finished):
             # The n choices of one prompt share its token list, and usage bills the prompt once.
             key = id(request.prompt_ids)
-            prompt = 0 if key in self._billed_prompts else int(event.prompt_tokens)
+            prompt = 0 if key in self._billed_prompts else event.prompt_tokens
             self._billed_prompts.add(key)
-            self._metrics.tokens(self._model, prompt, int(event.completion_tokens))
+            self._metrics.tokens(self._model, prompt, event.completion_tokens)
 
-
-class _ObservedGeneration:
-    """The scheduler's generation handle as serving uses it (iterate, cancel), observed."""
-
-    def __init__(self, inner: Any, owner: _ObservedScheduler, request: Any) -> None:
-        self._inner = inner
-        self._owner = owner
-        self._request = request
-        self._events: AsyncIterator[Any] | None = None
-
-    def __aiter__(self) -> _ObservedGeneration:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._events is None:
-            self._events = aiter(self._inner)
-        event = await anext(self._events)
-        self._owner._event(self._request, event)
-        return event
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    def embedded(self, n_tokens: int) -> None:
+        """One input embedded: its tokens are billed as prompt tokens."""
+        self._metrics.tokens(self._model, n_tokens, 0)

@@ -2,8 +2,8 @@
 
 A lease counts the request as in flight, so its model cannot be evicted or unloaded under it.
 Whole responses release it before returning; streams hand it to the response, which releases it
-when the stream ends or the client leaves. The served model the handlers see records time to
-first token and tokens into the app's metrics (gateway/metrics.py).
+when the stream ends or the client leaves. Each request's RequestMetrics rides on its plan's
+generation requests and records time to first token and tokens (gateway/metrics.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Route
 from . import auth, defaults, model_cards, serving
 from . import protocol as p
 from .config import LimitSettings
-from .metrics import observe_request
+from .metrics import RequestMetrics
 from .registry import Lease
 from .served_model import ServedModel
 from .state import app_state
@@ -53,14 +53,15 @@ async def retrieve_model(request: Request) -> Response:
 
 
 async def acquire(request: Request, alias: str | None,
-                   keep_alive: p.KeepAlive = None) -> tuple[Lease, ServedModel]:
-    """A lease on the model, and the model as the handlers see it (recording into the metrics)."""
+                  keep_alive: p.KeepAlive = None) -> tuple[Lease, ServedModel, RequestMetrics]:
+    """A lease on the model, the model, and this request's metrics (time to first token counts
+    from here: loading the model and waiting for a slot are part of it)."""
     started = time.perf_counter()
     auth.check_model(request, alias or app_state(request.app).config.resolve(None).name)
     lease = await app_state(request.app).registry.acquire(alias)
     request.state.model = lease.alias  # for the request log and metrics
     app_state(request.app).registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
-    return lease, observe_request(lease.model, app_state(request.app).metrics, lease.alias, started)
+    return lease, lease.model, RequestMetrics(app_state(request.app).metrics, lease.alias, started)
 
 
 def with_defaults(req: R, lease: Lease, served: ServedModel) -> R:
@@ -78,11 +79,12 @@ async def _generate(request: Request, req: R,
                     chunks: Callable[[ServedModel, str, R, serving.Plan],
                                      AsyncIterator[BaseModel | bytes]]) -> Response:
     registry = app_state(request.app).registry
-    lease, served = await acquire(request, req.model, req.keep_alive)
+    lease, served, metrics = await acquire(request, req.model, req.keep_alive)
     handed_off = False
     try:
         req = with_defaults(req, lease, served)
         planned = await plan(served, req, app_state(request.app).config.limits)  # off the loop
+        planned.observe(metrics)
         await planned.prepare(served)  # grammars compile on a worker thread
         if req.stream:
             planned.submit(served)  # a full queue is a 503 here, before any header goes out
@@ -114,10 +116,10 @@ async def completions(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     req = p.parse_request(p.EmbeddingRequest, await request.body())
-    lease, served = await acquire(request, req.model, req.keep_alive)
+    lease, served, metrics = await acquire(request, req.model, req.keep_alive)
     try:
         return _json(await cancel_on_disconnect(request, serving.embeddings(
-            served, lease.alias, req, app_state(request.app).config.limits)))
+            served, lease.alias, req, app_state(request.app).config.limits, metrics)))
     finally:
         app_state(request.app).registry.release(lease)
 

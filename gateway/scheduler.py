@@ -224,6 +224,8 @@ class Generation:
             raise event
         if isinstance(event, Finished):
             self._done = True
+        if job.request.observer is not None:
+            job.request.observer.event(job.request, event)
         return event
 
     async def __aenter__(self) -> Generation:

@@ -25,7 +25,16 @@ import numpy as np
 from . import protocol as p
 from .config import LimitSettings
 from .errors import APIError, context_length_exceeded, invalid_request
-from .generation import Event, Finished, GenerationRequest, PromptProgress, TextDelta, TokenInfo
+from .generation import (
+    Event,
+    Finished,
+    GenerationObserver,
+    GenerationRequest,
+    PromptProgress,
+    TextDelta,
+    TokenInfo,
+)
+from .metrics import RequestMetrics
 from .served_model import ServedModel
 from .streaming import TextEventTemplate
 from .structured import Output, chat_output, completion_output
@@ -55,6 +64,10 @@ class Plan:
             self.output.tool_format.special(self.output.tool_format.marker) is not None)
         self.requests = [dataclasses.replace(r, constraint=constraint.copy(), keep_special=keep)
                          for r in self.requests]
+
+    def observe(self, observer: GenerationObserver) -> None:
+        """Have `observer` told every event of every choice (the request's metrics)."""
+        self.requests = [dataclasses.replace(r, observer=observer) for r in self.requests]
 
     def reader(self) -> ReplyReader | None:
         """A fresh reader for one choice's reply when it may hold tool calls."""
@@ -419,7 +432,8 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
 # --------------------------------------------------------------------------------- embeddings
 
 async def embeddings(served: ServedModel, alias: str, req: p.EmbeddingRequest,
-                     limits: LimitSettings = DEFAULT_LIMITS) -> p.EmbeddingList:
+                     limits: LimitSettings = DEFAULT_LIMITS,
+                     metrics: RequestMetrics | None = None) -> p.EmbeddingList:
     n_embd = served.model.n_embd
     if req.dimensions is not None and req.dimensions != n_embd:
         raise invalid_request(f"this model's embeddings have {n_embd} dimensions", "dimensions")
@@ -427,6 +441,8 @@ async def embeddings(served: ServedModel, alias: str, req: p.EmbeddingRequest,
     data = []
     for index, ids in enumerate(prompts):
         vector = await served.scheduler.embed(ids)  # float32 [n_embd]
+        if metrics is not None:
+            metrics.embedded(len(ids))
         value: list[float] | str
         if req.encoding_format == "base64":
             value = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,8 @@ from gateway.metrics import (
     NULL_METRICS,
     Metrics,
     MetricsSink,
+    RequestMetrics,
     loader_with_metrics,
-    observe_request,
 )
 from gateway.registry import Registry
 from tests.ggufgen import write_servable
@@ -160,75 +159,27 @@ def test_the_loader_gets_metrics_only_when_it_asks_for_them() -> None:
     assert loader_with_metrics(wants, metrics)("entry") == "wants" and seen == [metrics]
 
 
-class ScriptedGeneration:
-    def __init__(self, events: list[Any]) -> None:
-        self.events = events
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._run()
-
-    async def _run(self) -> AsyncIterator[Any]:
-        for event in self.events:
-            await asyncio.sleep(0)
-            yield event
-
-
-class ScriptedScheduler:
-    """Each submitted request answers with two text pieces and Finished."""
-
-    def __init__(self) -> None:
-        self.queued = 3
-        self.generations: list[ScriptedGeneration] = []
-
-    def submit(self, request: Any) -> ScriptedGeneration:
-        n = len(request.prompt_ids)
-        g = ScriptedGeneration([TextDelta("", []), TextDelta("he", []), TextDelta("llo", []),
-                                Finished("length", n, 4)])
-        self.generations.append(g)
-        return g
-
-    async def embed(self, ids: list[int]) -> list[float]:
-        return [0.0]
-
-
 class Request:
     def __init__(self, ids: list[int]) -> None:
         self.prompt_ids = ids
 
 
-def test_observed_requests_count_tokens_like_usage_and_time_the_first_token() -> None:
+def test_request_metrics_count_tokens_like_usage_and_time_the_first_token() -> None:
     metrics = Metrics()
-
-    class Served:
-        scheduler = ScriptedScheduler()
-        n_ctx = 64
-
-    served = Served()
-
-    async def main() -> None:
-        observed = observe_request(served, metrics, "alias", started=0.0)
-        assert observed.n_ctx == 64 and observed.scheduler.queued == 3  # everything else as is
-        first, second = [1, 2, 3], [4, 5]
-        # three choices of the first prompt (they share its list), one of the second
-        requests = [Request(first), Request(first), Request(first), Request(second)]
-        for request in requests:
-            generation = observed.scheduler.submit(request)
-            events = [e async for e in generation]
-            assert events == served.scheduler.generations[-1].events  # passed through as is
-        generation.cancel()
-        assert served.scheduler.generations[-1].cancelled
-        assert await observed.scheduler.embed([7, 8, 9, 10]) == [0.0]
-
-    asyncio.run(main())
+    observed = RequestMetrics(metrics, "alias", started=0.0)
+    first, second = [1, 2, 3], [4, 5]
+    # three choices of the first prompt (they share its list), one of the second
+    requests = [Request(first), Request(first), Request(first), Request(second)]
+    for request in requests:
+        n = len(request.prompt_ids)
+        for event in [TextDelta("", []), TextDelta("he", []), TextDelta("llo", []),
+                      Finished("length", n, 4)]:
+            observed.event(request, event)  # type: ignore[arg-type]
+    observed.embedded(4)
     s = parse(metrics.render().decode())
     assert value(s, "modelyard_prompt_tokens_total", model="alias") == 3 + 2 + 4
     assert value(s, "modelyard_completion_tokens_total", model="alias") == 4 * 4
     assert value(s, "modelyard_time_to_first_token_seconds_count", model="alias") == 1
-    assert observe_request(served, NULL_METRICS, "alias", 0.0) is served
 
 
 # ---------------------------------------------------------------------------------- registry

@@ -1,6 +1,7 @@
 """The scheduler against a scripted stand-in model (tests/scripted_model.py); the real engine is
 tested in test_batching and test_api."""
 import asyncio
+import dataclasses
 import random
 import threading
 
@@ -108,6 +109,26 @@ def run(main, **model_kw):
         finally:
             sched.close()
     return asyncio.run(wrapper())
+
+
+def test_an_observer_is_told_every_event_its_consumer_receives():
+    class Observer:
+        def __init__(self):
+            self.seen = []
+
+        def event(self, request, event):
+            self.seen.append((request, event))
+
+    observer = Observer()
+
+    async def main(sched, model):
+        observed = dataclasses.replace(request("abc", logprobs=True), observer=observer)
+        generation = sched.submit(observed)
+        return observed, [event async for event in generation]
+
+    observed, events = run(main)
+    assert events and isinstance(events[-1], Finished)
+    assert observer.seen == [(observed, event) for event in events]
 
 
 def test_finish_reasons_and_usage():
