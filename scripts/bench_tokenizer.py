@@ -23,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.default_model import cache_root  # noqa: E402
 from engine.gguf import read_header  # noqa: E402
-from engine.tokenizer import SPM_SPACE, Tokenizer, _byte_encode  # noqa: E402
-from engine.tokenizer_merge import spm_merge  # noqa: E402
+from engine.tokenizer import SPM_SPACE, Tokenizer  # noqa: E402
+from engine.tokenizer.bpe import BpeEncoder, byte_encode  # noqa: E402
+from engine.tokenizer.merge import spm_merge  # noqa: E402
+from engine.tokenizer.spm import SpmEncoder  # noqa: E402
 
 
 def shapes() -> dict[str, str]:
@@ -50,11 +52,13 @@ def cpu_ms(fn, repeat: int, before=lambda: None) -> float:
 
 def python_loop(tok: Tokenizer, text: str) -> None:
     """The same merges done by the Python heap loops (the compiled loops' twins)."""
-    if tok.model == "gpt2":
+    encoder = tok._encoder
+    if isinstance(encoder, BpeEncoder):
         for word in tok.pre_tokenize(text):
-            tok._bpe_word(_byte_encode(word))
+            encoder.word(byte_encode(word))
     else:
-        spm_merge(text.replace(" ", SPM_SPACE), tok._id_of, tok._scores)
+        assert isinstance(encoder, SpmEncoder)
+        spm_merge(text.replace(" ", SPM_SPACE), tok._id_of, encoder.scores)
 
 
 def main() -> None:
@@ -77,7 +81,7 @@ def main() -> None:
         tok.encode("x" * 300)
         print(f"  first long text (merge tables + kernel load, once per tokenizer): "
               f"{(time.perf_counter() - t) * 1000:.0f} ms (wall)")
-        clear = getattr(tok, "_word_cache", {}).clear
+        clear = getattr(tok._encoder, "_word_cache", {}).clear  # BPE remembers words
         for name, text in shapes().items():
             ms = cpu_ms(lambda tok=tok, text=text: tok.encode(text), args.repeat, clear)
             line = f"  {name:30s} {ms:8.1f} ms  {len(tok.encode(text)):6d} tokens"

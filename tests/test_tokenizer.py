@@ -340,13 +340,17 @@ def test_long_words_take_the_compiled_loop_with_the_same_result() -> None:
 
 @pytest.mark.real_model
 def test_smollm2_long_words_merge_alike_in_both_loops(smollm: Tokenizer) -> None:
-    from engine.tokenizer import _byte_encode
+    from engine.tokenizer.bpe import BpeEncoder
+    from engine.tokenizer.bpe import byte_encode as _byte_encode
+
+    bpe = smollm._encoder
+    assert isinstance(bpe, BpeEncoder)
 
     rng = random.Random(5)
     for alphabet in ("a", "ab", "thequickbrownfox", "日本語中文かな", "éèàç", "0123456789"):
         for n in (48, 300, 4000):
             word = "".join(rng.choice(alphabet) for _ in range(n))
-            assert smollm._bpe_long_word(word) == smollm._bpe_word(_byte_encode(word)), word[:20]
+            assert bpe.long_word(word) == bpe.word(_byte_encode(word)), word[:20]
 
 
 def test_llama3_ignore_merges_uses_whole_word_tokens() -> None:

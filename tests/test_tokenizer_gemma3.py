@@ -70,15 +70,18 @@ def test_gemma3_long_texts_merge_alike_in_the_compiled_and_python_loops(gemma: T
     Python loop on the real 262k vocabulary (joined llama.cpp strings, runs, mixed scripts)."""
     import random
 
-    from engine.tokenizer_merge import spm_merge
+    from engine.tokenizer.merge import spm_merge
+    from engine.tokenizer.spm import SpmEncoder
 
+    spm = gemma._encoder
+    assert isinstance(spm, SpmEncoder)
     rng = random.Random(4)
     joined = " ".join(it["text"] for it in TOKENIZE["items"])
     for text in (joined, "a" * 3000, "".join(rng.choice("ab ▁\n日本é") for _ in range(3000)),
                  "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(2000))):
         text = text.replace(" ", "▁")
-        python = [(gemma.token_id(p), p) for p in spm_merge(text, gemma._id_of, gemma._scores)[0]]
-        compiled = gemma._spm_compiled(text)
+        python = [(gemma.token_id(p), p) for p in spm_merge(text, gemma._id_of, spm.scores)[0]]
+        compiled = spm.compiled_pieces(text)
         assert [(t, p if t is None else "") for t, p in python] == compiled
     # and through encode: the joined strings tokenize as the pieces llama.cpp gave one by one
     assert gemma.decode(gemma.encode(joined)) == joined

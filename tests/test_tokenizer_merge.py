@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from engine.tokenizer_merge import bpe_merge, spm_merge
+from engine.tokenizer.merge import bpe_merge, spm_merge
 
 RANKS = {pair: r for r, pair in enumerate([
     ("a", "b"), ("b", "c"), ("ab", "c"), ("c", "c"), ("a", "a"), ("aa", "a"), (" ", "a"),

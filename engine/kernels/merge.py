@@ -1,4 +1,4 @@
-"""The tokenizer's merge loop, compiled: engine.tokenizer_merge's heap algorithm on symbol ids.
+"""The tokenizer's merge loop, compiled: engine.tokenizer.merge's heap algorithm on symbol ids.
 
     merge(sym, n, keys, prio, merged, n_pairs, nxt, prv, heap, pops) -> number of symbols left
 
@@ -14,7 +14,7 @@
 
 A popped entry is acted on only if the pair now at its position has the entry's priority: the
 pair there is then the lowest-keyed pair there is, and merging it is what a queue of exact
-entries would do at this step (engine.tokenizer_merge argues it; the tests compare the two).
+entries would do at this step (engine.tokenizer.merge argues it; the tests compare the two).
 Pair lookups are binary searches over `keys` (log2 of 50k merges: 16 steps).
 
 Why compiled: the Python loop costs ~2 us per merge, so a 64 KiB word (64k merges) takes
@@ -296,7 +296,7 @@ def _merge_fn() -> CFunction:
 
 
 def merge(symbols: np.ndarray, table: PairTable) -> tuple[np.ndarray, int]:
-    """int32 symbol ids -> (merged ids, heap pops). The compiled twin of tokenizer_merge's loops."""
+    """int32 symbol ids -> (merged ids, heap pops). The compiled twin of tokenizer.merge's loops."""
     sym = np.array(symbols, dtype=np.int32)  # a copy: the kernel merges in place
     n = len(sym)
     if n < 2 or len(table.keys) == 0:

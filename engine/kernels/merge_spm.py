@@ -1,4 +1,4 @@
-"""SentencePiece's merge loop, compiled: engine.tokenizer_merge.spm_merge on the text's bytes.
+"""SentencePiece's merge loop, compiled: engine.tokenizer.merge.spm_merge on the text's bytes.
 
     spm_merge(text, SpmVocab(texts, scores)) -> ([(token id or -1, first character)], heap pops)
 
@@ -258,7 +258,7 @@ def _spm_fn() -> CFunction:
 
 def spm_merge(text: str, vocab: SpmVocab) -> tuple[list[tuple[int, int]], int]:
     """SentencePiece's merge of `text`: [(token id or -1, index of its first character)] and the
-    heap pops it took. The compiled twin of engine.tokenizer_merge.spm_merge."""
+    heap pops it took. The compiled twin of engine.tokenizer.merge.spm_merge."""
     data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     starts = np.flatnonzero((data & 0xC0) != 0x80)  # the first byte of each character
     n = len(starts)

@@ -20,15 +20,20 @@ import heapq
 from collections.abc import Mapping, Sequence
 
 
+def _linked(n: int) -> tuple[list[int], list[int]]:
+    """The next and previous position of each of n symbols in a row (-1: none)."""
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    return nxt, list(range(-1, n - 1))
+
+
 def bpe_merge(parts: Sequence[str], ranks: Mapping[tuple[str, str], int]) -> tuple[list[str], int]:
     """Merge `parts` (one byte symbol each) by `ranks`; returns (merged parts, heap pops)."""
     sym = list(parts)                    # symbol text; "" once merged into its left neighbour
     n = len(sym)
     if n < 2:
         return sym, 0
-    nxt = list(range(1, n + 1))
-    nxt[-1] = -1
-    prv = list(range(-1, n - 1))
+    nxt, prv = _linked(n)
     get = ranks.get
     heap = [(r, i) for i in range(n - 1) if (r := get((sym[i], sym[i + 1]))) is not None]
     heapq.heapify(heap)
@@ -63,9 +68,7 @@ def spm_merge(text: str, id_of: Mapping[str, int], scores: Sequence[float]) -> t
     n = len(sym)
     if n < 2:
         return sym, 0
-    nxt = list(range(1, n + 1))
-    nxt[-1] = -1
-    prv = list(range(-1, n - 1))
+    nxt, prv = _linked(n)
     get = id_of.get
     heap: list[tuple[float, int, str]] = []
     for i in range(n - 1):
@@ -112,7 +115,7 @@ class CompiledBpe:
                  n_vocab: int, byte_chars: Sequence[str]) -> None:
         import numpy as np
 
-        from .kernels.merge import PairTable
+        from ..kernels.merge import PairTable
 
         self.n_vocab = n_vocab
         self.extra: list[str] = []         # texts of ids n_vocab, n_vocab + 1, ...
@@ -136,7 +139,7 @@ class CompiledBpe:
         """Symbol ids after merging the word (its UTF-8 bytes), and the heap pops it took."""
         import numpy as np
 
-        from .kernels.merge import merge
+        from ..kernels.merge import merge
 
         ids, pops = merge(self.byte_ids[np.frombuffer(word_bytes, dtype=np.uint8)], self.table)
         return ids.tolist(), pops

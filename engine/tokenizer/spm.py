@@ -1,0 +1,65 @@
+"""SentencePiece as llama.cpp runs it (`tokenizer.ggml.model` = llama, its SPM).
+
+    text (spaces already U+2581) -> single characters -> merge the adjacent pair whose
+    concatenation is the highest-scoring token (leftmost on ties) -> characters no token covers
+    fall back to <0xXX> byte tokens (or the unknown token)
+
+Short texts merge in Python (engine/tokenizer/merge.py's spm_merge), long ones in its compiled
+twin (engine/kernels/merge_spm.py); both give the same ids (tested).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .merge import spm_merge
+
+if TYPE_CHECKING:
+    from ..kernels.merge_spm import SpmVocab
+
+COMPILED_SPM_MIN = 256  # texts this long merge in the compiled loop (shorter: the call costs more)
+
+
+class SpmEncoder:
+    """One vocabulary's SentencePiece merges. Thread-safe, like BpeEncoder."""
+
+    def __init__(self, texts: list[str], scores: list[float], id_of: dict[str, int],
+                 unk_id: int | None) -> None:
+        self.scores = scores
+        self.unk_id = unk_id
+        self._texts = texts
+        self._id_of = id_of
+        self._byte_ids = [id_of.get(f"<0x{b:02X}>", id_of.get(chr(b)) if b < 0x80 else None)
+                          for b in range(256)]
+        self._spm_vocab: SpmVocab | None = None  # built when a long text first needs it
+
+    def encode(self, text: str) -> list[int]:
+        """llama.cpp's SPM: start from single characters; repeatedly merge the adjacent pair whose
+        concatenation is a token with the highest score (leftmost on ties); characters left
+        without a token become <0xXX> byte tokens."""
+        id_of = self._id_of
+        if len(text) >= COMPILED_SPM_MIN:
+            pieces = self.compiled_pieces(text)
+        else:
+            pieces = [(id_of.get(p), p) for p in spm_merge(text, id_of, self.scores)[0]]
+        out: list[int] = []
+        for tid, piece in pieces:
+            if tid is not None:
+                out.append(tid)
+            else:
+                for b in piece.encode("utf-8"):
+                    bid = self._byte_ids[b]
+                    if bid is None:
+                        bid = self.unk_id
+                    if bid is not None:
+                        out.append(bid)
+        return out
+
+    def compiled_pieces(self, text: str) -> list[tuple[int | None, str]]:
+        """spm_merge in the compiled loop: (token id, or None and the lone character)."""
+        from ..kernels.merge_spm import SpmVocab, spm_merge as compiled_spm_merge
+
+        vocab = self._spm_vocab
+        if vocab is None:  # ~0.3 s for 262k tokens, paid by the first long text, not the load
+            vocab = self._spm_vocab = SpmVocab(self._texts, self.scores)
+        symbols, _ = compiled_spm_merge(text, vocab)
+        return [(tid, "") if tid >= 0 else (None, text[start]) for tid, start in symbols]
