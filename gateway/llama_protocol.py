@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .protocol import ChatMessage, KeepAlive, _check_keep_alive
+from .protocol import ChatMessage, KeepAlive
+from .protocol.base import _check_keep_alive
 
 MAX_N_PROBS = 20
 

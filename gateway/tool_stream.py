@@ -15,7 +15,7 @@ import uuid
 from engine.tool_formats import Reply, ToolFormat
 
 from . import protocol as p
-from .protocol_tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
+from .protocol.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
 
 
 def new_call_id() -> str:

@@ -1,4 +1,4 @@
-"""OpenAI's request and response pieces for tools and structured output (protocol.py uses them).
+"""OpenAI's request and response pieces for tools and structured output (chat.py uses them).
 
 Ordered like OpenAI's reference: tool definitions, tool_choice, response_format, the calls an
 assistant message carries (in history and in responses), and their streaming deltas.
