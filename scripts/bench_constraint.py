@@ -90,7 +90,7 @@ def bench_model(path: Path, steps: int, threads: int) -> dict:
     from engine.constraint import Constraint, MaskFiller, TokenizerAdapter, json_schema_grammar
     from engine.gguf import GGUFFile
     from engine.tokenizer import Tokenizer
-    from tests.test_tools_api import SCHEMAS
+    from tests.support.schemas import SCHEMAS
 
     out: dict = {"model": path.name}
     try:

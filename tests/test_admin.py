@@ -14,49 +14,13 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.config import Config, ModelEntry, load_config
 from gateway.state import app_state
-from tests.ggufgen import write_servable
-
-MB = 1 << 20
-
-
-class FakeServed:
-    """Shaped like served_model.ServedModel: it reports the counts of its queue and slots
-    (test_scheduler.py checks that the real one reads them from its scheduler)."""
-
-    def __init__(self, entry: ModelEntry) -> None:
-        self.entry = entry
-        self.memory_bytes = 3 * MB
-        self.queued = 0
-        self.active = 0
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class Loader:
-    def __init__(self) -> None:
-        self.loaded: list[FakeServed] = []
-
-    def __call__(self, entry: ModelEntry) -> FakeServed:
-        served = FakeServed(entry)
-        self.loaded.append(served)
-        return served
+from tests.support.fakes import MB, Loader
+from tests.support.ggufgen import write_servable
 
 
 def write(path: Path, data: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-@pytest.fixture
-def config_path(tmp_path: Path) -> Path:
-    for name in ("a", "b"):
-        write_servable(tmp_path / f"{name}.gguf")
-    return write(tmp_path / "modelyard.yaml", {"models": [
-        {"model": "a.gguf", "aliases": ["a", "org/a"], "n_ctx": 512},
-        {"model": "b.gguf", "aliases": ["b"]},
-    ]})
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The OpenAI API end to end: a real Hypercorn server on a loopback port, the official client.
 
-Models: two tiny random-weight GGUFs written by tests/ggufgen.py and the real SmolLM2. Random
+Models: two tiny random-weight GGUFs written by tests/support/ggufgen.py and the real SmolLM2. Random
 models say nothing sensible, so expectations come from elsewhere: the OpenAI schema (the client
 parses every response), llama.cpp's reference output for SmolLM2, and consistency between
 endpoints (a stream's text equals the same request's whole response; a stop string cuts the
@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import gc
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,56 +24,18 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import yaml
 from gguf import GGMLQuantizationType
 
-from gateway.app import create_app
-from gateway.config import load_config
 from gateway.served_model import load_served_model
-from gateway.state import app_state
-from tests.ggufgen import write_tiny_llama
-from tests.refs import REFS_DIR
-from tests.servers import ThreadedServer, free_port
+from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
+from tests.support.refs import REFS_DIR
+from tests.support.servers import Server, free_port, rss_bytes, write_config
 
 pytestmark = pytest.mark.real_model
 
 REFS = json.loads((REFS_DIR / "greedy.json").read_text())
 SMOL_EOG = {"0": -100, "2": -100, "4": -100}    # SmolLM2's end-of-generation ids, banned
-TINY_SPECIAL = {"0": -100, "1": -100, "2": -100}  # the tiny models' special tokens, banned
 TINY_A_CTX = 96
-
-
-# ------------------------------------------------------------------ a server in a thread
-
-class Server(ThreadedServer):
-    """create_app(config) served by Hypercorn on 127.0.0.1 from a background thread."""
-
-    def __init__(self, config_path: Path, loader: Any = load_served_model) -> None:
-        self.config = load_config(config_path)
-        super().__init__(create_app(self.config, loader=loader))
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0,
-                                    timeout=120)
-
-    def start(self) -> Server:
-        self.start_serving()
-        return self
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        """Registry state by first alias, read on the server's own event loop."""
-        async def read() -> list[dict[str, Any]]:
-            return app_state(self.app).registry.snapshot()
-
-        return {row["aliases"][0]: row for row in self.on_loop(read())}
-
-    def wait_until(self, predicate: Any, timeout: float = 20.0) -> dict[str, dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            snap = self.snapshot()
-            if predicate(snap):
-                return snap
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not reached; registry: {snap}")
-            time.sleep(0.05)
 
 
 def counting_loader(counter: Counter[str]) -> Any:
@@ -94,22 +55,12 @@ def counting_loader(counter: Counter[str]) -> Any:
     return load
 
 
-def write_config(path: Path, data: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("models")
     a = write_tiny_llama(d / "tiny_a.gguf", qtype=GGMLQuantizationType.Q8_0, seed=1)
     b = write_tiny_llama(d / "tiny_b.gguf", qtype=GGMLQuantizationType.Q4_0, seed=2)
     return a, b
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def user(text: str) -> list[dict[str, str]]:
@@ -428,7 +379,7 @@ def server_tokenizer_text(ids: list[int]) -> str:
     from gguf import GGUFReader
 
     from engine.default_model import default_model_path
-    from tests.ggufgen import byte_to_unicode
+    from tests.support.ggufgen import byte_to_unicode
 
     field = GGUFReader(default_model_path()).fields["tokenizer.ggml.tokens"]
     u2b = {u: b for b, u in byte_to_unicode().items()}

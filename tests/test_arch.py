@@ -12,7 +12,7 @@ import pytest
 import engine
 from engine.gguf import ModelLoadError, read_header
 from engine.hparams import HParams
-from tests.refs import SYNTH_DIR
+from tests.support.refs import SYNTH_DIR
 
 
 def meta_of(name: str) -> dict:

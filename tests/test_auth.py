@@ -16,8 +16,8 @@ import yaml
 
 from gateway.app import create_app
 from gateway.config import load_config
-from tests.ggufgen import write_tiny_llama
-from tests.servers import ThreadedServer
+from tests.support.ggufgen import write_tiny_llama
+from tests.support.servers import ThreadedServer
 
 ALICE, BOB, ADMIN = "sk-alice-0123456789", "sk-bob-abcdefghij", "sk-admin-zyxwvut"
 NO_EOG = {"0": -100, "1": -100, "2": -100}  # the tiny model's special tokens, banned

@@ -1,6 +1,6 @@
 """Continuous batching (engine/batch.py, and the server around it).
 
-Part 1 drives BatchRunner over the scripted model (tests/scripted_model.py): slot choice, the
+Part 1 drives BatchRunner over the scripted model (tests/support/scripted_model.py): slot choice, the
 prompt cache, shared prompts, the per-step budget, context end, cancellation, failures.
 Part 2 uses SmolLM2: a sequence's tokens must not depend on what else is in the batch; the
 independent expectation is the engine's own one-sequence path (Model.stream).
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,11 @@ import pytest
 import engine
 from engine.batch import MIN_PREFILL, BatchRunner, Embedding, Sequence, State, StepError, common_prefix
 from engine.sampling import SamplingParams
-from tests.scripted_model import FAIL, SEP, START, ScriptedModel, letters, script
+from tests.support.batch_checks import alone, assert_same_or_near_tie, run_all
+from tests.support.scripted_model import FAIL, SEP, START, ScriptedModel, letters, script
+from tests.support.sse import sse_data
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def run_all(runner: BatchRunner, max_steps: int = 10_000) -> int:
-    steps = 0
-    while runner.busy:
-        runner.step()
-        steps += 1
-        assert steps < max_steps
-    return steps
 
 
 def text_of(seq: Sequence) -> str:
@@ -265,24 +257,10 @@ def chat_ids(model: Any, text: str) -> list[int]:
     return list(model.tokenizer.encode(rendered, parse_special=True))
 
 
-def alone(model: Any, ids: list[int], params: SamplingParams, n: int = N_NEW) -> list[int]:
-    """The engine's one-sequence path: slot 0, nothing else evaluated alongside."""
-    return [s.token for s in model.stream(ids, params, n, stop_at_eog=False)]
-
-
-def assert_same_or_near_tie(model: Any, ids: list[int], expected: list[int], got: list[int]) -> None:
-    if got == expected:
-        return
-    k = next(i for i, (a, b) in enumerate(zip(expected, got)) if a != b)
-    logits = model.logits(ids + expected[:k])[-1]                       # [n_vocab]
-    gap = abs(float(logits[expected[k]] - logits[got[k]]))
-    assert gap < 0.05, f"split at token {k}: {expected[k]} vs {got[k]}, logit gap {gap:.3f}"
-
-
 @pytest.mark.slow
 def test_greedy_tokens_do_not_depend_on_the_batch(smol):
     prompts = [chat_ids(smol, t) for t in PROMPTS]
-    expected = [alone(smol, ids, GREEDY) for ids in prompts]
+    expected = [alone(smol, ids, GREEDY, N_NEW) for ids in prompts]
     runner = BatchRunner(smol, prefill_budget=48)
     seqs = [Sequence(ids, params=GREEDY, max_tokens=N_NEW, stop_at_eog=False) for ids in prompts]
     for seq in seqs[:3]:                    # the rest arrive while these are running
@@ -306,7 +284,7 @@ def test_greedy_tokens_do_not_depend_on_the_batch(smol):
 def test_seeded_sampling_is_reproducible_per_request(smol):
     prompts = [chat_ids(smol, t) for t in PROMPTS]
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i) for i in range(8)]
-    expected = [alone(smol, ids, p) for ids, p in zip(prompts, params)]
+    expected = [alone(smol, ids, p, N_NEW) for ids, p in zip(prompts, params)]
     runner = BatchRunner(smol)
     seqs = [Sequence(ids, params=p, max_tokens=N_NEW, stop_at_eog=False)
             for ids, p in zip(prompts, params)]
@@ -328,7 +306,7 @@ def test_shared_prompt_and_prompt_cache_on_the_real_model(smol):
     run_all(runner)
     leader, *copies = sorted(seqs, key=lambda s: s.cached)
     assert leader.cached < 8 and [s.cached for s in copies] == [len(ids) - 1] * 2
-    expected = alone(smol, ids, GREEDY)
+    expected = alone(smol, ids, GREEDY, N_NEW)
     assert [s.generated for s in seqs] == [expected] * 3
     # the next turn continues the first conversation: only the new part is read
     reply = smol.tokenizer.decode(expected)
@@ -360,7 +338,7 @@ def test_batched_embedding_equals_the_engine_s(smol):
 
 @pytest.fixture(scope="module")
 def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
-    from tests.test_api import Server, write_config
+    from tests.support.servers import Server, write_config
 
     config = write_config(tmp_path_factory.mktemp("cfg") / "modelyard.yaml", {
         "models": [{"model": str(smollm2_path), "aliases": ["smollm2"], "n_ctx": 2048,
@@ -370,18 +348,6 @@ def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
     yield srv
     srv.stop()
 
-
-def sse_data(response: httpx.Response) -> Iterator[str]:
-    """The `data:` payloads of an event stream. Only CR and LF end a line in SSE; generated text
-    may hold U+2028 or U+0085 unescaped (valid JSON), which httpx's iter_lines would split at."""
-    buffer = b""
-    for piece in response.iter_bytes():
-        buffer += piece
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            line = line.rstrip(b"\r")
-            if line.startswith(b"data: "):
-                yield line[6:].decode()
 
 
 def stream_chat(url: str, body: dict[str, Any], events: list[tuple[float, dict[str, Any]]]) -> None:

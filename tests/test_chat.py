@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from engine.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
-from tests.refs import REFS_DIR
+from tests.support.refs import REFS_DIR
 
 REFS = REFS_DIR / "greedy.json"
 
@@ -19,11 +19,9 @@ def _gguf_string(path: Path, key: str) -> str:
 
 
 @pytest.mark.real_model
-def test_smollm2_template_from_gguf_matches_llama_cpp_prompt():
-    from engine.default_model import default_model_path
-
+def test_smollm2_template_from_gguf_matches_llama_cpp_prompt(smollm2_path):
     ref = json.loads(REFS.read_text())["chat"]
-    source = _gguf_string(default_model_path(), "tokenizer.chat_template")
+    source = _gguf_string(smollm2_path, "tokenizer.chat_template")
     rendered = ChatTemplate(source).render(ref["messages"])
     assert rendered == ref["templated_prompt"]
 

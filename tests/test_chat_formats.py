@@ -15,7 +15,7 @@ import pytest
 
 from engine.chat import ChatTemplate
 from engine.chat_formats import BUILTIN_TEMPLATES, FORMAT_NAMES, builtin_name, choose_template, guess_format
-from tests.refs import GEMMA3_DIR
+from tests.support.refs import GEMMA3_DIR
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Why?"}]

@@ -12,7 +12,7 @@ import pytest
 from gateway.config import Config, ConfigError, ModelEntry, ModelNotFoundError, load_config
 from gateway.config.reload import RELOAD, RESTART, marked, unmarked
 from gateway.units import format_duration, format_size, parse_duration, parse_size
-from tests.ggufgen import write_servable
+from tests.support.ggufgen import write_servable
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB, MiB = 1 << 30, 1 << 20

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.watch import WatchOptions
-from tests.ggufgen import write_tiny_llama
-from tests.servers import ThreadedServer
+from tests.support.ggufgen import write_tiny_llama
+from tests.support.servers import ThreadedServer
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
@@ -281,8 +281,8 @@ APP_KEY = "sk-console-app-77d2a0"
 
 
 def test_the_page_asks_for_a_key_on_401_sends_it_and_never_shows_it(browser, tmp_path):
-    from tests.ggufgen import write_servable
-    from tests.test_admin import Loader
+    from tests.support.fakes import Loader
+    from tests.support.ggufgen import write_servable
 
     class SlowLoader(Loader):
         def __call__(self, entry: Any) -> Any:

@@ -1,7 +1,7 @@
 """The console's server side, without a browser: the page from memory, and /admin/events.
 
 The event stream is read from a real server (Hypercorn in a thread) with httpx, as the page
-reads it; the models load through test_admin's instant fake loader.
+reads it; the models load through tests/support/fakes.py's instant fake loader.
 """
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from starlette.testclient import TestClient
 from gateway import console
 from gateway.app import create_app
 from gateway.config import load_config
-from tests.servers import ThreadedServer
-from tests.test_admin import Loader, config_path  # noqa: F401 - the fixture is used below
+from tests.support.fakes import Loader
+from tests.support.servers import ThreadedServer
 
 STATIC = Path(console.__file__).with_name("static")
 
 
 @pytest.fixture
-def client(config_path: Path) -> Iterator[TestClient]:  # noqa: F811
+def client(config_path: Path) -> Iterator[TestClient]:
     with TestClient(create_app(load_config(config_path), loader=Loader())) as c:
         yield c
 

@@ -25,8 +25,8 @@ from engine.constraint import (
     lark_grammar,
 )
 from engine.sampling import NonFiniteLogitsError, Sampler, SamplingParams
-from tests.fake_vocab import ByteVocabulary
-from tests.ggufgen import write_tiny_llama
+from tests.support.fake_vocab import ByteVocabulary
+from tests.support.ggufgen import write_tiny_llama
 
 VOCAB = ByteVocabulary(["<|python_tag|>"])
 

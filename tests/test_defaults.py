@@ -13,8 +13,8 @@ from gateway import defaults
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.served_model import load_served_model
-from tests.ggufgen import write_tiny_llama
-from tests.servers import ThreadedServer
+from tests.support.ggufgen import write_tiny_llama
+from tests.support.servers import ThreadedServer
 
 
 def test_gguf_sampling_keys_are_read_and_nonsense_is_ignored() -> None:

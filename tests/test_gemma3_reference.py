@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import engine
-from tests.refs import GEMMA3_DIR
+from tests.support.refs import GEMMA3_DIR
 
 pytestmark = pytest.mark.real_model
 

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
 from engine.gguf import GGUFFile, ModelLoadError, read_header
-from tests.ggufgen import tensor_type_field, write_tiny_llama
+from tests.support.ggufgen import tensor_type_field, write_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.ggufgen import write_tiny_llama
-from tests.test_api import TINY_SPECIAL, Server, write_config
+from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
+from tests.support.servers import Server, write_config
 
 MiB = 1024 * 1024
 

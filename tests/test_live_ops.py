@@ -1,5 +1,5 @@
 """Live operations on a running server: Hypercorn on a loopback port, a real config file, tiny
-random-weight GGUF models (tests/ggufgen.py) served by the real engine and scheduler.
+random-weight GGUF models (tests/support/ggufgen.py) served by the real engine and scheduler.
 
 A "stream in progress" is made deterministic by holding it: requests that ask for exactly
 HOLD_TOKENS tokens get their first event at once and the rest only when the test opens the gate,
@@ -30,8 +30,8 @@ from gateway.config import load_config
 from gateway.metrics import NULL_METRICS, MetricsSink, loader_with_metrics
 from gateway.served_model import load_served_model
 from gateway.watch import WatchOptions
-from tests.ggufgen import write_tiny_llama
-from tests.servers import ThreadedServer, free_port
+from tests.support.ggufgen import write_tiny_llama
+from tests.support.servers import ThreadedServer, free_port
 
 HOLD_TOKENS = 17
 TINY_SPECIAL = {"0": -100, "1": -100, "2": -100}  # the tiny models' special tokens, banned

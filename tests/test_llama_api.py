@@ -15,8 +15,8 @@ import yaml
 
 from gateway.app import create_app
 from gateway.config import load_config
-from tests.refs import REFS_DIR
-from tests.servers import ThreadedServer
+from tests.support.refs import REFS_DIR
+from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.real_model
 

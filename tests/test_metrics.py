@@ -24,7 +24,7 @@ from gateway.metrics import (
     loader_with_metrics,
 )
 from gateway.registry import Registry
-from tests.ggufgen import write_servable
+from tests.support.ggufgen import write_servable
 
 MB = 1 << 20
 

@@ -1,5 +1,5 @@
 """The engine's forward pass on tiny random-weight models, every tensor type, against the plain
-numpy reference in tests/reference_model.py (gguf-py's dequantization, float64, no KV cache)."""
+numpy reference in tests/support/reference_model.py (gguf-py's dequantization, float64, no KV cache)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +10,8 @@ from gguf import GGMLQuantizationType as Q
 
 import engine
 from engine.model import Chunk
-from tests.ggufgen import tensor_type_field, write_tiny_llama
-from tests.reference_model import ReferenceModel
+from tests.support.ggufgen import tensor_type_field, write_tiny_llama
+from tests.support.reference_model import ReferenceModel
 
 SUPER_BLOCKS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}  # rows of 256-value blocks
 ALL_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL, Q.Q2_K, Q.Q3_K,

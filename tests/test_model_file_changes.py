@@ -16,9 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.ggufgen import write_tiny_llama
-from tests.servers import ServerProcess
-from tests.test_api import TINY_SPECIAL
+from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
+from tests.support.servers import ServerProcess
 
 
 def test_a_fault_in_a_guarded_mapping_reads_zeros_instead_of_killing_the_process(

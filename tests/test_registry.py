@@ -4,59 +4,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError, RegistrySettings
 from gateway.lifecycle import InvalidTransition, ModelState, advance
 from gateway.registry import ModelLoadFailedError, Registry, RegistryBusyError
-
-T = TypeVar("T")
-MB = 1 << 20
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-class FakeModel:
-    def __init__(self, entry: ModelEntry, memory_bytes: int):
-        self.entry = entry
-        self.memory_bytes = memory_bytes
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class RecordingLoader:
-    """Loads instantly (or when `gate` opens); fails for the names in `fail`."""
-
-    def __init__(self, sizes: dict[str, int] | None = None):
-        self.sizes = sizes or {}
-        self.loads: list[str] = []
-        self.models: list[FakeModel] = []
-        self.fail: dict[str, Exception] = {}
-        self.gate: threading.Event | None = None
-
-    def __call__(self, entry: ModelEntry) -> FakeModel:  # runs in a worker thread
-        if self.gate is not None:
-            self.gate.wait(10)
-        self.loads.append(entry.name)
-        if entry.name in self.fail:
-            raise self.fail.pop(entry.name)
-        model = FakeModel(entry, self.sizes.get(entry.name, MB))
-        self.models.append(model)
-        return model
-
-    def estimate(self, entry: ModelEntry) -> int:
-        return self.sizes.get(entry.name, MB)
-
-    def closed(self) -> list[str]:
-        return [m.entry.name for m in self.models if m.closed]
+from tests.support.fakes import MB, FakeModel, RecordingLoader, run, state
 
 
 def make_config(tmp_path: Path, *names: str, pinned: tuple[str, ...] = (),
@@ -68,11 +25,6 @@ def make_config(tmp_path: Path, *names: str, pinned: tuple[str, ...] = (),
 
 def make_registry(config: Config, loader: RecordingLoader) -> Registry:
     return Registry(config, loader=loader, estimator=loader.estimate)
-
-
-def state(registry: Registry, name: str) -> str:
-    [row] = [r for r in registry.snapshot() if name in r["aliases"] and not r["retiring"]]
-    return str(row["state"])
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

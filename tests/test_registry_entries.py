@@ -10,9 +10,9 @@ import pytest
 
 from gateway.config import Config, ModelEntry, RegistrySettings
 from gateway.registry import Registry
-from tests.ggufgen import write_tiny_llama
-from tests.test_api import TINY_SPECIAL, Server
-from tests.test_registry import MB, FakeModel, RecordingLoader, run, state
+from tests.support.fakes import MB, FakeModel, RecordingLoader, run, state
+from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
+from tests.support.servers import Server
 
 
 class MappedLoader(RecordingLoader):
@@ -184,7 +184,7 @@ def test_non_finite_logits_fail_the_requests_and_mark_the_model_broken() -> None
     import engine
     from gateway.generation import GenerationRequest, ModelBrokenError
     from gateway.scheduler import Scheduler
-    from tests.scripted_model import ScriptedModel, letters, script
+    from tests.support.scripted_model import ScriptedModel, letters, script
 
     model = ScriptedModel(n_slots=2)
     inner = model.transformer.forward

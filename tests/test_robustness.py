@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from engine.gguf import GGUFFile
 from gateway.app import create_app
 from gateway.config import load_config
-from tests.ggufgen import write_tiny_llama
+from tests.support.ggufgen import write_tiny_llama
 
 
 def _poison(path: Path, tensor: str) -> None:
@@ -64,7 +64,7 @@ def test_a_full_queue_is_a_503_before_a_stream_starts(tmp_path: Path) -> None:
     503 with Retry-After, not an error event inside a 200 stream."""
     import httpx
 
-    from tests.servers import ThreadedServer
+    from tests.support.servers import ThreadedServer
 
     write_tiny_llama(tmp_path / "tiny.gguf", qtype=Q.Q8_0, seed=3)
     cfg = tmp_path / "config.yaml"

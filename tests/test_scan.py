@@ -22,7 +22,7 @@ from engine.gguf import ModelLoadError, read_header
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.scan import FoundModel, assign_aliases, clean_name, format_count, main, scan_dir
-from tests.ggufgen import write_tiny_llama
+from tests.support.ggufgen import write_tiny_llama
 
 Q = GGMLQuantizationType
 SPLIT_PARTS = ["split-00001-of-00003.gguf", "split-00002-of-00003.gguf",

@@ -1,4 +1,4 @@
-"""The scheduler against a scripted stand-in model (tests/scripted_model.py); the real engine is
+"""The scheduler against a scripted stand-in model (tests/support/scripted_model.py); the real engine is
 tested in test_batching and test_api."""
 import asyncio
 import dataclasses
@@ -20,7 +20,7 @@ from gateway.generation import (
 )
 from gateway.scheduler import HANDOFF_ROUNDS, Generation, Scheduler
 from gateway.stop_strings import StopScanner
-from tests.scripted_model import FAIL, SEP, ScriptedModel, ScriptedTokenizer, letters, script
+from tests.support.scripted_model import FAIL, SEP, ScriptedModel, ScriptedTokenizer, letters, script
 
 # ------------------------------------------------------------------ StopScanner
 

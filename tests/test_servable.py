@@ -18,7 +18,7 @@ from engine.servable import why_not_servable
 from gateway.config import Config, ConfigError, ModelEntry, RegistrySettings, load_config
 from gateway.registry import ModelLoadFailedError, Registry
 from gateway.scan import scan_dir
-from tests.ggufgen import tensor_type_field, write_servable, write_tiny_llama
+from tests.support.ggufgen import tensor_type_field, write_servable, write_tiny_llama
 
 
 def _value_at(data: bytes, key: str) -> int:

@@ -19,7 +19,8 @@ import pytest
 import engine
 from engine.batch import BatchRunner, Sequence
 from engine.sampling import SamplingParams
-from tests.test_batching import alone, assert_same_or_near_tie, run_all, sse_data
+from tests.support.batch_checks import alone, assert_same_or_near_tie, run_all
+from tests.support.sse import sse_data
 
 pytestmark = pytest.mark.real_model
 
@@ -105,7 +106,7 @@ def test_a_batch_past_the_ring_gives_the_tokens_of_a_lone_sequence(gemma):
 
 @pytest.fixture(scope="module")
 def server(smollm2_path: Path, gemma3_path: Path, tmp_path_factory: pytest.TempPathFactory):
-    from tests.test_api import Server, write_config
+    from tests.support.servers import Server, write_config
 
     config = write_config(tmp_path_factory.mktemp("cfg") / "modelyard.yaml", {
         "models": [

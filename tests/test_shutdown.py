@@ -13,9 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.ggufgen import write_tiny_llama
-from tests.servers import ServerProcess
-from tests.test_api import TINY_SPECIAL
+from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
+from tests.support.servers import ServerProcess
 
 N_STREAMS = 8
 N_TOKENS = 900

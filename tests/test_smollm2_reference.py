@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import engine
-from tests.refs import REFS_DIR
+from tests.support.refs import REFS_DIR
 
 pytestmark = pytest.mark.real_model
 

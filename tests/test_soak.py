@@ -21,9 +21,9 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from gateway.state import app_state
-from tests.ggufgen import SAMPLE, write_tiny_llama
-from tests.test_api import Server, rss_bytes, write_config
-from tests.test_batching import sse_data
+from tests.support.ggufgen import SAMPLE, write_tiny_llama
+from tests.support.servers import Server, rss_bytes, write_config
+from tests.support.sse import sse_data
 
 pytestmark = pytest.mark.slow
 

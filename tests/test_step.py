@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as Q
 import engine
 from engine.kernels import tasks
 from engine.model import Chunk
-from tests.ggufgen import write_tiny_llama
+from tests.support.ggufgen import write_tiny_llama
 
 PROMPT = "hello world, the quick brown fox jumps over the lazy dog"
 

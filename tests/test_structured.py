@@ -47,7 +47,7 @@ def test_a_valid_schema_passes():
 def test_an_integer_without_bounds_ends_within_the_safe_range():
     from engine.constraint import TokenizerAdapter, json_schema_grammar
     from gateway.structured import SAFE_INTEGER
-    from tests.fake_vocab import ByteVocabulary
+    from tests.support.fake_vocab import ByteVocabulary
 
     schema = {"type": "object", "properties": {"n": {"type": "integer"},
                                               "m": {"type": ["integer", "null"], "minimum": 0}},

@@ -4,7 +4,7 @@ tests/data/synth (README there: how they were made, each family's rules, how clo
 llama.cpp made these references with flash attention off, so the engine runs them with
 flash_attn=False (its attention_rounded path: q and the probabilities rounded to f16, as ggml's
 plain path does); the tolerances are the manifest's own. The float64 reference of
-tests/reference_model.py checks the same rules independently of both.
+tests/support/reference_model.py checks the same rules independently of both.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 
 import engine
 from engine.model import Chunk
-from tests.reference_model import ReferenceModel
-from tests.refs import SYNTH_DIR
+from tests.support.reference_model import ReferenceModel
+from tests.support.refs import SYNTH_DIR
 
 MANIFEST = json.loads((SYNTH_DIR / "manifest.json").read_text())
 ENTRIES = {e["file"][:-len(".gguf")]: e for e in MANIFEST["models"] if e["arch"] != "llama"}

@@ -17,8 +17,8 @@ import engine
 from engine.ggml_types import GGMLQuantizationType as Q
 from engine.kernels import jit
 from engine.model import Chunk
-from tests.ggufgen import tensor_type_field
-from tests.refs import SYNTH_DIR
+from tests.support.ggufgen import tensor_type_field
+from tests.support.refs import SYNTH_DIR
 
 MANIFEST = json.loads((SYNTH_DIR / "manifest.json").read_text())
 ENTRIES = {e["file"][:-len(".gguf")]: e for e in MANIFEST["models"] if e["arch"] == "llama"}

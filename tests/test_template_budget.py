@@ -11,8 +11,8 @@ import pytest
 
 from engine.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from gateway.state import app_state
-from tests.ggufgen import write_tiny_llama
-from tests.test_api import TINY_SPECIAL, Server, write_config
+from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
+from tests.support.servers import Server, write_config
 
 NESTED_LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]

@@ -11,12 +11,13 @@ import itertools
 import json
 import logging
 import random
+from pathlib import Path
 
 import pytest
 
 from engine.tokenizer import KNOWN_PRE_TOKENIZERS, SPM_SPACE, Tokenizer, TokenType
-from tests.ggufgen import byte_to_unicode
-from tests.refs import REFS_DIR
+from tests.support.ggufgen import byte_to_unicode
+from tests.support.refs import REFS_DIR
 
 REFS = REFS_DIR
 TOKENIZE = json.loads((REFS / "tokenize.json").read_text())
@@ -29,13 +30,11 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = (TokenType.NORMAL, TokenType.UNKN
 
 # -- the real vocabulary ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def smollm_meta() -> dict[str, object]:
+def smollm_meta(smollm2_path: Path) -> dict[str, object]:
     """tokenizer.* metadata read with gguf-py itself, not with our reader."""
     from gguf import GGUFReader
 
-    from engine.default_model import default_model_path
-
-    reader = GGUFReader(default_model_path())
+    reader = GGUFReader(smollm2_path)
     return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 

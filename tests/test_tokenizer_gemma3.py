@@ -11,7 +11,7 @@ import json
 import pytest
 
 from engine.tokenizer import Tokenizer
-from tests.refs import GEMMA3_DIR
+from tests.support.refs import GEMMA3_DIR
 
 TOKENIZE = json.loads((GEMMA3_DIR / "tokenize.json").read_text())
 GREEDY = json.loads((GEMMA3_DIR / "greedy.json").read_text())

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from engine.tokenizer import Tokenizer
-from tests.refs import SYNTH_DIR
+from tests.support.refs import SYNTH_DIR
 
 MANIFEST = json.loads((SYNTH_DIR / "manifest.json").read_text())
 SAMPLES = [(m["file"], s) for m in MANIFEST["models"] for s in m["tokenize_samples"]]

@@ -27,7 +27,7 @@ from engine.tool_formats import (
     detect,
 )
 from gateway.tool_stream import ReplyReader
-from tests.fake_vocab import ByteVocabulary
+from tests.support.fake_vocab import ByteVocabulary
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 SPECIALS = ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "[TOOL_CALLS]",

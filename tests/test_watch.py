@@ -20,7 +20,7 @@ from gateway.config import Config, load_config
 from gateway.metrics import Metrics
 from gateway.registry import Registry
 from gateway.watch import ConfigWatcher, Reloader, WatchOptions
-from tests.ggufgen import write_servable
+from tests.support.ggufgen import write_servable
 
 T = TypeVar("T")
 MB = 1 << 20

@@ -19,8 +19,8 @@ from gateway.config import ConfigError, load_config
 from gateway.scan import main as scan_main
 from gateway.watch import WatchOptions
 from gateway.zeroconf import config_for_dir, config_for_files, dir_loader
-from tests.ggufgen import write_tiny_llama
-from tests.servers import ThreadedServer
+from tests.support.ggufgen import write_tiny_llama
+from tests.support.servers import ThreadedServer
 
 REPO = Path(__file__).parent.parent
 

@@ -1,5 +1,6 @@
-"""Servers for tests: a Starlette app served by Hypercorn on 127.0.0.1 from a background thread,
-or `modelyard serve` in a child process."""
+"""Servers for tests: a Starlette app served by Hypercorn on 127.0.0.1 from a background thread
+(Server: the gateway for a config file, with an OpenAI client), or `modelyard serve` in a child
+process."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+import yaml
+
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.served_model import load_served_model
+from gateway.state import app_state
 
 
 def free_port() -> int:
@@ -86,7 +94,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - open while the server runs; stop() closes it
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path),
              "--port", str(self.port), "--no-watch"],
@@ -119,3 +127,44 @@ class ServerProcess:
             self.process.kill()
             self.process.wait(10)
         self._log.close()
+
+
+class Server(ThreadedServer):
+    """create_app(config) served by Hypercorn on 127.0.0.1 from a background thread."""
+
+    def __init__(self, config_path: Path, loader: Any = load_served_model) -> None:
+        self.config = load_config(config_path)
+        super().__init__(create_app(self.config, loader=loader))
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0,
+                                    timeout=120)
+
+    def start(self) -> Server:
+        self.start_serving()
+        return self
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Registry state by first alias, read on the server's own event loop."""
+        async def read() -> list[dict[str, Any]]:
+            return app_state(self.app).registry.snapshot()
+
+        return {row["aliases"][0]: row for row in self.on_loop(read())}
+
+    def wait_until(self, predicate: Any, timeout: float = 20.0) -> dict[str, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            snap = self.snapshot()
+            if predicate(snap):
+                return snap
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not reached; registry: {snap}")
+            time.sleep(0.05)
+
+
+def write_config(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

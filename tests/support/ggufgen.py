@@ -20,6 +20,7 @@ CHATML = (
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TINY_SPECIAL = {"0": -100, "1": -100, "2": -100}  # logit_bias banning those (ids 0-2)
 # general.file_type speaks LlamaFileType, not tensor type ids
 FILE_TYPE = {
     GGMLQuantizationType.F32: LlamaFileType.ALL_F32,

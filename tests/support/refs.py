@@ -3,7 +3,7 @@ fresh clone passes its tests with no sibling folders. Each folder keeps its READ
 outputs were made and how close is close enough)."""
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 REFS_DIR = DATA_DIR / "smollm2"     # SmolLM2-135M-Instruct Q4_1
 GEMMA3_DIR = DATA_DIR / "gemma3"    # Gemma 3 270M Q4_K_M
 SYNTH_DIR = DATA_DIR / "synth"      # tiny random-weight models of the other families and types
