@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from . import admin, console, events, llama_api
-from .asgi import StatusNotingSend
+from .asgi import HttpMiddleware, StatusNotingSend
 from .auth import AuthMiddleware
 from .config import Config
 from .cors import ConfigCors
@@ -32,17 +32,11 @@ access_log = logging.getLogger("modelyard.access")
 log = logging.getLogger("modelyard")
 
 
-class RequestLog:
+class RequestLog(HttpMiddleware):
     """One log line per HTTP request: method, path, status, duration (also for streams), model;
     and the same request counted in the app's metrics."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         noting = StatusNotingSend(send)
         try:

@@ -1,7 +1,24 @@
 """ASGI plumbing the middlewares share."""
 from __future__ import annotations
 
-from starlette.types import Message, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class HttpMiddleware:
+    """ASGI middleware for HTTP requests: `http()` sees each one; lifespan and other scopes
+    pass straight through to the app."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
 
 
 class StatusNotingSend:

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .asgi import StatusNotingSend
+from .asgi import HttpMiddleware, StatusNotingSend
 from .config import AuthSettings, Config
 from .console import is_console_path
 from .errors import APIError
@@ -113,17 +113,14 @@ class _Limits:
         self.in_flight[name] -= 1
 
 
-class AuthMiddleware:
+class AuthMiddleware(HttpMiddleware):
     """Checks keys and limits before any route runs (see the module doc)."""
 
     def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+        super().__init__(app)
         self.limits = _Limits()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = app_state(scope["app"])
         settings = state.config.auth
         path, method = scope["path"], scope["method"]

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from .asgi import HttpMiddleware
 from .config import LimitSettings
 from .errors import APIError, error_response
 from .state import app_state
@@ -46,14 +47,8 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-class BodyLimits:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+class BodyLimits(HttpMiddleware):
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         limits = app_state(scope["app"]).config.limits if "app" in scope else LimitSettings()
         length = _content_length(scope)
         if length is not None and length > limits.max_body:
