@@ -60,12 +60,9 @@ class _Loop:
         self.b.position_at_end(self.end)
 
 
-def _lookup(module: ir.Module) -> ir.Function:
-    """i64 lookup(keys*, n_pairs, key): index of key in the sorted keys, or -1."""
-    fn = ir.Function(module, ir.FunctionType(I64, [I64.as_pointer(), I64, I64]), name="lookup")
-    fn.linkage = "internal"
-    keys, n, key = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+def _lower_bound(b: ir.IRBuilder, keys: ir.Value, n: ir.Value, key: ir.Value) -> ir.Value:
+    """Binary search in keys[0:n] (i64, sorted ascending as unsigned): the i64 slot holding the
+    first index whose key is not below `key` (n when none is)."""
     lo, hi = b.alloca(I64), b.alloca(I64)
     b.store(_c(0), lo)
     b.store(n, hi)
@@ -77,6 +74,16 @@ def _lookup(module: ir.Module) -> ir.Function:
     b.store(b.select(below, b.add(mid, _c(1)), l_), lo)
     b.store(b.select(below, h_, mid), hi)
     loop.close()
+    return lo
+
+
+def _lookup(module: ir.Module) -> ir.Function:
+    """i64 lookup(keys*, n_pairs, key): index of key in the sorted keys, or -1."""
+    fn = ir.Function(module, ir.FunctionType(I64, [I64.as_pointer(), I64, I64]), name="lookup")
+    fn.linkage = "internal"
+    keys, n, key = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    lo = _lower_bound(b, keys, n, key)
     at = b.load(lo)
     inside = b.icmp_signed("<", at, n)
     found_bb, done_bb = b.append_basic_block("check"), b.append_basic_block("done")
@@ -197,6 +204,45 @@ def _unlink_and_requeue(b: ir.IRBuilder, left: ir.Value, right: ir.Value, nxt: i
         push_pair(b.sext(before32, I64), left)
 
 
+def _next_pair(b: ir.IRBuilder, loop: _Loop, pop: ir.Function, heap: ir.Value, size: ir.Value,
+               pops: ir.Value, sym: ir.Value, nxt: ir.Value
+               ) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """In the merge loop: pop the best queued pair (counting the pop) and go on to the next
+    unless its left symbol is alive (sym >= 0) with a right neighbour. Returns (left, its
+    symbol, right, want): i64 positions, the i32 symbol, the i32 priority it was queued with."""
+    e = b.call(pop, [heap, size])
+    b.store(b.add(b.load(pops), _c(1)), pops)
+    left = b.and_(e, _c(0xFFFFFFFF))
+    want = b.trunc(b.lshr(e, _c(32)), I32)
+    left_id = b.load(b.gep(sym, [left]))
+    right32 = b.load(b.gep(nxt, [left]))
+    alive = b.and_(b.icmp_signed(">=", left_id, _c(0, I32)), b.icmp_signed(">=", right32, _c(0, I32)))
+    check = b.append_basic_block("check")
+    b.cbranch(alive, check, loop.cond)
+    b.position_at_end(check)
+    return left, left_id, b.sext(right32, I64), want
+
+
+def _survivors(b: ir.IRBuilder, pops: ir.Value, pops_out: ir.Value,
+               keep: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """The loops' common end: walk the list from position 0 (never merged away: it is never a
+    right); keep(p, o) writes survivor p as output o and returns the next position (-1: none).
+    Then store the pop count and return the number of survivors."""
+    out, pos = b.alloca(I64), b.alloca(I64)
+    b.store(_c(0), out)
+    b.store(_c(0), pos)
+    loop = _Loop(b, "compact")
+    loop.test(b.icmp_signed(">=", b.load(pos), _c(0)))
+    p = b.load(pos)
+    o = b.load(out)
+    following = keep(p, o)
+    b.store(b.add(o, _c(1)), out)
+    b.store(following, pos)
+    loop.close()
+    b.store(b.load(pops), b.gep(pops_out, [_c(0)]))
+    b.ret(b.load(out))
+
+
 def build_merge_ir() -> str:
     module = ir.Module(name="merge")
     lookup, push, pop = _lookup(module), _push(module), _pop(module)
@@ -228,17 +274,7 @@ def build_merge_ir() -> str:
     # the merge loop
     loop = _Loop(b, "merge")
     loop.test(b.icmp_signed(">", b.load(size), _c(0)))
-    e = b.call(pop, [heap, size])
-    b.store(b.add(b.load(pops), _c(1)), pops)
-    left = b.and_(e, _c(0xFFFFFFFF))
-    want = b.trunc(b.lshr(e, _c(32)), I32)
-    left_id = b.load(at32(sym, left))
-    right32 = b.load(at32(nxt, left))
-    alive = b.and_(b.icmp_signed(">=", left_id, _c(0, I32)), b.icmp_signed(">=", right32, _c(0, I32)))
-    check = b.append_basic_block("check")
-    b.cbranch(alive, check, loop.cond)
-    b.position_at_end(check)
-    right = b.sext(right32, I64)
+    left, left_id, right, want = _next_pair(b, loop, pop, heap, size, pops, sym, nxt)
     j = b.call(lookup, [keys, n_pairs, pair_key(left_id, b.load(at32(sym, right)))])
     valid = b.append_basic_block("valid")
     found = b.icmp_signed(">=", j, _c(0))
@@ -251,20 +287,11 @@ def build_merge_ir() -> str:
     _unlink_and_requeue(b, left, right, nxt, prv, push_pair)
     loop.close()
 
-    # compact the survivors to the front (position 0 is never merged away: it is never a right)
-    out, pos = b.alloca(I64), b.alloca(I64)
-    b.store(_c(0), out)
-    b.store(_c(0), pos)
-    loop = _Loop(b, "compact")
-    loop.test(b.icmp_signed(">=", b.load(pos), _c(0)))
-    p = b.load(pos)
-    o = b.load(out)
-    b.store(b.load(at32(sym, p)), at32(sym, o))
-    b.store(b.add(o, _c(1)), out)
-    b.store(b.sext(b.load(at32(nxt, p)), I64), pos)
-    loop.close()
-    b.store(b.load(pops), b.gep(pops_out, [_c(0)]))
-    b.ret(b.load(out))
+    def keep(p: ir.Value, o: ir.Value) -> ir.Value:  # the survivors' ids, moved to the front
+        b.store(b.load(at32(sym, p)), at32(sym, o))
+        return b.sext(b.load(at32(nxt, p)), I64)
+
+    _survivors(b, pops, pops_out, keep)
     return str(module)
 
 
@@ -281,18 +308,25 @@ class PairTable:
         self.merged = np.ascontiguousarray(merged[first], dtype=np.int32)
 
 
-_fn: CFunction | None = None
+_PTR, _COUNT = ctypes.c_void_p, ctypes.c_int64  # the kernels' argument types
 _lock = threading.Lock()
+_kernels: dict[str, CFunction] = {}
+
+
+def _kernel(name: str, build: Callable[[], str], *argtypes: type) -> CFunction:
+    """The i64 function `name` of the module build() writes, compiled (or read from the disk
+    cache) the first time it is asked for."""
+    with _lock:
+        fn = _kernels.get(name)
+        if fn is None:
+            lib: CompiledLibrary = compile_cached(name, (), build)
+            fn = _kernels[name] = lib.function(name, ctypes.c_int64, *argtypes)
+        return fn
 
 
 def _merge_fn() -> CFunction:
-    global _fn
-    with _lock:
-        if _fn is None:
-            lib: CompiledLibrary = compile_cached("merge", (), build_merge_ir)
-            p, n = ctypes.c_void_p, ctypes.c_int64
-            _fn = lib.function("merge", ctypes.c_int64, p, n, p, p, p, n, p, p, p, p)
-        return _fn
+    return _kernel("merge", build_merge_ir, _PTR, _COUNT, _PTR, _PTR, _PTR, _COUNT, _PTR, _PTR,
+                   _PTR, _PTR)
 
 
 def merge(symbols: np.ndarray, table: PairTable) -> tuple[np.ndarray, int]:

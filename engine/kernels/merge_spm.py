@@ -15,22 +15,25 @@ English took ~320 ms on Gemma 3's vocabulary; here ~20 ms.
 """
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 from llvmlite import ir
 
-from engine.kernels.jit import CFunction, CompiledLibrary, compile_cached
+from engine.kernels.jit import CFunction
 from engine.kernels.merge import (
+    _COUNT,
+    _PTR,
     BOOL,
     I32,
     I64,
     _c,
+    _kernel,
     _link_and_queue,
-    _lock,
     _Loop,
+    _lower_bound,
+    _next_pair,
     _pop,
     _push,
+    _survivors,
     _unlink_and_requeue,
 )
 
@@ -74,17 +77,7 @@ def _token_at(module: ir.Module, same: ir.Function) -> ir.Function:
     hashes, ids, n, offs, lens, tbytes, text, H, inv, a, e = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     h = b.mul(b.sub(b.load(b.gep(H, [e])), b.load(b.gep(H, [a]))), b.load(b.gep(inv, [a])))
-    lo, hi = b.alloca(I64), b.alloca(I64)
-    b.store(_c(0), lo)
-    b.store(n, hi)
-    loop = _Loop(b, "search")
-    loop.test(b.icmp_signed("<", b.load(lo), b.load(hi)))
-    l_, h_ = b.load(lo), b.load(hi)
-    mid = b.lshr(b.add(l_, h_), _c(1))
-    below = b.icmp_unsigned("<", b.load(b.gep(hashes, [mid])), h)
-    b.store(b.select(below, b.add(mid, _c(1)), l_), lo)
-    b.store(b.select(below, h_, mid), hi)
-    loop.close()
+    lo = _lower_bound(b, hashes, n, h)
     length = b.sub(e, a)
     scan = _Loop(b, "equal")  # every token with this hash (a true collision is rare, not wrong)
     k = b.load(lo)
@@ -155,17 +148,7 @@ def build_spm_ir() -> str:
 
     loop = _Loop(b, "merge")
     loop.test(b.icmp_signed(">", b.load(size), _c(0)))
-    e = b.call(pop, [heap, size])
-    b.store(b.add(b.load(pops), _c(1)), pops)
-    left = b.and_(e, _c(0xFFFFFFFF))
-    want = b.trunc(b.lshr(e, _c(32)), I32)
-    right32 = b.load(b.gep(nxt, [left]))
-    alive = b.and_(b.icmp_signed(">=", b.load(b.gep(sym, [left])), _c(0, I32)),
-                   b.icmp_signed(">=", right32, _c(0, I32)))
-    check = b.append_basic_block("check")
-    b.cbranch(alive, check, loop.cond)
-    b.position_at_end(check)
-    right = b.sext(right32, I64)
+    left, _, right, want = _next_pair(b, loop, pop, heap, size, pops, sym, nxt)
     t = pair_token(left, right)
     found = b.icmp_signed(">=", t, _c(0))
     same = b.and_(found, b.icmp_signed("==", b.load(b.gep(prio, [b.select(found, t, _c(0))])), want))
@@ -176,24 +159,16 @@ def build_spm_ir() -> str:
     _unlink_and_requeue(b, left, right, nxt, prv, push_pair)
     loop.close()
 
-    # survivors: token id of each (or -1) into sym[k], first character into nxt[k]; k <= pos
-    out, pos = b.alloca(I64), b.alloca(I64)
-    b.store(_c(0), out)
-    b.store(_c(0), pos)
-    loop = _Loop(b, "compact")
-    loop.test(b.icmp_signed(">=", b.load(pos), _c(0)))
-    p = b.load(pos)
-    o = b.load(out)
-    following = b.sext(b.load(b.gep(nxt, [p])), I64)
-    stop = start(b.select(b.icmp_signed(">=", following, _c(0)), following, n))
-    t = b.call(token_at, [*vocab, text, H, inv, start(p), stop])
-    b.store(b.trunc(t, I32), b.gep(sym, [o]))
-    b.store(b.trunc(p, I32), b.gep(nxt, [o]))
-    b.store(b.add(o, _c(1)), out)
-    b.store(following, pos)
-    loop.close()
-    b.store(b.load(pops), b.gep(pops_out, [_c(0)]))
-    b.ret(b.load(out))
+    def keep(p: ir.Value, o: ir.Value) -> ir.Value:
+        """Survivor p's token id (or -1) into sym[o], its first character into nxt[o] (o <= p)."""
+        following = b.sext(b.load(b.gep(nxt, [p])), I64)
+        stop = start(b.select(b.icmp_signed(">=", following, _c(0)), following, n))
+        t = b.call(token_at, [*vocab, text, H, inv, start(p), stop])
+        b.store(b.trunc(t, I32), b.gep(sym, [o]))
+        b.store(b.trunc(p, I32), b.gep(nxt, [o]))
+        return following
+
+    _survivors(b, pops, pops_out, keep)
     return str(module)
 
 
@@ -242,18 +217,9 @@ class SpmVocab:
         self.prio = rank.astype(np.int32)
 
 
-_spm: CFunction | None = None
-
-
 def _spm_fn() -> CFunction:
-    global _spm
-    with _lock:
-        if _spm is None:
-            lib: CompiledLibrary = compile_cached("spm", (), build_spm_ir)
-            p, n = ctypes.c_void_p, ctypes.c_int64
-            _spm = lib.function("spm", ctypes.c_int64, n, p, p, p, p, p, p, n, p, p, p, p, p, p,
-                                p, p, p)
-        return _spm
+    p, n = _PTR, _COUNT
+    return _kernel("spm", build_spm_ir, n, p, p, p, p, p, p, n, p, p, p, p, p, p, p, p, p)
 
 
 def spm_merge(text: str, vocab: SpmVocab) -> tuple[list[tuple[int, int]], int]:
