@@ -126,6 +126,10 @@ class ToolFormat:
         this family's template takes them."""
         return messages, tools
 
+    def _offered_calls(self, tools: list[dict[str, Any]], choice: Choice) -> dict[str, Any]:
+        """The JSON Schema of one call to any tool `choice` allows."""
+        return _union([_call_schema(t, self.args_key) for t in _offered(tools, choice)])
+
     # -- reading ---------------------------------------------------------------------------------
     def read(self, text: str, final: bool) -> Reply:
         raise NotImplementedError
@@ -171,7 +175,7 @@ class HermesFormat(ToolFormat):
     closer = "</tool_call>"
 
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
-        schema = _union([_call_schema(t, self.args_key) for t in _offered(tools, choice)])
+        schema = self._offered_calls(tools, choice)
         call = f"{_WS} {self._json(schema)} {_WS} {_lark_string(self.closer)} {_WS}"
         more = f' ({self._mark(self.marker)} call)*' if parallel else ""
         return self._lazy_after_marker("calls", choice) + f"calls: call{more}\ncall: {call}\n"
@@ -195,7 +199,7 @@ class Llama3Format(ToolFormat):
     marker = "<|python_tag|>"
 
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
-        schema = _union([_call_schema(t, self.args_key) for t in _offered(tools, choice)])
+        schema = self._offered_calls(tools, choice)
         tag = f"{self._mark(self.marker)}? " if self.special(self.marker) is not None else ""
         call = f"call: {tag}{self._json(schema)}\n"
         if choice == "auto":  # a call is the whole reply; other replies must not start with "{"
@@ -296,7 +300,7 @@ class GenericFormat(ToolFormat):
     def schema(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> dict[str, Any]:
         calls: dict[str, Any] = {
             "type": "array", "minItems": 1,
-            "items": _union([_call_schema(t, "arguments") for t in _offered(tools, choice)])}
+            "items": self._offered_calls(tools, choice)}
         if not parallel:
             calls["maxItems"] = 1
         with_calls = {"type": "object", "properties": {"tool_calls": calls},
