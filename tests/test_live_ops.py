@@ -75,18 +75,16 @@ class HeldGeneration:
         return event
 
 
-class HoldingScheduler:
-    def __init__(self, inner: Any, gate: threading.Event) -> None:
-        self._inner = inner
-        self._gate = gate
+def hold_generations(scheduler: Any, gate: threading.Event) -> None:
+    """Make the scheduler's HOLD_TOKENS generations wait for the gate after their first event."""
+    submit = scheduler.submit
 
-    def submit(self, request: Any) -> Any:
-        generation = self._inner.submit(request)
-        return HeldGeneration(generation, self._gate) if request.max_tokens == HOLD_TOKENS \
+    def holding_submit(request: Any) -> Any:
+        generation = submit(request)
+        return HeldGeneration(generation, gate) if request.max_tokens == HOLD_TOKENS \
             else generation
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    scheduler.submit = holding_submit
 
 
 class Loads:
@@ -99,7 +97,7 @@ class Loads:
 
     def __call__(self, entry: Any, metrics: MetricsSink = NULL_METRICS) -> Any:
         served = loader_with_metrics(load_served_model, metrics)(entry)
-        served.scheduler = HoldingScheduler(served.scheduler, self.gate)
+        hold_generations(served.scheduler, self.gate)
         self.count[entry.name] += 1
         return served
 
