@@ -1,4 +1,4 @@
-"""llama.cpp server API request bodies (tools/server/README.md), beside OpenAI's in protocol.py.
+"""llama.cpp server API request bodies (tools/server/README.md), beside OpenAI's in protocol/.
 
 Field names and meanings are llama.cpp's. Unknown fields (grammar, mirostat, samplers, ...) are
 ignored, as llama.cpp ignores what it does not know; wrong types are a 400 naming the field.
