@@ -21,6 +21,7 @@ FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects on the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))  # every fixture the test needs, transitively
