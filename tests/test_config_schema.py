@@ -19,7 +19,7 @@ from gateway.cli import main
 from gateway.config import ConfigError, load_config
 from gateway.config.json_schema import config_schema, schema_text
 from gateway.units import parse_duration, parse_size
-from tests.ggufgen import write_servable
+from tests.support.ggufgen import write_servable
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "examples" / "config.schema.json"
