@@ -6,7 +6,7 @@
       .transformer   Forward: forward(chunks) over a SlotCache (the tokens each slot holds)
 
 engine.Model meets it (mypy checks that below); so does the scripted stand-in the scheduler
-tests use (tests/scripted_model.py). engine/batch.py's BatchRunner, gateway/scheduler.py's
+tests use (tests/support/scripted_model.py). engine/batch.py's BatchRunner, gateway/scheduler.py's
 Scheduler and ServedModel and the registry's loader (load_served_model) take or return a
 LoadedModel and nothing else of the engine's model, so a different engine, or a fake, only has
 to meet this protocol. The protocols are runtime_checkable so a test can check a fake has every

@@ -1,6 +1,6 @@
 """engine.loaded's protocols: the engine's model and the scheduler tests' stand-in both meet them.
 
-mypy checks the signatures (engine/loaded.py for engine.Model, tests/scripted_model.py for the
+mypy checks the signatures (engine/loaded.py for engine.Model, tests/support/scripted_model.py for the
 stand-in); these tests check, at run time, that every member is there on real instances.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import engine
 from engine.loaded import LoadedModel, ModelTokenizer
-from tests.ggufgen import write_tiny_llama
-from tests.scripted_model import ScriptedModel, letters
+from tests.support.ggufgen import write_tiny_llama
+from tests.support.scripted_model import ScriptedModel, letters
 
 MEMBERS = ("path", "metadata", "n_ctx", "n_slots", "n_vocab", "n_embd", "memory_bytes",
            "mapped_bytes", "tokenizer", "transformer", "file_changed", "close")

@@ -34,7 +34,7 @@ def _byte_chars() -> list[str]:
 
 BYTE_CHARS = _byte_chars()
 _CHAR_BYTES = {c: b for b, c in enumerate(BYTE_CHARS)}
-_LATIN1_TO_BYTE_CHARS = str.maketrans({b: c for b, c in enumerate(BYTE_CHARS)})
+_LATIN1_TO_BYTE_CHARS = str.maketrans(dict(enumerate(BYTE_CHARS)))
 
 
 def byte_encode(word: str) -> str:

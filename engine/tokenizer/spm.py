@@ -56,7 +56,8 @@ class SpmEncoder:
 
     def compiled_pieces(self, text: str) -> list[tuple[int | None, str]]:
         """spm_merge in the compiled loop: (token id, or None and the lone character)."""
-        from ..kernels.merge_spm import SpmVocab, spm_merge as compiled_spm_merge
+        from ..kernels.merge_spm import SpmVocab
+        from ..kernels.merge_spm import spm_merge as compiled_spm_merge
 
         vocab = self._spm_vocab
         if vocab is None:  # ~0.3 s for 262k tokens, paid by the first long text, not the load

@@ -125,7 +125,7 @@ class Tokenizer:
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_metadata(cls, meta: Mapping[str, object]) -> "Tokenizer":
+    def from_metadata(cls, meta: Mapping[str, object]) -> Tokenizer:
         """Build from GGUF metadata (key -> python value). Raises ValueError on bad metadata."""
         return cls(meta, vocabulary_model(meta))
 
@@ -387,5 +387,5 @@ class Tokenizer:
             chunks.append(piece)
         return b"".join(chunks).decode("utf-8", errors="replace")
 
-    def incremental_decoder(self, skip_special: bool = False) -> "IncrementalDecoder":
+    def incremental_decoder(self, skip_special: bool = False) -> IncrementalDecoder:
         return IncrementalDecoder(self, skip_special)

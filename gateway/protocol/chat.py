@@ -5,9 +5,18 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_serializer
 
-from .base import (MAX_TOP_LOGPROBS, FinishReason, PromptProgress, Usage, _GenerationRequest,
-                   _MayCarryProgress, _Request, _Response)
+from .base import (
+    MAX_TOP_LOGPROBS,
+    FinishReason,
+    PromptProgress,
+    Usage,
+    _GenerationRequest,
+    _MayCarryProgress,
+    _Request,
+    _Response,
+)
 from .tools import ToolCall, ToolCallDelta, ToolCallIn, ToolChoice, ToolDefinition
+
 
 class TextContentPart(_Request):
     type: Literal["text"]

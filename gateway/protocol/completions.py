@@ -5,8 +5,17 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import (COMPLETION_DEFAULT_MAX_TOKENS, FinishReason, PromptProgress, Usage,
-                   _GenerationRequest, _MayCarryProgress, _prompt_batch, _Response)
+from .base import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    FinishReason,
+    PromptProgress,
+    Usage,
+    _GenerationRequest,
+    _MayCarryProgress,
+    _prompt_batch,
+    _Response,
+)
+
 
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]

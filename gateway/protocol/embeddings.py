@@ -7,6 +7,7 @@ from pydantic import Field, field_validator
 
 from .base import KeepAlive, _check_keep_alive, _prompt_batch, _Request, _Response
 
+
 class EmbeddingRequest(_Request):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None

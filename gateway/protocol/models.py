@@ -5,6 +5,7 @@ from typing import Literal
 
 from .base import _Response
 
+
 class ModelExtras(_Response):
     """modelyard extra on model objects: what the registry and the file's header know."""
     aliases: list[str]            # every name of this model, the first one as logs use it

@@ -31,7 +31,7 @@ from .render import DEFAULT_N_CTX, HEADER, Entry, build_entries, render
 from .update import Existing, ScanError, read_existing, updated_text
 
 __all__ = [
-    "DEFAULT_N_CTX", "EXIT_NOTHING", "EXIT_OK", "EXIT_USAGE", "HEADER", "NOT_GGUF",
+    "DEFAULT_N_CTX", "EXIT_NOTHING", "EXIT_OK", "EXIT_USAGE", "FORMATS", "HEADER", "NOT_GGUF",
     "Entry", "Existing", "FoundModel", "ScanError", "ScanResult", "Skipped", "add_scan_arguments",
     "assign_aliases", "build_entries", "clean_name", "examine_file", "family_name",
     "format_count", "main", "preferred_name", "quantization", "read_existing", "render",
