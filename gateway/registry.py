@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError
-from gateway.eviction import (Blocked, Fits, Resident, TooLarge, idle_expired,
-                              next_idle_deadline, plan_load)
+from gateway.eviction import Blocked, Fits, Resident, TooLarge, idle_expired, next_idle_deadline, plan_load
 from gateway.lifecycle import RESIDENT_STATES, ModelState, advance
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.units import format_duration, format_size
@@ -80,7 +79,7 @@ class RegistryBusyError(Exception):
 def engine_loader(entry: ModelEntry) -> Loaded:
     import engine
 
-    return engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)  # type: ignore[no-any-return]
+    return engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)
 
 
 def engine_estimator(entry: ModelEntry) -> int:
