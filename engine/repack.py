@@ -16,6 +16,8 @@ block holding its 16 rows' data side by side:
                                      values 4k.. (chunk k), high nibbles 16+4k.. (chunk k+4)
                                  qh  u32 [16]        bit j: the 5th bit of value j
                                  d   f16 [16]
+    Q4_1 (320 = 16 x 20):        qs as Q5_0 | d f16 [16] | m f16 [16]
+    Q5_1 (384 = 16 x 24):        qs as Q5_0 | qh u32 [16] | d f16 [16] | m f16 [16]
     Q4_K (2368 = 16 x 144 + 64): d, dmin  f16 [16] each
                                  sc  u8 [8 sub-blocks][16]        the 6-bit scales
                                  mn  u8 [8 sub-blocks][16]        the 6-bit mins
@@ -32,6 +34,7 @@ block holding its 16 rows' data side by side:
 Activations, per row (row stride a multiple of 64 bytes), quantized exactly as ggml's q8_0 /
 q8_k blocks (engine.quants.quantize_activations gives the same values):
     r8_0 (Q8_0):        qs i8 [K] | d f32 [nb] (ggml's f16 d, widened) | c i32 [nb] = -128 * sum(qs)
+    r8_1 (Q4_1, Q5_1):  qs i8 [K] | d f32 [nb] | s f32 [nb]   ggml's q8_1 d and s = d * sum(qs)
     r8_k (K-quants):    qs i8 [K] | d f32 [nb] | c16 i32 [16 nb] = -32 * bsums (per 16 values)
                         | b32 i16 [8 nb] = sums per 32 values
 The c fields undo offsets in integers: Q8_0 weights are stored + 128 (vpdpbusd takes them
@@ -41,6 +44,7 @@ Per row r and block b the kernels compute (isum exact in int32):
     Q8_0:  acc = fma(d[r] * dx[b], float(sum q * y), acc)
     Q5_0:  acc = fma(d[r] * dx[b], float(sum (q - 16) * y), acc)    (q8_0 activations, as
            llama.cpp pairs Q5_0; c / 8 = -16 * sum(y) takes the offset off in integers)
+    Q4_1, Q5_1:  acc = fma(d[r] * dx[b], float(sum q * y), acc); acc = fma(m[r], s[b], acc)
     Q4_K, Q6_K: the file-layout kernels' (engine.kernels.matmul.kquants) arithmetic exactly:
            per lane i < 8 an integer lane sum (Q4_K: sum_j sc_j * dot of values 4i..4i+3 of
            sub-block j, and mn_i * b32_i), folded as kquants.fold does into accumulator i,
@@ -71,11 +75,13 @@ from engine.quants import QuantMatrix, dequantize, quant_type, row_bytes
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
-GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q5_0: 352, T.Q4_K: 2368, T.Q6_K: 3360}
+GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q5_0: 352, T.Q4_1: 320, T.Q5_1: 384, T.Q4_K: 2368, T.Q6_K: 3360}
 REPACKED = tuple(GROUP_BLOCK_BYTES)
-ACTIVATION = {T.Q8_0: "r8_0", T.Q5_0: "r8_0", T.Q4_K: "r8_k", T.Q6_K: "r8_k"}
-ACT_BLOCK = {"r8_0": 32, "r8_k": 256}
-BLOCK_ELEMS = {T.Q8_0: 32, T.Q5_0: 32, T.Q4_K: 256, T.Q6_K: 256}
+ACTIVATION = {T.Q8_0: "r8_0", T.Q5_0: "r8_0", T.Q4_1: "r8_1", T.Q5_1: "r8_1", T.Q4_K: "r8_k",
+              T.Q6_K: "r8_k"}
+ACT_BLOCK = {"r8_0": 32, "r8_1": 32, "r8_k": 256}
+GGML_ACT = {"r8_0": "q8_0", "r8_1": "q8_1", "r8_k": "q8_k"}  # the ggml blocks each is quantized as
+BLOCK_ELEMS = {T.Q8_0: 32, T.Q5_0: 32, T.Q4_1: 32, T.Q5_1: 32, T.Q4_K: 256, T.Q6_K: 256}
 
 
 def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
@@ -225,6 +231,12 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
         out.put(_interleave(b["qs"].reshape(*b.shape, 4, 4)))      # [.., pair k, 4]
         out.put(_interleave(b["qh"].reshape(*b.shape, 1, 4)))
         out.put(_per_row(b["d"]))
+    elif w.qtype in (T.Q4_1, T.Q5_1):
+        out.put(_interleave(b["qs"].reshape(*b.shape, 4, 4)))
+        if w.qtype == T.Q5_1:
+            out.put(_interleave(b["qh"].reshape(*b.shape, 1, 4)))
+        out.put(_per_row(b["d"]))
+        out.put(_per_row(b["m"]))
     elif w.qtype == T.Q4_K:
         sc, mn = _k_scales_mins(b["scales"])
         out.put(_per_row(b["d"]))
@@ -253,7 +265,7 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
 
 def act_row_bytes(act: str, n_cols: int) -> int:
     nb = n_cols // ACT_BLOCK[act]
-    raw = n_cols + 8 * nb if act == "r8_0" else n_cols + 4 * nb + 64 * nb + 16 * nb
+    raw = n_cols + 8 * nb if act != "r8_k" else n_cols + 4 * nb + 64 * nb + 16 * nb
     return -(-raw // 64) * 64
 
 
@@ -266,8 +278,14 @@ def quantize_rows(x: np.ndarray, act: str) -> np.ndarray:
     x = np.asarray(x, np.float32)
     m_rows, k = x.shape
     nb = k // ACT_BLOCK[act]
-    ggml = quantize_activations(x, "q8_0" if act == "r8_0" else "q8_k")
+    ggml = quantize_activations(x, GGML_ACT[act])
     out = np.zeros((m_rows, act_row_bytes(act, k)), np.uint8)
+    if act == "r8_1":
+        b = ggml.view(ACTIVATION_LAYOUTS["q8_1"]).reshape(m_rows, nb)
+        out[:, :k] = b["qs"].reshape(m_rows, k).view(np.uint8)
+        out[:, k:k + 4 * nb] = b["d"].astype(np.float32).view(np.uint8)
+        out[:, k + 4 * nb:k + 8 * nb] = b["s"].astype(np.float32).view(np.uint8)
+        return out
     if act == "r8_0":
         b = ggml.view(ACTIVATION_LAYOUTS["q8_0"]).reshape(m_rows, nb)
         out[:, :k] = b["qs"].reshape(m_rows, k).view(np.uint8)
@@ -293,7 +311,10 @@ def reference(w: QuantMatrix | RepackedMatrix, x: np.ndarray) -> np.ndarray:
     them).T in float64, returned as float32 [M, N]."""
     src = w.source if isinstance(w, RepackedMatrix) else w
     x = np.asarray(x, np.float32)
-    act = "q8_0" if ACTIVATION[src.qtype] == "r8_0" else "q8_k"
+    act = GGML_ACT[ACTIVATION[src.qtype]]
+    if act == "q8_1":  # the offsets go through q8_1's stored s, as the file layout's twin says
+        from engine.kernels.matmul.reference import matmul_reference  # noqa: PLC0415
+        return matmul_reference(src, x)
     xs = dequantize_activations(quantize_activations(x, act), act, src.n_cols).astype(np.float64)
     wd = dequantize(src.raw, src.qtype, src.n_cols).astype(np.float64)
     return (xs @ wd.T).astype(np.float32)

@@ -33,7 +33,7 @@ from engine.kernels.irtext import IRFunction
 from engine.repack import ACT_BLOCK, ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per register tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_K: 1, T.Q6_K: 1}  # (K-quants: 2 or 4 spill, measured no faster)
+TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q6_K: 1}  # (K-quants: 2 or 4 spill, measured no faster)
 # (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM)
 ISAS = ("vnni512", "avx2", "portable")
 V16F, V16I = "<16 x float>", "<16 x i32>"
@@ -48,6 +48,7 @@ declare <32 x float> @llvm.fabs.v32f32(<32 x float>)
 declare <32 x float> @llvm.roundeven.v32f32(<32 x float>)
 declare float @llvm.vector.reduce.fmax.v32f32(<32 x float>)
 declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.fabs.f32(float)
 declare i32 @llvm.vector.reduce.add.v16i32(<16 x i32>)
 declare i32 @llvm.vector.reduce.add.v32i32(<32 x i32>)
 """
@@ -179,10 +180,10 @@ class _Act:
         self.f, self.act = f, act
         elems = ACT_BLOCK[act]
         self.k = f.mul("%nb", elems)
-        raw = f.mul("%nb", elems + (8 if act == "r8_0" else 84))
+        raw = f.mul("%nb", elems + (84 if act == "r8_k" else 8))
         self.stride = f.let(f"and i64 {f.add(raw, 63)}, -64")
         self.d_at = self.k
-        self.c_at = f.add(self.k, f.mul("%nb", 4))       # r8_0: c; r8_k: c16
+        self.c_at = f.add(self.k, f.mul("%nb", 4))       # r8_0: c; r8_1: s; r8_k: c16
         self.b32_at = f.add(self.k, f.mul("%nb", 68))    # r8_k only
 
     def row(self, m: str) -> str:
@@ -238,6 +239,50 @@ def _body_q5_0(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
             c = dots.dot(c, chunks[k], f.bcast(x, f.add(qs, 4 * k)))
         out.append([f.fma16(_x_scale(f, act, x, b, dw), f.tofloat(c), acc[0])])
     return out
+
+
+def _legacy_chunks(f: _Fn, wb: str, qh_at: int | None) -> list[str]:
+    """Q5_0/Q4_1/Q5_1's 8 chunks of unsigned values (nibble, | 5th bit << 4 with qh)."""
+    qh = f.load(V16I, wb, qh_at) if qh_at is not None else None
+    chunks: list[str] = [""] * 8
+    for k in range(4):
+        v = f.load("<64 x i8>", wb, 64 * k)
+        lo = f.let(f"and <64 x i8> {v}, {_splat_i8(64, 15)}")
+        hi = f.let(f"lshr <64 x i8> {v}, {_splat_i8(64, 4)}")
+        if qh is not None:
+            lo = f.let(f"or <64 x i8> {lo}, {_q5_top_bits(f, qh, 4 * k)}")
+            hi = f.let(f"or <64 x i8> {hi}, {_q5_top_bits(f, qh, 16 + 4 * k)}")
+        chunks[k], chunks[k + 4] = lo, hi
+    return chunks
+
+
+def _body_q4_5_1(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
+                 accs: list[list[str]], qh_at: int | None) -> list[list[str]]:
+    """Q4_1/Q5_1 (d * q + m) against r8_1: acc = fma(d * dx, float(sum q * y), acc), then
+    fma(m, s, acc) with s = dx * sum(y) (ggml's q8_1 s)."""
+    chunks = _legacy_chunks(f, wb, qh_at)
+    at = 256 + (64 if qh_at is not None else 0)
+    dw, mw = f.half16(wb, at), f.half16(wb, at + 32)
+    qs = f.mul(b, 32)
+    out = []
+    for acc, x in zip(accs, xs):
+        isum = "zeroinitializer"
+        for k in range(8):
+            isum = dots.dot(isum, chunks[k], f.bcast(x, f.add(qs, 4 * k)))
+        acc0 = f.fma16(_x_scale(f, act, x, b, dw), f.tofloat(isum), acc[0])
+        sx = f.splat_float(f.load("float", x, f.add(act.c_at, f.mul(b, 4)), 4), 16)
+        out.append([f.fma16(mw, sx, acc0)])
+    return out
+
+
+def _body_q4_1(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
+               accs: list[list[str]]) -> list[list[str]]:
+    return _body_q4_5_1(f, dots, act, wb, b, xs, accs, None)
+
+
+def _body_q5_1(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
+               accs: list[list[str]]) -> list[list[str]]:
+    return _body_q4_5_1(f, dots, act, wb, b, xs, accs, 256)
 
 
 def _fold(f: _Fn, acc: str, isum: str, ddx: str, mins: tuple[str, str] | None = None) -> str:
@@ -329,9 +374,10 @@ def _body_q6_k(f: _Fn, dots: _Dots, act: _Act, wb: str, b: str, xs: list[str],
     return out
 
 
-BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q5_0: _body_q5_0, T.Q4_K: _body_q4_k, T.Q6_K: _body_q6_k}
+BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q5_0: _body_q5_0, T.Q4_1: _body_q4_1,
+                          T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row): the file-layout kernel's float lanes
-LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_K: 8, T.Q6_K: 8}
+LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 8, T.Q6_K: 8}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q6_K})
 
@@ -416,6 +462,14 @@ def _quantize_chunk(f: _Fn, src: str, dst: str, inv: str) -> str:
     return q
 
 
+def _round_half(f: _Fn, v: str) -> str:
+    """v rounded to the nearest f16 value, kept as float; beyond f16's range v itself
+    (engine.activations._round_to_half)."""
+    r = f.let(f"fpext half {f.let(f'fptrunc float {v} to half')} to float")
+    big = f.let(f"fcmp ogt float {f.let(f'call float @llvm.fabs.f32(float {v})')}, 65504.0")
+    return f.let(f"select i1 {big}, float {v}, float {r}")
+
+
 def _build_quantize(act: str) -> str:
     """quantize_<act>(x, xq, nb, r0, r1, M): as ggml's q8_0 / q8_k (d = max|x| / 127,
     q = roundeven(x * (127 / max|x|)), 0 for an all-zero block), laid out as engine.repack says."""
@@ -431,6 +485,13 @@ def _build_quantize(act: str) -> str:
         nonzero = f.let(f"fcmp one float {amax}, 0.0")
         inv = f.let(f"select i1 {nonzero}, float {f.let(f'fdiv float 127.0, {amax}')}, float 0.0")
         qs = f.gep(row, f.mul(j, elems))
+        if act == "r8_1":  # d and s = d * sum(q), each rounded to f16 (kept as is beyond it)
+            q = _quantize_chunk(f, src, qs, inv)
+            total = f.let(f"call i32 @llvm.vector.reduce.add.v32i32(<32 x i32> {q})")
+            sv = f.let(f"fmul float {d}, {f.let(f'sitofp i32 {total} to float')}")
+            f.store("float", _round_half(f, d), row, f.add(a.d_at, f.mul(j, 4)), 4)
+            f.store("float", _round_half(f, sv), row, f.add(a.c_at, f.mul(j, 4)), 4)
+            return
         if act == "r8_0":
             q = _quantize_chunk(f, src, qs, inv)
             dh = f.let(f"fpext half {f.let(f'fptrunc float {d} to half')} to float")
