@@ -147,6 +147,21 @@ def test_what_the_loader_rejects_the_schema_rejects(
     assert not validator.is_valid(_data(BAD[name]))
 
 
+def test_llama_cpp_pythons_own_config_file_loads_and_validates(
+        folder: Path, validator: jsonschema.Draft7Validator) -> None:
+    # Every key llama-cpp-python 0.3.36 has, as it writes them (tests/data/llama_cpp_python).
+    reference = ROOT / "tests" / "data" / "llama_cpp_python" / "config_file.json"
+    data = json.loads(reference.read_text(encoding="utf-8"))
+    (folder / "llama.json").write_text(json.dumps(data))
+    config = load_config(folder / "llama.json")
+    assert [e.aliases for e in config.models] == [["small"], ["small-long"]]
+    assert [e.n_ctx for e in config.models] == [2048, 4096]
+    assert [e.name for e in config.auth.keys] == ["api_key"]
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in validator.iter_errors(data)]
+    assert errors == []
+
+
 AMOUNTS = ["90", "2.5", "10m", "1.5H", " 30 s ", "500ms", ".5d", "4GiB", "512mib", "2GB", "1K",
            "10 minutes", "1h30m", "5x", "-1s", "", "1e3", "GiB", "4 GiB"]
 

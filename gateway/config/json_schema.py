@@ -98,7 +98,8 @@ def config_schema() -> dict[str, Any]:
     unused = _deprecated(UNUSED)
     entry = defs["ModelEntry"]
     entry["properties"][MODEL_ALIAS] = {
-        "type": "string", "description": "llama-cpp-python's one alias: the first of `aliases`"}
+        "type": ["string", "null"],
+        "description": "llama-cpp-python's one alias: the first of `aliases`"}
     aliases = entry["properties"]["aliases"]
     about = aliases.pop("description")
     entry["properties"]["aliases"] = {"anyOf": [aliases, {"type": "string"}],
@@ -117,7 +118,7 @@ def config_schema() -> dict[str, Any]:
     props["defaults"] = {"$ref": "#/$defs/Defaults"}
     props[SCHEMA_KEY] = {"type": "string",
                          "description": "this schema, for editors (modelyard ignores the key)"}
-    props[API_KEY] = {"type": "string", "minLength": 1,
+    props[API_KEY] = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}],
                       "description": "llama-cpp-python's one API key: a client key named "
                                      "api_key that also guards the admin endpoints"}
     props.update({key: _deprecated(server_key_note(key)) for key in sorted(LLAMA_CPP_SERVER_KEYS)})

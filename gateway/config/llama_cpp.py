@@ -9,7 +9,8 @@ from __future__ import annotations
 MODEL_ALIAS = "model_alias"  # its one alias per entry: the first of ours
 API_KEY = "api_key"          # its one key: a client key named "api_key" (see loader._auth)
 
-# llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet).
+# llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet), as
+# of its 0.3.36 (tests/data/llama_cpp_python/config_file.json holds every key it has).
 LLAMA_CPP_SERVER_KEYS = frozenset({
     "ssl_keyfile", "ssl_certfile", "interrupt_requests", "disable_ping_events",
     "root_path",
@@ -23,6 +24,7 @@ LLAMA_CPP_MODEL_KEYS = frozenset({
     "lora_path", "numa", "clip_model_path", "cache", "cache_type", "cache_size",
     "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
     "draft_model", "draft_model_num_pred_tokens", "type_k", "type_v", "verbose",
+    "chat_template_kwargs",
 })
 _SERVER_KEY_NOTES = {
     "ssl_keyfile": "TLS is not served yet: put a reverse proxy in front for HTTPS",
