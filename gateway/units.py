@@ -18,7 +18,8 @@ SIZE_UNITS = {
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
     "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4,
 }
-_NUMBER_UNIT = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*")
+NUMBER = r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+"  # also in the config's JSON Schema
+_NUMBER_UNIT = re.compile(rf"\s*({NUMBER})\s*([a-zA-Z]*)\s*")
 
 DURATION_HINT = "use seconds or a number with a unit: 500ms, 30s, 10m, 1h, 1d"
 SIZE_HINT = "use bytes or a number with a unit: 512MiB, 4GiB, 2GB"

@@ -7,7 +7,7 @@ from typing import Any
 
 from .problems import Loc, Problems
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what may follow `${`
 
 
 def expand_env(value: Any, loc: Loc, problems: Problems) -> Any:
@@ -32,7 +32,7 @@ def _expand_text(text: str, at: int, loc: Loc, problems: Problems,
         if text.startswith("$${", at):
             out.append("${")
             at += 3
-        elif text.startswith("${", at) and (name := _ENV_NAME.match(text, at + 2)):
+        elif text.startswith("${", at) and (name := ENV_NAME.match(text, at + 2)):
             end = name.end()
             default: str | None = None
             inner = Problems()  # the default's own problems count only if it is used

@@ -24,8 +24,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from gateway.units import DURATION_UNITS, SIZE_UNITS, parse_duration, parse_size
+from gateway.units import DURATION_UNITS, NUMBER, SIZE_UNITS, parse_duration, parse_size
 
+from .env import ENV_NAME
 from .llama_cpp import (
     API_KEY,
     LLAMA_CPP_MODEL_KEYS,
@@ -41,7 +42,7 @@ from .schema import PER_MODEL_ONLY, SCHEMA_KEY, Config
 # `deprecated` annotation (2019-09) are understood by them too.
 DIALECT = "http://json-schema.org/draft-07/schema#"
 # A string holding a ${VAR} reference: its value is only known when the file is loaded.
-ENV_REFERENCE = r"\$\{[A-Za-z_][A-Za-z0-9_]*(\}|:-)"
+ENV_REFERENCE = rf"\$\{{{ENV_NAME.pattern}(\}}|:-)"
 
 
 def _amount(units: Iterable[str]) -> str:
@@ -49,7 +50,7 @@ def _amount(units: Iterable[str]) -> str:
     def any_case(unit: str) -> str:
         return "".join(f"[{c.lower()}{c.upper()}]" for c in unit)
     names = "|".join(any_case(u) for u in sorted(units, key=len, reverse=True))
-    return rf"^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)\s*({names})?\s*$"
+    return rf"^\s*({NUMBER})\s*({names})?\s*$"
 
 
 # The values the file may also give as text: `10m`, `4GiB` (see gateway/units.py).
