@@ -17,173 +17,46 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Coroutine, Iterable
+from typing import Any
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError
-from gateway.eviction import Blocked, Fits, Resident, TooLarge, idle_expired, next_idle_deadline, plan_load
-from gateway.lifecycle import RESIDENT_STATES, ModelState, advance
+from gateway.eviction import (
+    Blocked,
+    Fits,
+    Resident,
+    TooLarge,
+    idle_expired,
+    next_idle_deadline,
+    plan_load,
+)
+from gateway.lifecycle import ModelState, advance
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.units import format_duration, format_size
 
-__all__ = ["Lease", "Loaded", "ModelLoadFailedError", "ModelNotFoundError", "PinnedLoadError",
-           "Registry",
-           "RegistryBusyError", "ApplyResult"]
+from .errors import ModelLoadFailedError, PinnedLoadError, RegistryBusyError
+from .slots import (
+    ApplyResult,
+    Estimator,
+    Lease,
+    Loader,
+    ModelRow,
+    Slot,
+    broken,
+    engine_estimator,
+    engine_loader,
+    log_progress,
+    match,
+    resident_key,
+    residents,
+    row,
+    shared_bytes,
+    slot_key,
+    wait_event,
+    wait_task,
+)
 
 log = logging.getLogger("modelyard.registry")
-
-RETRY_AFTER_SECONDS = 5.0  # what a 503 suggests: long enough for a short request to finish
-LOAD_PROGRESS_SECONDS = 5.0  # while a load runs, the log says so this often
-
-
-class Loaded(Protocol):
-    """What a loader returns: any object that knows its size and can be closed."""
-
-    @property
-    def memory_bytes(self) -> int: ...
-
-    def close(self) -> None: ...
-
-
-Loader = Callable[[ModelEntry], Loaded]
-Estimator = Callable[[ModelEntry], int]
-
-
-class ModelLoadFailedError(Exception):
-    """The model file could not be loaded (the API turns it into 500 model_load_failed)."""
-
-    def __init__(self, path: Path | str, cause: str):
-        self.path = Path(path)
-        self.cause = cause
-        super().__init__(f"{self.path}: {cause}")
-
-
-class PinnedLoadError(Exception):
-    """Start-up failed: pinned models could not load (`modelyard serve` exits with status 2)."""
-
-    def __init__(self, reasons: list[str]):
-        self.reasons = reasons
-        super().__init__("; ".join(reasons))
-
-
-class RegistryBusyError(Exception):
-    """No model could be made ready in time (the API turns it into 503 with Retry-After)."""
-
-    def __init__(self, message: str, retry_after: float = RETRY_AFTER_SECONDS):
-        self.retry_after = retry_after
-        super().__init__(message)
-
-
-def engine_loader(entry: ModelEntry) -> Loaded:
-    import engine
-
-    return engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)
-
-
-def engine_estimator(entry: ModelEntry) -> int:
-    import engine
-
-    # one KV cache of n_ctx per parallel slot, as the scheduler loads it
-    return int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel))
-
-
-@dataclass(eq=False)
-class _Slot:
-    """One configured model and everything the registry knows about it."""
-
-    entry: ModelEntry
-    state: ModelState = ModelState.UNLOADED
-    model: Loaded | None = None
-    memory_bytes: int = 0             # actual once loaded; the estimate while loading
-    estimate: int | None = None       # bytes a load will take, asked once per slot
-    in_flight: int = 0
-    awaiting_load: int = 0            # requests waiting for this load: they hold it like in_flight
-    last_used: float | None = None    # monotonic: end of the last request, or the load
-    load_task: asyncio.Task[str | None] | None = None
-    load_seconds: float | None = None
-    load_count: int = 0
-    last_error: str | None = None
-    broken: str | None = None         # why a loaded model stopped serving: FAILED once unloaded
-    retired: bool = False             # left the config (apply): drains, unloads, then goes
-    keep_alive: float | None = None   # the last request's keep_alive (s): None = the config's,
-                                      # 0 = unload when idle, inf = keep loaded (as pinned)
-
-
-@dataclass(eq=False)
-class Lease:
-    """A ready model, counted in flight until `Registry.release(lease)`."""
-
-    entry: ModelEntry
-    model: Any            # the loader's object; cleared on release so no reference outlives use
-    alias: str
-    _slot: _Slot = field(repr=False)
-    released: bool = False
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    """What `Registry.apply` did, by first alias."""
-
-    kept: list[str]       # same file and settings: stay loaded
-    reloaded: list[str]   # same file, new settings: the old one drains, the new loads on demand
-    added: list[str]
-    removed: list[str]    # drain, then unload
-
-
-async def _wait_task(task: asyncio.Task[Any], timeout: float) -> None:
-    """Wait for `task` at most `timeout` seconds without cancelling it."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(max(0.0, timeout)):
-            await asyncio.shield(task)
-
-
-async def _log_progress(name: str, started: float) -> None:
-    """While a load runs, say every few seconds that it still does (cancelled when it ends)."""
-    while True:
-        await asyncio.sleep(LOAD_PROGRESS_SECONDS)
-        log.info("still loading %s (%.0fs so far)", name, time.monotonic() - started)
-
-
-async def _wait(event: asyncio.Event, timeout: float | None) -> None:
-    """Wait for `event` at most `timeout` seconds. (Not asyncio.wait_for: on Python 3.11 it can
-    swallow a cancellation that races with the event, and a cancelled request must stop.)"""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
-
-
-def _key(entry: ModelEntry) -> str:
-    # Keyed by entry, not by file: several entries may serve one file with their own settings.
-    return entry.name  # the first alias; aliases are unique across entries
-
-
-def _match(old: dict[str, _Slot], entry: ModelEntry) -> _Slot | None:
-    """The old slot a reloaded entry continues: the same file and a shared alias, or else the
-    one old entry of that file (its aliases were all renamed)."""
-    same_file = [s for s in old.values() if s.entry.model == entry.model]
-    for slot in same_file:
-        if set(slot.entry.aliases) & set(entry.aliases):
-            return slot
-    return same_file[0] if len(same_file) == 1 else None
-
-
-def _broken(model: Loaded | None) -> str | None:
-    """Why a loaded model must stop serving (scheduler.ServedModel.broken, or its file changed
-    under the mapping), else None. A stat per call; objects without these checks never break."""
-    why = getattr(model, "broken", None)
-    if isinstance(why, str):
-        return why
-    check = getattr(model, "file_changed", None)
-    return check() if callable(check) else None
-
-
-def _scheduler_count(model: Loaded | None, name: str) -> int:
-    """A count a served model keeps (`queued`: waiting for a slot, `active`: holding one; see
-    scheduler.ServedModel); 0 for a loaded object without a scheduler."""
-    n = getattr(model, name, None)
-    return n if isinstance(n, int) else 0
 
 
 class Registry:
@@ -193,8 +66,8 @@ class Registry:
         self._loader = loader or engine_loader
         self._estimator = estimator or engine_estimator
         self._metrics = metrics
-        self._slots: dict[str, _Slot] = {_key(e): _Slot(e) for e in config.models}
-        self._retired: list[_Slot] = []   # still holding memory after apply() dropped them
+        self._slots: dict[str, Slot] = {slot_key(e): Slot(e) for e in config.models}
+        self._retired: list[Slot] = []   # still holding memory after apply() dropped them
         self._changed = asyncio.Event()   # set (and replaced) whenever a slot changes
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -239,7 +112,7 @@ class Registry:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
-            await _wait(self._changed, remaining)
+            await wait_event(self._changed, remaining)
         return True
 
     def abort_running(self, error: BaseException) -> None:
@@ -270,7 +143,7 @@ class Registry:
                 log.warning("closing with requests still running on %s",
                             ", ".join(s.entry.name for s in busy))
                 break
-            await _wait(changed, remaining)
+            await wait_event(changed, remaining)
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     # -- serving ----------------------------------------------------------------------------
@@ -288,10 +161,10 @@ class Registry:
                 raise RegistryBusyError("the server is shutting down")
             # Resolved every round: apply() may have replaced the slot while we waited.
             entry = self._config.resolve(alias)
-            slot = self._slots[_key(entry)]
+            slot = self._slots[slot_key(entry)]
             state = slot.state
 
-            if state is ModelState.READY and (why := _broken(slot.model)) is not None:
+            if state is ModelState.READY and (why := broken(slot.model)) is not None:
                 self._break(slot, why)
                 continue
             if state is ModelState.READY:
@@ -354,7 +227,7 @@ class Registry:
         slot = lease._slot
         slot.in_flight -= 1
         slot.last_used = time.monotonic()
-        if slot.state is ModelState.READY and (why := _broken(slot.model)) is not None:
+        if slot.state is ModelState.READY and (why := broken(slot.model)) is not None:
             self._break(slot, why)  # drains: unloads now if this was the last request
         elif slot.state is ModelState.DRAINING and slot.in_flight == 0:
             self._spawn(self._unload(slot))
@@ -380,14 +253,14 @@ class Registry:
 
     # -- reporting and reconfiguring --------------------------------------------------------
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[ModelRow]:
         """Per entry: state, memory, in flight, queued, last use (unix time), load stats, last
         error; retiring instances (left the config or changed settings, still draining) too."""
-        return [self._row(slot) for slot in self._all_slots()]
+        return [row(slot) for slot in self._all_slots()]
 
     async def wait_changed(self, timeout: float) -> None:
         """Return when a slot next changes, or after `timeout` seconds (for live views)."""
-        await _wait(self._changed, timeout)
+        await wait_event(self._changed, timeout)
 
     def apply(self, config: Config) -> ApplyResult:
         """Switch to a new (already validated) config without a restart.
@@ -399,15 +272,15 @@ class Registry:
         evict idle models (LRU) at once, and busy ones as soon as they are done.
         """
         old = dict(self._slots)
-        slots: dict[str, _Slot] = {}
+        slots: dict[str, Slot] = {}
         kept, reloaded, added = [], [], []
         for entry in config.models:
-            slot = _match(old, entry)
+            slot = match(old, entry)
             if slot is not None:
-                old.pop(_key(slot.entry))
+                old.pop(slot_key(slot.entry))
             if slot is not None and slot.entry.settings_key() == entry.settings_key():
                 slot.entry = entry
-                slots[_key(entry)] = slot
+                slots[slot_key(entry)] = slot
                 kept.append(entry.name)
                 continue
             if slot is not None:
@@ -415,7 +288,7 @@ class Registry:
                 reloaded.append(entry.name)
             else:
                 added.append(entry.name)
-            slots[_key(entry)] = _Slot(entry)
+            slots[slot_key(entry)] = Slot(entry)
         for slot in old.values():
             self._retire(slot)
         self._config, self._slots = config, slots
@@ -428,25 +301,25 @@ class Registry:
                     self._spawn(self._preload(slot.entry))
         return ApplyResult(kept, reloaded, added, [s.entry.name for s in old.values()])
 
-    async def load(self, alias: str) -> dict[str, Any]:
+    async def load(self, alias: str) -> ModelRow:
         """Load `alias`'s model now (as a request would, waiting up to load_timeout); its row."""
         async with self.lease(alias) as lease:
             slot = lease._slot
-        return self._row(slot)
+        return row(slot)
 
-    async def unload(self, alias: str, timeout: float) -> dict[str, Any]:
+    async def unload(self, alias: str, timeout: float) -> ModelRow:
         """Drain `alias`'s model (running requests finish) and unload it; its row afterwards.
 
         Waits at most `timeout` seconds for the drain: the row then still says "draining". A
         pinned model stays unloaded until its next request, like any other.
         """
         entry = self._config.resolve(alias)
-        slot = self._slots[_key(entry)]
+        slot = self._slots[slot_key(entry)]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             if slot.state is ModelState.LOADING and slot.load_task is not None:
-                await _wait_task(slot.load_task, deadline - loop.time())
+                await wait_task(slot.load_task, deadline - loop.time())
                 if slot.state is ModelState.LOADING:
                     break  # still loading at the deadline
                 continue
@@ -455,24 +328,24 @@ class Registry:
                 self._begin_drain(slot)
             if slot.state is not ModelState.DRAINING or loop.time() >= deadline:
                 break
-            await _wait(self._changed, deadline - loop.time())
-        return self._row(slot)
+            await wait_event(self._changed, deadline - loop.time())
+        return row(slot)
 
     # -- transitions (the only writers of slot.state) ---------------------------------------
 
-    def _begin_load(self, slot: _Slot) -> None:
+    def _begin_load(self, slot: Slot) -> None:
         slot.state = advance(slot.state, ModelState.LOADING)
         slot.memory_bytes = slot.estimate or 0  # reserved, so concurrent plans count it
         slot.load_task = asyncio.create_task(self._load(slot), name=f"load {slot.entry.name}")
         self._notify()
 
-    async def _load(self, slot: _Slot) -> str | None:
+    async def _load(self, slot: Slot) -> str | None:
         """Load in a worker thread; returns None, or the cause of the failure."""
         entry = slot.entry
         started = time.monotonic()
         log.info("loading %s from %s (%s, n_ctx %d)", entry.name, entry.model,
                  format_size(slot.estimate or 0), entry.n_ctx)
-        progress = asyncio.create_task(_log_progress(entry.name, started))
+        progress = asyncio.create_task(log_progress(entry.name, started))
         try:
             model = await asyncio.to_thread(self._loader, entry)
         except BaseException as e:  # noqa: BLE001 - everything a loader raises is a failed load
@@ -508,13 +381,13 @@ class Registry:
         self._notify()
         return None
 
-    def _begin_drain(self, slot: _Slot) -> None:
+    def _begin_drain(self, slot: Slot) -> None:
         slot.state = advance(slot.state, ModelState.DRAINING)
         if slot.in_flight == 0:
             self._spawn(self._unload(slot))
         self._notify()
 
-    async def _unload(self, slot: _Slot) -> None:
+    async def _unload(self, slot: Slot) -> None:
         """Close the model and drop every reference we hold, so its memory goes back."""
         model, slot.model = slot.model, None
         try:
@@ -533,7 +406,7 @@ class Registry:
             log.info("unloaded %s", slot.entry.name)
             self._notify()
 
-    def _break(self, slot: _Slot, why: str) -> None:
+    def _break(self, slot: Slot, why: str) -> None:
         """A ready model that must stop serving: drain it (its scheduler already fails what it
         runs), unload it, and leave it FAILED with the reason; the next request loads afresh."""
         log.error("%s stops serving and unloads: %s", slot.entry.name, why)
@@ -541,7 +414,7 @@ class Registry:
         slot.estimate = None  # the file may have a new size
         self._begin_drain(slot)
 
-    def _retire(self, slot: _Slot) -> None:
+    def _retire(self, slot: Slot) -> None:
         slot.retired = True
         if slot.state is ModelState.READY:
             self._begin_drain(slot)
@@ -575,7 +448,7 @@ class Registry:
                         entry.name, e)
             return 0
 
-    async def _wait_for_load(self, slot: _Slot, task: asyncio.Task[str | None],
+    async def _wait_for_load(self, slot: Slot, task: asyncio.Task[str | None],
                              deadline: float) -> str | None:
         remaining = deadline - asyncio.get_running_loop().time()
         try:
@@ -597,14 +470,14 @@ class Registry:
             raise RegistryBusyError(
                 f"{why} (waited load_timeout, "
                 f"{format_duration(self._config.registry.load_timeout)})")
-        await _wait(changed, remaining)
+        await wait_event(changed, remaining)
 
     async def _sweep_idle(self) -> None:
         while not self._closed:
             changed = self._changed
             now = time.monotonic()
-            residents = self._residents()
-            for slot in self._slots_by_key(idle_expired(residents, now)):
+            resident = self._residents()
+            for slot in self._slots_by_key(idle_expired(resident, now)):
                 log.info("unloading %s: idle for %s", slot.entry.name,
                          format_duration(now - (slot.last_used or now)))
                 self._metrics.model_idle_unloaded(slot.entry.name)
@@ -613,7 +486,7 @@ class Registry:
                 self._enforce_limits()
             deadline = next_idle_deadline(self._residents())
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) + 0.01
-            await _wait(changed, timeout)
+            await wait_event(changed, timeout)
 
     def _enforce_limits(self) -> None:
         """Evict idle models (LRU) until the resident ones fit the current limits.
@@ -638,27 +511,6 @@ class Registry:
                 self._metrics.model_evicted(victim.entry.name)
                 self._begin_drain(victim)
 
-    def _row(self, slot: _Slot) -> dict[str, Any]:
-        return {
-            "model": str(slot.entry.model),
-            "aliases": list(slot.entry.aliases),
-            "state": slot.state.value,
-            "pinned": slot.entry.pinned,
-            "memory_bytes": slot.memory_bytes,
-            "in_flight": slot.in_flight,
-            "queued": _scheduler_count(slot.model, "queued"),
-            "active": _scheduler_count(slot.model, "active"),
-            "n_ctx": slot.entry.n_ctx,
-            "chat_format": getattr(slot.model, "chat_format", None),  # which template, and why
-            "last_used": (None if slot.last_used is None
-                          else time.time() - (time.monotonic() - slot.last_used)),
-            "load_seconds": slot.load_seconds,
-            "load_count": slot.load_count,
-            "last_error": slot.last_error,
-            "retiring": slot.retired,
-            "keep_alive": -1 if slot.keep_alive == float("inf") else slot.keep_alive,
-        }
-
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -668,42 +520,16 @@ class Registry:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _all_slots(self) -> list[_Slot]:
+    def _all_slots(self) -> list[Slot]:
         return [*self._slots.values(), *self._retired]
 
-    def _resident_key(self, slot: _Slot) -> str:
-        return slot.entry.name if not slot.retired else f"{slot.entry.name} (old, {id(slot):x})"
-
-    def _shared_bytes(self, slot: _Slot, before: list[_Slot]) -> int:
-        """Bytes of `slot` already counted for a slot in `before` that maps the same file
-        (the page cache holds one copy of a file however often it is mapped)."""
-        for other in before:
-            if other.entry.model == slot.entry.model and other.state in RESIDENT_STATES:
-                mapped = getattr(other.model, "mapped_bytes", None)
-                if isinstance(mapped, int):
-                    return mapped
-        return 0
-
-    def _load_estimate(self, slot: _Slot) -> int:
+    def _load_estimate(self, slot: Slot) -> int:
         others = [s for s in self._all_slots() if s is not slot]
-        return max(0, (slot.estimate or 0) - self._shared_bytes(slot, others))
+        return max(0, (slot.estimate or 0) - shared_bytes(slot, others))
 
     def _residents(self) -> list[Resident]:
-        default_idle = self._config.registry.idle_timeout
-        def idle_timeout(s: _Slot) -> float:
-            if s.keep_alive is not None and 0 < s.keep_alive < float("inf"):
-                return s.keep_alive
-            return default_idle if s.entry.idle_timeout is None else s.entry.idle_timeout
+        return residents(self._all_slots(), self._config.registry.idle_timeout)
 
-        slots = self._all_slots()
-        return [Resident(
-            key=self._resident_key(s), state=s.state,
-            memory_bytes=max(0, s.memory_bytes - self._shared_bytes(s, slots[:i])),
-            in_flight=s.in_flight + s.awaiting_load,
-            pinned=(s.entry.pinned or s.keep_alive == float("inf")) and not s.retired,
-            last_used=s.last_used or 0.0, idle_timeout=idle_timeout(s),
-        ) for i, s in enumerate(slots)]
-
-    def _slots_by_key(self, keys: Iterable[str]) -> list[_Slot]:
-        by_key = {self._resident_key(s): s for s in self._all_slots()}
+    def _slots_by_key(self, keys: Iterable[str]) -> list[Slot]:
+        by_key = {resident_key(s): s for s in self._all_slots()}
         return [by_key[k] for k in keys]

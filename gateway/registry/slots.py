@@ -1,0 +1,225 @@
+"""The registry's records: one slot per configured model, the lease a request holds, the rows
+/admin/models shows, and the pure helpers that describe slots to the eviction policy.
+
+Only gateway/registry/core.py writes a slot's state; everything here reads slots.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypedDict
+
+from gateway.config import ModelEntry
+from gateway.eviction import Resident
+from gateway.lifecycle import RESIDENT_STATES, ModelState
+
+log = logging.getLogger("modelyard.registry")
+
+LOAD_PROGRESS_SECONDS = 5.0  # while a load runs, the log says so this often
+
+
+class Loaded(Protocol):
+    """What a loader returns: any object that knows its size and can be closed."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+Loader = Callable[[ModelEntry], Loaded]
+Estimator = Callable[[ModelEntry], int]
+
+
+
+def engine_loader(entry: ModelEntry) -> Loaded:
+    import engine
+
+    return engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)  # type: ignore[no-any-return]
+
+
+def engine_estimator(entry: ModelEntry) -> int:
+    import engine
+
+    # one KV cache of n_ctx per parallel slot, as the scheduler loads it
+    return int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel))
+
+
+@dataclass(eq=False)
+class Slot:
+    """One configured model and everything the registry knows about it."""
+
+    entry: ModelEntry
+    state: ModelState = ModelState.UNLOADED
+    model: Loaded | None = None
+    memory_bytes: int = 0             # actual once loaded; the estimate while loading
+    estimate: int | None = None       # bytes a load will take, asked once per slot
+    in_flight: int = 0
+    awaiting_load: int = 0            # requests waiting for this load: they hold it like in_flight
+    last_used: float | None = None    # monotonic: end of the last request, or the load
+    load_task: asyncio.Task[str | None] | None = None
+    load_seconds: float | None = None
+    load_count: int = 0
+    last_error: str | None = None
+    broken: str | None = None         # why a loaded model stopped serving: FAILED once unloaded
+    retired: bool = False             # left the config (apply): drains, unloads, then goes
+    keep_alive: float | None = None   # the last request's keep_alive (s): None = the config's,
+                                      # 0 = unload when idle, inf = keep loaded (as pinned)
+
+
+@dataclass(eq=False)
+class Lease:
+    """A ready model, counted in flight until `Registry.release(lease)`."""
+
+    entry: ModelEntry
+    model: Any            # the loader's object; cleared on release so no reference outlives use
+    alias: str
+    _slot: Slot = field(repr=False)
+    released: bool = False
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What `Registry.apply` did, by first alias."""
+
+    kept: list[str]       # same file and settings: stay loaded
+    reloaded: list[str]   # same file, new settings: the old one drains, the new loads on demand
+    added: list[str]
+    removed: list[str]    # drain, then unload
+
+
+
+class ModelRow(TypedDict):
+    """A local entry as /admin/models, the console and the metrics see it."""
+
+    kind: Literal["local"]
+    model: str                     # the GGUF file
+    aliases: list[str]
+    state: str                     # a ModelState value
+    pinned: bool
+    memory_bytes: int
+    in_flight: int
+    queued: int
+    active: int
+    n_ctx: int
+    chat_format: str | None        # which template, and why
+    last_used: float | None        # unix time
+    load_seconds: float | None
+    load_count: int
+    last_error: str | None
+    retiring: bool
+    keep_alive: float | None       # -1 = keep loaded
+
+
+def row(slot: Slot) -> ModelRow:
+    chat_format = getattr(slot.model, "chat_format", None)
+    return ModelRow(
+        kind="local",
+        model=str(slot.entry.model),
+        aliases=list(slot.entry.aliases),
+        state=slot.state.value,
+        pinned=slot.entry.pinned,
+        memory_bytes=slot.memory_bytes,
+        in_flight=slot.in_flight,
+        queued=scheduler_count(slot.model, "queued"),
+        active=scheduler_count(slot.model, "active"),
+        n_ctx=slot.entry.n_ctx,
+        chat_format=chat_format if isinstance(chat_format, str) else None,
+        last_used=(None if slot.last_used is None
+                   else time.time() - (time.monotonic() - slot.last_used)),
+        load_seconds=slot.load_seconds,
+        load_count=slot.load_count,
+        last_error=slot.last_error,
+        retiring=slot.retired,
+        keep_alive=-1 if slot.keep_alive == float("inf") else slot.keep_alive,
+    )
+
+
+async def wait_task(task: asyncio.Task[Any], timeout: float) -> None:
+    """Wait for `task` at most `timeout` seconds without cancelling it."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(0.0, timeout)):
+            await asyncio.shield(task)
+
+
+async def log_progress(name: str, started: float) -> None:
+    """While a load runs, say every few seconds that it still does (cancelled when it ends)."""
+    while True:
+        await asyncio.sleep(LOAD_PROGRESS_SECONDS)
+        log.info("still loading %s (%.0fs so far)", name, time.monotonic() - started)
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> None:
+    """Wait for `event` at most `timeout` seconds. (Not asyncio.wait_for: on Python 3.11 it can
+    swallow a cancellation that races with the event, and a cancelled request must stop.)"""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
+def slot_key(entry: ModelEntry) -> str:
+    # Keyed by entry, not by file: several entries may serve one file with their own settings.
+    return entry.name  # the first alias; aliases are unique across entries
+
+
+def match(old: dict[str, Slot], entry: ModelEntry) -> Slot | None:
+    """The old slot a reloaded entry continues: the same file and a shared alias, or else the
+    one old entry of that file (its aliases were all renamed)."""
+    same_file = [s for s in old.values() if s.entry.model == entry.model]
+    for slot in same_file:
+        if set(slot.entry.aliases) & set(entry.aliases):
+            return slot
+    return same_file[0] if len(same_file) == 1 else None
+
+
+def broken(model: Loaded | None) -> str | None:
+    """Why a loaded model must stop serving (scheduler.ServedModel.broken, or its file changed
+    under the mapping), else None. A stat per call; objects without these checks never break."""
+    why = getattr(model, "broken", None)
+    if isinstance(why, str):
+        return why
+    check = getattr(model, "file_changed", None)
+    return check() if callable(check) else None
+
+
+def scheduler_count(model: Loaded | None, name: str) -> int:
+    """A count a served model keeps (`queued`: waiting for a slot, `active`: holding one; see
+    scheduler.ServedModel); 0 for a loaded object without a scheduler."""
+    n = getattr(model, name, None)
+    return n if isinstance(n, int) else 0
+
+
+
+def resident_key(slot: Slot) -> str:
+    return slot.entry.name if not slot.retired else f"{slot.entry.name} (old, {id(slot):x})"
+
+
+def shared_bytes(slot: Slot, before: list[Slot]) -> int:
+    """Bytes of `slot` already counted for a slot in `before` that maps the same file
+    (the page cache holds one copy of a file however often it is mapped)."""
+    for other in before:
+        if other.entry.model == slot.entry.model and other.state in RESIDENT_STATES:
+            mapped = getattr(other.model, "mapped_bytes", None)
+            if isinstance(mapped, int):
+                return mapped
+    return 0
+
+
+def residents(slots: list[Slot], default_idle: float) -> list[Resident]:
+    """`slots` as the eviction policy sees them (gateway/eviction.py)."""
+    def idle_timeout(s: Slot) -> float:
+        if s.keep_alive is not None and 0 < s.keep_alive < float("inf"):
+            return s.keep_alive
+        return default_idle if s.entry.idle_timeout is None else s.entry.idle_timeout
+
+    return [Resident(
+        key=resident_key(s), state=s.state,
+        memory_bytes=max(0, s.memory_bytes - shared_bytes(s, slots[:i])),
+        in_flight=s.in_flight + s.awaiting_load,
+        pinned=(s.entry.pinned or s.keep_alive == float("inf")) and not s.retired,
+        last_used=s.last_used or 0.0, idle_timeout=idle_timeout(s),
+    ) for i, s in enumerate(slots)]
