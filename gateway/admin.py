@@ -4,7 +4,8 @@
     GET  /metrics                       Prometheus text (gateway/metrics.py)
     GET  /admin/status                  config file, watching, last reload, counts
     POST /admin/reload                  reload the config file now: 200, or 422 with its errors
-    GET  /admin/models                  every entry: state, memory, in flight, queued, ...
+    GET  /admin/models                  every entry: state, memory, in flight, queued, ...; and
+                                        every upstream server: health, in flight, errors, ...
     POST /admin/models/{alias}/load     load now (waits up to registry.load_timeout)
     POST /admin/models/{alias}/unload   drain (running requests finish), then unload;
                                         ?timeout=SECONDS bounds the wait (default 30)
@@ -74,7 +75,7 @@ def status_body(app: Starlette) -> dict[str, Any]:
         "reloads": dict(reloader.counts),
         "warnings": list(registry.config.warnings),
         "models": {
-            "configured": len(registry.config.models),
+            "configured": len(registry.config.models) + len(registry.config.upstreams),
             "loaded": sum(r["state"] == "ready" for r in rows),
             "aliases": registry.config.aliases(),
         },
@@ -87,7 +88,9 @@ async def reload(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": app_state(request.app).registry.snapshot()})
+    registry = app_state(request.app).registry  # local entries, then upstream servers (`kind`)
+    return JSONResponse({"object": "list",
+                         "data": [*registry.snapshot(), *registry.upstream_rows()]})
 
 
 async def load_model(request: Request) -> Response:

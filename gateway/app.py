@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from . import admin, console, events, llama_api
 from .asgi import HttpMiddleware, StatusNotingSend
 from .auth import AuthMiddleware
+from .backends.metrics import UpstreamCollector
 from .config import Config
 from .cors import ConfigCors
 from .errors import HANDLED, handle_exception
@@ -72,6 +73,7 @@ def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_mod
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = Registry(config, loader=loader_with_metrics(loader, metrics), metrics=metrics)
         metrics.watch_models(registry.snapshot)
+        metrics.registry.register(UpstreamCollector(registry.upstream_rows))
 
         def applied(new: Config) -> None:
             state.config = new

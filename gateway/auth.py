@@ -187,6 +187,15 @@ def check_model(request: Request, alias: str) -> None:
                        param="model", code="model_not_allowed")
 
 
+def check_named(request: Request, alias: str) -> None:
+    """403 model_not_allowed unless the request's key lists `alias` itself (an upstream alias
+    has no model file to share with other aliases)."""
+    info = _key(request)
+    if info is not None and info.models is not None and alias not in info.models:
+        raise APIError(403, f"Key '{info.name}' may not use the model '{alias}'",
+                       param="model", code="model_not_allowed")
+
+
 def visible_aliases(request: Request, aliases: Iterable[str]) -> list[str] | None:
     """The aliases a key may see in model lists; None = all."""
     info = _key(request)
@@ -194,4 +203,5 @@ def visible_aliases(request: Request, aliases: Iterable[str]) -> list[str] | Non
         return None
     config = app_state(request.app).config
     files = _allowed_entries(config, info)
-    return [a for a in aliases if str(config.resolve(a).model) in files]
+    return [a for a in aliases if (str(config.resolve(a).model) in files if config.is_local(a)
+                                   else a in info.models)]

@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from . import auth, defaults, model_cards, serving
 from . import protocol as p
+from .backends import dispatch
 from .config import LimitSettings
 from .metrics import RequestMetrics
 from .registry import Lease
@@ -34,8 +35,11 @@ def _json(body: BaseModel) -> JSONResponse:
 
 async def list_models(request: Request) -> Response:
     state = app_state(request.app)
+    aliases = state.config.aliases() + state.registry.upstreams.discovered_aliases()
+    visible = auth.visible_aliases(request, aliases)
     cards = await model_cards.cards(state.config, state.registry.snapshot(), state.started,
-                                    auth.visible_aliases(request, state.config.aliases()))
+                                    visible)
+    cards += dispatch.upstream_cards(state.registry, state.started, visible)
     body = p.ModelList(data=cards).model_dump(mode="json")
     if not request.url.path.startswith("/v1/"):  # llama.cpp's router API: `status` per model
         for item, card in zip(body["data"], cards):
@@ -46,19 +50,28 @@ async def list_models(request: Request) -> Response:
 async def retrieve_model(request: Request) -> Response:
     state = app_state(request.app)
     alias = request.path_params["model"]
+    if state.registry.route(alias) is not None:
+        auth.check_named(request, alias)
+        card = next(c for c in dispatch.upstream_cards(state.registry, state.started, [alias]))
+        request.state.model = alias
+        return _json(card)
     auth.check_model(request, alias)
     card = await model_cards.card(state.config, state.registry.snapshot(), state.started, alias)
     request.state.model = alias  # a configured alias: safe as a metrics label
     return _json(card)
 
 
-async def acquire(request: Request, alias: str | None,
-                  keep_alive: p.KeepAlive = None) -> tuple[Lease, ServedModel, RequestMetrics]:
+async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive = None,
+                  shown: str | None = None) -> tuple[Lease, ServedModel, RequestMetrics]:
     """A lease on the model, the model, and this request's metrics (time to first token counts
-    from here: loading the model and waiting for a slot are part of it)."""
+    from here: loading the model and waiting for a slot are part of it). `shown`: the pool alias
+    a local member serves under (responses and metrics name it)."""
     started = time.perf_counter()
-    auth.check_model(request, alias or app_state(request.app).config.resolve(None).name)
+    if shown is None:  # a pool's member: the pool's alias was checked
+        auth.check_model(request, alias or app_state(request.app).config.default_alias())
     lease = await app_state(request.app).registry.acquire(alias)
+    if shown is not None:
+        lease.alias = shown
     request.state.model = lease.alias  # for the request log and metrics
     app_state(request.app).registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
     return lease, lease.model, RequestMetrics(app_state(request.app).metrics, lease.alias, started)
@@ -73,13 +86,13 @@ def with_defaults(req: R, lease: Lease, served: ServedModel) -> R:
     return defaults.fill(req, lease.entry, served.sampling_defaults, budget)
 
 
-async def _generate(request: Request, req: R,
+async def _generate(request: Request, req: R, shown: str | None,
                     plan: Callable[[ServedModel, R, LimitSettings], Awaitable[serving.Plan]],
                     whole: Callable[[ServedModel, str, R, serving.Plan], Awaitable[BaseModel]],
                     chunks: Callable[[ServedModel, str, R, serving.Plan],
                                      AsyncIterator[BaseModel | bytes]]) -> Response:
     registry = app_state(request.app).registry
-    lease, served, metrics = await acquire(request, req.model, req.keep_alive)
+    lease, served, metrics = await acquire(request, req.model, req.keep_alive, shown)
     handed_off = False
     try:
         req = with_defaults(req, lease, served)
@@ -103,25 +116,50 @@ async def _generate(request: Request, req: R,
 
 
 async def chat_completions(request: Request) -> Response:
-    req = p.parse_request(p.ChatCompletionRequest, await request.body())
-    return await _generate(request, req, serving.plan_chat, serving.chat_completion,
-                           serving.chat_chunks)
+    return await dispatch.serve(request, "/chat/completions", _local_chat)
 
 
 async def completions(request: Request) -> Response:
-    req = p.parse_request(p.CompletionRequest, await request.body())
-    return await _generate(request, req, serving.plan_completion, serving.completion,
-                           serving.completion_chunks)
+    return await dispatch.serve(request, "/completions", _local_completion)
 
 
 async def embeddings(request: Request) -> Response:
-    req = p.parse_request(p.EmbeddingRequest, await request.body())
-    lease, served, metrics = await acquire(request, req.model, req.keep_alive)
+    return await dispatch.serve(request, "/embeddings", _local_embeddings)
+
+
+# The local path of each endpoint (gateway/backends/dispatch.py): `local` is the local entry a
+# pool picked, served under the pool's alias `shown`; both None for a local alias.
+
+async def _local_chat(request: Request, body: bytes, local: str | None,
+                      shown: str | None) -> Response:
+    req = _for_member(p.parse_request(p.ChatCompletionRequest, body), local)
+    return await _generate(request, req, shown, serving.plan_chat, serving.chat_completion,
+                           serving.chat_chunks)
+
+
+async def _local_completion(request: Request, body: bytes, local: str | None,
+                            shown: str | None) -> Response:
+    req = _for_member(p.parse_request(p.CompletionRequest, body), local)
+    return await _generate(request, req, shown, serving.plan_completion, serving.completion,
+                           serving.completion_chunks)
+
+
+async def _local_embeddings(request: Request, body: bytes, local: str | None,
+                            shown: str | None) -> Response:
+    req = _for_member(p.parse_request(p.EmbeddingRequest, body), local)
+    lease, served, metrics = await acquire(request, req.model, req.keep_alive, shown)
     try:
         return _json(await cancel_on_disconnect(request, serving.embeddings(
             served, lease.alias, req, app_state(request.app).config.limits, metrics)))
     finally:
         app_state(request.app).registry.release(lease)
+
+
+M = TypeVar("M", p.ChatCompletionRequest, p.CompletionRequest, p.EmbeddingRequest)
+
+
+def _for_member(req: M, local: str | None) -> M:
+    return req if local is None else req.model_copy(update={"model": local})
 
 
 def routes() -> list[BaseRoute]:

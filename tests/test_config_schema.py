@@ -94,6 +94,18 @@ GOOD = {
     "one alias as a string": """
         models: [{model: models/small.gguf, aliases: small, idle_timeout: 5m}]
     """,
+    "upstream entries": """
+        models:
+          - {model: models/small.gguf, aliases: small}
+          - aliases: [chat]
+            balance: round_robin
+            probe: {interval: 5s, path: /health}
+            upstream:
+              - {url: "http://gpu:8000/v1", api_key_file: key.txt, model: m, timeout: 2m,
+                 max_concurrent: 4, headers: {X-Team: a}}
+              - {local: small}
+          - upstream: {url: "http://other:8080", discover: true, api_key: "${K:-k}"}
+    """,
 }
 
 # Rejected by load_config, for a reason a schema can see.
@@ -119,6 +131,11 @@ BAD = {
     "a client key without a key": "auth: {keys: [{name: a}]}\n"
                                   "models: [{model: models/small.gguf}]",
     "a list where a mapping goes": "registry: [1]\nmodels: [{model: models/small.gguf}]",
+    "an upstream entry with a model file": "models: [{model: models/small.gguf, aliases: [x], "
+                                           "upstream: {url: 'http://h'}}]",
+    "an unknown upstream key": "models: [{aliases: [x], upstream: {url: 'http://h', tls: 1}}]",
+    "an upstream key and a key file": "models: [{aliases: [x], upstream: {url: 'http://h', "
+                                      "api_key: k, api_key_file: key.txt}}]",
 }
 
 

@@ -116,6 +116,7 @@ def config_schema() -> dict[str, Any]:
     defs["Defaults"] = defaults
 
     props = schema["properties"]
+    _upstream_entries(schema, defs)
     props["defaults"] = {"$ref": "#/$defs/Defaults"}
     props[SCHEMA_KEY] = {"type": "string",
                          "description": "this schema, for editors (modelyard ignores the key)"}
@@ -137,6 +138,25 @@ def config_schema() -> dict[str, Any]:
     rest = {k: v for k, v in schema.items() if k not in ("title", "description", "$defs")}
     return {"$schema": DIALECT, "title": "modelyard config", "description": about, **rest,
             "$defs": defs}
+
+
+def _upstream_entries(schema: dict[str, Any], defs: dict[str, Any]) -> None:
+    """An item of `models` is a model entry or an upstream entry (gateway/config/upstream.py:
+    `upstream:` one server or a list, aliases as for models, api_key from a file too)."""
+    models = schema["properties"]["models"]
+    models["items"] = {"anyOf": [{"$ref": "#/$defs/ModelEntry"},
+                                 {"$ref": "#/$defs/UpstreamEntry"}]}
+    models["minItems"] = 1
+    schema["required"] = [*schema.get("required", []), "models"]
+    entry = defs["UpstreamEntry"]["properties"]
+    entry[MODEL_ALIAS] = {"type": "string", "description": "one alias: the first of `aliases`"}
+    entry["aliases"] = {"anyOf": [entry["aliases"], {"type": "string"}]}
+    entry["upstream"] = {"anyOf": [entry["upstream"], {"$ref": "#/$defs/UpstreamServer"}],
+                         "description": "one server, or a list of servers and local entries"}
+    server = defs["UpstreamServer"]
+    server["properties"]["api_key_file"] = {
+        "type": "string", "description": "a file whose first line is the api_key"}
+    server["not"] = {"required": ["api_key", "api_key_file"]}
 
 
 def schema_text() -> str:

@@ -26,7 +26,7 @@ from .llama_cpp import (
     server_key_note,
 )
 from .problems import ConfigError, Loc, Problems, pydantic_message, render, unknown_key
-from .reload import file_keys
+from .reload import file_keys, sections_in
 from .schema import (
     ENTRY_KEYS,
     PER_MODEL_ONLY,
@@ -42,6 +42,7 @@ from .schema import (
     ServerSettings,
     check_across_entries,
 )
+from .upstream import MEMBER_TAGS, UpstreamEntry, prepare_upstream
 
 log = logging.getLogger("modelyard.config")
 
@@ -113,12 +114,20 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
 
     raw_models = data.get("models")
     entries: list[ModelEntry | None] = []
+    upstreams: list[UpstreamEntry | None] = []
     seen: list[_Aliases] = []
     if not isinstance(raw_models, list) or not raw_models:
         problems.add(("models",), "required: a list with at least one model "
-                                  "(each at least `model: path/to/file.gguf`)")
+                                  "(each at least `model: path/to/file.gguf` or `upstream:`)")
     else:
         for i, raw in enumerate(raw_models):
+            if isinstance(raw, dict) and "upstream" in raw:  # gateway/config/upstream.py
+                fields, alias_locs = prepare_upstream(
+                    raw, ("models", i), problems,
+                    lambda item, key, loc: _secret(item, key, base_dir, loc, problems))
+                seen.append((i, alias_locs))
+                upstreams.append(_validate(UpstreamEntry, fields, ("models", i), problems))
+                continue
             prepared = _prepare_entry(raw, defaults, base_dir, ("models", i), problems)
             if prepared is None:
                 entries.append(None)
@@ -128,16 +137,17 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
             entries.append(_validate(ModelEntry, entry_fields, ("models", i), problems))
 
     default_model = data.get("default_model")
-    all_prepared = len(seen) == len(entries) > 0
+    all_prepared = len(seen) == len(entries) + len(upstreams) > 0
     check_across_entries(
         seen, default_model if isinstance(default_model, str) and all_prepared else None, problems)
     if (problems.items or server is None or registry is None or auth is None or cors is None
-            or limits is None or None in entries):
+            or limits is None or None in entries or None in upstreams):
         return None
     try:
         return Config(**server.model_dump(), registry=registry, auth=auth, cors=cors,
                       limits=limits,
-                      models=[e for e in entries if e is not None], source=source)
+                      models=[e for e in entries if e is not None],
+                      upstreams=[e for e in upstreams if e is not None], source=source)
     except ValidationError as e:  # a check above missed something; still report, never crash
         for err in e.errors():
             problems.add(tuple(err["loc"]), pydantic_message(err, TOP_KEYS))
@@ -342,5 +352,15 @@ def _validate(cls: type[M], data: Any, loc: Loc, problems: Problems) -> M | None
         return cls.model_validate(data)
     except ValidationError as e:
         for err in e.errors():
-            problems.add(loc + tuple(err["loc"]), pydantic_message(err, file_keys(cls)))
+            where = tuple(p for p in err["loc"] if p not in MEMBER_TAGS)  # a union's tags
+            problems.add(loc + where, pydantic_message(err, file_keys(_model_at(cls, where))))
         return None
+
+
+def _model_at(cls: type[BaseModel], where: Loc) -> type[BaseModel]:
+    """The (nested) model an error's location points into: its keys are the ones to suggest."""
+    for part in where[:-1]:
+        info = cls.model_fields.get(part) if isinstance(part, str) else None
+        nested = next(sections_in(info.annotation), None) if info is not None else None
+        cls = nested or cls
+    return cls

@@ -32,6 +32,7 @@ from gateway.units import parse_duration, parse_size
 from .llama_cpp import MODEL_ALIAS
 from .problems import Loc, Problems, dotted
 from .reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
+from .upstream import UpstreamEntry, check_pool_members
 
 GiB = 1024**3
 
@@ -257,7 +258,9 @@ class Config(ServerSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     cors: CorsSettings = Field(default_factory=CorsSettings)
-    models: list[ModelEntry] = Field(min_length=1, description="the models to serve")
+    models: list[ModelEntry] = Field(default_factory=list, description="the models to serve")
+    # entries with `upstream:` (gateway/config/upstream.py); the loader takes them from `models`
+    upstreams: Annotated[list[UpstreamEntry], INTERNAL] = Field(default_factory=list)
     # the file this came from; None = built in code
     source: Annotated[Path | None, INTERNAL] = None
     warnings: Annotated[list[str], INTERNAL] = Field(default_factory=list)  # accepted, unused keys
@@ -267,10 +270,15 @@ class Config(ServerSettings):
     @model_validator(mode="after")
     def _consistent(self) -> Config:
         problems = Problems()
-        check_across_entries(
-            [(i, [(a, ("models", i, "aliases")) for a in e.aliases])
-             for i, e in enumerate(self.models)],
-            self.default_model, problems)
+        if not self.models and not self.upstreams:
+            problems.add(("models",), "at least one entry (a model file or an upstream)")
+        entries: list[tuple[int, list[tuple[str, Loc]]]] = [
+            (i, [(a, ("models", i, "aliases")) for a in e.aliases])
+            for i, e in enumerate(self.models)]
+        entries += [(len(self.models) + i, [(a, ("upstreams", i, "aliases")) for a in e.aliases])
+                    for i, e in enumerate(self.upstreams)]
+        check_across_entries(entries, self.default_model, problems)
+        check_pool_members(set(self._local_aliases()), self.upstreams, problems)
         if problems.items:
             raise ValueError("; ".join(f"{dotted(loc)}: {msg}" for loc, msg in problems.items))
         return self
@@ -279,17 +287,28 @@ class Config(ServerSettings):
         self._by_alias = {a: e for e in self.models for a in e.aliases}
 
     def resolve(self, alias: str | None) -> ModelEntry:
-        """The entry serving `alias`; None means default_model, or else the first entry."""
+        """The local entry serving `alias`; None means the default alias (default_alias())."""
         if alias is None:
-            if self.default_model is None:
-                return self.models[0]
-            alias = self.default_model
+            alias = self.default_alias()
         try:
             return self._by_alias[alias]
         except KeyError:
             raise ModelNotFoundError(alias, self.aliases()) from None
 
+    def default_alias(self) -> str:
+        """What a request naming no model gets: default_model, or else the first entry's."""
+        if self.default_model is not None:
+            return self.default_model
+        return self.models[0].name if self.models else self.upstreams[0].name
+
+    def is_local(self, alias: str) -> bool:
+        return alias in self._by_alias
+
     def aliases(self) -> list[str]:
+        """Every configured alias: local entries first, then upstream entries."""
+        return self._local_aliases() + [a for e in self.upstreams for a in e.aliases]
+
+    def _local_aliases(self) -> list[str]:
         return [a for e in self.models for a in e.aliases]
 
 

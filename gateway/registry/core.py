@@ -18,43 +18,25 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError
-from gateway.eviction import (
-    Blocked,
-    Fits,
-    Resident,
-    TooLarge,
-    idle_expired,
-    next_idle_deadline,
-    plan_load,
-)
+from gateway.eviction import (Blocked, Fits, Resident, TooLarge, idle_expired,
+                              next_idle_deadline, plan_load)
 from gateway.lifecycle import ModelState, advance
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.units import format_duration, format_size
 
 from .errors import ModelLoadFailedError, PinnedLoadError, RegistryBusyError
-from .slots import (
-    ApplyResult,
-    Estimator,
-    Lease,
-    Loader,
-    ModelRow,
-    Slot,
-    broken,
-    engine_estimator,
-    engine_loader,
-    log_progress,
-    match,
-    resident_key,
-    residents,
-    row,
-    shared_bytes,
-    slot_key,
-    wait_event,
-    wait_task,
-)
+from .slots import (ApplyResult, Estimator, Lease, Loader, ModelRow, Slot, broken,
+                    engine_estimator, engine_loader, match, resident_key, residents, row,
+                    shared_bytes, slot_key)
+from .waiting import (estimate_memory, log_progress, wait_event, wait_for_change, wait_for_load,
+                      wait_task)
+
+if TYPE_CHECKING:  # imported when a Registry is made: the backends import gateway.errors
+    from gateway.backends.pool import Pool
+    from gateway.backends.upstreams import UpstreamRow, Upstreams
 
 log = logging.getLogger("modelyard.registry")
 
@@ -74,6 +56,9 @@ class Registry:
         self._closed = False
         self._stopping = False            # draining for shutdown: running requests finish
         self._over_limits = False         # apply() lowered a limit and evictions are pending
+        from gateway.backends.upstreams import Upstreams
+
+        self.upstreams: Upstreams = Upstreams(config.upstreams, self._notify)  # gateway/backends/
 
     @property
     def config(self) -> Config:
@@ -90,6 +75,7 @@ class Registry:
         """Start the idle sweeper and load pinned models. A pinned model that cannot load fails
         the start: PinnedLoadError names each one and why (the server must not look healthy)."""
         self._sweeper = asyncio.create_task(self._sweep_idle(), name="modelyard-idle-sweeper")
+        await self.upstreams.start()
         errors = await asyncio.gather(*(self._preload(s.entry) for s in self._slots.values()
                                         if s.entry.pinned))
         if failed := [e for e in errors if e is not None]:
@@ -101,8 +87,10 @@ class Registry:
         self._notify()
 
     def in_flight(self) -> dict[str, int]:
-        """Requests holding each model (by entry name), for those that have any."""
-        return {s.entry.name: s.in_flight for s in self._all_slots() if s.in_flight}
+        """Requests holding each model (by entry name) or upstream server (by its label), for
+        those that have any."""
+        return {**{s.entry.name: s.in_flight for s in self._all_slots() if s.in_flight},
+                **self.upstreams.in_flight()}
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait (at most `timeout` seconds) until no request holds a model; True if none does."""
@@ -145,8 +133,19 @@ class Registry:
                 break
             await wait_event(changed, remaining)
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.upstreams.close()
 
     # -- serving ----------------------------------------------------------------------------
+
+    def route(self, alias: str | None) -> Pool | None:
+        """The pool serving `alias` (None: the default alias), or None for the local path (which
+        answers 404 for an alias nobody serves). RegistryBusyError once shutdown began."""
+        if self._closed or self._stopping:
+            raise RegistryBusyError("the server is shutting down")
+        name = self._config.default_alias() if alias is None else alias
+        if self._config.is_local(name):
+            return None
+        return self.upstreams.route(name)
 
     async def acquire(self, alias: str | None) -> Lease:
         """A ready model for `alias` (None: the default), counted in flight until released.
@@ -181,7 +180,8 @@ class Registry:
                 # under max_loaded_models: 1 would otherwise swap forever, serving nobody).
                 slot.awaiting_load += 1
                 try:
-                    error = await self._wait_for_load(slot, slot.load_task, deadline)
+                    error = await wait_for_load(slot, slot.load_task, deadline,
+                                              self._config.registry.load_timeout)
                 finally:
                     slot.awaiting_load -= 1
                 if error is not None:
@@ -189,12 +189,13 @@ class Registry:
                 continue
 
             if state is ModelState.DRAINING:  # comes back as UNLOADED, then loads again
-                await self._wait_for_change(deadline, f"{entry.name} is still unloading")
+                await wait_for_change(self._changed, deadline, f"{entry.name} is still unloading",
+                                      self._config.registry.load_timeout)
                 continue
 
             # UNLOADED, or FAILED (the next request retries): make room, then start one load.
             if slot.estimate is None:
-                estimate = await self._estimate(entry)
+                estimate = await estimate_memory(self._estimator, entry)
                 if isinstance(estimate, str):  # cannot be served: fail before evicting anyone
                     slot.last_error = estimate
                     raise ModelLoadFailedError(entry.model, estimate)
@@ -207,7 +208,9 @@ class Registry:
                 slot.last_error = plan.reason
                 raise ModelLoadFailedError(entry.model, plan.reason)
             if isinstance(plan, Blocked):
-                await self._wait_for_change(deadline, f"cannot load {entry.name}: {plan.reason}")
+                await wait_for_change(self._changed, deadline,
+                                      f"cannot load {entry.name}: {plan.reason}",
+                                      self._config.registry.load_timeout)
                 continue
             if plan.evict:
                 for victim in self._slots_by_key(plan.evict):
@@ -258,6 +261,10 @@ class Registry:
         error; retiring instances (left the config or changed settings, still draining) too."""
         return [row(slot) for slot in self._all_slots()]
 
+    def upstream_rows(self) -> list[UpstreamRow]:
+        """Per upstream server: health, in flight, counts (retiring servers too)."""
+        return self.upstreams.rows()
+
     async def wait_changed(self, timeout: float) -> None:
         """Return when a slot next changes, or after `timeout` seconds (for live views)."""
         await wait_event(self._changed, timeout)
@@ -292,6 +299,7 @@ class Registry:
         for slot in old.values():
             self._retire(slot)
         self._config, self._slots = config, slots
+        self.upstreams.apply(config.upstreams)
         self._over_limits = True  # the limits may have dropped: evict idle models to fit now
         self._enforce_limits()
         self._notify()
@@ -434,43 +442,6 @@ class Registry:
             return f"pinned model {entry.name} cannot load: {e}"
         self.release(lease)
         return None
-
-    async def _estimate(self, entry: ModelEntry) -> int | str:
-        """Bytes a load will take, or why the file cannot be served (engine.ModelLoadError)."""
-        from engine.gguf import ModelLoadError
-
-        try:
-            return int(await asyncio.to_thread(self._estimator, entry))
-        except ModelLoadError as e:
-            return e.problem
-        except Exception as e:  # noqa: BLE001 - the load itself will report what is wrong
-            log.warning("cannot estimate the memory of %s (%s); counting 0 bytes until loaded",
-                        entry.name, e)
-            return 0
-
-    async def _wait_for_load(self, slot: Slot, task: asyncio.Task[str | None],
-                             deadline: float) -> str | None:
-        remaining = deadline - asyncio.get_running_loop().time()
-        try:
-            if remaining <= 0:
-                raise TimeoutError
-            # shield: a request giving up (timeout, client gone) must not cancel the load
-            async with asyncio.timeout(remaining):
-                return await asyncio.shield(task)
-        except TimeoutError:
-            raise RegistryBusyError(
-                f"{slot.entry.name} is still loading after load_timeout "
-                f"({format_duration(self._config.registry.load_timeout)})") from None
-
-    async def _wait_for_change(self, deadline: float, why: str) -> None:
-        """Sleep until some slot changes; RegistryBusyError once the deadline has passed."""
-        changed = self._changed
-        remaining = deadline - asyncio.get_running_loop().time()
-        if remaining <= 0:
-            raise RegistryBusyError(
-                f"{why} (waited load_timeout, "
-                f"{format_duration(self._config.registry.load_timeout)})")
-        await wait_event(changed, remaining)
 
     async def _sweep_idle(self) -> None:
         while not self._closed:

@@ -6,8 +6,6 @@ Only gateway/registry/core.py writes a slot's state; everything here reads slots
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,11 +14,6 @@ from typing import Any, Literal, Protocol, TypedDict
 from gateway.config import ModelEntry
 from gateway.eviction import Resident
 from gateway.lifecycle import RESIDENT_STATES, ModelState
-
-log = logging.getLogger("modelyard.registry")
-
-LOAD_PROGRESS_SECONDS = 5.0  # while a load runs, the log says so this often
-
 
 class Loaded(Protocol):
     """What a loader returns: any object that knows its size and can be closed."""
@@ -137,28 +130,6 @@ def row(slot: Slot) -> ModelRow:
         retiring=slot.retired,
         keep_alive=-1 if slot.keep_alive == float("inf") else slot.keep_alive,
     )
-
-
-async def wait_task(task: asyncio.Task[Any], timeout: float) -> None:
-    """Wait for `task` at most `timeout` seconds without cancelling it."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(max(0.0, timeout)):
-            await asyncio.shield(task)
-
-
-async def log_progress(name: str, started: float) -> None:
-    """While a load runs, say every few seconds that it still does (cancelled when it ends)."""
-    while True:
-        await asyncio.sleep(LOAD_PROGRESS_SECONDS)
-        log.info("still loading %s (%.0fs so far)", name, time.monotonic() - started)
-
-
-async def wait_event(event: asyncio.Event, timeout: float | None) -> None:
-    """Wait for `event` at most `timeout` seconds. (Not asyncio.wait_for: on Python 3.11 it can
-    swallow a cancellation that races with the event, and a cancelled request must stop.)"""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
 
 
 def slot_key(entry: ModelEntry) -> str:
