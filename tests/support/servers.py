@@ -89,11 +89,11 @@ class ServerProcess:
     """`modelyard serve --config FILE` in a child process (for signals, exit codes and faults
     that must not take the test process with them); its log goes to a file."""
 
-    def __init__(self, config_path: Any, log_path: Any) -> None:
-        self.port = free_port()
+    def __init__(self, config_path: Any, log_path: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - open while the server runs; stop() closes it
+        self._log = open(log_path, "ab")  # noqa: SIM115 - open while it runs; a restart appends
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path),
