@@ -80,7 +80,7 @@ class Pool:
         t = now()
         candidates = [m for m in self.members if m not in exclude]
         healthy = [m for m in candidates if m.health.usable(t)]
-        if healthy or not fail_open:
+        if healthy or not fail_open:  # a healthy member that is full is waited for
             candidates = healthy
         room = [m for m in candidates
                 if m.max_concurrent is None or m.stats.in_flight < m.max_concurrent]
