@@ -8,7 +8,7 @@ broken connection ends an event stream with an OpenAI error event naming the ser
 that leaves closes the upstream response, which closes its connection: the server sees the
 disconnect and stops generating.
 
-Errors say which server failed by its label (gateway/upstream_config.py), never by its key; an
+Errors say which server failed by its label (gateway/config/upstream.py), never by its key; an
 upstream message that echoes the key has it masked.
 """
 from __future__ import annotations
