@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from gateway.errors import APIError
 from gateway.registry.errors import RegistryBusyError
-from gateway.scheduler import QueueFullError
+from gateway.generation import QueueFullError
 from gateway.config.upstream import Balance
 
 from .base import BACKEND_HEADER, Backend, BackendKind, Call, Retryable, Tracked, now

@@ -1,7 +1,7 @@
 """The config schema of upstream entries: aliases served by other OpenAI-compatible servers.
 
-An entry of `models:` has either `model:` (a local GGUF, gateway/config/schema.py) or `upstream:`, one
-server or a list of them (a pool), which may also name local entries (`local: alias`):
+An entry of `models:` has either `model:` (a local GGUF, gateway/config/schema.py) or
+`upstream:`, one server or a list of them (a pool), which may also name local entries:
 
     - aliases: [chat]
       balance: least_busy              # or round_robin
