@@ -369,7 +369,7 @@ def _entry_and_row(request: Request) -> tuple[Any, dict[str, Any]]:
     request.state.model = alias or entry.name
     rows = [r for r in app_state(request.app).registry.snapshot()
             if r["model"] == str(entry.model) and not r["retiring"]]
-    return entry, rows[0] if rows else {}
+    return entry, dict(rows[0]) if rows else {}
 
 
 def _default_params(entry: Any, facts: model_info.ModelFacts) -> dict[str, Any]:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -44,6 +44,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from .generation import Event, Finished, GenerationRequest, TextDelta
+
+if TYPE_CHECKING:  # the registry records into these metrics: no import at run time
+    from .registry import ModelRow
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsSink", "NULL_METRICS", "RequestMetrics",
            "loader_with_metrics"]
@@ -176,7 +179,7 @@ class Metrics(MetricsSink):
 
     # -- exposition ----------------------------------------------------------------------------
 
-    def watch_models(self, snapshot: Callable[[], list[dict[str, Any]]]) -> None:
+    def watch_models(self, snapshot: Callable[[], Sequence[ModelRow]]) -> None:
         """Report the registry's models at every scrape (call once, with registry.snapshot)."""
         self.registry.register(_ModelsCollector(snapshot))
 
@@ -188,7 +191,7 @@ class Metrics(MetricsSink):
 class _ModelsCollector(Collector):
     """Gauges read from registry.snapshot() when scraped, so they are never stale."""
 
-    def __init__(self, snapshot: Callable[[], list[dict[str, Any]]]) -> None:
+    def __init__(self, snapshot: Callable[[], Sequence[ModelRow]]) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterable[Metric]:
@@ -205,7 +208,7 @@ class _ModelsCollector(Collector):
                                       labels=["model", "state"])
         for r in rows:
             # a retiring instance (old settings, draining) is a separate series from its successor
-            state = r["state"] + (" (old)" if r.get("retiring") else "")
+            state = r["state"] + (" (old)" if r["retiring"] else "")
             memory.add_metric([r["aliases"][0], state], r["memory_bytes"])
             in_flight.add_metric([r["aliases"][0], state], r["in_flight"])
         yield memory

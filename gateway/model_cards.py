@@ -7,24 +7,27 @@ Nothing here loads a model: headers are read once per file (gateway/model_info.p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import model_info
 from . import protocol as p
 from .config import Config, ModelEntry, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from .registry import ModelRow
 
 # registry states -> llama.cpp router's status values
 _ROUTER_STATUS = {"unloaded": "unloaded", "loading": "loading", "ready": "loaded",
                   "draining": "unloaded", "failed": "unloaded"}
 
 
-def _states(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _states(rows: Iterable[ModelRow]) -> dict[str, ModelRow]:
     """The live (not retiring) registry row of each model file."""
-    return {row["model"]: row for row in rows if not row.get("retiring")}
+    return {row["model"]: row for row in rows if not row["retiring"]}
 
 
-async def cards(config: Config, rows: list[dict[str, Any]], created: int,
+async def cards(config: Config, rows: Sequence[ModelRow], created: int,
                 aliases: Iterable[str] | None = None) -> list[p.ModelCard]:
     """One object per alias (all, or those in `aliases`), in config order."""
     wanted = None if aliases is None else set(aliases)
@@ -34,14 +37,14 @@ async def cards(config: Config, rows: list[dict[str, Any]], created: int,
         *(asyncio.to_thread(model_info.facts, path) for path in entries))))
     out = []
     for entry in config.models:
-        row = states.get(str(entry.model), {})
+        row = states.get(str(entry.model))
         extras = _extras(entry, row, facts[str(entry.model)])
         out += [p.ModelCard(id=alias, created=created, modelyard=extras) for alias in entry.aliases
                 if wanted is None or alias in wanted]
     return out
 
 
-async def card(config: Config, rows: list[dict[str, Any]], created: int, alias: str) -> p.ModelCard:
+async def card(config: Config, rows: Sequence[ModelRow], created: int, alias: str) -> p.ModelCard:
     """The object of one alias; ModelNotFoundError (404 model_not_found) if none answers to it."""
     config.resolve(alias)  # raises for an unknown alias
     found = await cards(config, rows, created, [alias])
@@ -50,8 +53,8 @@ async def card(config: Config, rows: list[dict[str, Any]], created: int, alias: 
     return found[0]
 
 
-def _extras(entry: ModelEntry, row: dict[str, Any], facts: model_info.ModelFacts) -> p.ModelExtras:
-    state = row.get("state", "unloaded")
+def _extras(entry: ModelEntry, row: ModelRow | None, facts: model_info.ModelFacts) -> p.ModelExtras:
+    state = "unloaded" if row is None else row["state"]
     return p.ModelExtras(aliases=list(entry.aliases), state=state, loaded=state == "ready",
                          context_length=entry.n_ctx, n_ctx_train=facts.n_ctx_train,
                          architecture=facts.architecture, quantization=facts.quantization,

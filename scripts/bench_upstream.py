@@ -78,7 +78,7 @@ class Process:
     def __init__(self, args: list[str], log: Path, url: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.url = url
-        self._log = open(log, "wb")
+        self._log = open(log, "wb")  # noqa: SIM115 - open while the process runs; close() closes it
         self.process = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
                                         env=env)
 

@@ -158,7 +158,7 @@ def test_an_upstream_alias_must_not_repeat_a_local_one(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"models": [
         {"model": str(model), "aliases": ["tiny"]},
         {"aliases": ["tiny"], "upstream": {"url": "http://h"}}]}))
-    with pytest.raises(ConfigError, match="duplicate alias 'tiny': models.0 already"):
+    with pytest.raises(ConfigError, match=r"duplicate alias .tiny.: models\.0 already"):
         load_config(path)
 
 
@@ -329,7 +329,7 @@ def test_metrics_show_each_upstream_server(
 
 def test_a_reload_moves_new_requests_while_running_ones_finish_on_the_old_server(
         tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
-    (a, server_a), (b, server_b) = upstreams
+    (a, server_a), (_, server_b) = upstreams
     a.stream_delay = 0.02  # about a second
     path = tmp_path / "front.yaml"
     path.write_text(yaml.safe_dump({"models": [

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model,
 @pytest.fixture(scope="module")
 def llama_server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
-    log = open(tmp_path_factory.mktemp("llama") / "server.log", "wb")
+    log = open(tmp_path_factory.mktemp("llama") / "server.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [str(LLAMA_PYTHON), "-m", "llama_cpp.server", "--model", str(smollm2_path),
          "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--n_threads", "1"],

@@ -67,7 +67,7 @@ class Stats:
 
     in_flight: int = 0
     requests: int = 0
-    errors: dict[Failure, int] = field(default_factory=lambda: {f: 0 for f in Failure})
+    errors: dict[Failure, int] = field(default_factory=lambda: dict.fromkeys(Failure, 0))
     first_byte_seconds: float = 0.0       # summed over `answered`: mean latency to the first byte
     answered: int = 0
 

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 
 from starlette.responses import Response
 
-from gateway.errors import APIError
-from gateway.registry.errors import RegistryBusyError
-from gateway.generation import QueueFullError
 from gateway.config.upstream import Balance
+from gateway.errors import APIError
+from gateway.generation import QueueFullError
+from gateway.registry.errors import RegistryBusyError
 
 from .base import BACKEND_HEADER, Backend, BackendKind, Call, Retryable, Tracked, now
 from .health import Failure, Health, Stats

@@ -24,8 +24,8 @@ import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import APIError
 from gateway.config.upstream import UpstreamServer
+from gateway.errors import APIError
 
 from .base import BACKEND_HEADER, BackendKind, Call, Retryable, now
 from .health import Failure, Health, Stats

@@ -21,18 +21,30 @@ from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError
-from gateway.eviction import (Blocked, Fits, Resident, TooLarge, idle_expired,
-                              next_idle_deadline, plan_load)
+from gateway.eviction import Blocked, Fits, Resident, TooLarge, idle_expired, next_idle_deadline, plan_load
 from gateway.lifecycle import ModelState, advance
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.units import format_duration, format_size
 
 from .errors import ModelLoadFailedError, PinnedLoadError, RegistryBusyError
-from .slots import (ApplyResult, Estimator, Lease, Loader, ModelRow, Slot, broken,
-                    engine_estimator, engine_loader, match, resident_key, residents, row,
-                    shared_bytes, slot_key)
-from .waiting import (estimate_memory, log_progress, wait_event, wait_for_change, wait_for_load,
-                      wait_task)
+from .slots import (
+    ApplyResult,
+    Estimator,
+    Lease,
+    Loader,
+    ModelRow,
+    Slot,
+    broken,
+    engine_estimator,
+    engine_loader,
+    match,
+    resident_key,
+    residents,
+    row,
+    shared_bytes,
+    slot_key,
+)
+from .waiting import estimate_memory, log_progress, wait_event, wait_for_change, wait_for_load, wait_task
 
 if TYPE_CHECKING:  # imported when a Registry is made: the backends import gateway.errors
     from gateway.backends.pool import Pool

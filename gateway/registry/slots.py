@@ -15,6 +15,7 @@ from gateway.config import ModelEntry
 from gateway.eviction import Resident
 from gateway.lifecycle import RESIDENT_STATES, ModelState
 
+
 class Loaded(Protocol):
     """What a loader returns: any object that knows its size and can be closed."""
 
@@ -32,7 +33,7 @@ Estimator = Callable[[ModelEntry], int]
 def engine_loader(entry: ModelEntry) -> Loaded:
     import engine
 
-    return engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)  # type: ignore[no-any-return]
+    return engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)
 
 
 def engine_estimator(entry: ModelEntry) -> int:
