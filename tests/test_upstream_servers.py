@@ -20,6 +20,7 @@ import yaml
 
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.state import app_state
 from tests.support.ggufgen import write_tiny_llama
 from tests.support.servers import ServerProcess, ThreadedServer
 
@@ -219,7 +220,7 @@ def test_a_request_failing_before_the_first_byte_is_retried_on_another_backend(
     try:
         # the first probe found `dead` down; mark it healthy again so the pool tries it first
         async def mark_healthy() -> None:
-            pool = server.app.state.registry.route("pool")
+            pool = app_state(server.app).registry.route("pool")
             pool.members[0].health.probe_ok(time.monotonic())
 
         server.on_loop(mark_healthy())
