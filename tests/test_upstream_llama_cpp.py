@@ -64,8 +64,11 @@ def _ask(url: str, model: str, stream: bool) -> tuple[int, str]:
 
 
 def test_llama_cpp_python_serves_an_alias_through_the_front(llama_server: str) -> None:
-    entry = UpstreamEntry.model_validate({"aliases": ["peer"], "upstream": {
-        "url": llama_server, "name": "llama-cpp-python"}})
+    # one probe at the start: llama-cpp-python answers nothing else while it generates, so a
+    # probe during a request would time out and (rightly) mark it unhealthy
+    entry = UpstreamEntry.model_validate({"aliases": ["peer"], "probe": {"interval": "10m"},
+                                          "upstream": {"url": llama_server,
+                                                       "name": "llama-cpp-python"}})
     front = ThreadedServer(create_app(Config(upstreams=[entry])))
     front.start_serving()
     try:
