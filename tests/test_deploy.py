@@ -14,7 +14,7 @@ import yaml
 from gateway import admin
 from gateway.cli import _parser
 from gateway.config import load_config
-from tests.ggufgen import write_tiny_llama
+from tests.support.ggufgen import write_tiny_llama
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 K8S = DEPLOY / "kubernetes"

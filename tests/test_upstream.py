@@ -23,7 +23,7 @@ from gateway.backends.health import Failure, Health, HealthState, Stats
 from gateway.backends.pool import Pool
 from gateway.config import Config, ConfigError, load_config
 from gateway.config.upstream import UpstreamEntry
-from tests.servers import ThreadedServer, free_port
+from tests.support.servers import ThreadedServer, free_port
 
 KEY = "sk-upstream-secret-123"
 
@@ -151,7 +151,7 @@ def test_upstream_mistakes_are_config_errors(tmp_path: Path, entry: dict[str, An
 
 
 def test_an_upstream_alias_must_not_repeat_a_local_one(tmp_path: Path) -> None:
-    from tests.ggufgen import write_tiny_llama
+    from tests.support.ggufgen import write_tiny_llama
 
     model = write_tiny_llama(tmp_path / "tiny.gguf", seed=1)
     path = tmp_path / "c.yaml"

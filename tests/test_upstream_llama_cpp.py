@@ -14,7 +14,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import Config
 from gateway.config.upstream import UpstreamEntry
-from tests.servers import ThreadedServer, free_port
+from tests.support.servers import ThreadedServer, free_port
 
 LLAMA_PYTHON = Path("/opt/llama-venv/bin/python")
 
