@@ -44,9 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 from llvmlite import ir
 
-from engine.kernels import ops
-from engine.kernels.jit import compile_cached, host_has
-from engine.kernels.ops import (
+from engine.kernels import irbuild
+from engine.kernels.irbuild import (
     F32,
     F32P,
     I16,
@@ -63,6 +62,7 @@ from engine.kernels.ops import (
     store,
     variable,
 )
+from engine.kernels.jit import compile_cached, host_has
 from engine.kernels.pool import Pool
 
 V8I32 = ir.VectorType(I32, VEC)
@@ -120,7 +120,7 @@ def round_half(b: ir.IRBuilder, x: ir.Value, f16c: bool) -> ir.Value:
 
 def _define(module: ir.Module, name: str, scratch: str) -> tuple[ir.IRBuilder, list[ir.Value]]:
     """Both functions' signature; `scratch` names the per-thread scratch row."""
-    return ops.define(module, name, ir.VoidType(), [
+    return irbuild.define(module, name, ir.VoidType(), [
         ("q", F32P),               # [n_q, n_head, head_dim]
         ("k", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
         ("v", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
@@ -160,7 +160,7 @@ def _item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, o
     clipped = b.and_(b.icmp_signed(">", window, i64(0)), b.icmp_signed(">", n_all, window))
     n_keys = b.select(clipped, window, n_all)
     first = b.add(b.mul(b.urem(b.sub(n_all, n_keys), ring), row_stride), b.mul(kv_head, head_dim))
-    return _Item(n_keys, ops.round_down(b, n_keys, ROWS), gep(b, q, b.mul(w, head_dim)),
+    return _Item(n_keys, irbuild.round_down(b, n_keys, ROWS), gep(b, q, b.mul(w, head_dim)),
                  gep(b, out, b.mul(w, head_dim)), gep(b, k, first), gep(b, v, first), row_stride)
 
 
@@ -190,13 +190,13 @@ def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
             rows = [it.row(b, k_head, b.add(t, i64(r))) for r in range(ROWS)]
             s4 = _scores(b, [q_row], rows, head_dim, scale, None, f16c)[0]
             store(b, s4, scores, t)
-            b.store(ops.maxnum(b, b.load(max4), s4), max4)
+            b.store(irbuild.maxnum(b, b.load(max4), s4), max4)
         max1 = variable(b, F32, const(F32, -math.inf), "max1")
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
             s = _scores(b, [q_row], [it.row(b, k_head, t)], head_dim, scale, None, f16c)[0]
             store(b, s, scores, t)
-            b.store(ops.maxnum(b, b.load(max1), s), max1)
-        mx1 = ops.maxnum(b, ops.hmax(b, b.load(max4)), b.load(max1))
+            b.store(irbuild.maxnum(b, b.load(max1), s), max1)
+        mx1 = irbuild.maxnum(b, irbuild.hmax(b, b.load(max4)), b.load(max1))
         # the softcap as a pass of its own (not a branch in the key loop): it is monotonic, so
         # the capped scores' max is the capped max
         pre_cap = b.block
@@ -208,22 +208,22 @@ def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
         mx_phi = b.phi(F32)
         mx_phi.add_incoming(mx1, pre_cap)
         mx_phi.add_incoming(capped_mx, cap_block)
-        mx = ops.splat(b, mx_phi)
+        mx = irbuild.splat(b, mx_phi)
 
         # -- pass 2: p = exp(s - max) in place, l = sum p ---------------------------------
         total = variable(b, V8F32, const(V8F32, 0.0), "total")
-        keys = ops.splat(b, b.trunc(n_keys, I32))
+        keys = irbuild.splat(b, b.trunc(n_keys, I32))
         with counted_loop(b, i64(0), n_keys, VEC, "e") as t:
-            lane = b.add(ops.splat(b, b.trunc(t, I32)), ir.Constant(V8I32, list(range(VEC))))
-            p = ops.exp(b, b.fsub(load(b, scores, t, V8F32), mx))
+            lane = b.add(irbuild.splat(b, b.trunc(t, I32)), ir.Constant(V8I32, list(range(VEC))))
+            p = irbuild.exp(b, b.fsub(load(b, scores, t, V8F32), mx))
             p = b.select(b.icmp_signed("<", lane, keys), p, const(V8F32, 0.0))  # lanes past the last key
             store(b, p, scores, t)
             b.store(b.fadd(b.load(total), p), total)
-        inv_l = ops.splat(b, b.fdiv(const(F32, 1.0), ops.hsum(b, b.load(total))))
+        inv_l = irbuild.splat(b, b.fdiv(const(F32, 1.0), irbuild.hsum(b, b.load(total))))
 
         def prob(t: ir.Value) -> ir.Value:
             """p[t] splat, as pass 3 multiplies it into v (rounded: f16(p[t] / l))."""
-            p = ops.splat(b, load(b, scores, t))
+            p = irbuild.splat(b, load(b, scores, t))
             return round_half(b, b.fmul(p, inv_l), f16c) if rounded else p
 
         # -- pass 3: out = sum p v / l ----------------------------------------------------
@@ -255,10 +255,10 @@ def _keys_per_score_pass(n: int) -> int:
 
 
 def _capped(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
-    """cap * tanh(s / cap) (ops.tanh), for a float or a vector; cap is a float."""
+    """cap * tanh(s / cap) (irbuild.tanh), for a float or a vector; cap is a float."""
     ty = s.type
-    capv = ops.splat(b, cap, ty.count) if isinstance(ty, ir.VectorType) else cap
-    return b.fmul(capv, ops.tanh(b, b.fdiv(s, capv)))
+    capv = irbuild.splat(b, cap, ty.count) if isinstance(ty, ir.VectorType) else cap
+    return b.fmul(capv, irbuild.tanh(b, b.fdiv(s, capv)))
 
 
 def _softcap(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
@@ -300,9 +300,9 @@ def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], hea
         return s if softcap is None else _softcap(b, s, softcap)
 
     if len(k_rows) == ROWS:
-        return [cap(b.fmul(ops.hsum4x8(b, sums[j]), ops.splat(b, scale, ROWS))) for j in range(n)]
+        return [cap(b.fmul(irbuild.hsum4x8(b, sums[j]), irbuild.splat(b, scale, ROWS))) for j in range(n)]
     assert len(k_rows) == 1
-    return [cap(b.fmul(ops.hsum(b, sums[j][0]), scale)) for j in range(n)]
+    return [cap(b.fmul(irbuild.hsum(b, sums[j][0]), scale)) for j in range(n)]
 
 
 def _prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
@@ -381,11 +381,11 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
                 m = b.select(nm, sr, m)
             b.store(m, m_run)
             lanes = list(range(GROUP_MAX * n_k))
-            joined = diffs[0] if n_k == 1 else ops.shuffle(
-                b, ops.shuffle(b, diffs[0], diffs[1], lanes[:2 * GROUP_MAX]),
-                ops.shuffle(b, diffs[2], diffs[3], lanes[:2 * GROUP_MAX]), lanes)
-            e_all = ops.exp(b, joined)
-            es = [ops.shuffle(b, e_all, e_all, lanes[r * GROUP_MAX:(r + 1) * GROUP_MAX]) for r in range(n_k)]
+            joined = diffs[0] if n_k == 1 else irbuild.shuffle(
+                b, irbuild.shuffle(b, diffs[0], diffs[1], lanes[:2 * GROUP_MAX]),
+                irbuild.shuffle(b, diffs[2], diffs[3], lanes[:2 * GROUP_MAX]), lanes)
+            e_all = irbuild.exp(b, joined)
+            es = [irbuild.shuffle(b, e_all, e_all, lanes[r * GROUP_MAX:(r + 1) * GROUP_MAX]) for r in range(n_k)]
             ones = const(VG, 1.0)
             ms = [b.select(nm, e, ones) for nm, e in zip(new_max, es)]
             vs = [b.select(nm, ones, e) for nm, e in zip(new_max, es)]
@@ -406,7 +406,7 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
             way across the pass). Elementwise, so the lane count changes no bit: 16 where head_dim
             allows (one AVX-512 conversion instead of two)."""
             vty = ir.VectorType(F32, lanes)
-            splats = [([ops.splat(b, x, lanes) for x in ms], [ops.splat(b, x, lanes) for x in vs])
+            splats = [([irbuild.splat(b, x, lanes) for x in ms], [irbuild.splat(b, x, lanes) for x in vs])
                       for ms, vs, _ in factors]
             with counted_loop(b, i64(0), head_dim, lanes, "cv") as c:
                 vals = [load_half(b, row, c, f16c, lanes) for row in v_rows]
@@ -464,7 +464,7 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
 
         inv_sums = b.fdiv(const(VG, 1.0), b.load(s_run))  # s_run >= 1: the max key adds 1
         for j in range(n):
-            inv_s = ops.splat(b, b.extract_element(inv_sums, ir.Constant(I32, j)))
+            inv_s = irbuild.splat(b, b.extract_element(inv_sums, ir.Constant(I32, j)))
             with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
                 store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_s), out_rows[j], c)
 
@@ -503,7 +503,7 @@ def build_attention_module(f16c: bool) -> ir.Module:
     over items w_begin <= w < w_end; head_dim % 8 == 0. scratch: the exact kernel's scores row
     (round_up(pos0 + n_q, 8) floats), the f16-accumulator kernel's q16 rows
     (f16acc_scratch_floats: one head_dim row per head of a run)."""
-    module = ops.new_module("attention")
+    module = irbuild.new_module("attention")
     _define_exact(module, f16c)
     _define_exact(module, f16c, rounded=True)
     _define_f16acc(module, f16c)
@@ -612,8 +612,8 @@ class AttentionKernel:
         work = n_head * head_dim * (n_q * pos0 + n_q * (n_q + 1) // 2)  # key-row x dim products
         if self._pool is None or self.n_threads == 1 or work < self.parallel_min_work:
             scores = np.empty(stride, np.float32)
-            fn(ops.address(q), ops.address(k_cache), ops.address(v_cache), ops.address(out),
-               ops.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items,
+            fn(irbuild.address(q), irbuild.address(k_cache), irbuild.address(v_cache), irbuild.address(out),
+               irbuild.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items,
                window, ring, softcap)
             return out
         self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, ring, softcap)
@@ -634,8 +634,8 @@ class AttentionKernel:
                                kv_mirror=0, chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
                                segs=segs.ctypes.data, out_rows=0)
         args = tasks.ATTENTION.pack(
-            f16acc=self.f16acc_address, exact=self.exact_address, q=ops.address(q),
-            k_cache=ops.address(k_cache), v_cache=ops.address(v_cache), out=ops.address(out),
+            f16acc=self.f16acc_address, exact=self.exact_address, q=irbuild.address(q),
+            k_cache=irbuild.address(k_cache), v_cache=irbuild.address(v_cache), out=irbuild.address(out),
             scratch=scratch.ctypes.data, scratch_bytes=4 * stride, n_head=n_head,
             n_kv_head=k_cache.shape[1], head_dim=head_dim, scale=scale, group=0,
             window=window, ring=ring, softcap=softcap)

@@ -27,9 +27,9 @@ from engine.activations import (
 from engine.ggml_types import GGMLQuantizationType
 from engine.kernels import jit, tasks
 from engine.kernels.gemm_kernels import GemmKernels, GemmTypeKernels
+from engine.kernels.irbuild import address
 from engine.kernels.matmul.build import build_matmul_ir
 from engine.kernels.matmul.loops import NARROW_TILES, TILES
-from engine.kernels.ops import address
 from engine.kernels.pool import Pool
 from engine.quants import SUPPORTED, QuantMatrix, quant_type
 from engine.repack import RepackedMatrix, can_repack, release_file_pages
