@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import quants
-from .kernels import ops, tasks
+from .kernels import ops, rotary, tasks
 from .kernels.pool import Graph
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class GraphBuilder:
 
     def rope_store(self, layer: int) -> None:
         tr, a, hp = self.tr, self.a, self.hp
-        cos, sin = ops.rope_tables(hp.n_rot, tr.ropes[layer], tr.n_ctx)
+        cos, sin = rotary.rope_tables(hp.n_rot, tr.ropes[layer], tr.n_ctx)
         k_cache, v_cache, group = tr.cache.layer(layer)
         self._node("task_rope_store", tasks.ROPE_STORE, rope=self.op[tr.rope_op], q=_addr(a.q),
                    k=_addr(a.k), v=_addr(a.v), n_head=hp.n_head, n_kv_head=hp.n_head_kv,
@@ -192,7 +192,7 @@ class EagerBuilder:
         neox = tr.rope_op == "rope_neox"
         for name, heads in (("q", hp.n_head), ("k", hp.n_head_kv)):
             x = self.bufs[name].reshape(T, heads, hp.head_dim)
-            self.bufs[name] = ops.rope(x, self.positions, hp.n_rot, tr.ropes[layer],
+            self.bufs[name] = rotary.rope(x, self.positions, hp.n_rot, tr.ropes[layer],
                                        neox=neox).reshape(T, -1)
         k_cache, v_cache, _ = tr.cache.layer(layer)                     # [slot, rows, n_kv, hd]
         group = tr.cache.group(layer)

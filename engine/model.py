@@ -39,7 +39,7 @@ from . import quants
 from .builders import EagerBuilder, GraphBuilder
 from .gguf import GGUFFile
 from .hparams import HParams
-from .kernels import ops, tasks
+from .kernels import ops, rotary, tasks
 from .kernels.attention import AttentionKernel, exact_scratch_floats, f16acc_scratch_floats
 from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
@@ -152,9 +152,9 @@ class Transformer:
             self.pool.close()
             raise
         factors = self.weights.rope_freqs
-        full = ops.RopeSpec(hp.rope_base, hp.rope_freq_scale,
+        full = rotary.RopeSpec(hp.rope_base, hp.rope_freq_scale,
                             None if factors is None else tuple(float(f) for f in factors))
-        local = ops.RopeSpec(hp.rope_base_swa or hp.rope_base)  # windowed layers: own base, scale 1
+        local = rotary.RopeSpec(hp.rope_base_swa or hp.rope_base)  # windowed layers: own base, scale 1
         self.ropes = [local if hp.layer_window(li) else full for li in range(hp.n_layer)]
         self.rope_op = "rope_neox" if hp.spec.rope_neox else "rope"
         self._acts: _Activations | None = None

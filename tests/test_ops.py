@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from engine.kernels import irbuild, ops
+from engine.kernels import irbuild, ops, rotary
 from engine.kernels.jit import compile_ir
 
 SIZES = [1, 7, 8, 13, 576, 1537]  # below, at and past one vector; odd tails
@@ -97,9 +97,9 @@ def rope_complex(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) 
 def test_rope_matches_complex_rotation_and_twin(head_dim, n_rot):
     x = rand((6, 5, head_dim), head_dim + n_rot)
     pos = np.array([0, 1, 2, 17, 511, 3000])
-    got = ops.rope(x, pos, n_rot, 100000.0)
+    got = rotary.rope(x, pos, n_rot, 100000.0)
     np.testing.assert_allclose(got, rope_complex(x, pos, n_rot, 100000.0), rtol=1e-5, atol=2e-6)
-    np.testing.assert_allclose(got, ops.rope_reference(x, pos, n_rot, 100000.0), rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(got, rotary.rope_reference(x, pos, n_rot, 100000.0), rtol=1e-5, atol=2e-6)
     assert np.array_equal(got[..., n_rot:], x[..., n_rot:])
     assert np.array_equal(got[0], x[0])  # position 0 is the identity
 
@@ -108,7 +108,7 @@ def test_rope_rotates_adjacent_pairs_not_halves():
     """GGML_ROPE_TYPE_NORM: dims 0 and 1 form the first (fastest) pair."""
     x = np.zeros((1, 1, 8), np.float32)
     x[0, 0, 0] = 1.0
-    got = ops.rope(x, np.array([1]), 8, 10000.0)[0, 0]
+    got = rotary.rope(x, np.array([1]), 8, 10000.0)[0, 0]
     np.testing.assert_allclose(got[:2], [np.cos(1.0), np.sin(1.0)], rtol=1e-6)
     assert not got[2:].any()
 
@@ -117,8 +117,8 @@ def test_rope_scores_depend_on_relative_position_only():
     q, k = rand((1, 1, 64), 10), rand((1, 1, 64), 11)
 
     def score(m: int, n: int) -> float:
-        qm = ops.rope(q, np.array([m]), 64, 10000.0).ravel()
-        return float(qm @ ops.rope(k, np.array([n]), 64, 10000.0).ravel())
+        qm = rotary.rope(q, np.array([m]), 64, 10000.0).ravel()
+        return float(qm @ rotary.rope(k, np.array([n]), 64, 10000.0).ravel())
 
     assert score(7, 3) == pytest.approx(score(104, 100), rel=1e-5)
     assert score(7, 3) != pytest.approx(score(8, 3), rel=1e-3)
@@ -127,7 +127,7 @@ def test_rope_scores_depend_on_relative_position_only():
 def test_rope_in_place_and_far_positions_grow_the_table():
     x = rand((3, 2, 64), 12)
     want = rope_complex(x, np.array([5, 9000, 70000]), 64, 10000.0)
-    got = ops.rope(x, np.array([5, 9000, 70000], np.int32), 64, 10000.0, out=x)
+    got = rotary.rope(x, np.array([5, 9000, 70000], np.int32), 64, 10000.0, out=x)
     assert got is x
     np.testing.assert_allclose(x, want, rtol=1e-4, atol=1e-5)
 
@@ -137,13 +137,13 @@ def test_rope_accepts_inverse_frequencies():
     x = rand((4, 3, 64), 13)
     pos = np.array([0, 3, 50, 700])
     from_base = 10000.0 ** (-np.arange(0, 64, 2) / 64)
-    assert np.array_equal(ops.rope(x, pos, 64, from_base), ops.rope(x, pos, 64, 10000.0))
+    assert np.array_equal(rotary.rope(x, pos, 64, from_base), rotary.rope(x, pos, 64, 10000.0))
     factors = np.linspace(1.0, 8.0, 32)  # llama3-style per-pair freq factors, times a 0.5 scale
     theta = (from_base / factors * 0.5).astype(np.float32)
     z = (x[..., 0::2].astype(np.float64) + 1j * x[..., 1::2]) * np.exp(1j * np.outer(pos, theta))[:, None, :]
     want = np.empty(x.shape)
     want[..., 0::2], want[..., 1::2] = z.real, z.imag
-    np.testing.assert_allclose(ops.rope(x, pos, 64, theta), want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(rotary.rope(x, pos, 64, theta), want, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("kwargs,error", [
@@ -160,7 +160,7 @@ def test_rope_bad_input_is_a_clear_error(kwargs, error):
     args = dict(x=np.zeros((2, 1, 64), np.float32), positions=np.array([0, 1]), n_rot=64, base=10000.0)
     args.update(kwargs)
     with pytest.raises(error):
-        ops.rope(**args)
+        rotary.rope(**args)
 
 
 # -- silu_mul ------------------------------------------------------------------------------------------
@@ -232,14 +232,15 @@ def rope_neox_complex(x: np.ndarray, positions: np.ndarray, n_rot: int, base: fl
 def test_rope_neox_matches_complex_rotation_and_twin(head_dim, n_rot):
     x = rand((6, 3, head_dim), head_dim + 2 * n_rot)
     pos = np.array([0, 1, 2, 17, 511, 3000])
-    got = ops.rope(x, pos, n_rot, 1e6, neox=True)
+    got = rotary.rope(x, pos, n_rot, 1e6, neox=True)
     np.testing.assert_allclose(got, rope_neox_complex(x, pos, n_rot, 1e6), rtol=1e-5, atol=2e-6)
-    np.testing.assert_allclose(got, ops.rope_reference(x, pos, n_rot, 1e6, neox=True), rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(got, rotary.rope_reference(x, pos, n_rot, 1e6, neox=True),
+                               rtol=1e-5, atol=2e-6)
     assert np.array_equal(got[..., n_rot:], x[..., n_rot:]) and np.array_equal(got[0], x[0])
     # the same rotation on other pairs: NEOX of x is NORM of x with its halves interleaved
     perm = np.ravel(np.stack([np.arange(n_rot // 2), np.arange(n_rot // 2, n_rot)], 1))
     perm = np.concatenate([perm, np.arange(n_rot, head_dim)])
-    norm = ops.rope(np.ascontiguousarray(x[..., perm]), pos, n_rot, 1e6)
+    norm = rotary.rope(np.ascontiguousarray(x[..., perm]), pos, n_rot, 1e6)
     np.testing.assert_allclose(norm, got[..., perm], rtol=1e-6, atol=1e-6)
 
 
