@@ -40,7 +40,8 @@ from .builders import EagerBuilder, GraphBuilder
 from .gguf import GGUFFile
 from .hparams import HParams
 from .kernels import ops, rotary, tasks
-from .kernels.attention import AttentionKernel, exact_scratch_floats, f16acc_scratch_floats
+from .kernels.attention import AttentionKernel
+from .kernels.attention_ir import exact_scratch_floats, f16acc_scratch_floats
 from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
 from .kernels.pool import Graph, Pool

@@ -21,7 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.kernels.attention import AttentionKernel, attention_reference  # noqa: E402
+from engine.kernels.attention import AttentionKernel  # noqa: E402
+from engine.kernels.attention_reference import attention_reference  # noqa: E402
 
 N_HEAD, N_KV_HEAD, HEAD_DIM, N_CTX = 9, 3, 64, 2048
 

@@ -7,11 +7,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engine.kernels.attention import (
-    AttentionKernel,
+from engine.kernels.attention import AttentionKernel
+from engine.kernels.attention_ir import TILED_MIN_QUERIES, f16acc_scratch_floats
+from engine.kernels.attention_reference import (
     attention_exact,
+    attention_f16acc_reference,
     attention_reference,
-    f16acc_scratch_floats,
 )
 
 # The kernel and its twin keep the accumulator f16-rounded after every key (llama.cpp's order);
@@ -50,7 +51,6 @@ CASES = {
 
 def test_path_switch_follows_llama_cpp(kernels):
     """Below TILED_MIN_QUERIES queries the f16 accumulator is used, from it on exact f32."""
-    from engine.kernels.attention import TILED_MIN_QUERIES, attention_f16acc_reference
     for n_q in (TILED_MIN_QUERIES - 1, TILED_MIN_QUERIES):
         q, k, v = make_case(np.random.default_rng(n_q), n_q, 0, 4, 2, 64, n_q)
         got = kernels[1](q, k, v, 0)

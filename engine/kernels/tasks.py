@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.kernels import jit
-from engine.kernels.attention import TILED_MIN_QUERIES
+from engine.kernels.attention_ir import TILED_MIN_QUERIES
 from engine.kernels.irtext import IRFunction
 
 
