@@ -26,15 +26,8 @@ from pydantic_core import core_schema
 
 from gateway.units import DURATION_UNITS, NUMBER, SIZE_UNITS, parse_duration, parse_size
 
+from . import llama_cpp
 from .env import ENV_NAME
-from .llama_cpp import (
-    API_KEY,
-    LLAMA_CPP_MODEL_KEYS,
-    LLAMA_CPP_SERVER_KEYS,
-    MODEL_ALIAS,
-    UNUSED,
-    server_key_note,
-)
 from .reload import RELOAD, RESTART, Applies, applies, is_internal, sections_in
 from .schema import PER_MODEL_ONLY, SCHEMA_KEY, Config
 
@@ -96,9 +89,9 @@ def config_schema() -> dict[str, Any]:
     _adapt(Config, schema, defs)
     _drop_titles(schema)
 
-    unused = _deprecated(UNUSED)
+    unused = _deprecated(llama_cpp.UNUSED)
     entry = defs["ModelEntry"]
-    entry["properties"][MODEL_ALIAS] = {
+    entry["properties"][llama_cpp.MODEL_ALIAS] = {
         "type": ["string", "null"],
         "description": "llama-cpp-python's one alias: the first of `aliases`"}
     aliases = entry["properties"]["aliases"]
@@ -107,7 +100,7 @@ def config_schema() -> dict[str, Any]:
                                       "description": f"{about}: a list, or one name; without "
                                                      "any, the `model` string as written"}
     entry["required"] = ["model"]
-    entry["properties"].update(dict.fromkeys(sorted(LLAMA_CPP_MODEL_KEYS), unused))
+    entry["properties"].update(dict.fromkeys(sorted(llama_cpp.LLAMA_CPP_MODEL_KEYS), unused))
     defaults = copy.deepcopy(entry)
     defaults["properties"] = {k: v for k, v in entry["properties"].items()
                               if k not in PER_MODEL_ONLY}
@@ -120,10 +113,11 @@ def config_schema() -> dict[str, Any]:
     props["defaults"] = {"$ref": "#/$defs/Defaults"}
     props[SCHEMA_KEY] = {"type": "string",
                          "description": "this schema, for editors (modelyard ignores the key)"}
-    props[API_KEY] = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}],
+    props[llama_cpp.API_KEY] = {"anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}],
                       "description": "llama-cpp-python's one API key: a client key named "
                                      "api_key that also guards the admin endpoints"}
-    props.update({key: _deprecated(server_key_note(key)) for key in sorted(LLAMA_CPP_SERVER_KEYS)})
+    props.update({key: _deprecated(llama_cpp.server_key_note(key))
+                  for key in sorted(llama_cpp.LLAMA_CPP_SERVER_KEYS)})
 
     for where, key in ((defs["AuthSettings"], "admin_key"), (defs["ApiKey"], "key")):
         where["properties"][f"{key}_file"] = {
@@ -149,7 +143,7 @@ def _upstream_entries(schema: dict[str, Any], defs: dict[str, Any]) -> None:
     models["minItems"] = 1
     schema["required"] = [*schema.get("required", []), "models"]
     entry = defs["UpstreamEntry"]["properties"]
-    entry[MODEL_ALIAS] = {"type": "string", "description": "one alias: the first of `aliases`"}
+    entry[llama_cpp.MODEL_ALIAS] = {"type": "string", "description": "one alias: the first of `aliases`"}
     entry["aliases"] = {"anyOf": [entry["aliases"], {"type": "string"}]}
     entry["upstream"] = {"anyOf": [entry["upstream"], {"$ref": "#/$defs/UpstreamServer"}],
                          "description": "one server, or a list of servers and local entries"}
