@@ -70,6 +70,22 @@ class Backend(Protocol):
     async def serve(self, call: Call) -> Response: ...
 
 
+class Measured:
+    """What every backend keeps about itself: its health and its counts, shown read-only."""
+
+    def __init__(self, health: Health) -> None:
+        self._health = health
+        self._stats = Stats()
+
+    @property
+    def health(self) -> Health:
+        return self._health
+
+    @property
+    def stats(self) -> Stats:
+        return self._stats
+
+
 class Tracked(Response):
     """`inner`, with `done()` called once when its last byte was sent or the client left."""
 

@@ -20,7 +20,7 @@ from gateway.errors import APIError
 from gateway.generation import QueueFullError
 from gateway.registry.errors import RegistryBusyError
 
-from .base import BACKEND_HEADER, Backend, BackendKind, Call, Retryable, Tracked, now
+from .base import BACKEND_HEADER, Backend, BackendKind, Call, Measured, Retryable, Tracked, now
 from .health import Failure, Health, Stats
 
 log = logging.getLogger("modelyard.upstream")
@@ -28,28 +28,19 @@ log = logging.getLogger("modelyard.upstream")
 ATTEMPTS = 2  # the first try and one retry
 
 
-class LocalBackend:
+class LocalBackend(Measured):
     """A local entry as a pool member: the route's own local path, under the pool's alias."""
 
     kind: BackendKind = "local"
     max_concurrent: int | None = None
 
     def __init__(self, alias: str) -> None:
+        super().__init__(Health(cooldown=0.0, probing=False))  # the registry keeps its own state
         self.alias = alias
-        self._health = Health(cooldown=0.0, probing=False)  # the registry keeps its own state
-        self._stats = Stats()
 
     @property
     def label(self) -> str:
         return f"local:{self.alias}"
-
-    @property
-    def health(self) -> Health:
-        return self._health
-
-    @property
-    def stats(self) -> Stats:
-        return self._stats
 
     async def serve(self, call: Call) -> Response:
         try:

@@ -27,8 +27,8 @@ from starlette.types import Receive, Scope, Send
 from gateway.config.upstream import UpstreamServer
 from gateway.errors import APIError
 
-from .base import BACKEND_HEADER, BackendKind, Call, Retryable, now
-from .health import Failure, Health, Stats
+from .base import BACKEND_HEADER, BackendKind, Call, Measured, Retryable, now
+from .health import Failure, Health
 
 log = logging.getLogger("modelyard.upstream")
 
@@ -36,16 +36,15 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 MAX_ERROR_BODY = 64 * 1024  # of an upstream's error response, read to pass its message on
 
 
-class UpstreamBackend:
+class UpstreamBackend(Measured):
     """An upstream server: its connections, health and counts (kept across reloads that leave
     its settings alone)."""
 
     kind: BackendKind = "upstream"
 
     def __init__(self, server: UpstreamServer, *, cooldown: float, probing: bool) -> None:
+        super().__init__(Health(cooldown=cooldown, probing=probing))
         self.server = server
-        self._health = Health(cooldown=cooldown, probing=probing)
-        self._stats = Stats()
         self.discovered: list[str] = []   # the aliases it serves (discover: true), by the probe
         self.retired = False
         limits = httpx.Limits(max_connections=server.max_concurrent,
@@ -55,14 +54,6 @@ class UpstreamBackend:
     @property
     def label(self) -> str:
         return self.server.label
-
-    @property
-    def health(self) -> Health:
-        return self._health
-
-    @property
-    def stats(self) -> Stats:
-        return self._stats
 
     @property
     def max_concurrent(self) -> int | None:
