@@ -130,21 +130,24 @@ class IntOps:
         od = f.let(f"shufflevector <{2 * n} x {elem}> {v}, <{2 * n} x {elem}> poison, {shuffle_mask(range(1, 2 * n, 2))}")
         return f.let(f"add <{n} x {elem}> {ev}, {od}")
 
-    def maddubs(self, u: str, s: str) -> str:
+    def _pair_products(self, intrinsic: str, a: str, b: str, n: int, narrow: str, wide: str,
+                       extend_a: str) -> str:
+        """Adjacent pairs of a * b widened (n lanes in, n/2 out): one AVX2 instruction, or the
+        same sums written out for the portable path."""
         f = self.f
         if self.avx2:
-            return f.let(f"call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> {u}, <32 x i8> {s})")
-        uw = f.let(f"zext <32 x i8> {u} to <32 x i16>")
-        sw = f.let(f"sext <32 x i8> {s} to <32 x i16>")
-        return self._pairs(f.let(f"mul <32 x i16> {uw}, {sw}"), 16, "i16")
+            return f.let(f"call <{n // 2} x {wide}> @{intrinsic}(<{n} x {narrow}> {a}, <{n} x {narrow}> {b})")
+        aw = f.let(f"{extend_a} <{n} x {narrow}> {a} to <{n} x {wide}>")
+        bw = f.let(f"sext <{n} x {narrow}> {b} to <{n} x {wide}>")
+        return self._pairs(f.let(f"mul <{n} x {wide}> {aw}, {bw}"), n // 2, wide)
+
+    def maddubs(self, u: str, s: str) -> str:
+        """Unsigned bytes u times signed bytes s, adjacent pairs added: <16 x i16>."""
+        return self._pair_products("llvm.x86.avx2.pmadd.ub.sw", u, s, 32, "i8", "i16", "zext")
 
     def madd(self, a: str, b: str) -> str:
-        f = self.f
-        if self.avx2:
-            return f.let(f"call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> {a}, <16 x i16> {b})")
-        aw = f.let(f"sext <16 x i16> {a} to <16 x i32>")
-        bw = f.let(f"sext <16 x i16> {b} to <16 x i32>")
-        return self._pairs(f.let(f"mul <16 x i32> {aw}, {bw}"), 8, "i32")
+        """Signed i16 products, adjacent pairs added: <8 x i32>."""
+        return self._pair_products("llvm.x86.avx2.pmadd.wd", a, b, 16, "i16", "i32", "sext")
 
     def madd_acc(self, acc: str, a: str, b: str) -> str:
         """acc + madd(a, b) (<8 x i32>). With VNNI one vpdpwssd, called as the intrinsic so
