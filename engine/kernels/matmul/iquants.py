@@ -8,7 +8,7 @@ Term: d*dx * isum.
 """
 from __future__ import annotations
 
-from engine.kernels.matmul.isa import IntOps, MatmulFn, shuffle_mask, splat_const, vec_const
+from engine.kernels.matmul.isa import IntOps, MatmulFn, shuffle_mask, splat_const
 from engine.kernels.matmul.kquants import Body, ISums, Term, Terms, super_block_tiles
 from engine.kernels.matmul.loops import RowCallbacks
 from engine.quants import QuantType
@@ -18,13 +18,11 @@ def iq4_xs_scales(f: MatmulFn, w: str, t: QuantType) -> str:
     """The 8 sub-block scales ls - 32 of the block at w, as <8 x i16>."""
     low = f.load("<4 x i8>", w, t.offset("scales_l"))
     low = f.let(f"shufflevector <4 x i8> {low}, <4 x i8> poison, {shuffle_mask(j // 2 for j in range(8))}")
-    low = f.let(f"lshr <8 x i8> {low}, {vec_const('i8', [4 * (j % 2) for j in range(8)])}")
-    low = f.let(f"and <8 x i8> {low}, {splat_const('i8', 8, 15)}")
+    low = f.field(low, 8, "i8", [4 * (j % 2) for j in range(8)], 15)
     low = f.let(f"zext <8 x i8> {low} to <8 x i16>")
     high = f.let(f"insertelement <8 x i16> poison, i16 {f.load('i16', w, t.offset('scales_h'))}, i64 0")
     high = f.let(f"shufflevector <8 x i16> {high}, <8 x i16> poison, <8 x i32> zeroinitializer")
-    high = f.let(f"lshr <8 x i16> {high}, {vec_const('i16', range(0, 16, 2))}")
-    high = f.let(f"and <8 x i16> {high}, {splat_const('i16', 8, 3)}")
+    high = f.field(high, 8, "i16", range(0, 16, 2), 3)
     high = f.let(f"shl <8 x i16> {high}, {splat_const('i16', 8, 4)}")
     ls = f.let(f"or <8 x i16> {low}, {high}")
     return f.let(f"sub <8 x i16> {ls}, {splat_const('i16', 8, 32)}")

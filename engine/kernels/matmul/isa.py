@@ -76,6 +76,17 @@ class MatmulFn(IRFunction):
         both = self.let(f"bitcast <4 x i64> {wide} to <32 x i8>")
         return self.let(f"and <32 x i8> {both}, {splat_const('i8', 32, 15)}")
 
+    def field(self, v: str, n: int, elem: str, shift: int | Iterable[int], mask: int) -> str:
+        """(v >> shift) & mask per lane of <n x elem>; shift is one count or one per lane."""
+        ty = f"<{n} x {elem}>"
+        by = splat_const(elem, n, shift) if isinstance(shift, int) else vec_const(elem, shift)
+        return self.let(f"and {ty} {self.let(f'lshr {ty} {v}, {by}')}, {splat_const(elem, n, mask)}")
+
+    def nibble_halves(self, v: str, n: int) -> tuple[str, str]:
+        """<n x i8> -> (low nibbles, high nibbles), each 0..15."""
+        return (self.let(f"and <{n} x i8> {v}, {splat_const('i8', n, 15)}"),
+                self.let(f"lshr <{n} x i8> {v}, {splat_const('i8', n, 4)}"))
+
     def bits32(self, word: str, value: int) -> str:
         """i32 -> <32 x i8>: `value` where bit j is set, else 0."""
         bits = self.let(f"bitcast i32 {word} to <32 x i1>")

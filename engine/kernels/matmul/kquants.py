@@ -20,7 +20,6 @@ from engine.kernels.matmul.isa import (
     i8_const,
     shuffle_mask,
     splat_const,
-    vec_const,
 )
 from engine.kernels.matmul.loops import RowCallbacks, row_tiles
 from engine.quants import QuantType
@@ -167,13 +166,11 @@ def q3_k_scales(f: MatmulFn, w: str, at: int) -> str:
     bits from bits 2 (k // 4) of byte 8 + k % 4.
     """
     b8 = f.load("<8 x i8>", w, at)
-    lo = f.let(f"and <8 x i8> {b8}, {splat_const('i8', 8, 15)}")
-    hi = f.let(f"lshr <8 x i8> {b8}, {splat_const('i8', 8, 4)}")
+    lo, hi = f.nibble_halves(b8, 8)
     low = f.let(f"shufflevector <8 x i8> {lo}, <8 x i8> {hi}, {shuffle_mask(range(16))}")
     top = f.let(f"shufflevector <4 x i8> {f.load('<4 x i8>', w, at + 8)}, <4 x i8> poison, "
                 f"{shuffle_mask(list(range(4)) * 4)}")
-    top = f.let(f"lshr <16 x i8> {top}, {vec_const('i8', [2 * (k // 4) for k in range(16)])}")
-    top = f.let(f"and <16 x i8> {top}, {splat_const('i8', 16, 3)}")
+    top = f.field(top, 16, "i8", [2 * (k // 4) for k in range(16)], 3)
     top = f.let(f"shl <16 x i8> {top}, {splat_const('i8', 16, 4)}")
     sc = f.let(f"zext <16 x i8> {f.let(f'or <16 x i8> {low}, {top}')} to <16 x i16>")
     return f.let(f"sub <16 x i16> {sc}, {splat_const('i16', 16, 32)}")
@@ -242,8 +239,7 @@ def q4_5_k_body(t: QuantType) -> Body:
         isums = ISums(f, ops, len(xs))
         for c in range(4):
             qs = f.load("<32 x i8>", w, qs_at + 32 * c)
-            halves = [f.let(f"and <32 x i8> {qs}, {splat_const('i8', 32, 15)}"),
-                      f.let(f"lshr <32 x i8> {qs}, {splat_const('i8', 32, 4)}")]
+            halves = f.nibble_halves(qs, 32)
             for h in range(2):
                 j = 2 * c + h
                 q = halves[h]
