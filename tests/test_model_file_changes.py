@@ -20,19 +20,33 @@ from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
 from tests.support.servers import ServerProcess
 
 
-def test_a_fault_in_a_guarded_mapping_reads_zeros_instead_of_killing_the_process(
-        tmp_path: Path) -> None:
-    # in a child process: without the guard this would be a SIGBUS
-    path = tmp_path / "data.bin"
-    script = textwrap.dedent(f"""
+def _mapped_megabyte(path: Path) -> str:
+    """Child-script lines leaving `a`: a read-only mapping of a fresh 1 MiB file of 0x01 bytes."""
+    return textwrap.dedent(f"""
         import mmap, os, numpy as np
-        from engine import sigbus
         path = {str(path)!r}
         open(path, "wb").write(b"\\x01" * (1 << 20))
         fd = os.open(path, os.O_RDONLY)
         m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         os.close(fd)
         a = np.frombuffer(m, np.uint8)
+    """)
+
+
+def _run_child(script: str) -> subprocess.CompletedProcess[str]:
+    """Run a script in a fresh interpreter that imports this checkout's engine."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_a_fault_in_a_guarded_mapping_reads_zeros_instead_of_killing_the_process(
+        tmp_path: Path) -> None:
+    # in a child process: without the guard this would be a SIGBUS
+    path = tmp_path / "data.bin"
+    script = textwrap.dedent("""
+        from engine import sigbus
+    """) + _mapped_megabyte(path) + textwrap.dedent("""
         slot = sigbus.guard(a.ctypes.data, a.nbytes)
         before = int(a.sum())
         os.truncate(path, 8192)
@@ -40,9 +54,7 @@ def test_a_fault_in_a_guarded_mapping_reads_zeros_instead_of_killing_the_process
         print(before, after, sigbus.healed())
         sigbus.unguard(slot)
     """)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = _run_child(script)
     assert done.returncode == 0, done.stderr
     before, after, healed = map(int, done.stdout.split())
     pages = (1 << 20) // mmap.PAGESIZE
@@ -54,23 +66,16 @@ def test_a_fault_in_a_guarded_mapping_reads_zeros_instead_of_killing_the_process
 def test_a_fault_outside_every_guarded_mapping_still_reaches_the_previous_handler(
         tmp_path: Path) -> None:
     path = tmp_path / "data.bin"
-    script = textwrap.dedent(f"""
-        import faulthandler, mmap, os, numpy as np
+    script = textwrap.dedent("""
+        import faulthandler
         faulthandler.enable()
         from engine import sigbus
         assert sigbus.install()
-        path = {str(path)!r}
-        open(path, "wb").write(b"\\x01" * (1 << 20))
-        fd = os.open(path, os.O_RDONLY)
-        m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        os.close(fd)
-        a = np.frombuffer(m, np.uint8)
+    """) + _mapped_megabyte(path) + textwrap.dedent("""
         os.truncate(path, 8192)
         print(int(a.sum()))
     """)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = _run_child(script)
     assert done.returncode == -7  # SIGBUS, reported by faulthandler as without the guard
     assert "Bus error" in done.stderr
 
@@ -89,9 +94,7 @@ def test_a_forward_pass_over_a_truncated_file_completes_instead_of_faulting(
         print(logits.shape[0], sigbus.healed() - before, model.file_changed())
         model.close()
     """)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = _run_child(script)
     assert done.returncode == 0, done.stderr
     rows, healed, why = done.stdout.split(maxsplit=2)
     assert int(rows) == 3 and int(healed) > 0 and "changed size" in why
