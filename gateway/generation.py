@@ -81,7 +81,7 @@ class QueueFullError(Exception):
 
 class ModelBrokenError(Exception):
     """The model cannot serve any more: its file changed under the mapping, or it produced
-    non-finite logits. The registry unloads it (gateway/registry.py); a later request loads
+    non-finite logits. The registry unloads it (gateway/registry/); a later request loads
     the file afresh."""
 
     def __init__(self, name: str, reason: str, retry_after: float = 1.0,

@@ -158,7 +158,7 @@ def _template_for(model: LoadedModel, entry: ModelEntry) -> tuple[ChatTemplate, 
         template = ChatTemplate.for_model(choice.source, tokens, tok.bos_id, tok.eos_id)
     except ChatTemplateError as exc:
         if choice.origin != "gguf":
-            raise  # config.py compiled it already: only the file's own can fail here
+            raise  # the config loader compiled it already: only the file's own can fail here
         meta = {k: v for k, v in model.metadata.items() if k != "tokenizer.chat_template"}
         fallback = choose_template(meta)
         choice = TemplateChoice(fallback.source, "built-in", fallback.name,
