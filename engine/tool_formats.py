@@ -130,6 +130,10 @@ class ToolFormat:
         """The JSON Schema of one call to any tool `choice` allows."""
         return _union([_call_schema(t, self.args_key) for t in _offered(tools, choice)])
 
+    def _offered_call_grammar(self, tools: list[dict[str, Any]], choice: Choice) -> str:
+        """The grammar of one call to any tool `choice` allows, written as a JSON object."""
+        return self._json(self._offered_calls(tools, choice))
+
     # -- reading ---------------------------------------------------------------------------------
     def read(self, text: str, final: bool) -> Reply:
         raise NotImplementedError
@@ -175,8 +179,8 @@ class HermesFormat(ToolFormat):
     closer = "</tool_call>"
 
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
-        schema = self._offered_calls(tools, choice)
-        call = f"{_WS} {self._json(schema)} {_WS} {_lark_string(self.closer)} {_WS}"
+        closer = _lark_string(self.closer)
+        call = f"{_WS} {self._offered_call_grammar(tools, choice)} {_WS} {closer} {_WS}"
         more = f' ({self._mark(self.marker)} call)*' if parallel else ""
         return self._lazy_after_marker("calls", choice) + f"calls: call{more}\ncall: {call}\n"
 
@@ -199,9 +203,8 @@ class Llama3Format(ToolFormat):
     marker = "<|python_tag|>"
 
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
-        schema = self._offered_calls(tools, choice)
         tag = f"{self._mark(self.marker)}? " if self.special(self.marker) is not None else ""
-        call = f"call: {tag}{self._json(schema)}\n"
+        call = f"call: {tag}{self._offered_call_grammar(tools, choice)}\n"
         if choice == "auto":  # a call is the whole reply; other replies must not start with "{"
             return _JSON_OPTIONS + "start: TEXT | call\nTEXT: /[^{](?s:.*)/\n" + call
         return _JSON_OPTIONS + "start: call\n" + call
