@@ -42,6 +42,8 @@ class Model:
             if self.tokenizer.n_vocab != self.hparams.n_vocab:
                 raise ModelLoadError(self.path, f"tokenizer has {self.tokenizer.n_vocab} tokens, "
                                                 f"the model {self.hparams.n_vocab}")
+            self.n_vocab = self.hparams.n_vocab
+            self.n_embd = self.hparams.n_embd  # an embedding's length
             self.n_ctx = n_ctx
             self.n_threads = n_threads
             self.n_slots = n_slots
@@ -55,14 +57,6 @@ class Model:
         self.load_seconds = time.perf_counter() - t0
 
     # -- facts -------------------------------------------------------------------------------
-    @property
-    def n_vocab(self) -> int:
-        return self.hparams.n_vocab
-
-    @property
-    def n_embd(self) -> int:
-        return self.hparams.n_embd
-
     @property
     def mapped_bytes(self) -> int:
         """The mapped file part of memory_bytes (shared with other loads of the same file)."""

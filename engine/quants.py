@@ -181,8 +181,24 @@ def activation_type(qtype: GGMLQuantizationType) -> str | None:
     return quant_type(qtype).act
 
 
+class HostMatrix:
+    """What the kernels take of a matrix held as one uint8 array in host memory (`_bytes()`):
+    the address of its first byte, as an integer computed once, and its size."""
+
+    def _bytes(self) -> np.ndarray:
+        raise NotImplementedError
+
+    @functools.cached_property
+    def address(self) -> int:
+        return int(self._bytes().ctypes.data)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._bytes().nbytes)
+
+
 @dataclass(frozen=True, eq=False)
-class QuantMatrix:
+class QuantMatrix(HostMatrix):
     """A weight matrix still in its quantized blocks: out = W @ x for x of n_cols values."""
 
     raw: np.ndarray  # uint8 [n_rows, row_bytes], C-contiguous (may be a view into an mmap)
@@ -200,14 +216,8 @@ class QuantMatrix:
         if not self.raw.flags.c_contiguous:
             raise ValueError("QuantMatrix.raw must be C-contiguous")
 
-    @functools.cached_property
-    def address(self) -> int:
-        """Address of the first byte (computed once; kernels take it as an integer)."""
-        return int(self.raw.ctypes.data)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.raw.nbytes)
+    def _bytes(self) -> np.ndarray:
+        return self.raw
 
 
 def blocks(raw: np.ndarray, qtype: GGMLQuantizationType, n_cols: int) -> np.ndarray:

@@ -71,7 +71,7 @@ from engine.activations import (
     quantize_activations,
 )
 from engine.ggml_types import GGMLQuantizationType
-from engine.quants import QuantMatrix, dequantize, quant_type, row_bytes
+from engine.quants import HostMatrix, QuantMatrix, dequantize, quant_type, row_bytes
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
@@ -98,7 +98,7 @@ def _aligned(nbytes: int) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class RepackedMatrix:
+class RepackedMatrix(HostMatrix):
     """A weight matrix in the row-interleaved layout; `source` is the file's matrix."""
 
     data: np.ndarray  # uint8 [n_rows // 16 * n_blocks * GROUP_BLOCK_BYTES], 64-byte aligned
@@ -116,13 +116,8 @@ class RepackedMatrix:
     def n_cols(self) -> int:
         return self.source.n_cols
 
-    @functools.cached_property
-    def address(self) -> int:
-        return int(self.data.ctypes.data)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
+    def _bytes(self) -> np.ndarray:
+        return self.data
 
 
 def _interleave(v: np.ndarray) -> np.ndarray:
