@@ -23,8 +23,9 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
+from . import endpoints
 from .errors import invalid_request
 from .metrics import CONTENT_TYPE_LATEST
 from .state import app_state
@@ -115,14 +116,17 @@ async def unload_model(request: Request) -> Response:
     return JSONResponse(row, status_code=202 if row["state"] == "draining" else 200)
 
 
+ENDPOINTS: endpoints.Table = {
+    "GET /health": health,
+    "GET /metrics": metrics,
+    "GET /admin/status": status,
+    "POST /admin/reload": reload,
+    "GET /admin/models": list_models,
+    # `:path` so aliases with a slash ("org/model") work
+    "POST /admin/models/{alias:path}/load": load_model,
+    "POST /admin/models/{alias:path}/unload": unload_model,
+}
+
+
 def routes() -> list[BaseRoute]:
-    return [
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/admin/status", status, methods=["GET"]),
-        Route("/admin/reload", reload, methods=["POST"]),
-        Route("/admin/models", list_models, methods=["GET"]),
-        # `:path` so aliases with a slash ("org/model") work
-        Route("/admin/models/{alias:path}/load", load_model, methods=["POST"]),
-        Route("/admin/models/{alias:path}/unload", unload_model, methods=["POST"]),
-    ]
+    return endpoints.routes(ENDPOINTS)

@@ -21,8 +21,9 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
+from . import endpoints
 from .admin import is_stopping, status_body
 from .state import app_state
 
@@ -64,4 +65,4 @@ async def events(request: Request) -> Response:
 
 
 def routes() -> list[BaseRoute]:
-    return [Route("/admin/events", events, methods=["GET"])]
+    return endpoints.routes({"GET /admin/events": events})

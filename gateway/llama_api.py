@@ -27,11 +27,11 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 import engine
 
-from . import admin, defaults, model_info, serving
+from . import admin, defaults, endpoints, model_info, serving
 from . import llama_protocol as lp
 from .config import LimitSettings
 from .errors import APIError, context_length_exceeded, invalid_request
@@ -435,15 +435,18 @@ async def unload_model(request: Request) -> Response:
     return JSONResponse({"success": True})
 
 
+ENDPOINTS: endpoints.Table = {
+    "POST /completion": completion,
+    "POST /tokenize": tokenize,
+    "POST /detokenize": detokenize,
+    "POST /apply-template": apply_template,
+    "GET /props": props,
+    "GET /slots": slots,
+    "GET /v1/health": admin.health,
+    "POST /models/load": load_model,
+    "POST /models/unload": unload_model,
+}
+
+
 def routes() -> list[BaseRoute]:
-    return [
-        Route("/completion", completion, methods=["POST"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-        Route("/apply-template", apply_template, methods=["POST"]),
-        Route("/props", props, methods=["GET"]),
-        Route("/slots", slots, methods=["GET"]),
-        Route("/v1/health", admin.health, methods=["GET"]),
-        Route("/models/load", load_model, methods=["POST"]),
-        Route("/models/unload", unload_model, methods=["POST"]),
-    ]
+    return endpoints.routes(ENDPOINTS)

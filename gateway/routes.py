@@ -14,9 +14,9 @@ from typing import TypeVar
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
-from . import auth, defaults, model_cards, serving
+from . import auth, defaults, endpoints, model_cards, serving
 from . import protocol as p
 from .backends import dispatch
 from .config import LimitSettings
@@ -162,16 +162,15 @@ def _for_member(req: M, local: str | None) -> M:
     return req if local is None else req.model_copy(update={"model": local})
 
 
+ENDPOINTS: endpoints.Table = {
+    "GET /models": list_models,
+    "GET /models/{model:path}": retrieve_model,
+    "POST /chat/completions": chat_completions,
+    "POST /completions": completions,
+    "POST /embeddings": embeddings,
+}
+
+
 def routes() -> list[BaseRoute]:
     """Every endpoint under /v1 and again without the prefix."""
-    table: list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]] = [
-        ("/models", list_models, ["GET"]),
-        ("/models/{model:path}", retrieve_model, ["GET"]),
-        ("/chat/completions", chat_completions, ["POST"]),
-        ("/completions", completions, ["POST"]),
-        ("/embeddings", embeddings, ["POST"]),
-    ]
-    out: list[BaseRoute] = []
-    for prefix in ("/v1", ""):
-        out += [Route(prefix + path, handler, methods=methods) for path, handler, methods in table]
-    return out
+    return endpoints.routes(ENDPOINTS, prefixes=("/v1", ""))

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
+
+from gateway import endpoints
 
 STATIC = Path(__file__).with_name("static")
 INDEX = "index.html"
@@ -74,9 +76,9 @@ def routes(directory: Path = STATIC) -> list[BaseRoute]:
     async def to_page(request: Request) -> Response:
         return RedirectResponse(PREFIX, status_code=308)
 
-    return [
-        Route("/", page, methods=["GET", "HEAD"]),
-        Route("/ui", to_page, methods=["GET", "HEAD"]),
-        Route(PREFIX, page, methods=["GET", "HEAD"]),
-        Route(PREFIX + "{name}", asset, methods=["GET", "HEAD"]),
-    ]
+    return endpoints.routes({
+        "GET HEAD /": page,
+        "GET HEAD /ui": to_page,
+        f"GET HEAD {PREFIX}": page,
+        f"GET HEAD {PREFIX}{{name}}": asset,
+    })
