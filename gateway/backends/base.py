@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from starlette.datastructures import MutableHeaders
@@ -70,20 +70,13 @@ class Backend(Protocol):
     async def serve(self, call: Call) -> Response: ...
 
 
+@dataclass(eq=False)
 class Measured:
-    """What every backend keeps about itself: its health and its counts, shown read-only."""
+    """What every backend keeps about itself: its health and its counts (each object changes
+    itself as events come in; nothing replaces them)."""
 
-    def __init__(self, health: Health) -> None:
-        self._health = health
-        self._stats = Stats()
-
-    @property
-    def health(self) -> Health:
-        return self._health
-
-    @property
-    def stats(self) -> Stats:
-        return self._stats
+    health: Health
+    stats: Stats = field(default_factory=Stats)
 
 
 class Tracked(Response):

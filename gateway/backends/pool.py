@@ -46,7 +46,7 @@ class LocalBackend(Measured):
         try:
             response = await call.local(call.request, call.body, self.alias, call.alias)
         except (RegistryBusyError, QueueFullError) as e:  # before any byte: another may serve
-            self._stats.error(Failure.STATUS)
+            self.stats.error(Failure.STATUS)
             raise Retryable(APIError(503, f"{self.label}: {e}", type="server_error",
                                      code="server_busy"), Failure.STATUS) from None
         response.headers[BACKEND_HEADER] = self.label

@@ -94,8 +94,8 @@ class UpstreamBackend(Measured):
                 error = self._answered_error(response.status_code, raw,
                                              response.headers.get("retry-after"))
                 if response.status_code in RETRY_STATUSES:
-                    self._health.failed(now(), error.message)
-                    self._stats.error(Failure.STATUS)
+                    self.health.failed(now(), error.message)
+                    self.stats.error(Failure.STATUS)
                     raise Retryable(error, Failure.STATUS)
                 await response.aclose()
                 return JSONResponse(error.body(), status_code=error.status,
@@ -113,13 +113,13 @@ class UpstreamBackend(Measured):
         except BaseException:
             await response.aclose()
             raise
-        self._stats.first_byte(time.perf_counter() - started)
+        self.stats.first_byte(time.perf_counter() - started)
         return _Relay(self, response, first, chunks)
 
     def _retryable(self, kind: Failure, status: int, code: str, why: str) -> Retryable:
         message = self.mask(f"upstream {self.label}: {why}")
-        self._health.failed(now(), message)
-        self._stats.error(kind)
+        self.health.failed(now(), message)
+        self.stats.error(kind)
         return Retryable(APIError(status, message, type="server_error", code=code), kind)
 
     def _answered_error(self, status: int, raw: bytes, retry_after: str | None) -> APIError:
@@ -155,8 +155,8 @@ class UpstreamBackend(Measured):
     def stream_failed(self, why: str) -> bytes:
         """A failure after bytes were sent: counted, and said as an SSE error event."""
         message = self.mask(f"upstream {self.label} failed mid-stream: {why}")
-        self._health.failed(now(), message)
-        self._stats.error(Failure.STREAM)
+        self.health.failed(now(), message)
+        self.stats.error(Failure.STREAM)
         log.warning("%s", message)
         body = APIError(502, message, type="server_error", code="upstream_error").body()
         return b"data: " + json.dumps(body).encode() + b"\n\n"
@@ -174,14 +174,14 @@ class UpstreamBackend(Measured):
             if self.server.discover:
                 self.discovered = _model_ids(r.json())
         except (httpx.HTTPError, ValueError) as e:
-            if self._health.state.value == "healthy":
+            if self.health.state.value == "healthy":
                 log.warning("upstream %s is unhealthy: probe failed (%s)", self.label, _why(e))
-            self._health.failed(now(), self.mask(f"probe failed: {_why(e)}"))
-            self._stats.error(Failure.PROBE)
+            self.health.failed(now(), self.mask(f"probe failed: {_why(e)}"))
+            self.stats.error(Failure.PROBE)
             return
-        if self._health.state.value != "healthy":
+        if self.health.state.value != "healthy":
             log.info("upstream %s is healthy again", self.label)
-        self._health.probe_ok(now())
+        self.health.probe_ok(now())
 
     async def close(self) -> None:
         await self.client.aclose()
