@@ -104,7 +104,7 @@ def int8_peak_tops(threads: int) -> float | None:
     """TOPS of back-to-back independent 512-bit vpdpbusd on `threads` threads (None without
     AVX-512 VNNI)."""
     import ctypes  # noqa: PLC0415
-    import threading  # noqa: PLC0415
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
     from engine.kernels import jit  # noqa: PLC0415
     from engine.kernels.irtext import IRFunction  # noqa: PLC0415
@@ -127,12 +127,9 @@ def int8_peak_tops(threads: int) -> float | None:
     fn(n // 10)
     best = float("inf")
     for _ in range(3):
-        workers = [threading.Thread(target=fn, args=(n,)) for _ in range(threads)]
         t = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
+        with ThreadPoolExecutor(threads) as pool:  # one thread each, all at once
+            list(pool.map(fn, [n] * threads))
         best = min(best, time.perf_counter() - t)
     return threads * n * accs * 64 * 2 / best / 1e12
 

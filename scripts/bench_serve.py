@@ -24,6 +24,7 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,12 +89,9 @@ def run_level(url: str, model: str, n_clients: int, args: argparse.Namespace) ->
             with lock:
                 samples.append(sample)
 
-    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(n_clients)]
     started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(n_clients) as pool:  # every client at once
+        list(pool.map(client_loop, range(n_clients)))
     wall = time.perf_counter() - started
     total = sum(s.tokens for s in samples)
     ttft = sorted(s.first - s.sent for s in samples if s.first is not None)
