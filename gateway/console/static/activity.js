@@ -1,7 +1,7 @@
 // Activity view: reads the server's Prometheus text (/metrics) every 2 s and keeps the last
 // minutes of samples in the page: generated tokens/s per model (a chart), requests, errors,
 // time to first token, batch sizes (see gateway/metrics.py for what each series counts).
-import { api, el, errorText, seconds } from "./api.js";
+import { api, cardTable, el, errorText, seconds } from "./api.js";
 
 const EVERY_MS = 2000;
 const WINDOW_S = 300;
@@ -10,7 +10,12 @@ const NO_MODEL = "-";
 
 const chart = document.getElementById("activity-chart");
 const legend = document.getElementById("activity-legend");
-const body = document.querySelector("#activity-table tbody");
+const { body, labelled } = cardTable(document.getElementById("activity-table-wrap"), {
+  id: "activity-table",
+  caption: "Per model since the server started",
+  columns: ["Model", "Tokens/s now", "Requests", "Errors", "Avg time to first token",
+    "Avg batch size", "Prompt / generated tokens"],
+});
 const message = document.getElementById("activity-message");
 const samples = []; // {t: seconds, models: {alias: totals}}
 
@@ -102,16 +107,16 @@ function draw() {
   body.replaceChildren(...rows.map(([alias, m]) => {
     const r = alias === NO_MODEL ? [] : rates(alias);
     const nowRate = r.length ? r[r.length - 1].rate : 0;
-    return el("tr", { "data-model": alias },
-      el("td", { "data-label": "Model" }, alias === NO_MODEL ? "(no model: admin, metrics, console, refused)" : alias),
-      el("td", { class: "num", "data-label": "Tokens/s now" }, alias === NO_MODEL ? "–" : nowRate.toFixed(1)),
-      el("td", { class: "num", "data-label": "Requests" }, m.requests),
-      el("td", { class: "num", "data-label": "Errors" }, m.errors),
-      el("td", { class: "num", "data-label": "Avg time to first token" },
+    return labelled(el("tr", { "data-model": alias },
+      el("td", {}, alias === NO_MODEL ? "(no model: admin, metrics, console, refused)" : alias),
+      el("td", { class: "num" }, alias === NO_MODEL ? "–" : nowRate.toFixed(1)),
+      el("td", { class: "num" }, m.requests),
+      el("td", { class: "num" }, m.errors),
+      el("td", { class: "num" },
         m.ttftCount ? seconds(m.ttftSum / m.ttftCount) : "–"),
-      el("td", { class: "num", "data-label": "Avg batch size" },
+      el("td", { class: "num" },
         m.batchCount ? (m.batchSum / m.batchCount).toFixed(2) : "–"),
-      el("td", { class: "num", "data-label": "Prompt / generated tokens" }, `${m.prompt} / ${m.completion}`));
+      el("td", { class: "num" }, `${m.prompt} / ${m.completion}`)));
   }));
 }
 

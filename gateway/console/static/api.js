@@ -152,5 +152,22 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// A table whose rows become cards on a narrow screen (console.css), made in `wrap`. Its columns
+// are named once: the header row and each cell's data-label (the name a card shows before the
+// cell) both come from `columns`. Returns its body and `labelled(row)`, which labels a row's
+// cells in order and gives the row back.
+export function cardTable(wrap, { id, caption, columns }) {
+  const body = el("tbody");
+  wrap.replaceChildren(el("table", { id, class: "cards" },
+    el("caption", { class: "sr-only" }, caption),
+    el("thead", {}, el("tr", {}, columns.map((name) => el("th", { scope: "col" }, name)))),
+    body));
+  const labelled = (row) => {
+    [...row.cells].forEach((cell, i) => { cell.dataset.label = columns[i]; });
+    return row;
+  };
+  return { body, labelled };
+}
+
 // An alias as an admin path: its slashes stay (the route takes "org/model").
 export function aliasPath(alias) { return alias.split("/").map(encodeURIComponent).join("/"); }

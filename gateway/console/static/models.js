@@ -1,9 +1,14 @@
 // Models view: every configured entry (and instances still draining after a reload), with load
 // and unload buttons. Re-drawn on each models event and once a second (relative times, and the
 // elapsed time of a load in progress).
-import { ago, aliasPath, api, bytes, el, errorText, seconds } from "./api.js";
+import { ago, aliasPath, api, bytes, cardTable, el, errorText, seconds } from "./api.js";
 
-const body = document.querySelector("#models-table tbody");
+const { body, labelled } = cardTable(document.getElementById("models-table-wrap"), {
+  id: "models-table",
+  caption: "Configured models: state, memory and requests; load or unload each",
+  columns: ["Model", "State", "Memory", "Context", "In flight / queued / active", "Last used",
+    "Loads", "Actions"],
+});
 const summary = document.getElementById("models-summary");
 const message = document.getElementById("models-message");
 const loadingSince = new Map(); // row key -> Date.now() when the page first saw it loading
@@ -21,7 +26,7 @@ export function update(live, name) {
 }
 
 function stateCell(r, key) {
-  const cell = el("td", { "data-label": "State" },
+  const cell = el("td", {},
     el("span", { class: `state state-${r.state}` }, r.state + (r.retiring ? " (old settings)" : "")));
   if (r.state === "loading") {
     if (!loadingSince.has(key)) loadingSince.set(key, Date.now());
@@ -42,7 +47,7 @@ function stateCell(r, key) {
 
 function actions(r, key) {
   const alias = r.aliases[0];
-  const cell = el("td", { "data-label": "Actions" });
+  const cell = el("td");
   if (r.retiring) return cell;
   const mine = busy.has(key);
   const canLoad = r.state === "unloaded" || r.state === "failed";
@@ -65,24 +70,24 @@ function draw() {
     const key = rowKey(r);
     const [name, ...others] = r.aliases;
     const file = r.model.split(/[\\/]/).pop();
-    return el("tr", { "data-model": r.aliases[0], "data-state": r.state },
-      el("td", { "data-label": "Model" },
+    return labelled(el("tr", { "data-model": r.aliases[0], "data-state": r.state },
+      el("td", {},
         el("strong", {}, name), r.pinned ? el("span", { class: "badge" }, "pinned") : null,
         others.length ? el("div", { class: "aliases" }, "also: " + others.join(", ")) : null,
         el("div", { class: "file", title: r.model }, file),
         r.chat_format ? el("div", { class: "file" }, "template: " + r.chat_format) : null),
       stateCell(r, key),
-      el("td", { class: "num", "data-label": "Memory", "data-field": "memory" },
+      el("td", { class: "num", "data-field": "memory" },
         r.memory_bytes ? bytes(r.memory_bytes) : "–"),
-      el("td", { class: "num", "data-label": "Context" }, r.n_ctx),
-      el("td", { class: "num", "data-label": "In flight / queued / active", "data-field": "requests",
+      el("td", { class: "num" }, r.n_ctx),
+      el("td", { class: "num", "data-field": "requests",
                  title: "in flight / queued / active" },
         `${r.in_flight} / ${r.queued} / ${r.active}`),
-      el("td", { "data-label": "Last used", title: r.last_used ? new Date(r.last_used * 1000).toLocaleString() : "" },
+      el("td", { title: r.last_used ? new Date(r.last_used * 1000).toLocaleString() : "" },
         ago(r.last_used)),
-      el("td", { class: "num", "data-label": "Loads" },
+      el("td", { class: "num" },
         r.load_count ? `${r.load_count} × (last ${seconds(r.load_seconds)})` : "0"),
-      actions(r, key));
+      actions(r, key)));
   }));
   if (focusId) {
     const again = body.querySelector(`[data-action="${focusId[0]}"][data-alias="${CSS.escape(focusId[1])}"]`);
