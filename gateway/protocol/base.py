@@ -34,14 +34,29 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def without_unset(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """`data` (a serialized body) without those of `keys` whose value is None: fields OpenAI's
+    shape has only sometimes, or extras of ours, are left out rather than sent as null."""
+    for key in keys:
+        if data.get(key) is None:
+            data.pop(key, None)
+    return data
+
+
 # --------------------------------------------------------------------------------- errors
 
 class ErrorInfo(BaseModel):
-    model_config = ConfigDict(extra="allow")  # e.g. n_prompt_tokens and n_ctx on context errors
     message: str
     type: str
     param: str | None = None
     code: str | None = None
+    # --- llama.cpp's extras, on context_length_exceeded only: the prompt's and the context's size
+    n_prompt_tokens: int | None = None
+    n_ctx: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_extras_unless_set(self, handler: Any) -> dict[str, Any]:
+        return without_unset(handler(self), ("n_prompt_tokens", "n_ctx"))
 
 
 class ErrorResponse(BaseModel):
@@ -107,10 +122,7 @@ class _MayCarryProgress(_Response):
     @model_serializer(mode="wrap")
     def _omit_progress_unless_set(self, handler: Any) -> dict[str, Any]:
         # plain chunks keep exactly OpenAI's shape; only progress chunks carry the extra field
-        data: dict[str, Any] = handler(self)
-        if data.get("prompt_progress") is None:
-            data.pop("prompt_progress", None)
-        return data
+        return without_unset(handler(self), ("prompt_progress",))
 
 
 def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:

@@ -14,6 +14,7 @@ from .base import (
     _MayCarryProgress,
     _Request,
     _Response,
+    without_unset,
 )
 from .tools import ToolCall, ToolCallDelta, ToolCallIn, ToolChoice, ToolDefinition
 
@@ -103,11 +104,7 @@ class AssistantMessage(_Response):
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: Any) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for key in ("tool_calls", "reasoning_content"):
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
+        return without_unset(handler(self), ("tool_calls", "reasoning_content"))
 
 
 class ChatChoice(_Response):
