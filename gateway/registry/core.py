@@ -6,8 +6,8 @@ to happen with no `await` between them: that is what makes "concurrent requests 
 and "nothing is evicted while serving" hold without locks. The slow parts (loading, closing, the
 memory estimate) run in worker threads so the loop keeps serving meanwhile.
 
-Which models to evict and which are idle is decided in gateway/eviction.py; this module only
-describes its slots to that policy and carries out the answer. Loads, evictions and idle unloads
+Which models to evict and which are idle is decided in gateway/eviction.py; budget.py describes
+the slots to that policy, and this module carries out the answer. Loads, evictions and idle unloads
 are counted into an optional `MetricsSink` (gateway/metrics.py).
 """
 from __future__ import annotations
@@ -21,12 +21,14 @@ from collections.abc import AsyncIterator, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError
-from gateway.eviction import Blocked, Fits, Resident, TooLarge, idle_expired, next_idle_deadline, plan_load
+from gateway.eviction import Blocked, Fits, TooLarge
 from gateway.lifecycle import ModelState, advance
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.units import format_duration, format_size
 
+from . import budget
 from .errors import ModelLoadFailedError, PinnedLoadError, RegistryBusyError
+from .reconcile import reconcile
 from .slots import (
     ApplyResult,
     Estimator,
@@ -37,14 +39,18 @@ from .slots import (
     broken,
     engine_estimator,
     engine_loader,
-    match,
-    resident_key,
-    residents,
     row,
-    shared_bytes,
     slot_key,
 )
-from .waiting import estimate_memory, log_progress, wait_event, wait_for_change, wait_for_load, wait_task
+from .waiting import (
+    estimate_memory,
+    log_progress,
+    wait_event,
+    wait_for_change,
+    wait_for_load,
+    wait_task,
+    wait_until,
+)
 
 if TYPE_CHECKING:  # imported when a Registry is made: the backends import gateway.errors
     from gateway.backends.pool import Pool
@@ -106,14 +112,7 @@ class Registry:
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait (at most `timeout` seconds) until no request holds a model; True if none does."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.in_flight():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            await wait_event(self._changed, remaining)
-        return True
+        return await wait_until(lambda: not self.in_flight(), lambda: self._changed, timeout)
 
     def abort_running(self, error: BaseException) -> None:
         """End every request a loaded model is running or queueing with `error` (the shutdown
@@ -135,15 +134,12 @@ class Registry:
         for slot in self._all_slots():
             if slot.state is ModelState.READY:
                 self._begin_drain(slot)
-        deadline = asyncio.get_running_loop().time() + drain_timeout
-        while busy := [s for s in self._all_slots() if s.state is ModelState.DRAINING]:
-            changed = self._changed
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                log.warning("closing with requests still running on %s",
-                            ", ".join(s.entry.name for s in busy))
-                break
-            await wait_event(changed, remaining)
+        def draining() -> list[Slot]:
+            return [s for s in self._all_slots() if s.state is ModelState.DRAINING]
+
+        if not await wait_until(lambda: not draining(), lambda: self._changed, drain_timeout):
+            log.warning("closing with requests still running on %s",
+                        ", ".join(s.entry.name for s in draining()))
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self.upstreams.close()
 
@@ -213,9 +209,7 @@ class Registry:
                     raise ModelLoadFailedError(entry.model, estimate)
                 slot.estimate = estimate
                 continue  # the world may have changed while we were away
-            plan = plan_load(self._residents(), self._load_estimate(slot),
-                             max_loaded=self._config.registry.max_loaded_models,
-                             memory_budget=self._config.registry.memory_budget)
+            plan = budget.plan_for(slot, self._all_slots(), self._config.registry)
             if isinstance(plan, TooLarge):
                 slot.last_error = plan.reason
                 raise ModelLoadFailedError(entry.model, plan.reason)
@@ -225,11 +219,7 @@ class Registry:
                                       self._config.registry.load_timeout)
                 continue
             if plan.evict:
-                for victim in self._slots_by_key(plan.evict):
-                    log.info("evicting %s (least recently used) to load %s", victim.entry.name,
-                             entry.name)
-                    self._metrics.model_evicted(victim.entry.name)
-                    self._begin_drain(victim)
+                self._evict(plan.evict, f"(least recently used) to load {entry.name}")
                 continue  # their memory is back once they are UNLOADED
             self._begin_load(slot)
 
@@ -284,31 +274,14 @@ class Registry:
     def apply(self, config: Config) -> ApplyResult:
         """Switch to a new (already validated) config without a restart.
 
-        Entries are matched by model file (and alias, where several share a file; see _match).
-        Same settings_key(): the loaded model stays warm and
-        takes the new aliases, pinning and idle timeout. Different settings: the old instance
-        drains and the new one loads on demand. Removed: drains, then unloads. Lowered limits
-        evict idle models (LRU) at once, and busy ones as soon as they are done.
+        Entries are matched by model file (and alias, where several share a file; see
+        reconcile.py). Same settings_key(): the loaded model stays warm and takes the new
+        aliases, pinning and idle timeout. Different settings: the old instance drains and the
+        new one loads on demand. Removed: drains, then unloads. Lowered limits evict idle models
+        (LRU) at once, and busy ones as soon as they are done.
         """
-        old = dict(self._slots)
-        slots: dict[str, Slot] = {}
-        kept, reloaded, added = [], [], []
-        for entry in config.models:
-            slot = match(old, entry)
-            if slot is not None:
-                old.pop(slot_key(slot.entry))
-            if slot is not None and slot.entry.settings_key() == entry.settings_key():
-                slot.entry = entry
-                slots[slot_key(entry)] = slot
-                kept.append(entry.name)
-                continue
-            if slot is not None:
-                self._retire(slot)
-                reloaded.append(entry.name)
-            else:
-                added.append(entry.name)
-            slots[slot_key(entry)] = Slot(entry)
-        for slot in old.values():
+        slots, retiring, result = reconcile(self._slots, config.models)
+        for slot in retiring:
             self._retire(slot)
         self._config, self._slots = config, slots
         self.upstreams.apply(config.upstreams)
@@ -319,7 +292,7 @@ class Registry:
             for slot in slots.values():
                 if slot.entry.pinned and slot.state in (ModelState.UNLOADED, ModelState.FAILED):
                     self._spawn(self._preload(slot.entry))
-        return ApplyResult(kept, reloaded, added, [s.entry.name for s in old.values()])
+        return result
 
     async def load(self, alias: str) -> ModelRow:
         """Load `alias`'s model now (as a request would, waiting up to load_timeout); its row."""
@@ -459,40 +432,40 @@ class Registry:
         while not self._closed:
             changed = self._changed
             now = time.monotonic()
-            resident = self._residents()
-            for slot in self._slots_by_key(idle_expired(resident, now)):
+            for slot in budget.idle(self._all_slots(), self._config.registry, now):
                 log.info("unloading %s: idle for %s", slot.entry.name,
                          format_duration(now - (slot.last_used or now)))
                 self._metrics.model_idle_unloaded(slot.entry.name)
                 self._begin_drain(slot)
             if self._over_limits:
                 self._enforce_limits()
-            deadline = next_idle_deadline(self._residents())
+            deadline = budget.next_idle_time(self._all_slots(), self._config.registry)
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) + 0.01
             await wait_event(changed, timeout)
 
     def _enforce_limits(self) -> None:
         """Evict idle models (LRU) until the resident ones fit the current limits.
 
-        Asks the same policy as a load does, for a load of nothing with one slot to spare: its
-        answer is exactly "which idle models must go for the rest to fit". When models that are
-        busy stand in the way (Blocked), nothing is evicted yet; the sweeper asks again on every
-        change until they fit, so a lowered limit takes effect as soon as it can.
+        When models that are busy stand in the way (Blocked), nothing is evicted yet; the
+        sweeper asks again on every change until they fit, so a lowered limit takes effect as
+        soon as it can.
         """
         limits = self._config.registry
-        plan = plan_load(self._residents(), 0, max_loaded=limits.max_loaded_models + 1,
-                         memory_budget=limits.memory_budget)
+        plan = budget.plan_to_fit(self._all_slots(), limits)
         if isinstance(plan, TooLarge):  # pinned models alone exceed the limits: nothing to do
             log.warning("pinned models alone exceed the registry limits: %s", plan.reason)
             self._over_limits = False
         elif isinstance(plan, Fits):
             self._over_limits = bool(plan.evict)  # check once more after these are gone
-            for victim in self._slots_by_key(plan.evict):
-                log.info("evicting %s to fit the new limits (max_loaded_models %d, "
-                         "memory_budget %s)", victim.entry.name, limits.max_loaded_models,
-                         format_size(limits.memory_budget))
-                self._metrics.model_evicted(victim.entry.name)
-                self._begin_drain(victim)
+            self._evict(plan.evict, f"to fit the new limits (max_loaded_models {limits.max_loaded_models}"
+                        f", memory_budget {format_size(limits.memory_budget)})")
+
+    def _evict(self, keys: Iterable[str], why: str) -> None:
+        """Drain the models the policy chose (by resident key); `why` completes the log line."""
+        for victim in budget.by_key(self._all_slots(), keys):
+            log.info("evicting %s %s", victim.entry.name, why)
+            self._metrics.model_evicted(victim.entry.name)
+            self._begin_drain(victim)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -505,14 +478,3 @@ class Registry:
 
     def _all_slots(self) -> list[Slot]:
         return [*self._slots.values(), *self._retired]
-
-    def _load_estimate(self, slot: Slot) -> int:
-        others = [s for s in self._all_slots() if s is not slot]
-        return max(0, (slot.estimate or 0) - shared_bytes(slot, others))
-
-    def _residents(self) -> list[Resident]:
-        return residents(self._all_slots(), self._config.registry.idle_timeout)
-
-    def _slots_by_key(self, keys: Iterable[str]) -> list[Slot]:
-        by_key = {resident_key(s): s for s in self._all_slots()}
-        return [by_key[k] for k in keys]

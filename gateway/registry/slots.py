@@ -1,5 +1,5 @@
 """The registry's records: one slot per configured model, the lease a request holds, the rows
-/admin/models shows, and the pure helpers that describe slots to the eviction policy.
+/admin/models shows, and the helpers that read them.
 
 Only gateway/registry/core.py writes a slot's state; everything here reads slots.
 """
@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypedDict
 
 from gateway.config import ModelEntry
-from gateway.eviction import Resident
-from gateway.lifecycle import RESIDENT_STATES, ModelState
+from gateway.lifecycle import ModelState
 
 
 class Loaded(Protocol):
@@ -138,16 +137,6 @@ def slot_key(entry: ModelEntry) -> str:
     return entry.name  # the first alias; aliases are unique across entries
 
 
-def match(old: dict[str, Slot], entry: ModelEntry) -> Slot | None:
-    """The old slot a reloaded entry continues: the same file and a shared alias, or else the
-    one old entry of that file (its aliases were all renamed)."""
-    same_file = [s for s in old.values() if s.entry.model == entry.model]
-    for slot in same_file:
-        if set(slot.entry.aliases) & set(entry.aliases):
-            return slot
-    return same_file[0] if len(same_file) == 1 else None
-
-
 def broken(model: Loaded | None) -> str | None:
     """Why a loaded model must stop serving (scheduler.ServedModel.broken, or its file changed
     under the mapping), else None. A stat per call; objects without these checks never break."""
@@ -163,35 +152,3 @@ def scheduler_count(model: Loaded | None, name: str) -> int:
     scheduler.ServedModel); 0 for a loaded object without a scheduler."""
     n = getattr(model, name, None)
     return n if isinstance(n, int) else 0
-
-
-
-def resident_key(slot: Slot) -> str:
-    return slot.entry.name if not slot.retired else f"{slot.entry.name} (old, {id(slot):x})"
-
-
-def shared_bytes(slot: Slot, before: list[Slot]) -> int:
-    """Bytes of `slot` already counted for a slot in `before` that maps the same file
-    (the page cache holds one copy of a file however often it is mapped)."""
-    for other in before:
-        if other.entry.model == slot.entry.model and other.state in RESIDENT_STATES:
-            mapped = getattr(other.model, "mapped_bytes", None)
-            if isinstance(mapped, int):
-                return mapped
-    return 0
-
-
-def residents(slots: list[Slot], default_idle: float) -> list[Resident]:
-    """`slots` as the eviction policy sees them (gateway/eviction.py)."""
-    def idle_timeout(s: Slot) -> float:
-        if s.keep_alive is not None and 0 < s.keep_alive < float("inf"):
-            return s.keep_alive
-        return default_idle if s.entry.idle_timeout is None else s.entry.idle_timeout
-
-    return [Resident(
-        key=resident_key(s), state=s.state,
-        memory_bytes=max(0, s.memory_bytes - shared_bytes(s, slots[:i])),
-        in_flight=s.in_flight + s.awaiting_load,
-        pinned=(s.entry.pinned or s.keep_alive == float("inf")) and not s.retired,
-        last_used=s.last_used or 0.0, idle_timeout=idle_timeout(s),
-    ) for i, s in enumerate(slots)]

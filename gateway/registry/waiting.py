@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.config import ModelEntry
@@ -42,6 +43,20 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout):
             await event.wait()
+
+
+async def wait_until(done: Callable[[], bool], changed: Callable[[], asyncio.Event],
+                     timeout: float) -> bool:
+    """Wait at most `timeout` seconds until `done()` holds, asking again whenever the event
+    `changed()` returns (the registry's current one) is set; whether it holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return False
+        await wait_event(changed(), remaining)
+    return True
 
 
 async def wait_for_load(slot: Slot, task: asyncio.Task[str | None], deadline: float,
