@@ -109,18 +109,22 @@ def _addr(a: np.ndarray) -> int:
 
 
 def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
-    """The weights with every block matrix in the layout its kernel wants (mk.prepare: repacked
-    copies for the row-interleaved kernels). token_embd and the output matrix stay as mapped:
-    lookups read token_embd's rows, and the output matmul only ever sees a few rows (the last
+    """The weights with every matrix a step streams in the layout and memory its kernel wants
+    (mk.prepare: repacked copies for the row-interleaved kernels, else copies on huge pages).
+    The output matrix is never repacked: the output matmul only ever sees a few rows (the last
     of each chunk), where the interleaved kernels gain nothing, while repacking a large-vocabulary
     output costs load time (Gemma 3 270M: 178 MB, +0.25 s per load, decode unchanged; measured
-    with scripts/bench_compare.py and MODELYARD_INTERLEAVED=none)."""
+    with scripts/bench_compare.py and MODELYARD_INTERLEAVED=none); it is copied, and a tied
+    token_embd's lookups read the same copy. An untied token_embd stays mapped (lookups only)."""
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     # a prepared matrix may be a RepackedMatrix: the kernels take it wherever a QuantMatrix goes
     layers = [dataclasses.replace(layer, **cast(dict[str, Any], {
                   n: mk.prepare(getattr(layer, n), file_backed=True) for n in names}))
               for layer in w.layers]
-    return dataclasses.replace(w, layers=layers)
+    output = mk.prepare(w.output, file_backed=True, repack=False)
+    assert isinstance(output, quants.QuantMatrix)
+    token_embd = output if w.output is w.token_embd else w.token_embd
+    return dataclasses.replace(w, layers=layers, output=output, token_embd=token_embd)
 
 
 class Transformer:

@@ -55,16 +55,14 @@ thread split or the other rows, as the file-layout kernels promise.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import mmap
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine import hugepages
 from engine.activations import (
     ACTIVATION_LAYOUTS,
     dequantize_activations,
@@ -86,15 +84,6 @@ BLOCK_ELEMS = {T.Q8_0: 32, T.Q5_0: 32, T.Q4_1: 32, T.Q5_1: 32, T.Q4_K: 256, T.Q6
 
 def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
     return qtype in GROUP_BLOCK_BYTES and n_rows % ROWS == 0 and n_cols % BLOCK_ELEMS[qtype] == 0
-
-
-def _aligned(nbytes: int) -> np.ndarray:
-    """A page-aligned buffer of its own anonymous mapping: unloading a model unmaps it, where a
-    malloc'd one could stay in the heap (glibc raises its mmap threshold after big frees)."""
-    # pre-faulted in one go (MAP_POPULATE): page by page, first-touch faults cost more than
-    # the compiled repack itself (5632 x 2048 Q8_0: 19 ms of faults, 4 populated, 2 of copying)
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-    return np.frombuffer(mmap.mmap(-1, max(nbytes, 1), flags=flags), np.uint8, count=nbytes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -193,15 +182,17 @@ class _FieldViews:
         return v.view(np.int8) if dtype.base == np.int8 else v
 
 
-def repack(w: QuantMatrix,
-           compiled: Callable[[QuantMatrix, np.ndarray], None] | None = None) -> RepackedMatrix:
+def repack(w: QuantMatrix, compiled: Callable[[QuantMatrix, np.ndarray], None] | None = None,
+           alloc: Callable[[int], np.ndarray] = hugepages.anonymous) -> RepackedMatrix:
     """The repacked matrix (see the module docstring for the layouts): written by `compiled`
-    (engine.kernels.repack_ir, the same bytes) where given, else by numpy."""
+    (engine.kernels.repack_ir, the same bytes) where given, else by numpy, into `alloc(nbytes)`
+    (a mapping of its own by default: on huge pages where the host has them, faulted in at once;
+    page by page, first-touch 4 KiB faults cost more than the compiled repack itself)."""
     if not can_repack(w.qtype, w.n_rows, w.n_cols):
         raise ValueError(f"cannot repack {w.qtype.name} {w.n_rows}x{w.n_cols} "
                          f"(types {[t.name for t in REPACKED]}, rows a multiple of {ROWS})")
     nb = w.n_cols // BLOCK_ELEMS[w.qtype]
-    data = _aligned(w.n_rows // ROWS * nb * GROUP_BLOCK_BYTES[w.qtype])
+    data = alloc(w.n_rows // ROWS * nb * GROUP_BLOCK_BYTES[w.qtype])
     if compiled is not None:
         compiled(w, data)
         return RepackedMatrix(data, w)
@@ -333,7 +324,8 @@ def estimate_repacked(tensors: dict[str, tuple[GGMLQuantizationType, int, int]],
                       repacks: Callable[[GGMLQuantizationType], bool]) -> int:
     """Bytes the repacking adds to a model's footprint, from its tensor table: name ->
     (type, n_rows, n_cols); `repacks(qtype)`: whether this host's kernels repack the type.
-    Each repacked copy adds its size and releases its source's pages (release_file_pages)."""
+    Each repacked copy adds its size and releases its source's pages
+    (hugepages.release_file_pages)."""
     total = 0
     for n in (n for n in tensors if MATMUL_WEIGHT.fullmatch(n)):
         qtype, rows, cols = tensors[n]
@@ -341,32 +333,3 @@ def estimate_repacked(tensors: dict[str, tuple[GGMLQuantizationType, int, int]],
         if size:
             total += size - row_bytes(qtype, cols) * rows
     return total
-
-
-def release_file_pages(raw: np.ndarray) -> None:
-    """Drop this process's pages of `raw`, a view into a read-only file mapping, once its
-    repacked copy exists: they stop counting in RSS, and a later read (a tied embedding's lookup)
-    faults them in again from the page cache. Never for heap memory (DONTNEED would zero it)."""
-    libc = _libc()
-    if libc is None:
-        return
-    page = mmap.PAGESIZE
-    start = -(-raw.ctypes.data // page) * page              # whole pages inside raw only
-    end = (raw.ctypes.data + raw.nbytes) // page * page
-    if end > start:
-        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
-
-
-_MADV_DONTNEED = 4
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc
-    except (OSError, AttributeError):
-        return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import hugepages
 from engine.kernels import gemm, jit
 from engine.kernels.repack_ir import COMPILED, CompiledRepack
 from engine.quants import QuantMatrix
@@ -101,9 +102,11 @@ class GemmKernels:
     def has(self, qtype: T) -> bool:
         return qtype in self._kernels
 
-    def repack(self, w: QuantMatrix) -> RepackedMatrix:
-        """w in the interleaved layout: the compiled repacking where the type has one."""
-        return repack(w, self._repack.into if self._repack.has(w.qtype) else None)
+    def repack(self, w: QuantMatrix,
+               alloc: Callable[[int], np.ndarray] = hugepages.anonymous) -> RepackedMatrix:
+        """w in the interleaved layout, in alloc(nbytes): the compiled repacking where the type
+        has one."""
+        return repack(w, self._repack.into if self._repack.has(w.qtype) else None, alloc)
 
     def runs_in_models(self, qtype: T) -> bool:
         return runs_in_models(qtype, self.isa)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import hugepages
 from engine.activations import (
     ACTIVATION_BLOCK,
     empty_packed,
@@ -32,7 +33,7 @@ from engine.kernels.matmul.build import build_matmul_ir
 from engine.kernels.matmul.loops import NARROW_TILES, TILES
 from engine.kernels.pool import Pool
 from engine.quants import SUPPORTED, QuantMatrix, quant_type
-from engine.repack import RepackedMatrix, can_repack, release_file_pages
+from engine.repack import RepackedMatrix, can_repack
 
 _F32 = np.dtype(np.float32)
 _I64 = ctypes.c_int64
@@ -102,6 +103,8 @@ class MatmulKernels:
         self._lock = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         self._scratch_address = 0
+        # prepared weight copies (one model's, when a Transformer owns this instance)
+        self._arena = hugepages.Arena() if hugepages.available() else None
 
     def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
         lib = jit.compile_cached("matmul", (qtype.name, self.portable, self.vnni, self.tiles, self.wide),
@@ -119,16 +122,24 @@ class MatmulKernels:
         return TypeKernels(act, t.block_elems, rows, fused, quantize, rows_address,
                            lib.address(f"quantize_{act}"))
 
-    def prepare(self, w: QuantMatrix, file_backed: bool = False) -> QuantMatrix | RepackedMatrix:
-        """The matrix in the layout this instance computes it fastest in: repacked for the
-        row-interleaved kernels where they cover its type and shape, else `w` itself. With
-        `file_backed` (w views a read-only file mapping) the source's pages are released."""
-        if (self._gemm is not None and self._gemm.runs_in_models(w.qtype)
+    def prepare(self, w: QuantMatrix, file_backed: bool = False,
+                repack: bool = True) -> QuantMatrix | RepackedMatrix:
+        """The matrix in the layout and memory this instance computes it fastest in: repacked
+        for the row-interleaved kernels where they cover its type and shape; else, when
+        `file_backed` (w views a read-only file mapping), a copy on huge pages
+        (engine.hugepages) where the host has them, else `w` itself. A copied or repacked
+        source's file pages are released. `repack=False`: never repacked."""
+        if (repack and self._gemm is not None and self._gemm.runs_in_models(w.qtype)
                 and can_repack(w.qtype, w.n_rows, w.n_cols)):
-            packed = self._gemm.repack(w)
+            packed = (self._gemm.repack(w) if self._arena is None
+                      else self._gemm.repack(w, self._arena.take))
             if file_backed:
-                release_file_pages(w.raw)
+                hugepages.release_file_pages(w.raw)
             return packed
+        if file_backed and self._arena is not None:
+            copy = QuantMatrix(self._arena.copy(w.raw), w.qtype, w.n_rows, w.n_cols)
+            hugepages.release_file_pages(w.raw)
+            return copy
         return w
 
     def kernels_for(self, w: QuantMatrix | RepackedMatrix) -> TypeKernels | GemmTypeKernels:
