@@ -111,20 +111,22 @@ def _addr(a: np.ndarray) -> int:
 def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
     """The weights with every matrix a step streams in the layout and memory its kernel wants
     (mk.prepare: repacked copies for the row-interleaved kernels, else copies on huge pages).
-    The output matrix is never repacked: the output matmul only ever sees a few rows (the last
-    of each chunk), where the interleaved kernels gain nothing, while repacking a large-vocabulary
-    output costs load time (Gemma 3 270M: 178 MB, +0.25 s per load, decode unchanged; measured
-    with scripts/bench_compare.py and MODELYARD_INTERLEAVED=none); it is copied, and a tied
-    token_embd's lookups read the same copy. An untied token_embd stays mapped (lookups only)."""
+    The output matrix too: a decode step reads it whole for one row, and it is the largest
+    matrix of a large-vocabulary model (Gemma 3 270M: 178 MB Q8_0, 60% of a step; repacked it
+    streams at 36 GB/s against the file layout's 27, decode 107 -> 133 tok/s,
+    scripts/profile_decode.py). A tied token_embd repacked for the output stays mapped for the
+    lookups, which read a few of its rows per step."""
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     # a prepared matrix may be a RepackedMatrix: the kernels take it wherever a QuantMatrix goes
     layers = [dataclasses.replace(layer, **cast(dict[str, Any], {
                   n: mk.prepare(getattr(layer, n), file_backed=True) for n in names}))
               for layer in w.layers]
-    output = mk.prepare(w.output, file_backed=True, repack=False)
-    assert isinstance(output, quants.QuantMatrix)
-    token_embd = output if w.output is w.token_embd else w.token_embd
-    return dataclasses.replace(w, layers=layers, output=output, token_embd=token_embd)
+    if w.output is w.token_embd and mk.repacks(w.output):  # the mapping stays for the lookups
+        return dataclasses.replace(w, layers=layers, output=cast(Any, mk.prepare(w.output)))
+    output = mk.prepare(w.output, file_backed=True)
+    token_embd = output if w.output is w.token_embd else w.token_embd  # a tied copy serves both
+    return dataclasses.replace(w, layers=layers, output=cast(Any, output),
+                               token_embd=cast(Any, token_embd))
 
 
 class Transformer:

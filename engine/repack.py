@@ -308,9 +308,9 @@ def reference(w: QuantMatrix | RepackedMatrix, x: np.ndarray) -> np.ndarray:
 
 # --- memory -----------------------------------------------------------------------------------
 
-# the block matrices engine.model._prepared repacks (the output matrix, tied or not, stays mapped)
+# the matrices engine.model._prepared repacks: the blocks' and the output (token_embd when tied)
 MATMUL_WEIGHT = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up"
-                           r"|ffn_down)\.weight")
+                           r"|ffn_down)\.weight|output\.weight")
 
 
 def repacked_nbytes(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> int:
@@ -325,11 +325,12 @@ def estimate_repacked(tensors: dict[str, tuple[GGMLQuantizationType, int, int]],
     """Bytes the repacking adds to a model's footprint, from its tensor table: name ->
     (type, n_rows, n_cols); `repacks(qtype)`: whether this host's kernels repack the type.
     Each repacked copy adds its size and releases its source's pages
-    (hugepages.release_file_pages)."""
+    (hugepages.release_file_pages), but a tied output's: token_embd stays mapped for lookups."""
     total = 0
-    for n in (n for n in tensors if MATMUL_WEIGHT.fullmatch(n)):
+    tied = "output.weight" not in tensors
+    for n in (n for n in tensors if MATMUL_WEIGHT.fullmatch(n) or (tied and n == "token_embd.weight")):
         qtype, rows, cols = tensors[n]
         size = repacked_nbytes(qtype, rows, cols) if repacks(qtype) else 0
         if size:
-            total += size - row_bytes(qtype, cols) * rows
+            total += size - (0 if n == "token_embd.weight" else row_bytes(qtype, cols) * rows)
     return total

@@ -23,6 +23,7 @@ class Weights:
     layers: list[LayerWeights]
     output_norm: np.ndarray         # float32 [n_embd]
     output: quants.QuantMatrix      # [n_vocab, n_embd]; token_embd itself when tied
+    #                                 (the matrices may be RepackedMatrix once a Transformer prepares them)
     rope_freqs: np.ndarray | None   # float32 [n_rot / 2] per-frequency divisors (llama 3.1,
     #                                 phi3's LongRoPE factors)
 

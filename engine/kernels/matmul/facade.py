@@ -122,15 +122,19 @@ class MatmulKernels:
         return TypeKernels(act, t.block_elems, rows, fused, quantize, rows_address,
                            lib.address(f"quantize_{act}"))
 
-    def prepare(self, w: QuantMatrix, file_backed: bool = False,
-                repack: bool = True) -> QuantMatrix | RepackedMatrix:
+    def repacks(self, w: QuantMatrix) -> bool:
+        """Whether prepare(w) gives a repacked copy (the interleaved kernels cover its type and
+        shape on this instance)."""
+        return (self._gemm is not None and self._gemm.runs_in_models(w.qtype)
+                and can_repack(w.qtype, w.n_rows, w.n_cols))
+
+    def prepare(self, w: QuantMatrix, file_backed: bool = False) -> QuantMatrix | RepackedMatrix:
         """The matrix in the layout and memory this instance computes it fastest in: repacked
-        for the row-interleaved kernels where they cover its type and shape; else, when
-        `file_backed` (w views a read-only file mapping), a copy on huge pages
-        (engine.hugepages) where the host has them, else `w` itself. A copied or repacked
-        source's file pages are released. `repack=False`: never repacked."""
-        if (repack and self._gemm is not None and self._gemm.runs_in_models(w.qtype)
-                and can_repack(w.qtype, w.n_rows, w.n_cols)):
+        for the row-interleaved kernels where they cover it (repacks); else, when `file_backed`
+        (w views a read-only file mapping), a copy on huge pages (engine.hugepages) where the
+        host has them; else `w` itself. With `file_backed`, a copy's source pages are released."""
+        if self.repacks(w):
+            assert self._gemm is not None
             packed = (self._gemm.repack(w) if self._arena is None
                       else self._gemm.repack(w, self._arena.take))
             if file_backed:
