@@ -115,14 +115,16 @@ def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
     matrix of a large-vocabulary model (Gemma 3 270M: 178 MB Q8_0, 60% of a step; repacked it
     streams at 36 GB/s against the file layout's 27, decode 107 -> 133 tok/s,
     scripts/profile_decode.py). A tied token_embd repacked for the output stays mapped for the
-    lookups, which read a few of its rows per step."""
+    lookups, which read a few of its rows per step: its pages are released after the repack and
+    come back from the page cache as the lookups read them."""
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     # a prepared matrix may be a RepackedMatrix: the kernels take it wherever a QuantMatrix goes
     layers = [dataclasses.replace(layer, **cast(dict[str, Any], {
                   n: mk.prepare(getattr(layer, n), file_backed=True) for n in names}))
               for layer in w.layers]
     if w.output is w.token_embd and mk.repacks(w.output):  # the mapping stays for the lookups
-        return dataclasses.replace(w, layers=layers, output=cast(Any, mk.prepare(w.output)))
+        output = mk.prepare(w.output, file_backed=True)  # (its pages come back as they are read)
+        return dataclasses.replace(w, layers=layers, output=cast(Any, output))
     output = mk.prepare(w.output, file_backed=True)
     token_embd = output if w.output is w.token_embd else w.token_embd  # a tied copy serves both
     return dataclasses.replace(w, layers=layers, output=cast(Any, output),
@@ -173,8 +175,8 @@ class Transformer:
     @property
     def repacked_bytes(self) -> int:
         """Bytes the repacked weight copies (engine.repack) add to the mapped file: each copy's
-        size less its source's pages, which are released (a tied output's are not: token_embd
-        stays mapped for lookups)."""
+        size less its source's pages, which are released (a tied output's count whole: the
+        lookups may read every row of the mapped token_embd back in)."""
         te = self.weights.token_embd
         return sum(m.nbytes - (0 if m.source is te else m.source.nbytes)
                    for m in self.weights.matrices() if isinstance(m, RepackedMatrix))
