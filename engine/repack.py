@@ -55,7 +55,6 @@ thread split or the other rows, as the file-layout kernels promise.
 """
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
