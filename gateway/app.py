@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
@@ -24,7 +23,7 @@ from .limits import BodyLimits
 from .metrics import NO_MODEL, Metrics, loader_with_metrics
 from .registry import PinnedLoadError, Registry
 from .routes import routes
-from .served_model import load_served_model
+from .served_model import ServedModel, load_served_model
 from .state import GatewayState, Running, app_state
 from .watch import ConfigWatcher, Reloader, WatchOptions
 from .zeroconf import ModelsDirWatcher
@@ -56,7 +55,7 @@ class RequestLog(HttpMiddleware):
                                                         seconds)
 
 
-def create_app(config: Config, *, loader: Callable[[Any], Any] = load_served_model,
+def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_served_model,
                config_path: Path | None = None, watch: WatchOptions | None = None,
                load: Callable[[Path], Config] | None = None) -> Starlette:
     """The gateway for `config`. Models load lazily on first use (or at start-up if pinned).

@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -217,7 +217,10 @@ class _ModelsCollector(Collector):
 
 # -------------------------------------------------------------------------- loader and requests
 
-def loader_with_metrics(loader: Callable[..., Any], metrics: MetricsSink) -> Callable[[Any], Any]:
+M = TypeVar("M")
+
+
+def loader_with_metrics(loader: Callable[..., M], metrics: MetricsSink) -> Callable[[Any], M]:
     """`loader`, handed `metrics=` when its signature takes it (the scheduler records into it)."""
     try:
         takes = "metrics" in inspect.signature(loader).parameters

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -74,7 +74,8 @@ async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive =
         lease.alias = shown
     request.state.model = lease.alias  # for the request log and metrics
     app_state(request.app).registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
-    return lease, lease.model, RequestMetrics(app_state(request.app).metrics, lease.alias, started)
+    served = cast(ServedModel, lease.model)  # what the app's loader makes (gateway/app.py)
+    return lease, served, RequestMetrics(app_state(request.app).metrics, lease.alias, started)
 
 
 def with_defaults(req: R, lease: Lease, served: ServedModel) -> R:

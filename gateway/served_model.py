@@ -25,6 +25,7 @@ from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from .config import ModelEntry
+    from .registry import Loaded
 
 log = logging.getLogger("modelyard.scheduler")
 
@@ -68,8 +69,12 @@ class ServedModel:
 
     @property
     def broken(self) -> str | None:
-        """Why this model must stop serving, or None (the registry unloads a broken model)."""
-        return self.scheduler.broken
+        """Why this model must stop serving, or None (the registry unloads a broken model): its
+        scheduler stopped it (non-finite logits, a file change seen mid-step), or the file
+        changed under the mapping while it was idle (a stat per call)."""
+        if (why := self.scheduler.broken) is not None:
+            return why
+        return self.file_changed()
 
     def abort(self, error: BaseException) -> None:
         """End every request this model runs or queues with `error` (shutdown deadline)."""
@@ -84,15 +89,9 @@ class ServedModel:
         """The part of memory_bytes another load of the same file shares (its mapping)."""
         return int(self.model.mapped_bytes)
 
-    @property
-    def queued(self) -> int:
-        """Requests waiting for a slot (the registry reports it)."""
-        return self.scheduler.queued
-
-    @property
-    def active(self) -> int:
-        """Requests generating in a slot (the registry reports it)."""
-        return self.scheduler.active
+    def occupancy(self) -> tuple[int, int]:
+        """Requests waiting for a slot and requests generating in one (the registry's rows)."""
+        return self.scheduler.queued, self.scheduler.active
 
     def chat_prompt(self, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None = None, *, time_budget: float = 2.0,
@@ -183,3 +182,8 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
     except BaseException:
         model.close()
         raise
+
+
+if TYPE_CHECKING:
+    def _served_model_meets_the_registry_protocol(served: ServedModel) -> Loaded:
+        return served

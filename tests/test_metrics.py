@@ -24,6 +24,7 @@ from gateway.metrics import (
     loader_with_metrics,
 )
 from gateway.registry import Registry
+from tests.support.fakes import FakeModel
 from tests.support.ggufgen import write_servable
 
 MB = 1 << 20
@@ -184,13 +185,6 @@ def test_request_metrics_count_tokens_like_usage_and_time_the_first_token() -> N
 
 # ---------------------------------------------------------------------------------- registry
 
-class FakeModel:
-    memory_bytes = MB
-
-    def close(self) -> None:
-        pass
-
-
 def test_the_registry_counts_loads_failures_evictions_and_idle_unloads(tmp_path: Path) -> None:
     metrics = Metrics()
     failing = {"bad"}
@@ -198,7 +192,7 @@ def test_the_registry_counts_loads_failures_evictions_and_idle_unloads(tmp_path:
     def loader(entry: ModelEntry) -> FakeModel:
         if entry.name in failing:
             raise OSError("truncated file")
-        return FakeModel()
+        return FakeModel(entry)
 
     entries = [ModelEntry(model=tmp_path / f"{n}.gguf", aliases=[n]) for n in ("a", "b", "bad")]
     entries.append(ModelEntry(model=tmp_path / "idle.gguf", aliases=["idle"], idle_timeout=0.05))
@@ -237,7 +231,7 @@ def test_the_app_counts_requests_by_alias_route_and_status(tmp_path: Path) -> No
     write_servable(tmp_path / "a.gguf")
     path = tmp_path / "modelyard.yaml"
     path.write_text(yaml.safe_dump({"models": [{"model": "a.gguf", "aliases": ["a", "a2"]}]}))
-    app = create_app(load_config(path), loader=lambda entry: FakeModel())
+    app = create_app(load_config(path), loader=FakeModel)
     with TestClient(app) as client:
         client.post("/admin/models/a2/load")
         client.post("/admin/models/a2/load")

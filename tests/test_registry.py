@@ -13,6 +13,7 @@ import pytest
 from gateway.config import Config, ModelEntry, ModelNotFoundError, RegistrySettings
 from gateway.lifecycle import InvalidTransition, ModelState, advance
 from gateway.registry import ModelLoadFailedError, Registry, RegistryBusyError
+from gateway.served_model import load_served_model
 from tests.support.fakes import MB, FakeModel, RecordingLoader, run, state
 
 
@@ -438,12 +439,14 @@ def test_unloading_a_real_model_gives_its_memory_back(smollm2_path: Path) -> Non
     samples: dict[str, int] = {}
 
     async def cycle(measure: bool) -> None:
-        registry = Registry(config)  # the real engine loader and estimator
+        registry = Registry(config, loader=load_served_model)  # the server's loader and estimator
         if measure:
             samples["before"] = _rss_bytes()
         async with registry.lease("smollm2") as lease:
-            ids = lease.model.tokenizer.encode("The capital of France is")
-            assert len(list(lease.model.generate(ids, max_tokens=4))) > 0  # touch the weights
+            engine_model = lease.model.model  # the served model's (its scheduler thread is idle)
+            ids = engine_model.tokenizer.encode("The capital of France is")
+            assert len(list(engine_model.generate(ids, max_tokens=4))) > 0  # touch the weights
+            del engine_model  # a reference left here would keep the model's memory
             if measure:
                 samples["loaded"] = _rss_bytes()
                 samples["model"] = registry.snapshot()[0]["memory_bytes"]

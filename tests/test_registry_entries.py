@@ -23,7 +23,7 @@ class MappedLoader(RecordingLoader):
     def __call__(self, entry: ModelEntry) -> FakeModel:
         model = super().__call__(entry)
         model.memory_bytes = self.FILE + self.KV
-        model.mapped_bytes = self.FILE  # type: ignore[attr-defined]
+        model.mapped_bytes = self.FILE
         return model
 
     def estimate(self, entry: ModelEntry) -> int:

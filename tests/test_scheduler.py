@@ -394,10 +394,10 @@ def test_served_model_reports_its_queue_and_slots():
             waiting = served.scheduler.submit(request("b"))
             gate.release()
             await running.__anext__()          # the first holds the one slot, the second waits
-            counts = (served.active, served.queued)
+            counts = served.occupancy()         # (queued, active)
             gate.release(100)
             await asyncio.wait_for(asyncio.gather(drain(running), drain(waiting)), 10)
-            return counts, (served.active, served.queued)
+            return counts, served.occupancy()
         finally:
             gate.release(100)
             served.scheduler.close()

@@ -18,6 +18,7 @@ from engine.servable import why_not_servable
 from gateway.config import Config, ConfigError, ModelEntry, RegistrySettings, load_config
 from gateway.registry import ModelLoadFailedError, Registry
 from gateway.scan import scan_dir
+from tests.support.fakes import FakeModel
 from tests.support.ggufgen import tensor_type_field, write_servable, write_tiny_llama
 
 
@@ -128,13 +129,6 @@ def test_scan_skips_the_file_for_the_same_reason(tmp_path: Path, broken: tuple[P
     assert skipped.path == path and skipped.reason == why_not_servable(path)
 
 
-class _Loaded:
-    memory_bytes = 1 << 20
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.mark.parametrize("broken", ["missing tensor"], indirect=True)
 def test_registry_never_evicts_a_healthy_model_for_a_load_that_cannot_succeed(
         tmp_path: Path, broken: tuple[Path, str]) -> None:
@@ -142,9 +136,9 @@ def test_registry_never_evicts_a_healthy_model_for_a_load_that_cannot_succeed(
     good = write_servable(tmp_path / "good.gguf")
     loads: list[str] = []
 
-    def loader(entry: ModelEntry) -> _Loaded:  # stands in for the real load; the estimator is real
+    def loader(entry: ModelEntry) -> FakeModel:  # stands in for the real load; the estimator is real
         loads.append(entry.name)
-        return _Loaded()
+        return FakeModel(entry)
 
     config = Config(models=[ModelEntry(model=good, aliases=["good"]),
                             ModelEntry(model=path, aliases=["broken"])],

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -20,40 +20,8 @@ from gateway.config import Config, load_config
 from gateway.metrics import Metrics
 from gateway.registry import Registry
 from gateway.watch import ConfigWatcher, Reloader, WatchOptions
+from tests.support.fakes import MB, RecordingLoader, run
 from tests.support.ggufgen import write_servable
-
-T = TypeVar("T")
-MB = 1 << 20
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, 30))
-
-
-class FakeModel:
-    def __init__(self, name: str, n_ctx: int, memory_bytes: int) -> None:
-        self.name, self.n_ctx, self.memory_bytes = name, n_ctx, memory_bytes
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class Loader:
-    """Records every load by first alias; each model is 1 MiB."""
-
-    def __init__(self) -> None:
-        self.loads: list[str] = []
-        self.models: list[FakeModel] = []
-
-    def __call__(self, entry: Any) -> FakeModel:
-        self.loads.append(entry.name)
-        model = FakeModel(entry.name, entry.n_ctx, MB)
-        self.models.append(model)
-        return model
-
-    def closed(self) -> list[str]:
-        return [m.name for m in self.models if m.closed]
 
 
 def write(path: Path, data: dict[str, Any]) -> Path:
@@ -72,7 +40,7 @@ def folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def start(path: Path, loader: Loader, **kwargs: Any) -> tuple[Registry, Reloader, list[Config]]:
+def start(path: Path, loader: RecordingLoader, **kwargs: Any) -> tuple[Registry, Reloader, list[Config]]:
     """A started registry for the file at `path` and its reloader (call inside a loop)."""
     registry = Registry(load_config(path), loader=loader, estimator=lambda e: MB)
     applied: list[Config] = []
@@ -103,7 +71,7 @@ def test_reload_applies_the_diff_entry_by_entry(folder: Path) -> None:
     path = write(folder / "modelyard.yaml", {
         "registry": {"max_loaded_models": 4},
         "models": [entry("keep"), entry("change", n_ctx=512), entry("drop")]})
-    loader = Loader()
+    loader = RecordingLoader()
 
     async def main() -> None:
         registry, reloader, applied = start(path, loader)
@@ -124,7 +92,7 @@ def test_reload_applies_the_diff_entry_by_entry(folder: Path) -> None:
         await until(lambda: sorted(loader.closed()) == ["change", "drop"])
         # the unchanged model stayed warm; only "change" loaded again, with the new n_ctx
         assert loader.loads == ["keep", "change", "drop", "new", "change"]
-        assert loader.models[-1].n_ctx == 1024
+        assert loader.models[-1].entry.n_ctx == 1024
         await registry.close()
 
     run(main())
@@ -140,7 +108,7 @@ def test_reload_applies_the_diff_entry_by_entry(folder: Path) -> None:
 def test_an_invalid_file_changes_nothing_and_is_recorded(folder: Path, text: str,
                                                           expected: str) -> None:
     path = write(folder / "modelyard.yaml", {"models": [entry("keep"), entry("change")]})
-    loader = Loader()
+    loader = RecordingLoader()
 
     async def main() -> None:
         registry, reloader, applied = start(path, loader)
@@ -166,7 +134,7 @@ def test_a_config_built_in_code_has_no_file_to_reload(folder: Path) -> None:
     config = load_config(write(folder / "modelyard.yaml", {"models": [entry("keep")]}))
 
     async def main() -> None:
-        reloader = Reloader(Registry(config, loader=Loader(), estimator=lambda e: MB), None)
+        reloader = Reloader(Registry(config, loader=RecordingLoader(), estimator=lambda e: MB), None)
         record = await reloader.reload("SIGHUP")
         assert not record.ok and "no config file" in record.errors[0]
         assert reloader.watched_paths() == []
@@ -179,7 +147,7 @@ def test_host_and_port_changes_say_a_restart_is_needed(folder: Path,
     path = write(folder / "modelyard.yaml", {"port": 8080, "models": [entry("keep")]})
 
     async def main() -> None:
-        _, reloader, _ = start(path, Loader())
+        _, reloader, _ = start(path, RecordingLoader())
         write(path, {"host": "0.0.0.0", "port": 9090, "models": [entry("keep")]})
         with caplog.at_level(logging.WARNING, logger="modelyard.watch"):
             record = await reloader.reload("test")
@@ -197,7 +165,7 @@ def test_reloads_are_counted_in_metrics(folder: Path) -> None:
     metrics = Metrics()
 
     async def main() -> None:
-        _, reloader, _ = start(path, Loader(), metrics=metrics)
+        _, reloader, _ = start(path, RecordingLoader(), metrics=metrics)
         await reloader.reload("a")
         path.write_text("models: [")
         await reloader.reload("b")
@@ -219,7 +187,7 @@ def test_a_burst_of_triggers_makes_one_reload(folder: Path) -> None:
     path = write(folder / "modelyard.yaml", {"models": [entry("keep")]})
 
     async def main() -> None:
-        _, reloader, applied = start(path, Loader(), settle=0.05)
+        _, reloader, applied = start(path, RecordingLoader(), settle=0.05)
         runner = asyncio.create_task(reloader.run())
         for _ in range(5):
             reloader.request("file change: modelyard.yaml")
@@ -251,7 +219,7 @@ def test_a_trigger_during_a_reload_makes_exactly_one_more_which_reads_the_latest
         return config
 
     monkeypatch.setattr(watch_module, "load_config", slow_load)
-    loader = Loader()
+    loader = RecordingLoader()
 
     async def main() -> None:
         registry, reloader, applied = start(path, loader, settle=0.02)
@@ -294,7 +262,7 @@ def test_concurrent_reloads_run_one_at_a_time(folder: Path,
     monkeypatch.setattr(watch_module, "load_config", counting_load)
 
     async def main() -> None:
-        _, reloader, applied = start(path, Loader())
+        _, reloader, applied = start(path, RecordingLoader())
         records = await asyncio.gather(*(reloader.reload(f"admin {i}") for i in range(4)))
         assert all(r.ok for r in records) and len(applied) == 4
 
@@ -309,7 +277,7 @@ def test_lowered_limits_evict_idle_models_at_once_least_recently_used_first(
     models = [entry("a"), entry("b"), entry("c")]
     path = write(folder / "modelyard.yaml", {"registry": {"max_loaded_models": 3},
                                              "models": models})
-    loader = Loader()
+    loader = RecordingLoader()
 
     async def main() -> None:
         registry, reloader, _ = start(path, loader)
@@ -338,7 +306,7 @@ def test_a_busy_model_over_a_lowered_limit_goes_when_it_is_done(folder: Path) ->
     models = [entry("a"), entry("b")]
     path = write(folder / "modelyard.yaml", {"registry": {"max_loaded_models": 2},
                                              "models": models})
-    loader = Loader()
+    loader = RecordingLoader()
 
     async def main() -> None:
         registry, reloader, _ = start(path, loader)
@@ -364,7 +332,7 @@ def test_a_busy_model_over_a_lowered_limit_goes_when_it_is_done(folder: Path) ->
 Body = Callable[[Registry, Reloader, ConfigWatcher], Coroutine[Any, Any, None]]
 
 
-async def watching(path: Path, loader: Loader, options: WatchOptions, body: Body) -> None:
+async def watching(path: Path, loader: RecordingLoader, options: WatchOptions, body: Body) -> None:
     registry, reloader, _ = start(path, loader, settle=0.05)
     watcher = ConfigWatcher(reloader, options)
     await registry.start()
@@ -401,7 +369,7 @@ def test_saving_the_file_reloads_it(folder: Path, polling: bool) -> None:
         await asyncio.sleep(0.5)
         assert reloads(reloader) == 2  # other files in the folder are ignored
 
-    run(watching(path, Loader(), options, body))
+    run(watching(path, RecordingLoader(), options, body))
 
 
 @MODES
@@ -414,7 +382,7 @@ def test_a_file_replaced_by_rename_is_followed(folder: Path, polling: bool) -> N
             os.replace(staged, path)
             await until(lambda n=n: f"a{n}" in registry.config.aliases())
 
-    run(watching(path, Loader(), WatchOptions(force_polling=polling, poll_delay_ms=50), body))
+    run(watching(path, RecordingLoader(), WatchOptions(force_polling=polling, poll_delay_ms=50), body))
 
 
 @MODES
@@ -422,7 +390,7 @@ def test_chat_template_files_are_watched_too(folder: Path, polling: bool) -> Non
     template = folder / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     path = write(folder / "modelyard.yaml", {"models": [entry("a"), entry("b")]})
-    loader = Loader()
+    loader = RecordingLoader()
 
     async def body(registry: Registry, reloader: Reloader, watcher: ConfigWatcher) -> None:
         await use(registry, "a", "b")
@@ -459,4 +427,4 @@ def test_a_symlinked_config_swapped_like_a_configmap_is_followed(folder: Path,
         os.replace(mount / "..data_tmp", mount / "..data")  # how kubelet updates a ConfigMap
         await until(lambda: "a-v2" in registry.config.aliases())
 
-    run(watching(path, Loader(), WatchOptions(force_polling=polling, poll_delay_ms=50), body))
+    run(watching(path, RecordingLoader(), WatchOptions(force_polling=polling, poll_delay_ms=50), body))

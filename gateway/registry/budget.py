@@ -56,10 +56,9 @@ def shared_bytes(slot: Slot, before: list[Slot]) -> int:
     """Bytes of `slot` already counted for a slot in `before` that maps the same file
     (the page cache holds one copy of a file however often it is mapped)."""
     for other in before:
-        if other.entry.model == slot.entry.model and other.state in RESIDENT_STATES:
-            mapped = getattr(other.model, "mapped_bytes", None)
-            if isinstance(mapped, int):
-                return mapped
+        if (other.entry.model == slot.entry.model and other.state in RESIDENT_STATES
+                and other.model is not None):
+            return other.model.mapped_bytes
     return 0
 
 

@@ -38,7 +38,6 @@ from .slots import (
     Slot,
     broken,
     engine_estimator,
-    engine_loader,
     row,
     slot_key,
 )
@@ -60,10 +59,10 @@ log = logging.getLogger("modelyard.registry")
 
 
 class Registry:
-    def __init__(self, config: Config, loader: Loader | None = None,
-                 estimator: Estimator | None = None, metrics: MetricsSink = NULL_METRICS):
+    def __init__(self, config: Config, loader: Loader, estimator: Estimator | None = None,
+                 metrics: MetricsSink = NULL_METRICS):
         self._config = config
-        self._loader = loader or engine_loader
+        self._loader = loader
         self._estimator = estimator or engine_estimator
         self._metrics = metrics
         self._slots: dict[str, Slot] = {slot_key(e): Slot(e) for e in config.models}
@@ -118,9 +117,8 @@ class Registry:
         """End every request a loaded model is running or queueing with `error` (the shutdown
         deadline); their streams send it as an error event."""
         for slot in self._all_slots():
-            abort = getattr(slot.model, "abort", None)
-            if callable(abort):
-                abort(error)
+            if slot.model is not None:
+                slot.model.abort(error)
 
     async def close(self, drain_timeout: float = 30.0) -> None:
         """Refuse new requests, let running ones finish (up to drain_timeout), unload all."""

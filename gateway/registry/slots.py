@@ -9,30 +9,39 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Literal, Protocol, TypedDict
 
 from gateway.config import ModelEntry
 from gateway.lifecycle import ModelState
 
 
 class Loaded(Protocol):
-    """What a loader returns: any object that knows its size and can be closed."""
+    """What the registry needs of what its loader returns: gateway/served_model.py's ServedModel
+    (mypy checks it there), or a test's stand-in (tests/support/fakes.py). The sizes and close()
+    are engine/loaded.py's LoadedModel's; the rest is its scheduler's, for the rows and the
+    checks before and after each request."""
 
     @property
-    def memory_bytes(self) -> int: ...
+    def memory_bytes(self) -> int: ...        # the most it holds resident
+
+    @property
+    def mapped_bytes(self) -> int: ...        # of that, the file mapping other loads share
+
+    @property
+    def broken(self) -> str | None: ...       # why it must stop serving (a stat per call), or None
+
+    @property
+    def chat_format(self) -> str | None: ...  # which chat template, and why
+
+    def occupancy(self) -> tuple[int, int]: ...  # requests (waiting for a slot, in a slot)
+
+    def abort(self, error: BaseException) -> None: ...  # end what it runs and queues (shutdown)
 
     def close(self) -> None: ...
 
 
 Loader = Callable[[ModelEntry], Loaded]
 Estimator = Callable[[ModelEntry], int]
-
-
-
-def engine_loader(entry: ModelEntry) -> Loaded:
-    import engine
-
-    return engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads)
 
 
 def engine_estimator(entry: ModelEntry) -> int:
@@ -69,7 +78,7 @@ class Lease:
     """A ready model, counted in flight until `Registry.release(lease)`."""
 
     entry: ModelEntry
-    model: Any            # the loader's object; cleared on release so no reference outlives use
+    model: Loaded | None  # the loader's object; cleared on release so no reference outlives use
     alias: str
     _slot: Slot = field(repr=False)
     released: bool = False
@@ -109,7 +118,8 @@ class ModelRow(TypedDict):
 
 
 def row(slot: Slot) -> ModelRow:
-    chat_format = getattr(slot.model, "chat_format", None)
+    model = slot.model
+    queued, active = model.occupancy() if model is not None else (0, 0)
     return ModelRow(
         kind="local",
         model=str(slot.entry.model),
@@ -118,10 +128,10 @@ def row(slot: Slot) -> ModelRow:
         pinned=slot.entry.pinned,
         memory_bytes=slot.memory_bytes,
         in_flight=slot.in_flight,
-        queued=scheduler_count(slot.model, "queued"),
-        active=scheduler_count(slot.model, "active"),
+        queued=queued,
+        active=active,
         n_ctx=slot.entry.n_ctx,
-        chat_format=chat_format if isinstance(chat_format, str) else None,
+        chat_format=model.chat_format if model is not None else None,
         last_used=(None if slot.last_used is None
                    else time.time() - (time.monotonic() - slot.last_used)),
         load_seconds=slot.load_seconds,
@@ -138,17 +148,5 @@ def slot_key(entry: ModelEntry) -> str:
 
 
 def broken(model: Loaded | None) -> str | None:
-    """Why a loaded model must stop serving (scheduler.ServedModel.broken, or its file changed
-    under the mapping), else None. A stat per call; objects without these checks never break."""
-    why = getattr(model, "broken", None)
-    if isinstance(why, str):
-        return why
-    check = getattr(model, "file_changed", None)
-    return check() if callable(check) else None
-
-
-def scheduler_count(model: Loaded | None, name: str) -> int:
-    """A count a served model keeps (`queued`: waiting for a slot, `active`: holding one; see
-    scheduler.ServedModel); 0 for a loaded object without a scheduler."""
-    n = getattr(model, name, None)
-    return n if isinstance(n, int) else 0
+    """Why a loaded model must stop serving, or None (also for no model); a stat per call."""
+    return None if model is None else model.broken

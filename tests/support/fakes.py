@@ -1,6 +1,6 @@
 """Stand-ins for loaded models: the registry's tests and the admin endpoints' tests load these
-instantly instead of a GGUF (what the registry reads of a model: memory_bytes, close(), and the
-served model's queued/active counts)."""
+instantly instead of a GGUF. FakeModel has every member of what the registry reads of a served
+model (gateway/registry/slots.py's Loaded); a test sets the ones it is about."""
 from __future__ import annotations
 
 import asyncio
@@ -20,10 +20,25 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 class FakeModel:
-    def __init__(self, entry: ModelEntry, memory_bytes: int):
+    """Shaped like served_model.ServedModel as the registry sees it (test_scheduler.py checks
+    that the real one reads its counts from its scheduler)."""
+
+    def __init__(self, entry: ModelEntry, memory_bytes: int = MB) -> None:
         self.entry = entry
         self.memory_bytes = memory_bytes
+        self.mapped_bytes = 0     # of memory_bytes, the file mapping other loads share
+        self.broken: str | None = None
+        self.chat_format: str | None = None
+        self.queued = 0
+        self.active = 0
+        self.aborted: BaseException | None = None
         self.closed = False
+
+    def occupancy(self) -> tuple[int, int]:
+        return self.queued, self.active
+
+    def abort(self, error: BaseException) -> None:
+        self.aborted = error
 
     def close(self) -> None:
         self.closed = True
@@ -61,26 +76,13 @@ def state(registry: Registry, name: str) -> str:
     return str(row["state"])
 
 
-class FakeServed:
-    """Shaped like served_model.ServedModel: it reports the counts of its queue and slots
-    (test_scheduler.py checks that the real one reads them from its scheduler)."""
-
-    def __init__(self, entry: ModelEntry) -> None:
-        self.entry = entry
-        self.memory_bytes = 3 * MB
-        self.queued = 0
-        self.active = 0
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
 class Loader:
-    def __init__(self) -> None:
-        self.loaded: list[FakeServed] = []
+    """Loads instantly; each model is 3 MiB."""
 
-    def __call__(self, entry: ModelEntry) -> FakeServed:
-        served = FakeServed(entry)
+    def __init__(self) -> None:
+        self.loaded: list[FakeModel] = []
+
+    def __call__(self, entry: ModelEntry) -> FakeModel:
+        served = FakeModel(entry, 3 * MB)
         self.loaded.append(served)
         return served
