@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError, RegistrySettings
 from gateway.lifecycle import InvalidTransition, ModelState, advance
-from gateway.registry import ModelLoadFailedError, Registry, RegistryBusyError
+from gateway.registry import Lease, ModelLoadFailedError, Registry, RegistryBusyError
 from gateway.served_model import load_served_model
 from tests.support.fakes import MB, FakeModel, RecordingLoader, run, state
 
@@ -212,14 +212,21 @@ def test_no_eviction_while_in_flight_then_busy_after_load_timeout(tmp_path: Path
     run(main())
 
 
+async def b_waiting_behind_a(tmp_path: Path, loader: RecordingLoader
+                             ) -> tuple[Registry, Lease, asyncio.Task[Lease]]:
+    """Room for one model: a request holds a, and one for b waits (a task) until a is free."""
+    registry = make_registry(make_config(tmp_path, "a", "b", max_loaded_models=1), loader)
+    lease = await registry.acquire("a")
+    waiting = asyncio.create_task(registry.acquire("b"))
+    await asyncio.sleep(0.05)
+    return registry, lease, waiting
+
+
 def test_a_waiting_request_proceeds_when_the_serving_model_finishes(tmp_path: Path) -> None:
     loader = RecordingLoader()
 
     async def main() -> None:
-        registry = make_registry(make_config(tmp_path, "a", "b", max_loaded_models=1), loader)
-        lease = await registry.acquire("a")
-        waiting = asyncio.create_task(registry.acquire("b"))
-        await asyncio.sleep(0.05)
+        registry, lease, waiting = await b_waiting_behind_a(tmp_path, loader)
         assert not waiting.done() and loader.loads == ["a"]
         registry.release(lease)
         lease_b = await waiting
@@ -234,10 +241,7 @@ def test_a_cancelled_waiting_request_leaves_nothing_behind(tmp_path: Path) -> No
     loader = RecordingLoader()
 
     async def main() -> None:
-        registry = make_registry(make_config(tmp_path, "a", "b", max_loaded_models=1), loader)
-        lease = await registry.acquire("a")
-        waiting = asyncio.create_task(registry.acquire("b"))
-        await asyncio.sleep(0.05)
+        registry, lease, waiting = await b_waiting_behind_a(tmp_path, loader)
         waiting.cancel()  # the client went away
         with pytest.raises(asyncio.CancelledError):
             await waiting
