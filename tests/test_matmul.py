@@ -126,6 +126,39 @@ def test_row_pairs_give_the_same_bits_as_single_rows(avx2: MatmulKernels, narrow
         np.testing.assert_array_equal(avx2.matmul(w, x), narrow.matmul(w, x))
 
 
+K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+K_IDS = [t.name for t in K_QUANTS]
+
+
+def _extreme_case(qtype: T, m: int) -> tuple:
+    """Every quant at its largest value (all bits set) against activations at +-127 / -128 of
+    one sign per 4 values: the K-quants' integer sums at their extremes (maddubs' pairs at
+    2 * 63 * -128 for Q6_K, within i16 without saturating)."""
+    rng = np.random.default_rng(qtype.value)
+    w = random_quant_matrix(qtype, N_ROWS, _n_cols(qtype), rng)
+    blocks = w.raw.view(TYPES[qtype].layout)  # [N, nb]; writes go through to w.raw
+    for field in ("qs", "qh", "ql", "hmask"):
+        if field in blocks.dtype.names:
+            blocks[field] = 0xFF
+    signs = np.repeat(rng.choice([-1.0, 1.0], size=(m, w.n_cols // 4)), 4, axis=1)  # [m, K]
+    return w, signs.astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=K_IDS)
+def test_k_quant_forms_give_the_same_bits(avx2: MatmulKernels, no_vnni: MatmulKernels,
+                                          narrow: MatmulKernels, portable: MatmulKernels,
+                                          qtype: T) -> None:
+    """The K-quants' integer dot products (with VNNI maddubs + vpdpwssd, on plain AVX2 maddubs +
+    madd, in portable IR; the AVX-512 build against wide=False) are the same integers: the same
+    bits for every tile of rows, random or extreme weights and activations, and the twin's math."""
+    for m in (1, 2, 3, 5, 8, 9, 16):
+        for w, x in (_case(qtype, m, seed=7), _extreme_case(qtype, m)):
+            got = avx2.matmul(w, x)
+            for other in (no_vnni, narrow, portable):
+                np.testing.assert_array_equal(got, other.matmul(w, x))
+            _assert_same_math(got, w, x)
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=IDS)
 def test_two_threads_give_the_same_bits(avx2: MatmulKernels, two_threads: MatmulKernels,
                                         always_split: None, qtype: T) -> None:
