@@ -1,7 +1,14 @@
 """Matmul throughput in GB/s of weight bytes per tensor type, for SmolLM2-135M's shapes.
 
     python scripts/bench_matmul.py [--types Q4_1,Q8_0] [--threads 1,2] [--m 1] [--portable]
-                                   [--no-vnni]
+                                   [--no-vnni] [--shapes 135m|1b]
+    python scripts/bench_matmul.py --ab-wide --types Q4_1,Q8_0 --shapes 1b --ms 1,8,64,512
+
+--ab-wide compares MatmulKernels' AVX-512 form (wide: the legacy types' row pairs) with
+wide=False in one process, one thread: timed runs (thread CPU time) alternate between them
+and the medians are reported (GB/s of weight bytes, GFLOP/s, wide/narrow speed ratio; the two
+outputs must be the same bits). Up to M = 8 the set of matrices is larger than the caches, as a
+decode step reads them.
 
 Every type the engine supports is measured by default (engine.quants.TYPES); a shape whose
 row length is not a whole number of the type's blocks (576 for the 256-value super-blocks of
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,6 +31,8 @@ from engine.quants import TYPES, QuantMatrix, T, block_size, random_quant_matrix
 
 # (n_rows, n_cols): attention q/o (and k/v), FFN gate/up, FFN down, output (Q8_0 in the model)
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
+# a 1.1B llama (TinyLlama's n_embd 2048, n_ff 5632): attention q/o, FFN gate/up, FFN down
+SHAPES_1B = [(2048, 2048), (5632, 2048), (2048, 5632)]
 
 
 def bench(mk: MatmulKernels, mats: list[QuantMatrix], m: int,
@@ -55,6 +65,73 @@ def bench(mk: MatmulKernels, mats: list[QuantMatrix], m: int,
     return nbytes / best / 1e9, best / n * 1e6
 
 
+def _copies(one: QuantMatrix, total_bytes: int) -> list[QuantMatrix]:
+    n = max(1, total_bytes // one.nbytes)
+    return [one] + [QuantMatrix(one.raw.copy(), one.qtype, one.n_rows, one.n_cols) for _ in range(n - 1)]
+
+
+Matmul = Callable[[QuantMatrix, np.ndarray, np.ndarray], None]  # (w, x [M, K], out [M, N])
+
+
+def _wide_forms(t: T) -> dict[str, Matmul]:
+    narrow, wide = MatmulKernels([t], wide=False, interleaved=False), MatmulKernels([t], interleaved=False)
+    if not wide.wide:
+        raise SystemExit("this host has no AVX-512 VNNI/BW/VL: there is no wide form to compare")
+    return {"narrow": lambda w, x, o: narrow.matmul(w, x, o), "wide": lambda w, x, o: wide.matmul(w, x, o)}
+
+
+def _cpu_seconds(fn: Matmul, mats: list[QuantMatrix], x: np.ndarray, outs: list[np.ndarray],
+                 calls: int) -> float:
+    """This thread's CPU time for `calls` rounds over mats (time preempted on a shared machine
+    does not count)."""
+    t0 = time.thread_time()
+    for _ in range(calls):
+        for w, o in zip(mats, outs):
+            fn(w, x, o)
+    return time.thread_time() - t0
+
+
+def ab_wide(types: list[T], shapes: list[tuple[int, int]], ms: list[int], rounds: int = 11,
+            min_seconds: float = 0.05) -> None:
+    """Wide and narrow forms of each type's kernel, one thread, interleaved runs, medians."""
+    rng = np.random.default_rng(0)
+    print(f"one thread, medians of {rounds} interleaved runs (thread CPU time); "
+          "GB/s of weight bytes, GFLOP/s")
+    for t in types:
+        forms = _wide_forms(t)
+        old, new = forms
+        print(f"  {'type':6s}{'shape':>11}{'M':>5}{f'{old} GB/s':>13}{f'{new} GB/s':>13}"
+              f"{f'{old} GFLOP/s':>16}{f'{new} GFLOP/s':>16}{f'{new}/{old}':>13}")
+        for rows, cols in shapes:
+            if cols % block_size(t)[0]:
+                continue
+            one = random_quant_matrix(t, rows, cols, rng)
+            for m in ms:
+                mats = _copies(one, (64 << 20) if m <= 8 else 0)
+                x = rng.normal(size=(m, cols)).astype(np.float32)  # [M, K]
+                outs = {k: [np.empty((m, rows), np.float32) for _ in mats] for k in forms}
+
+                def run(k: str, calls: int) -> float:
+                    return _cpu_seconds(forms[k], mats, x, outs[k], calls)  # noqa: B023 (called here)
+
+                for k in forms:
+                    run(k, 1)
+                if not np.array_equal(outs[old][0], outs[new][0]):
+                    raise SystemExit(f"{t.name} {rows}x{cols} M={m}: the two forms differ")
+                calls = 1
+                while run(old, calls) < min_seconds:
+                    calls *= 2
+                times: dict[str, list[float]] = {k: [] for k in forms}
+                for r in range(rounds):
+                    for k in (old, new) if r % 2 == 0 else (new, old):
+                        times[k].append(run(k, calls))
+                med = {k: float(np.median(v)) / (calls * len(mats)) for k, v in times.items()}
+                gbs = {k: one.nbytes / v / 1e9 for k, v in med.items()}
+                gflops = {k: 2 * m * rows * cols / v / 1e9 for k, v in med.items()}
+                print(f"  {t.name:6s}{f'{rows}x{cols}':>11}{m:>5}{gbs[old]:13.2f}{gbs[new]:13.2f}"
+                      f"{gflops[old]:16.1f}{gflops[new]:16.1f}{med[old] / med[new]:12.3f}x", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(t.name for t in sorted(TYPES, key=lambda t: t.value)))
@@ -62,8 +139,17 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=1, help="activation rows per call")
     ap.add_argument("--portable", action="store_true", help="generic IR instead of AVX2")
     ap.add_argument("--no-vnni", action="store_true", help="plain AVX2 even where VNNI exists")
+    ap.add_argument("--shapes", choices=("135m", "1b"), default="135m",
+                    help="SmolLM2-135M's matrix shapes or a 1.1B llama's")
+    ap.add_argument("--ab-wide", action="store_true",
+                    help="wide vs narrow kernels, interleaved, one thread (see above)")
+    ap.add_argument("--ms", default="1,8,64,512", help="activation rows per call, for --ab-wide")
     args = ap.parse_args()
     types = [T[name] for name in args.types.split(",")]
+    shapes = SHAPES_1B if args.shapes == "1b" else SHAPES
+    if args.ab_wide:
+        ab_wide(types, shapes, [int(s) for s in args.ms.split(",")])
+        return
     rng = np.random.default_rng(0)
     print(f"M={args.m}; GB/s of weight bytes (us per call)")
     for n_threads in (int(s) for s in args.threads.split(",")):
@@ -71,11 +157,11 @@ def main() -> None:
                            vnni=False if args.no_vnni else None)
         isa = "portable" if mk.portable else "avx2" + " vnni" * mk.vnni + " avx512-pairs" * mk.wide
         print(f"threads={n_threads} ({isa}, tiles {mk.tiles})")
-        header = "  type  " + "".join(f"{f'{r}x{c}':>18}" for r, c in SHAPES) + f"{'stream':>18}"
+        header = "  type  " + "".join(f"{f'{r}x{c}':>18}" for r, c in shapes) + f"{'stream':>18}"
         print(header)
         for t in types:
             cells = []
-            for rows, cols in SHAPES:
+            for rows, cols in shapes:
                 if cols % block_size(t)[0]:
                     cells.append(f"{'-':>18}")
                     continue
