@@ -316,10 +316,10 @@ class Transformer:
         return b.graph, out_args
 
     def _scratch_stride(self) -> int:
-        """Floats of attention scratch per thread: a scores row (exact path) or the f16 q rows of
-        the heads the f16acc path runs together."""
+        """Floats of attention scratch per thread: the scores rows (exact path) or the f16 q rows
+        of the heads either path runs together."""
         hp = self.hp
-        return max(exact_scratch_floats(self.n_ctx),
+        return max(exact_scratch_floats(self.n_ctx, hp.n_head, hp.n_head_kv),
                    f16acc_scratch_floats(hp.n_head, hp.n_head_kv, hp.head_dim))
 
     # -- the eager twin --------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.kernels.attention import AttentionKernel
-from engine.kernels.attention_ir import TILED_MIN_QUERIES, f16acc_scratch_floats
+from engine.kernels.attention_ir import TILED_MIN_QUERIES, exact_scratch_floats, f16acc_scratch_floats
 from engine.kernels.attention_reference import (
     attention_exact,
     attention_f16acc_reference,
@@ -110,16 +110,25 @@ def test_future_keys_do_not_leak(kernels):
 GROUPINGS = [(9, 3), (8, 2), (4, 4), (6, 1), (16, 1)]
 
 
+# the three kernels: (queries, flash_attn); f16acc below TILED_MIN_QUERIES, exact from there,
+# rounded (llama.cpp without flash attention) at every size
+PATHS = {"f16acc": (2, True), "exact": (TILED_MIN_QUERIES, True), "rounded": (3, False)}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("f16c", [True, False])
 @pytest.mark.parametrize("head_dim", [64, 72])
 @pytest.mark.parametrize("n_head,n_kv_head", GROUPINGS)
-def test_heads_run_together_give_the_bits_of_one_head_at_a_time(n_head, n_kv_head, head_dim, f16c):
+def test_heads_run_together_give_the_bits_of_one_head_at_a_time(n_head, n_kv_head, head_dim, f16c,
+                                                                path):
     """Head h reads kv head h // (n_head // n_kv_head), and gets the same bits when the heads of
     its kv head run through the keys together as when it is the only head (a group of one)."""
-    kern = AttentionKernel(f16c=f16c)
+    n_q, flash_attn = PATHS[path]
+    kern = AttentionKernel(f16c=f16c, flash_attn=flash_attn)
     group = n_head // n_kv_head
-    # 2 queries; 38 and 39 keys: blocks of four plus a tail of single keys; x3 makes new maxima
-    q, k, v = make_case(np.random.default_rng([n_head, head_dim]), 2, 37, n_head, n_kv_head, head_dim, 40)
+    # 38 keys and up: blocks of four plus a tail of single keys; x3 makes new maxima
+    q, k, v = make_case(np.random.default_rng([n_head, head_dim]), n_q, 37, n_head, n_kv_head,
+                        head_dim, 37 + n_q)
     q *= 3
     got = kern(q, k, v, 37)
     for h in range(n_head):
@@ -129,32 +138,40 @@ def test_heads_run_together_give_the_bits_of_one_head_at_a_time(n_head, n_kv_hea
 
 
 def run_items(kern: AttentionKernel, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int,
-              out: np.ndarray, w_begin: int, w_end: int) -> None:
-    """The f16acc function itself over items [w_begin, w_end), as one thread of a split runs it."""
+              out: np.ndarray, w_begin: int, w_end: int, path: str = "f16acc") -> None:
+    """One kernel function itself over items [w_begin, w_end), as one thread of a split runs it."""
     n_q, n_head, head_dim = q.shape
-    scratch = np.empty(f16acc_scratch_floats(n_head, k.shape[1], head_dim), np.float32)
-    kern._f16acc(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, scratch.ctypes.data,
-                 n_q, n_head, k.shape[1], head_dim, pos0, 1 / math.sqrt(head_dim), w_begin, w_end,
-                 0, k.shape[0], 0.0)
+    if path == "f16acc":
+        fn, floats = kern._f16acc, f16acc_scratch_floats(n_head, k.shape[1], head_dim)
+    else:
+        fn, floats = kern._exact, exact_scratch_floats(pos0 + n_q, n_head, k.shape[1])
+    scratch = np.empty(floats, np.float32)
+    fn(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, scratch.ctypes.data,
+       n_q, n_head, k.shape[1], head_dim, pos0, 1 / math.sqrt(head_dim), w_begin, w_end,
+       0, k.shape[0], 0.0)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("n_head,n_kv_head", GROUPINGS)
-def test_item_ranges_that_cut_groups_give_the_same_bits(kernels, n_head, n_kv_head):
+def test_item_ranges_that_cut_groups_give_the_same_bits(n_head, n_kv_head, path):
     """Ranges cut anywhere (mid-group, mid-run) write exactly their items, with the bits of the
     whole range: a run of heads ends at the range's edge without changing any head's result."""
-    n_q, pos0, head_dim = 3, 10, 64
-    q, k, v = make_case(np.random.default_rng([n_head, 1]), n_q, pos0, n_head, n_kv_head, head_dim, 16)
+    n_q, flash_attn = PATHS[path]
+    kern = AttentionKernel(flash_attn=flash_attn)
+    pos0, head_dim = 10, 64
+    q, k, v = make_case(np.random.default_rng([n_head, 1]), n_q, pos0, n_head, n_kv_head, head_dim,
+                        pos0 + n_q)
     n_items = n_q * n_head
     whole = np.full_like(q, np.nan)
-    run_items(kernels[1], q, k, v, pos0, whole, 0, n_items)
-    assert np.array_equal(whole, kernels[1](q, k, v, pos0))
+    run_items(kern, q, k, v, pos0, whole, 0, n_items, path)
+    assert np.array_equal(whole, kern(q, k, v, pos0))
     rng = np.random.default_rng(n_head)
     for _ in range(6):
         cuts = np.sort(rng.choice(np.arange(1, n_items), size=3, replace=False))
         out = np.full_like(q, np.nan)
         for lo, hi in zip([0, *cuts], [*cuts, n_items]):
             before = out.copy()
-            run_items(kernels[1], q, k, v, pos0, out, int(lo), int(hi))
+            run_items(kern, q, k, v, pos0, out, int(lo), int(hi), path)
             items, items_before = out.reshape(n_items, head_dim), before.reshape(n_items, head_dim)
             assert np.isnan(items[hi:]).all()
             assert np.array_equal(items[:lo], items_before[:lo], equal_nan=True)

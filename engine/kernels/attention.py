@@ -155,7 +155,7 @@ class AttentionKernel:
 
         n_items = n_q * n_head
         if n_q >= TILED_MIN_QUERIES or not self.flash_attn:
-            fn, stride = self._exact, exact_scratch_floats(pos0 + n_q)  # scratch: a scores row
+            fn, stride = self._exact, exact_scratch_floats(pos0 + n_q, n_head, n_kv_head)  # scores rows
         else:
             fn, stride = self._f16acc, f16acc_scratch_floats(n_head, n_kv_head, head_dim)  # q16 rows
         work = n_head * head_dim * (n_q * pos0 + n_q * (n_q + 1) // 2)  # key-row x dim products

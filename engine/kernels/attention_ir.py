@@ -7,6 +7,7 @@ numpy twins (attention_reference.py) share.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llvmlite import ir
@@ -133,83 +134,133 @@ def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
     """attention_exact, or (rounded) attention_rounded: llama.cpp without flash attention,
     which takes q as f16 for q . k and the normalised probabilities as f16 for p . v."""
     name = FUNCTION_ROUNDED if rounded else FUNCTION_EXACT
-    b, args = _define(module, name, "scores")  # scores: [round_up(pos0 + n_q, 8)]
+    b, args = _define(module, name, "scores")  # scores: [run heads, round_up(n_keys, 8)]
     (q, k, v, out, scores, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
      window, ring, softcap) = args
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
 
-    with counted_loop(b, w_begin, w_end, 1, "w") as w:
+    def heads(w: ir.Value, n: int) -> None:
+        """Items w .. w + n - 1 (one query, consecutive heads of one kv head): three passes over
+        the keys, each head with its own scores row and exactly the operations it would see
+        alone; key and value rows are converted from f16 once per pass for all n."""
         it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0, window, ring, row_stride)
-        n_keys, n_keys_block, q_row, out_row, k_head, v_head = (
-            it.n_keys, it.n_keys_block, it.q_row, it.out_row, it.k_head, it.v_head)
+        n_keys, n_keys_block, k_head, v_head = it.n_keys, it.n_keys_block, it.k_head, it.v_head
+        off = [b.mul(b.add(w, i64(j)), head_dim) for j in range(n)]
+        q_rows = [gep(b, q, o) for o in off]
+        out_rows = [gep(b, out, o) for o in off]
+        stride = b.mul(b.sdiv(b.add(n_keys, i64(VEC - 1)), i64(VEC)), i64(VEC))
+        score_rows = [gep(b, scores, b.mul(i64(j), stride)) for j in range(n)]
 
-        if rounded:  # q16 in the output row (free until pass 3; it may be q_row itself)
+        if rounded:  # q16 in the output rows (free until pass 3; they may be the q rows)
             with counted_loop(b, i64(0), head_dim, VEC, "qr") as c:
-                store(b, round_half(b, load(b, q_row, c, V8F32), f16c), out_row, c)
-            q_row = out_row
+                for j in range(n):
+                    store(b, round_half(b, load(b, q_rows[j], c, V8F32), f16c), out_rows[j], c)
+            q_rows = out_rows
 
         # -- pass 1: scores and their max ------------------------------------------------
-        max4 = variable(b, V4F32, const(V4F32, -math.inf), "max4")
+        max4 = [variable(b, V4F32, const(V4F32, -math.inf), f"max4_{j}") for j in range(n)]
         with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
             rows = [it.row(b, k_head, b.add(t, i64(r))) for r in range(ROWS)]
-            s4 = _scores(b, [q_row], rows, head_dim, scale, None, f16c)[0]
-            store(b, s4, scores, t)
-            b.store(irbuild.maxnum(b, b.load(max4), s4), max4)
-        max1 = variable(b, F32, const(F32, -math.inf), "max1")
+            for j, s4 in enumerate(_scores(b, q_rows, rows, head_dim, scale, None, f16c)):
+                store(b, s4, score_rows[j], t)
+                b.store(irbuild.maxnum(b, b.load(max4[j]), s4), max4[j])
+        max1 = [variable(b, F32, const(F32, -math.inf), f"max1_{j}") for j in range(n)]
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
-            s = _scores(b, [q_row], [it.row(b, k_head, t)], head_dim, scale, None, f16c)[0]
-            store(b, s, scores, t)
-            b.store(irbuild.maxnum(b, b.load(max1), s), max1)
-        mx1 = irbuild.maxnum(b, irbuild.hmax(b, b.load(max4)), b.load(max1))
+            for j, s1 in enumerate(_scores(b, q_rows, [it.row(b, k_head, t)], head_dim, scale, None, f16c)):
+                store(b, s1, score_rows[j], t)
+                b.store(irbuild.maxnum(b, b.load(max1[j]), s1), max1[j])
+        mx1 = [irbuild.maxnum(b, irbuild.hmax(b, b.load(max4[j])), b.load(max1[j])) for j in range(n)]
         # the softcap as a pass of its own (not a branch in the key loop): it is monotonic, so
         # the capped scores' max is the capped max
         pre_cap = b.block
         with b.if_then(b.fcmp_ordered(">", softcap, const(F32, 0.0)), likely=False):
-            with counted_loop(b, i64(0), n_keys, VEC, "cap") as t:  # scratch is whole vectors
-                store(b, _capped(b, load(b, scores, t, V8F32), softcap), scores, t)
-            capped_mx = _capped(b, mx1, softcap)
+            for j in range(n):
+                with counted_loop(b, i64(0), n_keys, VEC, "cap") as t:  # scratch is whole vectors
+                    store(b, _capped(b, load(b, score_rows[j], t, V8F32), softcap), score_rows[j], t)
+            capped_mx = [_capped(b, m, softcap) for m in mx1]
             cap_block = b.block
-        mx_phi = b.phi(F32)
-        mx_phi.add_incoming(mx1, pre_cap)
-        mx_phi.add_incoming(capped_mx, cap_block)
-        mx = irbuild.splat(b, mx_phi)
+        phis = [b.phi(F32) for _ in range(n)]  # (all phis first: they head their block)
+        for j, phi in enumerate(phis):
+            phi.add_incoming(mx1[j], pre_cap)
+            phi.add_incoming(capped_mx[j], cap_block)
+        mx = [irbuild.splat(b, phi) for phi in phis]
 
         # -- pass 2: p = exp(s - max) in place, l = sum p ---------------------------------
-        total = variable(b, V8F32, const(V8F32, 0.0), "total")
         keys = irbuild.splat(b, b.trunc(n_keys, I32))
-        with counted_loop(b, i64(0), n_keys, VEC, "e") as t:
-            lane = b.add(irbuild.splat(b, b.trunc(t, I32)), ir.Constant(V8I32, list(range(VEC))))
-            p = irbuild.exp(b, b.fsub(load(b, scores, t, V8F32), mx))
-            p = b.select(b.icmp_signed("<", lane, keys), p, const(V8F32, 0.0))  # lanes past the last key
-            store(b, p, scores, t)
-            b.store(b.fadd(b.load(total), p), total)
-        inv_l = irbuild.splat(b, b.fdiv(const(F32, 1.0), irbuild.hsum(b, b.load(total))))
+        inv_l = []
+        for j in range(n):
+            total = variable(b, V8F32, const(V8F32, 0.0), f"total{j}")
+            with counted_loop(b, i64(0), n_keys, VEC, "e") as t:
+                lane = b.add(irbuild.splat(b, b.trunc(t, I32)), ir.Constant(V8I32, list(range(VEC))))
+                p = irbuild.exp(b, b.fsub(load(b, score_rows[j], t, V8F32), mx[j]))
+                p = b.select(b.icmp_signed("<", lane, keys), p, const(V8F32, 0.0))  # lanes past the last key
+                store(b, p, score_rows[j], t)
+                b.store(b.fadd(b.load(total), p), total)
+            inv_l.append(irbuild.splat(b, b.fdiv(const(F32, 1.0), irbuild.hsum(b, b.load(total)))))
 
-        def prob(t: ir.Value) -> ir.Value:
-            """p[t] splat, as pass 3 multiplies it into v (rounded: f16(p[t] / l))."""
-            p = irbuild.splat(b, load(b, scores, t))
-            return round_half(b, b.fmul(p, inv_l), f16c) if rounded else p
+        def prob(j: int, t: ir.Value) -> ir.Value:
+            """Head j's p[t] splat, as pass 3 multiplies it into v (rounded: f16(p[t] / l))."""
+            p = irbuild.splat(b, load(b, score_rows[j], t))
+            return round_half(b, b.fmul(p, inv_l[j]), f16c) if rounded else p
+
+        def accumulate(t: ir.Value, count: int) -> None:
+            """out_j += p_j[t + r] * v[t + r] for r < count, per head in the order it sees alone."""
+            ps = [[prob(j, b.add(t, i64(r))) for r in range(count)] for j in range(n)]
+            rows = [it.row(b, v_head, b.add(t, i64(r))) for r in range(count)]
+            with counted_loop(b, i64(0), head_dim, VEC, "cv") as c:
+                vs = [load_half(b, row, c, f16c) for row in rows]
+                for j in range(n):
+                    o = load(b, out_rows[j], c, V8F32)
+                    for r in range(count):
+                        o = fmuladd(b, ps[j][r], vs[r], o)
+                    store(b, o, out_rows[j], c)
 
         # -- pass 3: out = sum p v / l ----------------------------------------------------
         with counted_loop(b, i64(0), head_dim, VEC, "z") as c:
-            store(b, const(V8F32, 0.0), out_row, c)
+            for j in range(n):
+                store(b, const(V8F32, 0.0), out_rows[j], c)
         with counted_loop(b, i64(0), n_keys_block, ROWS, "u") as t:
-            ps = [prob(b.add(t, i64(r))) for r in range(ROWS)]
-            rows = [it.row(b, v_head, b.add(t, i64(r))) for r in range(ROWS)]
-            with counted_loop(b, i64(0), head_dim, VEC, "cv") as c:
-                o = load(b, out_row, c, V8F32)
-                for r in range(ROWS):
-                    o = fmuladd(b, ps[r], load_half(b, rows[r], c, f16c), o)
-                store(b, o, out_row, c)
+            accumulate(t, ROWS)
         with counted_loop(b, n_keys_block, n_keys, 1, "ut") as t:
-            p1 = prob(t)
-            row = it.row(b, v_head, t)
-            with counted_loop(b, i64(0), head_dim, VEC, "cvt") as c:
-                store(b, fmuladd(b, p1, load_half(b, row, c, f16c), load(b, out_row, c, V8F32)), out_row, c)
+            accumulate(t, 1)
         if not rounded:
             with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
-                store(b, b.fmul(load(b, out_row, c, V8F32), inv_l), out_row, c)
+                for j in range(n):
+                    store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_l[j]), out_rows[j], c)
+
+    _runs_of_heads(b, w_begin, w_end, n_head, group, heads)
+
+
+def _runs_of_heads(b: ir.IRBuilder, w_begin: ir.Value, w_end: ir.Value, n_head: ir.Value,
+                   group: ir.Value, heads: Callable[[ir.Value, int], None]) -> None:
+    """Items w_begin <= w < w_end, taken in runs of up to GROUP_MAX consecutive heads of one kv
+    head (a run ends where the group or the range does): heads(w, n) emits a run of n; then
+    the function returns."""
+    pre = b.block
+    head_bb = b.append_basic_block("w.head")
+    body_bb = b.append_basic_block("w.body")
+    done_bb = b.append_basic_block("w.done")
+    b.branch(head_bb)
+    b.position_at_end(head_bb)
+    w = b.phi(I64, name="w")
+    w.add_incoming(w_begin, pre)
+    b.cbranch(b.icmp_signed("<", w, w_end), body_bb, done_bb)
+    b.position_at_end(body_bb)
+    left_in_group = b.sub(group, b.srem(b.srem(w, n_head), group))
+    n = _min(b, _min(b, left_in_group, b.sub(w_end, w)), i64(GROUP_MAX))
+    next_bb = b.append_basic_block("w.next")
+    cases = [b.append_basic_block(f"heads{g}") for g in range(1, GROUP_MAX + 1)]
+    switch = b.switch(n, cases[0])
+    for g, case in enumerate(cases, 1):
+        switch.add_case(i64(g), case)
+        b.position_at_end(case)
+        heads(w, g)
+        b.branch(next_bb)
+    b.position_at_end(next_bb)
+    w.add_incoming(b.add(w, n), next_bb)
+    b.branch(head_bb)
+    b.position_at_end(done_bb)
     b.ret_void()
 
 
@@ -283,9 +334,10 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
-def exact_scratch_floats(n_keys: int) -> int:
-    """Scratch floats per thread for attention_exact: a scores row, whole vectors."""
-    return -(-n_keys // VEC) * VEC
+def exact_scratch_floats(n_keys: int, n_head: int = 1, n_kv_head: int = 1) -> int:
+    """Scratch floats per thread for attention_exact: a scores row (whole vectors) per head of
+    a run."""
+    return min(n_head // max(n_kv_head, 1), GROUP_MAX) * (-(-n_keys // VEC) * VEC)
 
 
 def f16acc_scratch_floats(n_head: int, n_kv_head: int, head_dim: int) -> int:
@@ -433,40 +485,15 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
             with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
                 store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_s), out_rows[j], c)
 
-    # items w_begin <= w < w_end, taken in runs of up to GROUP_MAX consecutive heads of one kv
-    # head (a run ends where the group or the range does)
-    pre = b.block
-    head_bb = b.append_basic_block("w.head")
-    body_bb = b.append_basic_block("w.body")
-    done_bb = b.append_basic_block("w.done")
-    b.branch(head_bb)
-    b.position_at_end(head_bb)
-    w = b.phi(I64, name="w")
-    w.add_incoming(w_begin, pre)
-    b.cbranch(b.icmp_signed("<", w, w_end), body_bb, done_bb)
-    b.position_at_end(body_bb)
-    left_in_group = b.sub(group, b.srem(b.srem(w, n_head), group))
-    n = _min(b, _min(b, left_in_group, b.sub(w_end, w)), i64(GROUP_MAX))
-    next_bb = b.append_basic_block("w.next")
-    cases = [b.append_basic_block(f"heads{g}") for g in range(1, GROUP_MAX + 1)]
-    switch = b.switch(n, cases[0])
-    for g, case in enumerate(cases, 1):
-        switch.add_case(i64(g), case)
-        b.position_at_end(case)
-        heads(w, g)
-        b.branch(next_bb)
-    b.position_at_end(next_bb)
-    w.add_incoming(b.add(w, n), next_bb)
-    b.branch(head_bb)
-    b.position_at_end(done_bb)
-    b.ret_void()
+    _runs_of_heads(b, w_begin, w_end, n_head, group, heads)
 
 
 def build_attention_module(f16c: bool) -> ir.Module:
     """Both attention functions, same signature:
     void f(q, k, v, out, scratch, n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end)
-    over items w_begin <= w < w_end; head_dim % 8 == 0. scratch: the exact kernel's scores row
-    (round_up(pos0 + n_q, 8) floats), the f16-accumulator kernel's q16 rows
+    over items w_begin <= w < w_end; head_dim % 8 == 0. scratch: the exact kernels' scores rows
+    (exact_scratch_floats: round_up(pos0 + n_q, 8) floats per head of a run), the
+    f16-accumulator kernel's q16 rows
     (f16acc_scratch_floats: one head_dim row per head of a run)."""
     module = irbuild.new_module("attention")
     _define_exact(module, f16c)
