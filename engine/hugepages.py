@@ -1,18 +1,15 @@
-"""Weight memory on 2 MiB pages: the matrices a step streams, copied out of the file's mapping.
+"""Anonymous memory for the repacked weights, on 2 MiB transparent huge pages where the host
+has them.
 
-A decode step reads every weight once, from DRAM. Through the file's mapping those reads walk
-4 KiB pages: one TLB miss (and page walk) per 4 KiB, and the hardware prefetchers stop at each
-page's end, so two threads stream ~26 GB/s. The same bytes in anonymous memory that the kernel
-backs with transparent huge pages stream ~34 GB/s (Gemma 3 270M's 178 MB Q8_0 output matrix,
-M = 1, 2 threads: 6.9 ms mapped, 5.2 ms on 2 MiB pages, 7.3 ms on 4 KiB anonymous pages;
-scripts/bench_hugepages.py). So at load the engine copies each matrix the kernels stream into
-such memory and drops the file's pages (the page cache keeps them, reclaimable): resident
-memory stays the same, the copy takes ~0.1 s per GB, and a file truncated under a running model
-no longer reaches its kernels.
-
-Only where the kernel can give huge pages (transparent_hugepage "always" or "madvise"); elsewhere
-a 4 KiB copy would be slower than the mapping, so the matrices stay mapped. MODELYARD_HUGEPAGES=off
-keeps them mapped anyway (the file-truncation tests, a host short of memory for load-time copies).
+Each repacked matrix (engine.repack) is a copy the engine makes at load; taking it from an
+anonymous mapping of its own means an unloaded model's memory goes back to the system at once
+(a malloc'd buffer could stay in the heap), and advising it onto huge pages costs nothing and
+saves TLB misses. The gain is small here: Gemma 3 270M decode, 4 interleaved rounds of
+scripts/profile_decode.py, 111-150 tok/s with them and 108-127 without (MODELYARD_HUGEPAGES=off),
+within this shared machine's noise; one 178 MB Q8_0 matrix (scripts/bench_hugepages.py) streams
+alike from both. So the file-layout matrices stay in the file's mapping (copied onto huge pages
+they measured no faster: 1.1B Q4_K_M decode 47-59 vs 42-51 tok/s).
+Arena packs a model's small matrices into shared 64 MiB chunks so that they sit on huge pages too.
 """
 from __future__ import annotations
 
@@ -44,11 +41,12 @@ def available() -> bool:
     return "[always]" in setting or "[madvise]" in setting
 
 
-def anonymous(nbytes: int, populate: bool = True) -> np.ndarray:
+def anonymous(nbytes: int, populate: bool = True, huge: bool = True) -> np.ndarray:
     """uint8 [nbytes] in an anonymous mapping of its own (unmapped when the array goes, so an
     unloaded model's memory returns to the system), 2 MiB-aligned and advised onto huge pages
-    where available(). With `populate` its pages are faulted in now, in one call."""
-    if not available():
+    where available() (and `huge`: False gives 4 KiB pages, for comparisons). With `populate`
+    its pages are faulted in now, in one call."""
+    if not (huge and available()):
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
         return np.frombuffer(mmap.mmap(-1, max(nbytes, 1), flags=flags), np.uint8, count=nbytes)
     # over-allocate by one huge page and start at its boundary: an unaligned start would leave
@@ -68,7 +66,7 @@ def anonymous(nbytes: int, populate: bool = True) -> np.ndarray:
 
 
 class Arena:
-    """Bump allocation of one model's weight copies out of 64 MiB huge-page chunks, so that
+    """Bump allocation of one model's repacked matrices out of 64 MiB huge-page chunks, so that
     matrices smaller than 2 MiB (most of a small model's) sit on huge pages too. Slices keep
     their chunk alive: the memory returns to the system when the last weight using it goes.
     Pages are faulted in by whoever writes a slice first (2 MiB at a time)."""
@@ -90,18 +88,12 @@ class Arena:
         self._used = at + nbytes
         return self._chunk[at:at + nbytes]
 
-    def copy(self, raw: np.ndarray) -> np.ndarray:
-        """A copy of `raw` (uint8, C-contiguous, any shape) in this arena, same shape."""
-        out = self.take(raw.nbytes)
-        out[:] = raw.reshape(-1)
-        return out.reshape(raw.shape)
-
 
 def release_file_pages(raw: np.ndarray) -> None:
-    """Drop this process's pages of `raw`, a view into a read-only file mapping, once a copy of
-    it (repacked or resident_copy) serves the kernels: they stop counting in RSS, and a later
-    read (a tied embedding's lookup) faults them in again from the page cache. Never for heap
-    memory (DONTNEED would zero it)."""
+    """Drop this process's pages of `raw`, a view into a read-only file mapping, once its
+    repacked copy serves the kernels: they stop counting in RSS, and a later read (a tied
+    embedding's lookup) faults them in again from the page cache. Never for heap memory
+    (DONTNEED would zero it)."""
     libc = _libc()
     if libc is None:
         return

@@ -109,26 +109,20 @@ def _addr(a: np.ndarray) -> int:
 
 
 def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
-    """The weights with every matrix a step streams in the layout and memory its kernel wants
-    (mk.prepare: repacked copies for the row-interleaved kernels, else copies on huge pages).
-    The output matrix too: a decode step reads it whole for one row, and it is the largest
-    matrix of a large-vocabulary model (Gemma 3 270M: 178 MB Q8_0, 60% of a step; repacked it
-    streams at 36 GB/s against the file layout's 27, decode 107 -> 133 tok/s,
-    scripts/profile_decode.py). A tied token_embd repacked for the output stays mapped for the
-    lookups, which read a few of its rows per step: its pages are released after the repack and
-    come back from the page cache as the lookups read them."""
+    """The weights with every block matrix in the layout its kernel wants (mk.prepare: repacked
+    copies for the row-interleaved kernels), and the output matrix too: a decode step reads it
+    whole for one row, and it is the largest matrix of a large-vocabulary model (Gemma 3 270M:
+    178 MB Q8_0, 60% of a step; repacked it streams at ~31 GB/s against the file layout's ~25,
+    scripts/bench_hugepages.py; decode 107 -> 133 tok/s, scripts/profile_decode.py). A tied
+    token_embd stays mapped for the lookups, which read a few of its rows a step: its pages are
+    released after the repack and come back from the page cache as the lookups read them."""
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     # a prepared matrix may be a RepackedMatrix: the kernels take it wherever a QuantMatrix goes
     layers = [dataclasses.replace(layer, **cast(dict[str, Any], {
                   n: mk.prepare(getattr(layer, n), file_backed=True) for n in names}))
               for layer in w.layers]
-    if w.output is w.token_embd and mk.repacks(w.output):  # the mapping stays for the lookups
-        output = mk.prepare(w.output, file_backed=True)  # (its pages come back as they are read)
-        return dataclasses.replace(w, layers=layers, output=cast(Any, output))
     output = mk.prepare(w.output, file_backed=True)
-    token_embd = output if w.output is w.token_embd else w.token_embd  # a tied copy serves both
-    return dataclasses.replace(w, layers=layers, output=cast(Any, output),
-                               token_embd=cast(Any, token_embd))
+    return dataclasses.replace(w, layers=layers, output=cast(Any, output))
 
 
 class Transformer:

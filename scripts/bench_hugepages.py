@@ -4,12 +4,14 @@ pages, and anonymous memory on 2 MiB huge pages (engine.hugepages), interleaved,
     python scripts/bench_hugepages.py [MODEL.gguf] [--tensor output] [--threads 2] [--rounds 15]
 
 The default tensor is the output matrix (token_embd when tied): the largest one a decode step
-reads, and big enough (hundreds of MB) that it streams from DRAM. Each kind holds the same bytes;
-the kernel is the file-layout one (as engine.model's output matmul uses it).
+reads, and big enough (hundreds of MB) that it streams from DRAM. Each kind holds the same bytes
+and runs the file-layout kernel; where the interleaved kernels take the type, its repacked copy
+runs too, on 4 KiB pages and on huge pages (as engine.model holds it).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import mmap
 import os
 import statistics
@@ -19,8 +21,10 @@ import numpy as np
 
 from engine import hugepages
 from engine.gguf import GGUFFile
+from engine.kernels.gemm_kernels import GemmKernels, host_isa
 from engine.kernels.matmul import MatmulKernels
 from engine.quants import QuantMatrix, quant_type
+from engine.repack import RepackedMatrix
 
 DEFAULT = os.path.expanduser("~/.cache/modelyard/gemma-3-270m-q4_k_m.gguf")
 
@@ -44,13 +48,21 @@ def main() -> None:
     small = np.frombuffer(mmap.mmap(-1, raw.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
                           np.uint8).reshape(raw.shape)
     small[:] = raw
-    kinds = {"file mapping": raw, "anonymous 4 KiB": small,
-             "huge pages": hugepages.Arena().copy(raw)}
-    mats = {k: QuantMatrix(v, qtype, n_rows, n_cols) for k, v in kinds.items()}
+    huge = hugepages.Arena().take(raw.nbytes).reshape(raw.shape)
+    huge[:] = raw
+    kinds = {"file mapping": raw, "anonymous 4 KiB": small, "huge pages": huge}
+    mats: dict[str, QuantMatrix | RepackedMatrix] = {
+        k: QuantMatrix(v, qtype, n_rows, n_cols) for k, v in kinds.items()}
     x = np.random.default_rng(0).standard_normal((1, n_cols)).astype(np.float32)
-    with MatmulKernels([qtype], n_threads=args.threads, interleaved=False) as mk:
+    with MatmulKernels([qtype], n_threads=args.threads) as mk:
         first = mk.matmul(mats["file mapping"], x)
         assert all(np.array_equal(mk.matmul(w, x), first) for w in mats.values())
+        source = QuantMatrix(raw, qtype, n_rows, n_cols)
+        if mk.repacks(source):
+            gk = GemmKernels([qtype], host_isa())
+            small_pages = functools.partial(hugepages.anonymous, huge=False)
+            mats["repacked, 4 KiB"] = gk.repack(source, small_pages)
+            mats["repacked, huge"] = gk.repack(source, hugepages.Arena().take)
         times: dict[str, list[float]] = {k: [] for k in mats}
         for _ in range(args.rounds):
             for k, w in mats.items():
@@ -62,7 +74,7 @@ def main() -> None:
     base = statistics.median(times["file mapping"])
     for k, ts in times.items():
         med = statistics.median(ts)
-        print(f"  {k:16s} {med * 1e3:7.3f} ms  {raw.nbytes / med / 1e9:5.1f} GB/s  {base / med:4.2f}x")
+        print(f"  {k:16s} {med * 1e3:7.3f} ms  {mats[k].nbytes / med / 1e9:5.1f} GB/s  {base / med:4.2f}x")
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ class MatmulKernels:
         self._lock = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         self._scratch_address = 0
-        # prepared weight copies (one model's, when a Transformer owns this instance)
+        # repacked weight copies (one model's, when a Transformer owns this instance)
         self._arena = hugepages.Arena() if hugepages.available() else None
 
     def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
@@ -129,22 +129,17 @@ class MatmulKernels:
                 and can_repack(w.qtype, w.n_rows, w.n_cols))
 
     def prepare(self, w: QuantMatrix, file_backed: bool = False) -> QuantMatrix | RepackedMatrix:
-        """The matrix in the layout and memory this instance computes it fastest in: repacked
-        for the row-interleaved kernels where they cover it (repacks); else, when `file_backed`
-        (w views a read-only file mapping), a copy on huge pages (engine.hugepages) where the
-        host has them; else `w` itself. With `file_backed`, a copy's source pages are released."""
-        if self.repacks(w):
-            assert self._gemm is not None
-            packed = (self._gemm.repack(w) if self._arena is None
-                      else self._gemm.repack(w, self._arena.take))
-            if file_backed:
-                hugepages.release_file_pages(w.raw)
-            return packed
-        if file_backed and self._arena is not None:
-            copy = QuantMatrix(self._arena.copy(w.raw), w.qtype, w.n_rows, w.n_cols)
+        """The matrix in the layout this instance computes it fastest in: repacked for the
+        row-interleaved kernels where they cover it (repacks), on huge pages where the host has
+        them (engine.hugepages), else `w` itself. With `file_backed` (w views a read-only file
+        mapping) a repacked source's pages are released."""
+        if not self.repacks(w):
+            return w
+        assert self._gemm is not None
+        packed = self._gemm.repack(w) if self._arena is None else self._gemm.repack(w, self._arena.take)
+        if file_backed:
             hugepages.release_file_pages(w.raw)
-            return copy
-        return w
+        return packed
 
     def kernels_for(self, w: QuantMatrix | RepackedMatrix) -> TypeKernels | GemmTypeKernels:
         """The kernels that take `w` in its layout (see prepare)."""
