@@ -14,7 +14,7 @@ that process.
 What bounds them: `decode_bytes_per_token` is what one decode step reads (every matmul weight
 once, repacked sizes where repacked, plus the KV cache rows of a short context), so
 `decode_gb_s` = bytes x decode_forward_tok_s, and `decode_of_bw_limit` its fraction of
---bandwidth (GB/s the threads can stream; ~35 on today's 2-core Zen 5 machines, about 29 for
+--bandwidth (GB/s the threads can stream; ~35 on the 2-core AMD EPYC (Zen 4) test host, about 29 for
 one thread). `prefill_tops` = 2 x multiply-adds per token (matmuls only) x prefill512_tok_s,
 and `prefill_of_int8_peak` its fraction of the int8 peak measured here (a loop of independent
 512-bit vpdpbusd per thread, on AVX-512 VNNI hosts; 64 multiply-adds each).

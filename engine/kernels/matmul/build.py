@@ -54,7 +54,7 @@ def build_matmul_ir(qtype: GGMLQuantizationType, portable: bool = False, vnni: b
     name = qtype.name.lower()
     block_bytes = t.block_bytes
     # (LLVM splits the 512-bit pair vectors into 256-bit halves here: asking for zmm registers
-    # with "prefer-vector-width"="512" measured no faster on Zen 5, so the halves stay)
+    # with "prefer-vector-width"="512" measured no faster on the AMD EPYC (Zen 4) host, so the halves stay)
     f = MatmulFn(f"void @rows_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
                  f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
     ops = IntOps(f, avx2=not portable, vnni=vnni)
