@@ -282,7 +282,8 @@ def test_discovered_aliases_are_listed_and_served(
         r = _chat(front.url, "a-model")
         assert r.status_code == 200 and json.loads(a.received[-1][1])["model"] == "a-model"
         assert httpx.get(front.url + "/v1/models/a-model").json()["owned_by"] == "upstream a"
-        assert _chat(front.url, "nothing").status_code == 404
+        missing = _chat(front.url, "nothing")
+        assert missing.status_code == 404 and "a-model" in missing.json()["error"]["message"]
     finally:
         front.stop()
 

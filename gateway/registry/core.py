@@ -165,7 +165,11 @@ class Registry:
             if self._closed or self._stopping:
                 raise RegistryBusyError("the server is shutting down")
             # Resolved every round: apply() may have replaced the slot while we waited.
-            entry = self._config.resolve(alias)
+            try:
+                entry = self._config.resolve(alias)
+            except ModelNotFoundError as e:  # the 404 lists what upstreams serve too
+                raise ModelNotFoundError(e.alias, [*e.available,
+                                                   *self.upstreams.discovered_aliases()]) from None
             slot = self._slots[slot_key(entry)]
             state = slot.state
 
