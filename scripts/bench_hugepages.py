@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import mmap
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,11 +45,14 @@ def main() -> None:
     n_cols, n_rows = int(info.shape[0]), int(info.shape[1])
     qtype = info.qtype
     raw = f.tensor_data(name).reshape(n_rows, -1)
-    small = np.frombuffer(mmap.mmap(-1, raw.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
-                          np.uint8).reshape(raw.shape)
-    small[:] = raw
-    huge = hugepages.Arena().take(raw.nbytes).reshape(raw.shape)
-    huge[:] = raw
+    small_pages = functools.partial(hugepages.anonymous, huge=False)
+
+    def copy_into(alloc: Callable[[int], np.ndarray]) -> np.ndarray:
+        out = alloc(raw.nbytes).reshape(raw.shape)
+        out[:] = raw
+        return out
+
+    small, huge = copy_into(small_pages), copy_into(hugepages.anonymous)
     kinds = {"file mapping": raw, "anonymous 4 KiB": small, "huge pages": huge}
     mats: dict[str, QuantMatrix | RepackedMatrix] = {
         k: QuantMatrix(v, qtype, n_rows, n_cols) for k, v in kinds.items()}
@@ -60,9 +63,8 @@ def main() -> None:
         source = QuantMatrix(raw, qtype, n_rows, n_cols)
         if mk.repacks(source):
             gk = GemmKernels([qtype], host_isa())
-            small_pages = functools.partial(hugepages.anonymous, huge=False)
             mats["repacked, 4 KiB"] = gk.repack(source, small_pages)
-            mats["repacked, huge"] = gk.repack(source, hugepages.Arena().take)
+            mats["repacked, huge"] = gk.repack(source, hugepages.anonymous)
         times: dict[str, list[float]] = {k: [] for k in mats}
         for _ in range(args.rounds):
             for k, w in mats.items():

@@ -1,11 +1,13 @@
 """Where a decode step's time goes: per task kind, and per matmul with its GB/s.
 
     python scripts/profile_decode.py MODEL.gguf [--threads 2] [--steps 48] [--batch 1]
+                                   [--prefill N]
 
-Runs `--steps` decode steps of `--batch` sequences through the fused graph twice, interleaved:
+Runs `--steps` decode steps of `--batch` sequences (with --prefill N: `--steps` prefills of
+one N-token prompt in a fresh context instead) through the fused graph twice, interleaved:
 whole (one pool dispatch per step, as the engine runs it) and node by node (each node its own
 dispatch, timed alone). The node-by-node sum less the whole step's time is what the per-node
-dispatches add; the rest is each task's own time. Matmuls print bytes read and GB/s.
+dispatches add; the rest is each task's own time. Decode matmuls print bytes read and GB/s.
 Numbers are medians over the steps; on a shared machine compare runs interleaved, not figures.
 """
 from __future__ import annotations
@@ -26,6 +28,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--top", type=int, default=12, help="matmuls to list by time")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="profile prefills of an N-token prompt instead of decode steps")
     args = ap.parse_args()
 
     import engine
@@ -34,7 +38,7 @@ def main() -> None:
 
     model = engine.load(args.model, n_ctx=1024, n_threads=args.threads, n_slots=args.batch)
     tr = model.transformer
-    ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 8)
+    ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * max(8, args.prefill // 8))
     for s in range(args.batch):
         tr.forward([Chunk(s, ids[s:s + 32], 0)], "last")
     names = {addr: name for name, addr in tr.tasks.address.items()}
@@ -68,6 +72,9 @@ def main() -> None:
     pos = 32
     for i in range(args.steps * 2):
         mode["split"] = bool(i % 2)
+        if args.prefill:  # position 0 again: a fresh context
+            tr.forward([Chunk(0, ids[:args.prefill], 0)], "last")
+            continue
         logits = tr.forward([Chunk(s, [toks[s]], pos) for s in range(args.batch)], "last")
         toks = [int(np.argmax(row)) for row in logits]
         pos += 1
@@ -91,12 +98,13 @@ def main() -> None:
         by_kind[name] += t
     step = statistics.median(whole)
     print(f"{model.path.name if hasattr(model, 'path') else args.model}: {args.threads} threads, "
-          f"batch {args.batch}, {nodes.shape[0]} nodes")
-    print(f"whole step {step * 1e3:.3f} ms ({args.batch / step:.1f} tok/s); node by node "
+          f"{f'prefill {args.prefill}' if args.prefill else f'batch {args.batch}'}, {nodes.shape[0]} nodes")
+    per_step = args.prefill or args.batch  # tokens a step evaluates
+    print(f"whole step {step * 1e3:.3f} ms ({per_step / step:.1f} tok/s); node by node "
           f"{node_total * 1e3:.3f} ms (+{(node_total - step) * 1e6 / nodes.shape[0]:.2f} us/node)")
     for name, t in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         extra = ""
-        if name.startswith("matmul "):
+        if name.startswith("matmul ") and not args.prefill:  # (a prefill is compute-bound)
             nbytes = mats[name.removeprefix("matmul ")][1]
             extra = f"  {nbytes / 1e6:8.2f} MB  {nbytes / t / 1e9:6.2f} GB/s"
         print(f"  {name:20s} {t * 1e3:8.3f} ms  {100 * t / node_total:5.1f}%{extra}")

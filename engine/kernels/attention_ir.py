@@ -149,7 +149,7 @@ def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
         off = [b.mul(b.add(w, i64(j)), head_dim) for j in range(n)]
         q_rows = [gep(b, q, o) for o in off]
         out_rows = [gep(b, out, o) for o in off]
-        stride = b.mul(b.sdiv(b.add(n_keys, i64(VEC - 1)), i64(VEC)), i64(VEC))
+        stride = irbuild.round_down(b, b.add(n_keys, i64(VEC - 1)), VEC)  # whole vectors
         score_rows = [gep(b, scores, b.mul(i64(j), stride)) for j in range(n)]
 
         if rounded:  # q16 in the output rows (free until pass 3; they may be the q rows)
@@ -334,15 +334,20 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
+def _run_heads(n_head: int, n_kv_head: int) -> int:
+    """The most heads one run takes together (_runs_of_heads): a kv head's group, at most GROUP_MAX."""
+    return min(n_head // max(n_kv_head, 1), GROUP_MAX)
+
+
 def exact_scratch_floats(n_keys: int, n_head: int = 1, n_kv_head: int = 1) -> int:
     """Scratch floats per thread for attention_exact: a scores row (whole vectors) per head of
     a run."""
-    return min(n_head // max(n_kv_head, 1), GROUP_MAX) * (-(-n_keys // VEC) * VEC)
+    return _run_heads(n_head, n_kv_head) * (-(-n_keys // VEC) * VEC)
 
 
 def f16acc_scratch_floats(n_head: int, n_kv_head: int, head_dim: int) -> int:
     """Scratch floats per thread for attention_f16acc: the q16 rows of the heads run together."""
-    return min(n_head // max(n_kv_head, 1), GROUP_MAX) * head_dim
+    return _run_heads(n_head, n_kv_head) * head_dim
 
 
 def _define_f16acc(module: ir.Module, f16c: bool) -> None:

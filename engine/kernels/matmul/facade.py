@@ -103,8 +103,9 @@ class MatmulKernels:
         self._lock = threading.Lock()
         self._scratch = np.empty(0, np.uint8)
         self._scratch_address = 0
-        # repacked weight copies (one model's, when a Transformer owns this instance)
-        self._arena = hugepages.Arena() if hugepages.available() else None
+        # where repacked copies go: one model's arena on huge pages (when a Transformer owns
+        # this instance), else a populated mapping of their own each
+        self._alloc = hugepages.Arena().take if hugepages.available() else hugepages.anonymous
 
     def _load(self, qtype: GGMLQuantizationType) -> TypeKernels:
         lib = jit.compile_cached("matmul", (qtype.name, self.portable, self.vnni, self.tiles, self.wide),
@@ -136,7 +137,7 @@ class MatmulKernels:
         if not self.repacks(w):
             return w
         assert self._gemm is not None
-        packed = self._gemm.repack(w) if self._arena is None else self._gemm.repack(w, self._arena.take)
+        packed = self._gemm.repack(w, self._alloc)
         if file_backed:
             hugepages.release_file_pages(w.raw)
         return packed
