@@ -12,6 +12,7 @@ import pytest
 import engine
 from engine.gguf import ModelLoadError, read_header
 from engine.hparams import HParams
+from tests.support.ggufgen import add_keys
 from tests.support.refs import SYNTH_DIR
 
 
@@ -92,13 +93,7 @@ def rewrite(src: Path, dst: Path, keys: dict, tensors: dict[str, np.ndarray]) ->
             w.add_array(key, field.contents())
         else:
             w.add_key_value(key, field.contents(), field.types[0])
-    for key, value in keys.items():
-        if isinstance(value, str):
-            w.add_string(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        else:
-            w.add_uint32(key, value)
+    add_keys(w, keys, unsigned=True)
     for t in r.tensors:
         w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())),
                      raw_dtype=t.tensor_type)

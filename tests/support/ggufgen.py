@@ -97,6 +97,20 @@ def _random_tensor(qtype: GGMLQuantizationType, n_rows: int, n_cols: int,
     return random_quant_matrix(qtype, n_rows, n_cols, rng).raw
 
 
+def add_keys(w: GGUFWriter, keys: dict[str, str | int | float], unsigned: bool = False) -> None:
+    """Metadata keys typed from their Python values: strings, float32, and int32 (uint32 with
+    `unsigned`, as llama.cpp writes counts)."""
+    for key, value in keys.items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif unsigned:
+            w.add_uint32(key, value)
+        else:
+            w.add_int32(key, value)
+
+
 def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
                      n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
                      n_ff: int = 128, n_ctx_train: int = 256, n_merges: int = 40,
@@ -141,13 +155,7 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     w.add_add_bos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
-    for key, value in (metadata or {}).items():  # extra keys, e.g. general.sampling.temp
-        if isinstance(value, str):
-            w.add_string(key, value)
-        elif isinstance(value, int):
-            w.add_int32(key, value)
-        else:
-            w.add_float32(key, value)
+    add_keys(w, metadata or {})  # extra keys, e.g. general.sampling.temp
 
     def add(name: str, n_rows: int, n_cols: int, q: GGMLQuantizationType) -> None:
         data = _random_tensor(q, n_rows, n_cols, rng)
