@@ -147,32 +147,39 @@ def _x_scale(f: Fn, act: Act, x: str, b: str, w_scale: str) -> str:
     return f.let(f"fmul {V16F} {w_scale}, {dx}")
 
 
+# The K-quant bodies read a block's quants front to back. Read lane by lane (strides of 512
+# and 768 bytes inside a 2368/3360-byte block), the hardware prefetchers lost the stream: one
+# thread, M = 1, 5632x2048 from DRAM, Q4_K 10-12 -> 25-31 GB/s and Q6_K 7 -> 23-26 GB/s in
+# memory order (the file layout: 23 and 20). The integer lane sums are the same either way.
 def _body_q4_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: list[list[str]]) -> list[list[str]]:
     """Lane i of the file-layout kernel (kquants.q4_5_k_body) is, per row, sum_j sc_j * (dot
     of values 4i..4i+3 of sub-block j) and mn_i * (sum of sub-block i's activations): here
-    accumulator i of a tile row, for 16 rows at once, then folded as kquants.fold does."""
+    accumulator i of a tile row, for 16 rows at once, then folded as kquants.fold does. The
+    quants are read in the block's memory order (pair p, then lane i)."""
     qs = f.mul(b, 256)
     b32 = f.add(act.b32_at, f.mul(b, 16))
     sc = [dots.scale(f.widen16(wb, 64 + 16 * j, signed=False)) for j in range(8)]
     dw, dmin = f.half16(wb, 0), f.half16(wb, 32)
-    ddx = [_x_scale(f, act, x, b, dw) for x in xs]
-    ndm = [f.let(f"fneg {V16F} {_x_scale(f, act, x, b, dmin)}") for x in xs]
-    out = [list(a) for a in accs]
-    for i in range(8):
-        vs = [f.load("<64 x i8>", wb, 320 + 512 * p + 64 * i) for p in range(4)]
-        nib = [(f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}"),
-                f.let(f"lshr <64 x i8> {v}, {splat_i8(64, 4)}")) for v in vs]
-        mn = dots.scale(f.widen16(wb, 192 + 16 * i, signed=False))
-        for t, x in enumerate(xs):
-            isum = "zeroinitializer"
-            for p in range(4):
+    isums = [["zeroinitializer"] * 8 for _ in xs]
+    for p in range(4):
+        for i in range(8):
+            v = f.load("<64 x i8>", wb, 320 + 512 * p + 64 * i)
+            nib = (f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}"),
+                   f.let(f"lshr <64 x i8> {v}, {splat_i8(64, 4)}"))
+            for t, x in enumerate(xs):
                 for h in range(2):
-                    d = dots.dot("zeroinitializer", nib[p][h], f.bcast(x, f.add(qs, 64 * p + 32 * h + 4 * i)))
-                    isum = dots.scaled(isum, d, sc[2 * p + h])
+                    d = dots.dot("zeroinitializer", nib[h], f.bcast(x, f.add(qs, 64 * p + 32 * h + 4 * i)))
+                    isums[t][i] = dots.scaled(isums[t][i], d, sc[2 * p + h])
+    out = [list(a) for a in accs]
+    for t, x in enumerate(xs):
+        ddx = _x_scale(f, act, x, b, dw)
+        ndm = f.let(f"fneg {V16F} {_x_scale(f, act, x, b, dmin)}")
+        for i in range(8):
+            mn = dots.scale(f.widen16(wb, 192 + 16 * i, signed=False))
             bsum = f.let(f"sext i16 {f.load('i16', x, f.add(b32, 2 * i), 2)} to i32")
             minsum = dots.scaled("zeroinitializer", f.splat_i32(bsum), mn)
-            out[t][i] = _fold(f, out[t][i], isum, ddx[t], (minsum, ndm[t]))
+            out[t][i] = _fold(f, out[t][i], isums[t][i], ddx, (minsum, ndm))
     return out
 
 
@@ -190,34 +197,37 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     """Lane k = 4a + i of the file-layout kernel (kquants.q6_k_body) is, per row, sum over the
     chunks c = 8m + k (values 4c..4c+3; sub-block c // 4) of sc * dot, less 32 * (sub-blocks
     2k and 2k+1's scales times activation sums). Those chunks sit in steps s = a, a+2, a+4,
-    a+6 of the repacked block, ql vector i (chunk 4s+i, high nibble 32+4s+i)."""
+    a+6 of the repacked block, ql vector i (chunk 4s+i, high nibble 32+4s+i); the steps are
+    read in memory order, each adding to the four lanes it holds."""
     qs = f.mul(b, 256)
     c16 = f.add(act.c_at, f.mul(b, 64))
     sc_raw = [f.widen16(wb, 32 + 16 * j, signed=True) for j in range(16)]
     sc = [dots.scale(v) for v in sc_raw]
     dw = f.half16(wb, 0)
-    ddx = [_x_scale(f, act, x, b, dw) for x in xs]
-    out = [list(a) for a in accs]
-    for k in range(8):
-        a, i = divmod(k, 4)
-        p, c = divmod(i, 2)
-        chunks = []  # (weights, chunk index) of this lane
-        for s in range(a, 8, 2):
+    isums = [["zeroinitializer"] * 8 for _ in xs]
+    for s in range(8):
+        qh = [f.load("<64 x i8>", wb, 288 + 384 * s + 256 + 64 * p) for p in range(2)]
+        for i in range(4):
+            p, c = divmod(i, 2)
+            k = 4 * (s % 2) + i
             ql = f.load("<64 x i8>", wb, 288 + 384 * s + 64 * i)
-            qh = f.load("<64 x i8>", wb, 288 + 384 * s + 256 + 64 * p)
             lo = f.let(f"and <64 x i8> {ql}, {splat_i8(64, 15)}")
             hi = f.let(f"lshr <64 x i8> {ql}, {splat_i8(64, 4)}")
-            chunks.append((f.let(f"or <64 x i8> {lo}, {_q6_field(f, qh, c)}"), 4 * s + i))
-            chunks.append((f.let(f"or <64 x i8> {hi}, {_q6_field(f, qh, 2 + c)}"), 32 + 4 * s + i))
-        for t, x in enumerate(xs):
-            isum = "zeroinitializer"
-            for u, ch in chunks:
-                isum = dots.scaled(isum, dots.dot("zeroinitializer", u, f.bcast(x, f.add(qs, 4 * ch))),
-                                   sc[ch // 4])
+            chunks = ((f.let(f"or <64 x i8> {lo}, {_q6_field(f, qh[p], c)}"), 4 * s + i),
+                      (f.let(f"or <64 x i8> {hi}, {_q6_field(f, qh[p], 2 + c)}"), 32 + 4 * s + i))
+            for t, x in enumerate(xs):
+                for u, ch in chunks:
+                    d = dots.dot("zeroinitializer", u, f.bcast(x, f.add(qs, 4 * ch)))
+                    isums[t][k] = dots.scaled(isums[t][k], d, sc[ch // 4])
+    out = [list(a) for a in accs]
+    for t, x in enumerate(xs):
+        ddx = _x_scale(f, act, x, b, dw)
+        for k in range(8):
+            isum = isums[t][k]
             for j in (2 * k, 2 * k + 1):  # -32 * bsum_j * sc_j (too wide for i16 products)
                 corr = f.let(f"mul {V16I} {f.bcast(x, f.add(c16, 4 * j))}, {sc_raw[j]}")
                 isum = f.let(f"add {V16I} {isum}, {corr}")
-            out[t][k] = _fold(f, out[t][k], isum, ddx[t])
+            out[t][k] = _fold(f, out[t][k], isum, ddx)
     return out
 
 

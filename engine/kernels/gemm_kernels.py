@@ -35,11 +35,12 @@ def host_isa(portable: bool = False) -> str:
 
 # The types models run on these kernels (MODELYARD_INTERLEAVED, type names comma-separated or
 # "none", overrides the set, for benchmarks). Q4_K and Q6_K give the file-layout kernels' bits
-# (gemm.FILE_LAYOUT_BITS: with them on, Gemma 3 270M's logits are unchanged), but that
-# arithmetic (8 float lanes per activation row, each lane's integer sum scaled per sub-block)
-# takes twice the multiply instructions of a whole-block sum, and they do not pay yet: 1.1B
-# Q4_K_M, one thread, decode 0.66x the file layout (17.0 vs 25.8 tok/s; one 5632x2048 Q4_K
-# matrix from DRAM, M = 1: 0.64x), prefill matrices 0.9-1.1x. So models keep them off.
+# (gemm.FILE_LAYOUT_BITS: with them on, every model's logits are unchanged). Their arithmetic
+# (8 float lanes per activation row, each lane's integer sum scaled per sub-block) takes twice
+# the multiply instructions of a whole-block sum, but 16 rows share each scale and activation
+# load, and reading blocks front to back streams faster than the file layout: one thread,
+# 5632x2048 from DRAM, Q4_K M = 1 1.44x, M = 8 1.18x, Q6_K 1.06x and 1.28x (1.1B Q4_K_M, two
+# threads: decode 39.5-41.5 -> 42-67 tok/s, 8 sequences 80 -> 96-98 tok/s, prefill the same).
 # Q8_0 and Q5_0 sum a whole block in one int32 lane (Q5_0 against q8_0 activations, its
 # offset taken off in integers, as llama.cpp's own Q5_0 kernel does), a different rounding
 # from their file layout but measured inside the llama.cpp bars of
@@ -47,7 +48,7 @@ def host_isa(portable: bool = False) -> str:
 # and 2-2.6x the file layout's speed (Gemma 3 270M, one thread: prefill 1.47x, decode 1.12x).
 # Q4_1 and Q5_1 (offsets through q8_1's s) are tested too, but Q4_1 moves SmolLM2's top-1
 # agreement on the "paragraph" prompt to 0.965, under tests/test_smollm2_reference.py's 0.97.
-_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q5_0").split(",")
+_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q5_0,Q4_K,Q6_K").split(",")
 IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
                       if n.strip() and n.strip().lower() != "none")
 # The K-quant kernels keep 8 accumulators of 16 rows per activation row: without AVX-512's 32
