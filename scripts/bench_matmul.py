@@ -3,12 +3,15 @@
     python scripts/bench_matmul.py [--types Q4_1,Q8_0] [--threads 1,2] [--m 1] [--portable]
                                    [--no-vnni] [--shapes 135m|1b]
     python scripts/bench_matmul.py --ab-wide --types Q4_1,Q8_0 --shapes 1b --ms 1,8,64,512
+    python scripts/bench_matmul.py --ab-layout --types Q4_K,Q6_K --shapes 1b --ms 1,8,512
 
 --ab-wide compares MatmulKernels' AVX-512 form (wide: the legacy types' row pairs) with
 wide=False in one process, one thread: timed runs (thread CPU time) alternate between them
 and the medians are reported (GB/s of weight bytes, GFLOP/s, wide/narrow speed ratio; the two
 outputs must be the same bits). Up to M = 8 the set of matrices is larger than the caches, as a
-decode step reads them.
+decode step reads them. --ab-layout compares the file-layout kernels with the row-interleaved
+ones on repacked copies of the same matrices (engine.kernels.gemm; Q4_K and Q6_K must give the
+same bits, the others need not).
 
 Every type the engine supports is measured by default (engine.quants.TYPES); a shape whose
 row length is not a whole number of the type's blocks (576 for the 256-value super-blocks of
@@ -26,8 +29,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.kernels import gemm
+from engine.kernels.gemm_kernels import GemmKernels, host_isa
 from engine.kernels.matmul import MatmulKernels
 from engine.quants import TYPES, QuantMatrix, T, block_size, random_quant_matrix
+from engine.repack import RepackedMatrix
 
 # (n_rows, n_cols): attention q/o (and k/v), FFN gate/up, FFN down, output (Q8_0 in the model)
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
@@ -80,6 +86,24 @@ def _wide_forms(t: T) -> dict[str, Matmul]:
     return {"narrow": lambda w, x, o: narrow.matmul(w, x, o), "wide": lambda w, x, o: wide.matmul(w, x, o)}
 
 
+def _layout_forms(t: T) -> dict[str, Matmul]:
+    """The file-layout kernel and the row-interleaved one (engine.kernels.gemm) on the same
+    matrices: each matrix is repacked once, on first use."""
+    file_layout = MatmulKernels([t], interleaved=False)
+    gk = GemmKernels([t], host_isa())
+    if not gk.has(t):
+        raise SystemExit(f"no interleaved kernel for {t.name} on {gk.isa}")
+    packed: dict[int, RepackedMatrix] = {}
+
+    def interleaved(w: QuantMatrix, x: np.ndarray, o: np.ndarray) -> None:
+        p = packed.get(id(w))
+        if p is None:
+            p = packed[id(w)] = gk.repack(w)
+        gk.matmul(p, x, o)
+
+    return {"file": lambda w, x, o: file_layout.matmul(w, x, o), "repacked": interleaved}
+
+
 def _cpu_seconds(fn: Matmul, mats: list[QuantMatrix], x: np.ndarray, outs: list[np.ndarray],
                  calls: int) -> float:
     """This thread's CPU time for `calls` rounds over mats (time preempted on a shared machine
@@ -91,17 +115,19 @@ def _cpu_seconds(fn: Matmul, mats: list[QuantMatrix], x: np.ndarray, outs: list[
     return time.thread_time() - t0
 
 
-def ab_wide(types: list[T], shapes: list[tuple[int, int]], ms: list[int], rounds: int = 11,
-            min_seconds: float = 0.05) -> None:
-    """Wide and narrow forms of each type's kernel, one thread, interleaved runs, medians."""
+def ab_forms(types: list[T], shapes: list[tuple[int, int]], ms: list[int],
+             forms_of: Callable[[T], dict[str, Matmul]] = _wide_forms, rounds: int = 11,
+             min_seconds: float = 0.05) -> None:
+    """Two forms of each type's kernel (wide/narrow, or file layout/repacked), one thread,
+    interleaved runs, medians."""
     rng = np.random.default_rng(0)
     print(f"one thread, medians of {rounds} interleaved runs (thread CPU time); "
           "GB/s of weight bytes, GFLOP/s")
     for t in types:
-        forms = _wide_forms(t)
+        forms = forms_of(t)
         old, new = forms
-        print(f"  {'type':6s}{'shape':>11}{'M':>5}{f'{old} GB/s':>13}{f'{new} GB/s':>13}"
-              f"{f'{old} GFLOP/s':>16}{f'{new} GFLOP/s':>16}{f'{new}/{old}':>13}")
+        print(f"  {'type':6s}{'shape':>11}{'M':>5}{f'{old} GB/s':>15}{f'{new} GB/s':>15}"
+              f"{f'{old} GFLOP/s':>18}{f'{new} GFLOP/s':>18}{f'{new}/{old}':>15}")
         for rows, cols in shapes:
             if cols % block_size(t)[0]:
                 continue
@@ -116,7 +142,8 @@ def ab_wide(types: list[T], shapes: list[tuple[int, int]], ms: list[int], rounds
 
                 for k in forms:
                     run(k, 1)
-                if not np.array_equal(outs[old][0], outs[new][0]):
+                same_bits = forms_of is _wide_forms or t in gemm.FILE_LAYOUT_BITS
+                if same_bits and not np.array_equal(outs[old][0], outs[new][0]):
                     raise SystemExit(f"{t.name} {rows}x{cols} M={m}: the two forms differ")
                 calls = 1
                 while run(old, calls) < min_seconds:
@@ -128,8 +155,8 @@ def ab_wide(types: list[T], shapes: list[tuple[int, int]], ms: list[int], rounds
                 med = {k: float(np.median(v)) / (calls * len(mats)) for k, v in times.items()}
                 gbs = {k: one.nbytes / v / 1e9 for k, v in med.items()}
                 gflops = {k: 2 * m * rows * cols / v / 1e9 for k, v in med.items()}
-                print(f"  {t.name:6s}{f'{rows}x{cols}':>11}{m:>5}{gbs[old]:13.2f}{gbs[new]:13.2f}"
-                      f"{gflops[old]:16.1f}{gflops[new]:16.1f}{med[old] / med[new]:12.3f}x", flush=True)
+                print(f"  {t.name:6s}{f'{rows}x{cols}':>11}{m:>5}{gbs[old]:15.2f}{gbs[new]:15.2f}"
+                      f"{gflops[old]:18.1f}{gflops[new]:18.1f}{med[old] / med[new]:14.3f}x", flush=True)
 
 
 def main() -> None:
@@ -143,12 +170,15 @@ def main() -> None:
                     help="SmolLM2-135M's matrix shapes or a 1.1B llama's")
     ap.add_argument("--ab-wide", action="store_true",
                     help="wide vs narrow kernels, interleaved, one thread (see above)")
-    ap.add_argument("--ms", default="1,8,64,512", help="activation rows per call, for --ab-wide")
+    ap.add_argument("--ab-layout", action="store_true",
+                    help="file-layout vs repacked (row-interleaved) kernels, the same way")
+    ap.add_argument("--ms", default="1,8,64,512", help="activation rows per call, for --ab-*")
     args = ap.parse_args()
     types = [T[name] for name in args.types.split(",")]
     shapes = SHAPES_1B if args.shapes == "1b" else SHAPES
-    if args.ab_wide:
-        ab_wide(types, shapes, [int(s) for s in args.ms.split(",")])
+    if args.ab_wide or args.ab_layout:
+        ab_forms(types, shapes, [int(s) for s in args.ms.split(",")],
+                 _layout_forms if args.ab_layout else _wide_forms)
         return
     rng = np.random.default_rng(0)
     print(f"M={args.m}; GB/s of weight bytes (us per call)")

@@ -57,6 +57,25 @@ def test_separate_output_matrix_and_mixed_types(tmp_path: Path) -> None:
     _assert_close(ours, ReferenceModel(str(path)).logits(ids))
 
 
+def test_q6_k_is_repacked_for_the_output_matrix_only(tmp_path: Path) -> None:
+    """Q6_K's interleaved kernel wins at a few activation rows and loses at a prompt's: the
+    output matrix (one row per sequence) is repacked, the layers' matrices are not; the memory
+    estimate counts exactly that, and the logits are the reference model's."""
+    from engine.kernels.gemm_kernels import host_isa
+    from engine.repack import RepackedMatrix
+    path = write_tiny_llama(tmp_path / "q6k.gguf", qtype=Q.Q6_K, tied_output=False,
+                            n_embd=256, n_ff=512, n_merges=45)  # a vocabulary of 3 + 256 + 45 = 304 = 19 * 16
+    with engine.load(path, n_ctx=64, n_threads=2) as model:
+        w = model.transformer.weights
+        assert w.output.n_rows % 16 == 0
+        assert isinstance(w.output, RepackedMatrix) == (host_isa() == "vnni512")
+        assert not any(isinstance(m, RepackedMatrix) for m in (w.layers[0].w_down, w.layers[1].wq))
+        assert engine.estimate_memory(path, 64) == model.memory_bytes
+        ids = model.tokenizer.encode(PROMPT)
+        ours = model.logits(ids)
+    _assert_close(ours, ReferenceModel(str(path)).logits(ids))
+
+
 @pytest.fixture(scope="module")
 def q8(tmp_path_factory: pytest.TempPathFactory):
     path = write_tiny_llama(tmp_path_factory.mktemp("m") / "q8.gguf", qtype=Q.Q8_0, n_layer=3)

@@ -74,7 +74,7 @@ def _body_q5_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     for k in range(4):
         v = f.load("<64 x i8>", wb, 64 * k)
         lo = f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}")
-        hi = f.let(f"lshr <64 x i8> {v}, {splat_i8(64, 4)}")
+        hi = f.shift_bytes(v, "lshr", 4, 15)
         chunks[k] = f.let(f"or <64 x i8> {lo}, {_q5_top_bits(f, qh, 4 * k)}")
         chunks[k + 4] = f.let(f"or <64 x i8> {hi}, {_q5_top_bits(f, qh, 16 + 4 * k)}")
     qs = f.mul(b, 32)
@@ -95,7 +95,7 @@ def _legacy_chunks(f: Fn, wb: str, qh_at: int | None) -> list[str]:
     for k in range(4):
         v = f.load("<64 x i8>", wb, 64 * k)
         lo = f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}")
-        hi = f.let(f"lshr <64 x i8> {v}, {splat_i8(64, 4)}")
+        hi = f.shift_bytes(v, "lshr", 4, 15)
         if qh is not None:
             lo = f.let(f"or <64 x i8> {lo}, {_q5_top_bits(f, qh, 4 * k)}")
             hi = f.let(f"or <64 x i8> {hi}, {_q5_top_bits(f, qh, 16 + 4 * k)}")
@@ -166,7 +166,7 @@ def _body_q4_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
         for i in range(8):
             v = f.load("<64 x i8>", wb, 320 + 512 * p + 64 * i)
             nib = (f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}"),
-                   f.let(f"lshr <64 x i8> {v}, {splat_i8(64, 4)}"))
+                   f.shift_bytes(v, "lshr", 4, 15))
             for t, x in enumerate(xs):
                 for h in range(2):
                     d = dots.dot("zeroinitializer", nib[h], f.bcast(x, f.add(qs, 64 * p + 32 * h + 4 * i)))
@@ -186,9 +186,9 @@ def _body_q4_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 def _q6_field(f: Fn, h: str, k: int) -> str:
     """2-bit field k of each byte of h, moved to bits 4..5."""
     if k < 2:
-        h = f.let(f"shl <64 x i8> {h}, {splat_i8(64, 4 - 2 * k)}")
-    elif k == 3:
-        h = f.let(f"lshr <64 x i8> {h}, {splat_i8(64, 2)}")
+        return f.shift_bytes(h, "shl", 4 - 2 * k, 0x30)
+    if k == 3:
+        return f.shift_bytes(h, "lshr", 2, 0x30)
     return f.let(f"and <64 x i8> {h}, {splat_i8(64, 0x30)}")
 
 
@@ -212,7 +212,7 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
             k = 4 * (s % 2) + i
             ql = f.load("<64 x i8>", wb, 288 + 384 * s + 64 * i)
             lo = f.let(f"and <64 x i8> {ql}, {splat_i8(64, 15)}")
-            hi = f.let(f"lshr <64 x i8> {ql}, {splat_i8(64, 4)}")
+            hi = f.shift_bytes(ql, "lshr", 4, 15)
             chunks = ((f.let(f"or <64 x i8> {lo}, {_q6_field(f, qh[p], c)}"), 4 * s + i),
                       (f.let(f"or <64 x i8> {hi}, {_q6_field(f, qh[p], 2 + c)}"), 32 + 4 * s + i))
             for t, x in enumerate(xs):

@@ -38,9 +38,13 @@ def host_isa(portable: bool = False) -> str:
 # (gemm.FILE_LAYOUT_BITS: with them on, every model's logits are unchanged). Their arithmetic
 # (8 float lanes per activation row, each lane's integer sum scaled per sub-block) takes twice
 # the multiply instructions of a whole-block sum, but 16 rows share each scale and activation
-# load, and reading blocks front to back streams faster than the file layout: one thread,
-# 5632x2048 from DRAM, Q4_K M = 1 1.44x, M = 8 1.18x, Q6_K 1.06x and 1.28x (1.1B Q4_K_M, two
-# threads: decode 39.5-41.5 -> 42-67 tok/s, 8 sequences 80 -> 96-98 tok/s, prefill the same).
+# load, and blocks read front to back stream faster than the file layout. One thread,
+# the 1.1B shapes (scripts/bench_matmul.py --ab-layout --shapes 1b --ms 1,8,512): Q4_K beats
+# the file layout at every M (M = 1 from DRAM 1.0-1.4x, M = 8 1.14-1.35x, M = 512 1.11-1.30x).
+# Q6_K does at few rows (M = 1 0.95-1.15x, M = 8 1.28-1.50x) but loses at M = 512 (0.71-0.76x:
+# the file-layout tile unpacks a block once for up to 8 rows, this kernel once per row), so
+# Q6_K is repacked only where a matmul takes few rows (FEW_ROWS_ONLY): the output
+# matrix, which decode reads whole for one row per sequence and a prefill for its last row.
 # Q8_0 and Q5_0 sum a whole block in one int32 lane (Q5_0 against q8_0 activations, its
 # offset taken off in integers, as llama.cpp's own Q5_0 kernel does), a different rounding
 # from their file layout but measured inside the llama.cpp bars of
@@ -55,17 +59,20 @@ IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
 # registers they spill (AVX2 form at M = 16: 0.64-0.75x the file layout), so models take them
 # only on vnni512; Q5_0's tile (4 rows' accumulators and 8 unpacked chunks) would spill too.
 NEEDS_AVX512 = frozenset({T.Q5_0, T.Q4_K, T.Q6_K})
+FEW_ROWS_ONLY = frozenset({T.Q6_K})
 
 
-def runs_in_models(qtype: T, isa: str) -> bool:
-    """Whether a model on `isa` computes `qtype` matrices with these kernels (repacked)."""
+def runs_in_models(qtype: T, isa: str, few_rows: bool = False) -> bool:
+    """Whether a model on `isa` computes `qtype` matrices with these kernels (repacked);
+    few_rows: for a matrix that only ever takes a few activation rows (the output)."""
     return (qtype in IN_MODELS and gemm.supported(qtype, isa)
-            and (isa == "vnni512" or qtype not in NEEDS_AVX512))
+            and (isa == "vnni512" or qtype not in NEEDS_AVX512)
+            and (few_rows or qtype not in FEW_ROWS_ONLY))
 
 
-def host_repacks(qtype: T) -> bool:
+def host_repacks(qtype: T, few_rows: bool = False) -> bool:
     """Whether a model loaded on this host keeps `qtype` matrices repacked (memory estimates)."""
-    return runs_in_models(qtype, host_isa())
+    return runs_in_models(qtype, host_isa(), few_rows)
 
 
 @dataclass(frozen=True)
@@ -109,8 +116,8 @@ class GemmKernels:
         has one."""
         return repack(w, self._repack.into if self._repack.has(w.qtype) else None, alloc)
 
-    def runs_in_models(self, qtype: T) -> bool:
-        return runs_in_models(qtype, self.isa)
+    def runs_in_models(self, qtype: T, few_rows: bool = False) -> bool:
+        return runs_in_models(qtype, self.isa, few_rows)
 
     def kernels(self, qtype: T) -> GemmTypeKernels:
         k = self._kernels.get(qtype)
