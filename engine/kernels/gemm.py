@@ -28,22 +28,27 @@ Instruction selections (the same integers everywhere, so all give the same bits)
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
 
 from engine.kernels.gemm_ir import DECLARATIONS, V16F, V16I, Act, Dots, Fn, splat_i8, vec_i32
 from engine.kernels.gemm_quantize import build_quantize
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per register tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q6_K: 1}  # (K-quants: 2 or 4 spill, measured no faster)
+TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q6_K: 3}
+# K-quant tiles keep their accumulators on the stack (_StackRow). One thread, 5632x2048,
+# cycles per row-block and row: Q6_K M = 512 17.0 (1 row) -> 13.5-14.2 (3) / 13.8-15.0 (2) /
+# 15.8 (4), M = 8 19.9 -> 18.1; Q4_K has less to unpack and is fastest alone (M = 512 10.8 vs
+# 12.2 with 2, 12.4 with 3).
 # (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM)
 
 # A body folds one block of 16 weight rows into each tile row's accumulators: accs[t] holds
 # LANES[type] <16 x float> vectors (see the module docstring), returned updated.
-_Body = Callable[[Fn, Dots, Act, str, str, list[str], list[list[str]]], list[list[str]]]
+_Body = Callable[[Fn, Dots, Act, str, str, list[str], Sequence[Sequence[str]]], list[list[str]]]
 
 def _body_q8_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
-               accs: list[list[str]]) -> list[list[str]]:
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
     isums = [f.bcast(x, f.add(act.c_at, f.mul(b, 4))) for x in xs]   # -128 * sum(y)
     qs = f.mul(b, 32)
     for k in range(8):
@@ -66,7 +71,7 @@ def _q5_top_bits(f: Fn, qh: str, first: int) -> str:
 
 
 def _body_q5_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
-               accs: list[list[str]]) -> list[list[str]]:
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
     """As Q8_0 with q = nibble | 5th bit << 4 (unsigned, 0..31) and the offset -16 * sum(y)
     (the r8_0 row's c / 8, exact) as the starting value."""
     qh = f.load(V16I, wb, 256)
@@ -104,7 +109,7 @@ def _legacy_chunks(f: Fn, wb: str, qh_at: int | None) -> list[str]:
 
 
 def _body_q4_5_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
-                 accs: list[list[str]], qh_at: int | None) -> list[list[str]]:
+                 accs: Sequence[Sequence[str]], qh_at: int | None) -> list[list[str]]:
     """Q4_1/Q5_1 (d * q + m) against r8_1: acc = fma(d * dx, float(sum q * y), acc), then
     fma(m, s, acc) with s = dx * sum(y) (ggml's q8_1 s)."""
     chunks = _legacy_chunks(f, wb, qh_at)
@@ -123,12 +128,12 @@ def _body_q4_5_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 
 
 def _body_q4_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
-               accs: list[list[str]]) -> list[list[str]]:
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q4_5_1(f, dots, act, wb, b, xs, accs, None)
 
 
 def _body_q5_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
-               accs: list[list[str]]) -> list[list[str]]:
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q4_5_1(f, dots, act, wb, b, xs, accs, 256)
 
 
@@ -152,7 +157,7 @@ def _x_scale(f: Fn, act: Act, x: str, b: str, w_scale: str) -> str:
 # thread, M = 1, 5632x2048 from DRAM, Q4_K 10-12 -> 25-31 GB/s and Q6_K 7 -> 23-26 GB/s in
 # memory order (the file layout: 23 and 20). The integer lane sums are the same either way.
 def _body_q4_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
-               accs: list[list[str]]) -> list[list[str]]:
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
     """Lane i of the file-layout kernel (kquants.q4_5_k_body) is, per row, sum_j sc_j * (dot
     of values 4i..4i+3 of sub-block j) and mn_i * (sum of sub-block i's activations): here
     accumulator i of a tile row, for 16 rows at once, then folded as kquants.fold does. The
@@ -193,7 +198,7 @@ def _q6_field(f: Fn, h: str, k: int) -> str:
 
 
 def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
-               accs: list[list[str]]) -> list[list[str]]:
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
     """Lane k = 4a + i of the file-layout kernel (kquants.q6_k_body) is, per row, sum over the
     chunks c = 8m + k (values 4c..4c+3; sub-block c // 4) of sc * dot, less 32 * (sub-blocks
     2k and 2k+1's scales times activation sums). Those chunks sit in steps s = a, a+2, a+4,
@@ -253,6 +258,41 @@ def _lane_sum(f: Fn, v: list[str]) -> str:
     return f.let(f"fadd {V16F} {s[0]}, {s[1]}")
 
 
+class _StackRow(Sequence[str]):
+    """A tile row's accumulators kept in a stack buffer instead of loop-carried registers: a
+    K-quant tile of several rows holds 8 lane sums a row while it reads a block, and 8 float
+    accumulators a row beside them would not fit the 32 registers. Accumulator i is read
+    where the body asks for it (its fold) and stored back after the block."""
+
+    def __init__(self, f: Fn, buf: str, first: int, lanes: int) -> None:
+        self.f, self.buf, self.first, self.lanes = f, buf, first, lanes
+
+    def slot(self, i: int) -> str:
+        return self.f.gep(self.buf, 64 * (self.first + i))
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(self.lanes)[i]]
+        if not 0 <= i < self.lanes:
+            raise IndexError(i)
+        # volatile: LLVM would otherwise promote the buffer back into registers
+        return self.f.let(f"load volatile {V16F}, ptr {self.slot(i)}, align 64")
+
+    def __len__(self) -> int:
+        return self.lanes
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(self.lanes))
+
+    def store(self, values: list[str]) -> None:
+        for i, v in enumerate(values):
+            self.f.do(f"store volatile {V16F} {v}, ptr {self.slot(i)}, align 64")
+
+
 def _build_gemm(qtype: T, isa: str, tile: int) -> str:
     name = qtype.name.lower()
     f = Fn(f"void @gemm_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
@@ -265,6 +305,7 @@ def _build_gemm(qtype: T, isa: str, tile: int) -> str:
     group_bytes = f.mul("%nb", GROUP_BLOCK_BYTES[qtype])
     n_tiles = f.let(f"udiv i64 %M, {tile}")
     rest0 = f.mul(n_tiles, tile)
+    accbuf = f.let(f"alloca {V16F}, i64 {tile * lanes}, align 64")  # see _StackRow
 
     def group(g: str) -> None:
         wg = f.gep("%w", f.mul(g, group_bytes))
@@ -273,12 +314,26 @@ def _build_gemm(qtype: T, isa: str, tile: int) -> str:
         def tile_rows(m0: str, rows: int) -> None:
             xs = [act.row(f.add(m0, t)) for t in range(rows)]
 
-            def block(b: str, flat: list[str]) -> list[str]:
-                wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
-                accs = [flat[lanes * t:lanes * (t + 1)] for t in range(rows)]
-                return [v for row in body(f, dots, act, wb, b, xs, accs) for v in row]
+            if rows > 1 and lanes > 1:
+                stack = [_StackRow(f, accbuf, lanes * t, lanes) for t in range(rows)]
+                for row in stack:
+                    row.store(["zeroinitializer"] * lanes)
 
-            flat = f.loop("%nb", [(V16F, "zeroinitializer")] * (rows * lanes), block)
+                def stack_block(b: str, _: list[str]) -> list[str]:
+                    wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
+                    for row, new in zip(stack, body(f, dots, act, wb, b, xs, stack)):
+                        row.store(new)
+                    return []
+
+                f.loop("%nb", [], stack_block)
+                flat = [v for row in stack for v in row]
+            else:
+                def block(b: str, flat: list[str]) -> list[str]:
+                    wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
+                    accs = [flat[lanes * t:lanes * (t + 1)] for t in range(rows)]
+                    return [v for row in body(f, dots, act, wb, b, xs, accs) for v in row]
+
+                flat = f.loop("%nb", [(V16F, "zeroinitializer")] * (rows * lanes), block)
             for t in range(rows):
                 acc = _lane_sum(f, flat[lanes * t:lanes * (t + 1)])
                 at = f.add(f.mul(f.add(m0, t), "%N"), col)

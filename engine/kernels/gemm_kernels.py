@@ -41,9 +41,9 @@ def host_isa(portable: bool = False) -> str:
 # load, and blocks read front to back stream faster than the file layout. One thread,
 # the 1.1B shapes (scripts/bench_matmul.py --ab-layout --shapes 1b --ms 1,8,512): Q4_K beats
 # the file layout at every M (M = 1 from DRAM 1.0-1.4x, M = 8 1.14-1.35x, M = 512 1.11-1.30x).
-# Q6_K does at few rows (M = 1 0.95-1.15x, M = 8 1.28-1.50x) but loses at M = 512 (0.71-0.76x:
-# the file-layout tile unpacks a block once for up to 8 rows, this kernel once per row), so
-# Q6_K is repacked only where a matmul takes few rows (FEW_ROWS_ONLY): the output
+# Q6_K only at a few rows: M = 8 1.28-1.42x, but M = 1 0.80-1.03x and M = 512 0.88-1.08x
+# (its 6-bit values cost more to unpack, once per tile of 3 rows; the file-layout tile unpacks
+# once for up to 8), so Q6_K is repacked only where a matmul takes few rows (FEW_ROWS_ONLY): the output
 # matrix, which decode reads whole for one row per sequence and a prefill for its last row.
 # Q8_0 and Q5_0 sum a whole block in one int32 lane (Q5_0 against q8_0 activations, its
 # offset taken off in integers, as llama.cpp's own Q5_0 kernel does), a different rounding
