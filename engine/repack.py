@@ -23,6 +23,10 @@ block holding its 16 rows' data side by side:
                                  mn  u8 [8 sub-blocks][16]        the 6-bit mins
                                  qs  u8 [4 pairs][8 chunks][16][4]  ggml's qs bytes 32p+4c..+3:
                                      low nibbles are sub-block 2p's values 4c.., high 2p+1's
+    Q5_K (2880 = 16 x 176 + 64): d, dmin, sc, mn as Q4_K
+                                 qh  u8 [8 chunks][16][4]   ggml's qh bytes 4c..4c+3: bit j is
+                                     the 5th bit of sub-block j's values 4c..4c+3
+                                 qs  as Q4_K
     Q6_K (3360 = 16 x 210):      d   f16 [16]
                                  sc  i8 [16 sub-blocks][16]
                                  8 steps s, each  ql u8 [4][16][4] | qh u8 [2][16][4]:
@@ -45,7 +49,7 @@ Per row r and block b the kernels compute (isum exact in int32):
     Q5_0:  acc = fma(d[r] * dx[b], float(sum (q - 16) * y), acc)    (q8_0 activations, as
            llama.cpp pairs Q5_0; c / 8 = -16 * sum(y) takes the offset off in integers)
     Q4_1, Q5_1:  acc = fma(d[r] * dx[b], float(sum q * y), acc); acc = fma(m[r], s[b], acc)
-    Q4_K, Q6_K: the file-layout kernels' (engine.kernels.matmul.kquants) arithmetic exactly:
+    Q4_K, Q5_K, Q6_K: the file-layout kernels' (engine.kernels.matmul.kquants) arithmetic exactly:
            per lane i < 8 an integer lane sum (Q4_K: sum_j sc_j * dot of values 4i..4i+3 of
            sub-block j, and mn_i * b32_i), folded as kquants.fold does into accumulator i,
            the 8 accumulators summed at the end in isa.hsum_halves' order: the same bits.
@@ -72,13 +76,15 @@ from engine.quants import HostMatrix, QuantMatrix, dequantize, quant_type, row_b
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
-GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q5_0: 352, T.Q4_1: 320, T.Q5_1: 384, T.Q4_K: 2368, T.Q6_K: 3360}
+GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q5_0: 352, T.Q4_1: 320, T.Q5_1: 384, T.Q4_K: 2368,
+                     T.Q5_K: 2880, T.Q6_K: 3360}
 REPACKED = tuple(GROUP_BLOCK_BYTES)
-ACTIVATION = {T.Q8_0: "r8_0", T.Q5_0: "r8_0", T.Q4_1: "r8_1", T.Q5_1: "r8_1", T.Q4_K: "r8_k",
+ACTIVATION = {T.Q8_0: "r8_0", T.Q5_0: "r8_0", T.Q4_1: "r8_1", T.Q5_1: "r8_1", T.Q4_K: "r8_k", T.Q5_K: "r8_k",
               T.Q6_K: "r8_k"}
 ACT_BLOCK = {"r8_0": 32, "r8_1": 32, "r8_k": 256}
 GGML_ACT = {"r8_0": "q8_0", "r8_1": "q8_1", "r8_k": "q8_k"}  # the ggml blocks each is quantized as
-BLOCK_ELEMS = {T.Q8_0: 32, T.Q5_0: 32, T.Q4_1: 32, T.Q5_1: 32, T.Q4_K: 256, T.Q6_K: 256}
+BLOCK_ELEMS = {T.Q8_0: 32, T.Q5_0: 32, T.Q4_1: 32, T.Q5_1: 32, T.Q4_K: 256, T.Q5_K: 256,
+               T.Q6_K: 256}
 
 
 def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
@@ -142,7 +148,7 @@ class _Blocks:
 
 
 def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K's 12 scale bytes -> (sc, mn) u8 [..., 8] (see engine.quants)."""
+    """Q4_K/Q5_K's 12 scale bytes -> (sc, mn) u8 [..., 8] (see engine.quants)."""
     lo, mid, hi = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
     sc = np.concatenate([lo & 63, (hi & 0x0F) | ((lo >> 6) << 4)], axis=-1)
     mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
@@ -222,12 +228,14 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
             out.put(_interleave(b["qh"].reshape(*b.shape, 1, 4)))
         out.put(_per_row(b["d"]))
         out.put(_per_row(b["m"]))
-    elif w.qtype == T.Q4_K:
+    elif w.qtype in (T.Q4_K, T.Q5_K):
         sc, mn = _k_scales_mins(b["scales"])
         out.put(_per_row(b["d"]))
         out.put(_per_row(b["dmin"]))
         out.put(_per_row(sc))
         out.put(_per_row(mn))
+        if w.qtype == T.Q5_K:
+            out.put(_interleave(b["qh"].reshape(*b.shape, 8, 4)))  # [.., chunk, 4]
         out.put(_interleave(b["qs"].reshape(*b.shape, 4, 8, 4)))  # [.., pair, chunk, 4]
     else:  # Q6_K
         q = _q6_values(b).reshape(*b.shape, 2, 8, 2, 2, 4)  # [.., half, step, p, k, 4]

@@ -14,6 +14,7 @@ from engine.kernels.repack_ir import COMPILED, CompiledRepack
 from engine.quants import QuantMatrix, dequantize, random_quant_matrix
 from engine.repack import (
     ACTIVATION,
+    BLOCK_ELEMS,
     GGML_ACT,
     REPACKED,
     RepackedMatrix,
@@ -45,7 +46,7 @@ def kernels(request: pytest.FixtureRequest) -> Iterator[GemmKernels]:
 
 def _case(qtype: T, m: int, n_blocks: int = 3, seed: int = 0) -> tuple[QuantMatrix, np.ndarray]:
     rng = np.random.default_rng(100 * qtype.value + m + seed)
-    elems = 256 if qtype in (T.Q4_K, T.Q6_K) else 32
+    elems = BLOCK_ELEMS[qtype]
     w = random_quant_matrix(qtype, N_ROWS, elems * n_blocks, rng)
     x = rng.normal(0, 1, size=(m, w.n_cols)).astype(np.float32)
     return w, x
@@ -125,7 +126,7 @@ def test_repacking_keeps_every_value(qtype: T) -> None:
     the twin reads the source, so this checks the layout itself, lane by lane."""
     w, _ = _case(qtype, 1, seed=3)
     rw = repack(w)
-    assert rw.nbytes == w.nbytes + (w.n_rows // 16) * (w.n_cols // 256) * 64 * (qtype == T.Q4_K)
+    assert rw.nbytes == w.nbytes + (w.n_rows // 16) * (w.n_cols // 256) * 64 * (qtype in (T.Q4_K, T.Q5_K))
     # one-hot activations pick single columns: out[r] = W[r, j] * (127 * dx)
     k = GemmKernels([qtype], "portable")
     act = GGML_ACT[ACTIVATION[qtype]]
@@ -138,6 +139,8 @@ def test_repacking_keeps_every_value(qtype: T) -> None:
         if act == "q8_1":  # d * q * dx + m * s, s = f16(dx * 127) as stored: they can cancel
             want = reference(w, e)[0]
             atol = 1e-6 * float(np.abs(want).max())
+        elif qtype in (T.Q4_K, T.Q5_K):  # d*dx * sc*q - dmin*dx * mn, two f32 products: they
+            atol = 1e-6 * float(np.abs(want).max())  # can cancel too (a wrong value is ~1e-3 off)
         np.testing.assert_allclose(col, want, rtol=1e-6, atol=atol)
 
 
@@ -146,7 +149,7 @@ def test_compiled_repack_writes_the_numpy_repacks_bytes(qtype: T) -> None:
     rng = np.random.default_rng(11)
     compiled = CompiledRepack((qtype,))
     for n_rows, n_blocks in ((16, 1), (48, 3), (64, 7)):
-        w = random_quant_matrix(qtype, n_rows, n_blocks * (256 if qtype in (T.Q4_K, T.Q6_K) else 32), rng)
+        w = random_quant_matrix(qtype, n_rows, n_blocks * BLOCK_ELEMS[qtype], rng)
         assert np.array_equal(repack(w, compiled.into).data, repack(w).data)
     assert GemmKernels([qtype], host_isa()).repack(w).data.tobytes() == repack(w).data.tobytes()
 

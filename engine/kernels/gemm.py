@@ -36,11 +36,11 @@ from engine.kernels.gemm_quantize import build_quantize
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per register tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q6_K: 3}
+TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q5_K: 2, T.Q6_K: 3}
 # K-quant tiles keep their accumulators on the stack (_StackRow). One thread, 5632x2048,
 # cycles per row-block and row: Q6_K M = 512 17.0 (1 row) -> 13.5-14.2 (3) / 13.8-15.0 (2) /
-# 15.8 (4), M = 8 19.9 -> 18.1; Q4_K has less to unpack and is fastest alone (M = 512 10.8 vs
-# 12.2 with 2, 12.4 with 3).
+# 15.8 (4), M = 8 19.9 -> 18.1; Q5_K M = 512 16.4-16.6 -> 13.6-13.7 (2; 14.8 with 3); Q4_K has
+# the least to unpack and is fastest alone (M = 512 10.8 vs 12.2 with 2, 12.4 with 3).
 # (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM)
 
 # A body folds one block of 16 weight rows into each tile row's accumulators: accs[t] holds
@@ -158,10 +158,29 @@ def _x_scale(f: Fn, act: Act, x: str, b: str, w_scale: str) -> str:
 # memory order (the file layout: 23 and 20). The integer lane sums are the same either way.
 def _body_q4_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
+    return _body_q4_5_k(f, dots, act, wb, b, xs, accs, qh_at=None)
+
+
+def _body_q5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
+    return _body_q4_5_k(f, dots, act, wb, b, xs, accs, qh_at=320)
+
+
+def _fifth_bit(f: Fn, qh: str, j: int) -> str:
+    """Bit j of each byte of qh, moved to bit 4 (Q5_K's 5th bit of sub-block j's values)."""
+    if j == 4:
+        return f.let(f"and <64 x i8> {qh}, {splat_i8(64, 0x10)}")
+    return f.shift_bytes(qh, "shl", 4 - j, 0x10) if j < 4 else f.shift_bytes(qh, "lshr", j - 4, 0x10)
+
+
+def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+                 accs: Sequence[Sequence[str]], qh_at: int | None) -> list[list[str]]:
     """Lane i of the file-layout kernel (kquants.q4_5_k_body) is, per row, sum_j sc_j * (dot
     of values 4i..4i+3 of sub-block j) and mn_i * (sum of sub-block i's activations): here
     accumulator i of a tile row, for 16 rows at once, then folded as kquants.fold does. The
-    quants are read in the block's memory order (pair p, then lane i)."""
+    quants are read in the block's memory order (pair p, then lane i). Q5_K (qh_at): values
+    | 16 where the chunk's qh bit of the sub-block is set, its qh re-read (from L1) per pair."""
+    qs_at = 320 if qh_at is None else qh_at + 512
     qs = f.mul(b, 256)
     b32 = f.add(act.b32_at, f.mul(b, 16))
     sc = [dots.scale(f.widen16(wb, 64 + 16 * j, signed=False)) for j in range(8)]
@@ -169,9 +188,13 @@ def _body_q4_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     isums = [["zeroinitializer"] * 8 for _ in xs]
     for p in range(4):
         for i in range(8):
-            v = f.load("<64 x i8>", wb, 320 + 512 * p + 64 * i)
+            v = f.load("<64 x i8>", wb, qs_at + 512 * p + 64 * i)
             nib = (f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}"),
                    f.shift_bytes(v, "lshr", 4, 15))
+            if qh_at is not None:
+                qh = f.load("<64 x i8>", wb, qh_at + 64 * i)
+                nib = (f.let(f"or <64 x i8> {nib[0]}, {_fifth_bit(f, qh, 2 * p)}"),
+                       f.let(f"or <64 x i8> {nib[1]}, {_fifth_bit(f, qh, 2 * p + 1)}"))
             for t, x in enumerate(xs):
                 for h in range(2):
                     d = dots.dot("zeroinitializer", nib[h], f.bcast(x, f.add(qs, 64 * p + 32 * h + 4 * i)))
@@ -237,11 +260,11 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 
 
 BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q5_0: _body_q5_0, T.Q4_1: _body_q4_1,
-                          T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q6_K: _body_q6_k}
+                          T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row): the file-layout kernel's float lanes
-LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 8, T.Q6_K: 8}
+LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 8, T.Q5_K: 8, T.Q6_K: 8}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
-FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q6_K})
+FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 
 
 def supported(qtype: T, isa: str) -> bool:
@@ -293,10 +316,21 @@ class _StackRow(Sequence[str]):
             self.f.do(f"store volatile {V16F} {v}, ptr {self.slot(i)}, align 64")
 
 
-def _build_gemm(qtype: T, isa: str, tile: int) -> str:
-    name = qtype.name.lower()
-    f = Fn(f"void @gemm_{name}(ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, "
-            f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
+_ARGS = "ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, i64 %r0, i64 %r1, i64 %M, i64 %N"
+
+
+def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None = None) -> str:
+    """The loop nest as function `fname`; with `one_row`, calls below `tile` rows go to that
+    function (the same nest for single rows, compiled alone: inside the tiled function the
+    single-row loop ran 3-8% slower at M = 1, its registers allotted around the tile's)."""
+    f = Fn(f"void @{fname}({_ARGS})" + (" noinline" if fname.endswith("_one") else ""))
+    if one_row is not None:
+        small = f.let(f"icmp ult i64 %M, {tile}")
+        f.do(f"br i1 {small}, label %one_row, label %tiled")
+        f.label("one_row")
+        f.do(f"call void @{one_row}({_ARGS.replace('noalias ', '')})")
+        f.do("ret void")
+        f.label("tiled")
     dots = Dots(f, isa)
     act = Act(f, ACTIVATION[qtype])
     body, lanes = BODIES[qtype], LANES[qtype]
@@ -356,4 +390,8 @@ def build_gemm_ir(qtype: T, isa: str, tile: int | None = None) -> str:
     tile = TILES[qtype] if tile is None else tile
     if not supported(qtype, isa):
         raise ValueError(f"no interleaved kernel for {qtype.name} on {isa}")
-    return DECLARATIONS + build_quantize(ACTIVATION[qtype]) + _build_gemm(qtype, isa, tile)
+    name = f"gemm_{qtype.name.lower()}"
+    if tile == 1:
+        return DECLARATIONS + build_quantize(ACTIVATION[qtype]) + _build_gemm(qtype, isa, 1, name)
+    return (DECLARATIONS + build_quantize(ACTIVATION[qtype]) + _build_gemm(qtype, isa, 1, f"{name}_one")
+            + _build_gemm(qtype, isa, tile, name, one_row=f"{name}_one"))

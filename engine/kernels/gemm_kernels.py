@@ -34,13 +34,15 @@ def host_isa(portable: bool = False) -> str:
 
 
 # The types models run on these kernels (MODELYARD_INTERLEAVED, type names comma-separated or
-# "none", overrides the set, for benchmarks). Q4_K and Q6_K give the file-layout kernels' bits
+# "none", overrides the set, for benchmarks). Q4_K, Q5_K and Q6_K give the file-layout kernels' bits
 # (gemm.FILE_LAYOUT_BITS: with them on, every model's logits are unchanged). Their arithmetic
 # (8 float lanes per activation row, each lane's integer sum scaled per sub-block) takes twice
 # the multiply instructions of a whole-block sum, but 16 rows share each scale and activation
 # load, and blocks read front to back stream faster than the file layout. One thread,
 # the 1.1B shapes (scripts/bench_matmul.py --ab-layout --shapes 1b --ms 1,8,512): Q4_K beats
 # the file layout at every M (M = 1 from DRAM 1.0-1.4x, M = 8 1.14-1.35x, M = 512 1.11-1.30x).
+# Q5_K (Q4_K plus a 5th bit; tiles of 2 rows): M = 1 0.96-1.25x, M = 8 0.94-1.02x, M = 512
+# 0.98-1.02x, so on par but for the decode rows of the K = 2048 matrices.
 # Q6_K only at a few rows: M = 8 1.28-1.42x, but M = 1 0.80-1.03x and M = 512 0.88-1.08x
 # (its 6-bit values cost more to unpack, once per tile of 3 rows; the file-layout tile unpacks
 # once for up to 8), so Q6_K is repacked only where a matmul takes few rows (FEW_ROWS_ONLY): the output
@@ -52,13 +54,13 @@ def host_isa(portable: bool = False) -> str:
 # and 2-2.6x the file layout's speed (Gemma 3 270M, one thread: prefill 1.47x, decode 1.12x).
 # Q4_1 and Q5_1 (offsets through q8_1's s) are tested too, but Q4_1 moves SmolLM2's top-1
 # agreement on the "paragraph" prompt to 0.965, under tests/test_smollm2_reference.py's 0.97.
-_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q5_0,Q4_K,Q6_K").split(",")
+_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q5_0,Q4_K,Q5_K,Q6_K").split(",")
 IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
                       if n.strip() and n.strip().lower() != "none")
 # The K-quant kernels keep 8 accumulators of 16 rows per activation row: without AVX-512's 32
 # registers they spill (AVX2 form at M = 16: 0.64-0.75x the file layout), so models take them
 # only on vnni512; Q5_0's tile (4 rows' accumulators and 8 unpacked chunks) would spill too.
-NEEDS_AVX512 = frozenset({T.Q5_0, T.Q4_K, T.Q6_K})
+NEEDS_AVX512 = frozenset({T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K})
 FEW_ROWS_ONLY = frozenset({T.Q6_K})
 
 

@@ -46,6 +46,17 @@ def _q5_0_block(f: IRFunction, src: list[str], dst: str) -> None:
 def _q4_k_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (f16 d, dmin | scales[12] | qs[128]) of 16 rows -> d [16] | dmin [16] |
     sc u8 [8][16] | mn u8 [8][16] | qs [4 pairs][8 chunks][16][4] (engine.repack)."""
+    _k_block(f, src, dst, qh=False)
+
+
+def _q5_k_block(f: IRFunction, src: list[str], dst: str) -> None:
+    """File block (f16 d, dmin | scales[12] | qh[32] | qs[128]) of 16 rows -> Q4_K's with
+    qh [8 chunks][16][4] between the mins and qs (engine.repack)."""
+    _k_block(f, src, dst, qh=True)
+
+
+def _k_block(f: IRFunction, src: list[str], dst: str, qh: bool) -> None:
+    qs_src, qs_dst = (48, 832) if qh else (16, 320)
     for r, s in enumerate(src):
         f.store("i16", f.load("i16", s, 0), dst, 2 * r)
         f.store("i16", f.load("i16", s, 2), dst, 32 + 2 * r)
@@ -62,8 +73,11 @@ def _q4_k_block(f: IRFunction, src: list[str], dst: str) -> None:
                 mn = f.let(f"or i8 {bits(b[j + 4], 'lshr', 4)}, {bits(bits(b[j], 'lshr', 6), 'shl', 4)}")
             f.store("i8", sc, dst, 64 + 16 * j + r)
             f.store("i8", mn, dst, 192 + 16 * j + r)
+        if qh:
+            for c in range(8):  # qh word c -> chunk c, row r
+                f.store("i32", f.load("i32", s, 16 + 4 * c), dst, 320 + 64 * c + 4 * r)
         for w in range(32):  # qs word 8p + c -> pair p, chunk c, row r
-            f.store("i32", f.load("i32", s, 16 + 4 * w), dst, 320 + 64 * w + 4 * r)
+            f.store("i32", f.load("i32", s, qs_src + 4 * w), dst, qs_dst + 64 * w + 4 * r)
 
 
 def _q6_k_block(f: IRFunction, src: list[str], dst: str) -> None:
@@ -105,6 +119,7 @@ _BLOCKS: dict[T, tuple[int, Callable[[IRFunction, list[str], str], None]]] = {
     T.Q8_0: (34, _q8_0_block),
     T.Q5_0: (22, _q5_0_block),
     T.Q4_K: (144, _q4_k_block),
+    T.Q5_K: (176, _q5_k_block),
     T.Q6_K: (210, _q6_k_block),
 }
 COMPILED = tuple(_BLOCKS)
