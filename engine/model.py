@@ -121,7 +121,7 @@ def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
     layers = [dataclasses.replace(layer, **cast(dict[str, Any], {
                   n: mk.prepare(getattr(layer, n), file_backed=True) for n in names}))
               for layer in w.layers]
-    output = mk.prepare(w.output, file_backed=True, few_rows=True)  # decode rows, a prompt's last
+    output = mk.prepare(w.output, file_backed=True)
     return dataclasses.replace(w, layers=layers, output=cast(Any, output))
 
 

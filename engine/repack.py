@@ -328,18 +328,16 @@ def repacked_nbytes(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> in
 
 
 def estimate_repacked(tensors: dict[str, tuple[GGMLQuantizationType, int, int]],
-                      repacks: Callable[[GGMLQuantizationType, bool], bool]) -> int:
+                      repacks: Callable[[GGMLQuantizationType], bool]) -> int:
     """Bytes the repacking adds to a model's footprint, from its tensor table: name ->
-    (type, n_rows, n_cols); `repacks(qtype, few_rows)`: whether this host's kernels repack the
-    type (few_rows: for the output matrix, see gemm_kernels.FEW_ROWS_ONLY).
+    (type, n_rows, n_cols); `repacks(qtype)`: whether this host's kernels repack the type.
     Each repacked copy adds its size and releases its source's pages
     (hugepages.release_file_pages), but a tied output's: token_embd stays mapped for lookups."""
     total = 0
     tied = "output.weight" not in tensors
     for n in (n for n in tensors if MATMUL_WEIGHT.fullmatch(n) or (tied and n == "token_embd.weight")):
         qtype, rows, cols = tensors[n]
-        output = n in ("output.weight", "token_embd.weight")
-        size = repacked_nbytes(qtype, rows, cols) if repacks(qtype, output) else 0
+        size = repacked_nbytes(qtype, rows, cols) if repacks(qtype) else 0
         if size:
             total += size - (0 if n == "token_embd.weight" else row_bytes(qtype, cols) * rows)
     return total

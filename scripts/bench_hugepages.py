@@ -61,7 +61,7 @@ def main() -> None:
         first = mk.matmul(mats["file mapping"], x)
         assert all(np.array_equal(mk.matmul(w, x), first) for w in mats.values())
         source = QuantMatrix(raw, qtype, n_rows, n_cols)
-        if mk.repacks(source, few_rows=True):
+        if mk.repacks(source):
             gk = GemmKernels([qtype], host_isa())
             mats["repacked, 4 KiB"] = gk.repack(source, small_pages)
             mats["repacked, huge"] = gk.repack(source, hugepages.anonymous)

@@ -43,10 +43,9 @@ def host_isa(portable: bool = False) -> str:
 # the file layout at every M (M = 1 from DRAM 1.0-1.4x, M = 8 1.14-1.35x, M = 512 1.11-1.30x).
 # Q5_K (Q4_K plus a 5th bit; tiles of 2 rows): M = 1 0.96-1.25x, M = 8 0.94-1.02x, M = 512
 # 0.98-1.02x, so on par but for the decode rows of the K = 2048 matrices.
-# Q6_K only at a few rows: M = 8 1.28-1.42x, but M = 1 0.80-1.03x and M = 512 0.88-1.08x
-# (its 6-bit values cost more to unpack, once per tile of 3 rows; the file-layout tile unpacks
-# once for up to 8), so Q6_K is repacked only where a matmul takes few rows (FEW_ROWS_ONLY): the output
-# matrix, which decode reads whole for one row per sequence and a prefill for its last row.
+# Q6_K (tiles of 3 rows) at M = 1 0.80-1.03x, M = 8 1.28-1.42x, M = 512 0.88-1.08x; in the
+# 1.1B Q4_K_M (scripts/profile_decode.py, Q6_K repacked everywhere vs the output only, two
+# rounds) 8 sequences 109-115 vs 98-108 tok/s, a 512-token prefill 145-155 vs 153, decode alike.
 # Q8_0 and Q5_0 sum a whole block in one int32 lane (Q5_0 against q8_0 activations, its
 # offset taken off in integers, as llama.cpp's own Q5_0 kernel does), a different rounding
 # from their file layout but measured inside the llama.cpp bars of
@@ -61,20 +60,17 @@ IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
 # registers they spill (AVX2 form at M = 16: 0.64-0.75x the file layout), so models take them
 # only on vnni512; Q5_0's tile (4 rows' accumulators and 8 unpacked chunks) would spill too.
 NEEDS_AVX512 = frozenset({T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K})
-FEW_ROWS_ONLY = frozenset({T.Q6_K})
 
 
-def runs_in_models(qtype: T, isa: str, few_rows: bool = False) -> bool:
-    """Whether a model on `isa` computes `qtype` matrices with these kernels (repacked);
-    few_rows: for a matrix that only ever takes a few activation rows (the output)."""
+def runs_in_models(qtype: T, isa: str) -> bool:
+    """Whether a model on `isa` computes `qtype` matrices with these kernels (repacked)."""
     return (qtype in IN_MODELS and gemm.supported(qtype, isa)
-            and (isa == "vnni512" or qtype not in NEEDS_AVX512)
-            and (few_rows or qtype not in FEW_ROWS_ONLY))
+            and (isa == "vnni512" or qtype not in NEEDS_AVX512))
 
 
-def host_repacks(qtype: T, few_rows: bool = False) -> bool:
+def host_repacks(qtype: T) -> bool:
     """Whether a model loaded on this host keeps `qtype` matrices repacked (memory estimates)."""
-    return runs_in_models(qtype, host_isa(), few_rows)
+    return runs_in_models(qtype, host_isa())
 
 
 @dataclass(frozen=True)
@@ -118,8 +114,8 @@ class GemmKernels:
         has one."""
         return repack(w, self._repack.into if self._repack.has(w.qtype) else None, alloc)
 
-    def runs_in_models(self, qtype: T, few_rows: bool = False) -> bool:
-        return runs_in_models(qtype, self.isa, few_rows)
+    def runs_in_models(self, qtype: T) -> bool:
+        return runs_in_models(qtype, self.isa)
 
     def kernels(self, qtype: T) -> GemmTypeKernels:
         k = self._kernels.get(qtype)

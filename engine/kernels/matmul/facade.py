@@ -123,20 +123,18 @@ class MatmulKernels:
         return TypeKernels(act, t.block_elems, rows, fused, quantize, rows_address,
                            lib.address(f"quantize_{act}"))
 
-    def repacks(self, w: QuantMatrix, few_rows: bool = False) -> bool:
-        """Whether prepare(w, few_rows=...) gives a repacked copy (the interleaved kernels cover
-        its type and shape on this instance; see gemm_kernels.FEW_ROWS_ONLY)."""
-        return (self._gemm is not None and self._gemm.runs_in_models(w.qtype, few_rows)
+    def repacks(self, w: QuantMatrix) -> bool:
+        """Whether prepare(w) gives a repacked copy (the interleaved kernels cover its type and
+        shape on this instance)."""
+        return (self._gemm is not None and self._gemm.runs_in_models(w.qtype)
                 and can_repack(w.qtype, w.n_rows, w.n_cols))
 
-    def prepare(self, w: QuantMatrix, file_backed: bool = False,
-                few_rows: bool = False) -> QuantMatrix | RepackedMatrix:
+    def prepare(self, w: QuantMatrix, file_backed: bool = False) -> QuantMatrix | RepackedMatrix:
         """The matrix in the layout this instance computes it fastest in: repacked for the
-        row-interleaved kernels where they cover it (repacks; `few_rows`: w only ever takes a
-        few activation rows, as the output matrix does), on huge pages where the host has
+        row-interleaved kernels where they cover it (repacks), on huge pages where the host has
         them (engine.hugepages), else `w` itself. With `file_backed` (w views a read-only file
         mapping) a repacked source's pages are released."""
-        if not self.repacks(w, few_rows):
+        if not self.repacks(w):
             return w
         assert self._gemm is not None
         packed = self._gemm.repack(w, self._alloc)
