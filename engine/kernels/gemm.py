@@ -14,10 +14,13 @@ The loop nest: for each group of 16 weight rows, for each tile of TILES[type] ac
 (then single rows), for each block: unpack the 16 rows' block (registers), then for each tile
 row take the integer dot products with 4-byte activation broadcasts (`vpdpbusd` adds four u8 x
 i8 products into each row's lane), scale and accumulate per block. A tile's accumulators live
-in registers; the group's weights stay in L1/L2 while all M activation rows stream past them,
-so weights are read from memory once per call. The K-quants keep LANES = 8 accumulators per
-activation row: lane i gathers what lane i of the file-layout kernel gathers (chunk i of each
-32-value group), so the float operations and their order are that kernel's (FILE_LAYOUT_BITS).
+in registers (K-quant tiles of several rows: on the stack, _StackRow); the group's weights stay
+in L1/L2 while all M activation rows stream past them, so weights are read from memory once per
+call. Calls with fewer rows than a tile (decode) go to the nest compiled for single rows alone
+(gemm_<type>_one). The K-quants keep LANES = 8 accumulators per activation row: lane i gathers
+what lane i of the file-layout kernel gathers (chunk i of each 32-value group), so the float
+operations and their order are that kernel's (FILE_LAYOUT_BITS); their bodies read a block's
+quants in memory order, which the hardware prefetchers follow.
 
 Instruction selections (the same integers everywhere, so all give the same bits):
   vnni512   `vpdpbusd` / `vpdpwssd` on 512-bit vectors (AVX-512 VNNI + BW)
@@ -35,13 +38,15 @@ from engine.kernels.gemm_ir import DECLARATIONS, V16F, V16I, Act, Dots, Fn, spla
 from engine.kernels.gemm_quantize import build_quantize
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
-# activation rows per register tile: a tile row keeps LANES[type] accumulators of 16 rows
+# activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
 TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q5_K: 2, T.Q6_K: 3}
 # K-quant tiles keep their accumulators on the stack (_StackRow). One thread, 5632x2048,
 # cycles per row-block and row: Q6_K M = 512 17.0 (1 row) -> 13.5-14.2 (3) / 13.8-15.0 (2) /
 # 15.8 (4), M = 8 19.9 -> 18.1; Q5_K M = 512 16.4-16.6 -> 13.6-13.7 (2; 14.8 with 3); Q4_K has
 # the least to unpack and is fastest alone (M = 512 10.8 vs 12.2 with 2, 12.4 with 3).
-# (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM)
+# (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM; for
+# the K-quants read in memory order, 32 blocks ahead was slower (Q4_K M = 1: 27.5 -> 19.3
+# GB/s) and the next group during a tile's later rows no faster)
 
 # A body folds one block of 16 weight rows into each tile row's accumulators: accs[t] holds
 # LANES[type] <16 x float> vectors (see the module docstring), returned updated.
