@@ -304,7 +304,7 @@ class _StackRow(Sequence[str]):
     def __getitem__(self, i: slice) -> list[str]: ...
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            return [self[j] for j in range(self.lanes)[i]]
+            return list(self)[i]
         if not 0 <= i < self.lanes:
             raise IndexError(i)
         # volatile: LLVM would otherwise promote the buffer back into registers
@@ -324,11 +324,13 @@ class _StackRow(Sequence[str]):
 _ARGS = "ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, i64 %r0, i64 %r1, i64 %M, i64 %N"
 
 
-def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None = None) -> str:
+def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None = None,
+                noinline: bool = False) -> str:
     """The loop nest as function `fname`; with `one_row`, calls below `tile` rows go to that
-    function (the same nest for single rows, compiled alone: inside the tiled function the
-    single-row loop ran 3-8% slower at M = 1, its registers allotted around the tile's)."""
-    f = Fn(f"void @{fname}({_ARGS})" + (" noinline" if fname.endswith("_one") else ""))
+    function (the same nest for single rows, compiled alone and kept out of line: inside the
+    tiled function the single-row loop ran 3-8% slower at M = 1, its registers allotted around
+    the tile's)."""
+    f = Fn(f"void @{fname}({_ARGS})" + (" noinline" if noinline else ""))
     if one_row is not None:
         small = f.let(f"icmp ult i64 %M, {tile}")
         f.do(f"br i1 {small}, label %one_row, label %tiled")
@@ -344,7 +346,8 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
     group_bytes = f.mul("%nb", GROUP_BLOCK_BYTES[qtype])
     n_tiles = f.let(f"udiv i64 %M, {tile}")
     rest0 = f.mul(n_tiles, tile)
-    accbuf = f.let(f"alloca {V16F}, i64 {tile * lanes}, align 64")  # see _StackRow
+    on_stack = tile > 1 and lanes > 1  # the tile's accumulators: see _StackRow
+    accbuf = f.let(f"alloca {V16F}, i64 {tile * lanes}, align 64") if on_stack else ""
 
     def group(g: str) -> None:
         wg = f.gep("%w", f.mul(g, group_bytes))
@@ -353,7 +356,7 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
         def tile_rows(m0: str, rows: int) -> None:
             xs = [act.row(f.add(m0, t)) for t in range(rows)]
 
-            if rows > 1 and lanes > 1:
+            if on_stack and rows > 1:
                 stack = [_StackRow(f, accbuf, lanes * t, lanes) for t in range(rows)]
                 for row in stack:
                     row.store(["zeroinitializer"] * lanes)
@@ -396,7 +399,8 @@ def build_gemm_ir(qtype: T, isa: str, tile: int | None = None) -> str:
     if not supported(qtype, isa):
         raise ValueError(f"no interleaved kernel for {qtype.name} on {isa}")
     name = f"gemm_{qtype.name.lower()}"
+    head = DECLARATIONS + build_quantize(ACTIVATION[qtype])
     if tile == 1:
-        return DECLARATIONS + build_quantize(ACTIVATION[qtype]) + _build_gemm(qtype, isa, 1, name)
-    return (DECLARATIONS + build_quantize(ACTIVATION[qtype]) + _build_gemm(qtype, isa, 1, f"{name}_one")
+        return head + _build_gemm(qtype, isa, 1, name)
+    return (head + _build_gemm(qtype, isa, 1, f"{name}_one", noinline=True)
             + _build_gemm(qtype, isa, tile, name, one_row=f"{name}_one"))
