@@ -49,10 +49,14 @@ Per row r and block b the kernels compute (isum exact in int32):
     Q5_0:  acc = fma(d[r] * dx[b], float(sum (q - 16) * y), acc)    (q8_0 activations, as
            llama.cpp pairs Q5_0; c / 8 = -16 * sum(y) takes the offset off in integers)
     Q4_1, Q5_1:  acc = fma(d[r] * dx[b], float(sum q * y), acc); acc = fma(m[r], s[b], acc)
-    Q4_K, Q5_K, Q6_K: the file-layout kernels' (engine.kernels.matmul.kquants) arithmetic exactly:
-           per lane i < 8 an integer lane sum (Q4_K: sum_j sc_j * dot of values 4i..4i+3 of
-           sub-block j, and mn_i * b32_i), folded as kquants.fold does into accumulator i,
-           the 8 accumulators summed at the end in isa.hsum_halves' order: the same bits.
+    Q4_K, Q5_K: acc = fma(float(sum_j sc_j * dot_j), d[r] * dx[b], acc);
+           nacc = fma(float(sum_j mn_j * b32_j), -(dmin[r] * dx[b]), nacc); out = acc + nacc
+           (llama.cpp's repacked Q4_K on x86, acc - acc_min; kquants.fold_whole likewise)
+    Q6_K:  the file-layout kernel's (engine.kernels.matmul.kquants) arithmetic exactly: per
+           lane i < 8 an integer lane sum (sum_j sc_j * dot of values 4i..4i+3 of sub-block j,
+           less the offset), folded as kquants.fold does into accumulator i, the 8
+           accumulators summed at the end in isa.hsum_halves' order.
+    The K-quants give the file-layout kernels' bits.
 so the numpy twin (reference) is the exact product of the dequantized weights and activations
 up to float32 rounding of those few terms. Each row's arithmetic is the same whatever M, the
 thread split or the other rows, as the file-layout kernels promise.

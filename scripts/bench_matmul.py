@@ -4,14 +4,16 @@
                                    [--no-vnni] [--shapes 135m|1b]
     python scripts/bench_matmul.py --ab-wide --types Q4_1,Q8_0 --shapes 1b --ms 1,8,64,512
     python scripts/bench_matmul.py --ab-layout --types Q4_K,Q6_K --shapes 1b --ms 1,8,512
+    python scripts/bench_matmul.py --ab-tiles 1,2 --types Q4_K,Q5_K --shapes 1b --ms 8,512
 
 --ab-wide compares MatmulKernels' AVX-512 form (wide: the legacy types' row pairs) with
 wide=False in one process, one thread: timed runs (thread CPU time) alternate between them
 and the medians are reported (GB/s of weight bytes, GFLOP/s, wide/narrow speed ratio; the two
 outputs must be the same bits). Up to M = 8 the set of matrices is larger than the caches, as a
 decode step reads them. --ab-layout compares the file-layout kernels with the row-interleaved
-ones on repacked copies of the same matrices (engine.kernels.gemm; Q4_K and Q6_K must give the
-same bits, the others need not).
+ones on repacked copies of the same matrices (engine.kernels.gemm; the K-quants must give the
+same bits, the others need not). --ab-tiles A,B compares the row-interleaved kernels built with
+register tiles of A and of B activation rows (always the same bits).
 
 Every type the engine supports is measured by default (engine.quants.TYPES); a shape whose
 row length is not a whole number of the type's blocks (576 for the 256-value super-blocks of
@@ -104,6 +106,26 @@ def _layout_forms(t: T) -> dict[str, Matmul]:
     return {"file": lambda w, x, o: file_layout.matmul(w, x, o), "repacked": interleaved}
 
 
+def _tile_forms(tiles: tuple[int, int]) -> Callable[[T], dict[str, Matmul]]:
+    """The row-interleaved kernel with two register tile sizes, on the same repacked matrices."""
+    def forms(t: T) -> dict[str, Matmul]:
+        kernels = [GemmKernels([t], host_isa(), tile) for tile in tiles]
+        if not kernels[0].has(t):
+            raise SystemExit(f"no interleaved kernel for {t.name} on {kernels[0].isa}")
+        packed: dict[int, RepackedMatrix] = {}
+
+        def run(gk: GemmKernels) -> Matmul:
+            def matmul(w: QuantMatrix, x: np.ndarray, o: np.ndarray) -> None:
+                p = packed.get(id(w))
+                if p is None:
+                    p = packed[id(w)] = gk.repack(w)
+                gk.matmul(p, x, o)
+            return matmul
+
+        return {f"tile{n}": run(gk) for n, gk in zip(tiles, kernels)}
+    return forms
+
+
 def _cpu_seconds(fn: Matmul, mats: list[QuantMatrix], x: np.ndarray, outs: list[np.ndarray],
                  calls: int) -> float:
     """This thread's CPU time for `calls` rounds over mats (time preempted on a shared machine
@@ -142,7 +164,7 @@ def ab_forms(types: list[T], shapes: list[tuple[int, int]], ms: list[int],
 
                 for k in forms:
                     run(k, 1)
-                same_bits = forms_of is _wide_forms or t in gemm.FILE_LAYOUT_BITS
+                same_bits = forms_of is not _layout_forms or t in gemm.FILE_LAYOUT_BITS
                 if same_bits and not np.array_equal(outs[old][0], outs[new][0]):
                     raise SystemExit(f"{t.name} {rows}x{cols} M={m}: the two forms differ")
                 calls = 1
@@ -172,13 +194,16 @@ def main() -> None:
                     help="wide vs narrow kernels, interleaved, one thread (see above)")
     ap.add_argument("--ab-layout", action="store_true",
                     help="file-layout vs repacked (row-interleaved) kernels, the same way")
+    ap.add_argument("--ab-tiles", metavar="A,B",
+                    help="row-interleaved kernels with register tiles of A vs B rows, the same way")
     ap.add_argument("--ms", default="1,8,64,512", help="activation rows per call, for --ab-*")
     args = ap.parse_args()
     types = [T[name] for name in args.types.split(",")]
     shapes = SHAPES_1B if args.shapes == "1b" else SHAPES
-    if args.ab_wide or args.ab_layout:
-        ab_forms(types, shapes, [int(s) for s in args.ms.split(",")],
-                 _layout_forms if args.ab_layout else _wide_forms)
+    if args.ab_wide or args.ab_layout or args.ab_tiles:
+        a, b = (int(n) for n in args.ab_tiles.split(",")) if args.ab_tiles else (0, 0)
+        forms = _tile_forms((a, b)) if args.ab_tiles else _layout_forms if args.ab_layout else _wide_forms
+        ab_forms(types, shapes, [int(s) for s in args.ms.split(",")], forms)
         return
     rng = np.random.default_rng(0)
     print(f"M={args.m}; GB/s of weight bytes (us per call)")

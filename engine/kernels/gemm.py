@@ -17,10 +17,11 @@ i8 products into each row's lane), scale and accumulate per block. A tile's accu
 in registers (K-quant tiles of several rows: on the stack, _StackRow); the group's weights stay
 in L1/L2 while all M activation rows stream past them, so weights are read from memory once per
 call. Calls with fewer rows than a tile (decode) go to the nest compiled for single rows alone
-(gemm_<type>_one). The K-quants keep LANES = 8 accumulators per activation row: lane i gathers
-what lane i of the file-layout kernel gathers (chunk i of each 32-value group), so the float
-operations and their order are that kernel's (FILE_LAYOUT_BITS); their bodies read a block's
-quants in memory order, which the hardware prefetchers follow.
+(gemm_<type>_one). The K-quants' float operations and their order are the file-layout
+kernel's (FILE_LAYOUT_BITS): Q4_K and Q5_K sum a whole super-block in integers and keep 2
+accumulators per activation row (the block's and its mins'); Q6_K keeps LANES = 8, lane i
+gathering what lane i of the file-layout kernel gathers (chunk i of each 32-value group). Their
+bodies read a block's quants in memory order, which the hardware prefetchers follow.
 
 Instruction selections (the same integers everywhere, so all give the same bits):
   vnni512   `vpdpbusd` / `vpdpwssd` on 512-bit vectors (AVX-512 VNNI + BW)
@@ -39,11 +40,12 @@ from engine.kernels.gemm_quantize import build_quantize
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q5_K: 2, T.Q6_K: 3}
-# K-quant tiles keep their accumulators on the stack (_StackRow). One thread, 5632x2048,
-# cycles per row-block and row: Q6_K M = 512 17.0 (1 row) -> 13.5-14.2 (3) / 13.8-15.0 (2) /
-# 15.8 (4), M = 8 19.9 -> 18.1; Q5_K M = 512 16.4-16.6 -> 13.6-13.7 (2; 14.8 with 3); Q4_K has
-# the least to unpack and is fastest alone (M = 512 10.8 vs 12.2 with 2, 12.4 with 3).
+TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 3}
+# Q6_K tiles keep their accumulators on the stack (_StackRow). One thread, 5632x2048, cycles
+# per row-block and row: Q6_K M = 512 17.0 (1 row) -> 13.5-14.2 (3) / 13.8-15.0 (2) / 15.8 (4),
+# M = 8 19.9 -> 18.1. The whole-block Q4_K/Q5_K run fastest alone: tiles of 2 rows ran at
+# 0.58-0.78x the speed of 1 at M = 8 and 512 (scripts/bench_matmul.py --ab-tiles 1,2 --types
+# Q4_K,Q5_K --shapes 1b --ms 8,512), 3 rows at 0.77-1.18x.
 # (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM; for
 # the K-quants read in memory order, 32 blocks ahead was slower (Q4_K M = 1: 27.5 -> 19.3
 # GB/s) and the next group during a tile's later rows no faster)
@@ -180,17 +182,18 @@ def _fifth_bit(f: Fn, qh: str, j: int) -> str:
 
 def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                  accs: Sequence[Sequence[str]], qh_at: int | None) -> list[list[str]]:
-    """Lane i of the file-layout kernel (kquants.q4_5_k_body) is, per row, sum_j sc_j * (dot
-    of values 4i..4i+3 of sub-block j) and mn_i * (sum of sub-block i's activations): here
-    accumulator i of a tile row, for 16 rows at once, then folded as kquants.fold does. The
-    quants are read in the block's memory order (pair p, then lane i). Q5_K (qh_at): values
-    | 16 where the chunk's qh bit of the sub-block is set, its qh re-read (from L1) per pair."""
+    """Whole-block arithmetic, as llama.cpp's x86 kernels for repacked Q4_K (q4_K_8x8) do it:
+    per row an exact int32 isum = sum_j sc_j * dot_j and minsum = sum_j mn_j * b32_j, then
+    acc = fma(float(isum), d * dx, acc) and nacc = fma(float(minsum), -(dmin * dx), nacc), the
+    result acc + nacc (llama.cpp's acc - acc_min: the negation is exact). Each sub-block's dot
+    is summed in CHAINS[rows] independent chains of vpdpbusd (one chain a row is latency-bound
+    at tile 1). The quants are read in the block's memory order (pair p, then chunk i). Q5_K
+    (qh_at): values | 16 where the chunk's qh bit of the sub-block is set."""
     qs_at = 320 if qh_at is None else qh_at + 512
     qs = f.mul(b, 256)
     b32 = f.add(act.b32_at, f.mul(b, 16))
-    sc = [dots.scale(f.widen16(wb, 64 + 16 * j, signed=False)) for j in range(8)]
-    dw, dmin = f.half16(wb, 0), f.half16(wb, 32)
-    isums = [["zeroinitializer"] * 8 for _ in xs]
+    n_chains = _CHAINS if len(xs) == 1 else 1
+    chains = [[["zeroinitializer"] * n_chains for _ in range(8)] for _ in xs]
     for p in range(4):
         for i in range(8):
             v = f.load("<64 x i8>", wb, qs_at + 512 * p + 64 * i)
@@ -202,18 +205,35 @@ def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                        f.let(f"or <64 x i8> {nib[1]}, {_fifth_bit(f, qh, 2 * p + 1)}"))
             for t, x in enumerate(xs):
                 for h in range(2):
-                    d = dots.dot("zeroinitializer", nib[h], f.bcast(x, f.add(qs, 64 * p + 32 * h + 4 * i)))
-                    isums[t][i] = dots.scaled(isums[t][i], d, sc[2 * p + h])
-    out = [list(a) for a in accs]
+                    c = chains[t][2 * p + h]
+                    c[i % n_chains] = dots.dot(c[i % n_chains], nib[h],
+                                               f.bcast(x, f.add(qs, 64 * p + 32 * h + 4 * i)))
+    # the scales are read after the dots: live through them, they would crowd the registers
+    sc = [f.widen16(wb, 64 + 16 * j, signed=False) for j in range(8)]
+    mn = [f.widen16(wb, 192 + 16 * j, signed=False) for j in range(8)]
+    mn_pairs = [f.let(f"or {V16I} {mn[2 * p]}, {f.let(f'shl {V16I} {mn[2 * p + 1]}, {vec_i32(16)}')}")
+                for p in range(4)]
+    dw, dmin = f.half16(wb, 0), f.half16(wb, 32)
+    out = []
     for t, x in enumerate(xs):
+        isum = ""
+        for j in range(8):
+            d = chains[t][j][0]
+            for more in chains[t][j][1:]:
+                d = f.let(f"add {V16I} {d}, {more}")
+            term = f.let(f"mul {V16I} {d}, {sc[j]}")
+            isum = f.let(f"add {V16I} {isum}, {term}") if isum else term
+        minsum = "zeroinitializer"
+        for p in range(4):  # (b32_2p, b32_2p+1) against (mn_2p, mn_2p+1): two products a lane
+            minsum = dots.wdot(minsum, f.bcast(x, f.add(b32, 4 * p)), mn_pairs[p])
         ddx = _x_scale(f, act, x, b, dw)
         ndm = f.let(f"fneg {V16F} {_x_scale(f, act, x, b, dmin)}")
-        for i in range(8):
-            mn = dots.scale(f.widen16(wb, 192 + 16 * i, signed=False))
-            bsum = f.let(f"sext i16 {f.load('i16', x, f.add(b32, 2 * i), 2)} to i32")
-            minsum = dots.scaled("zeroinitializer", f.splat_i32(bsum), mn)
-            out[t][i] = _fold(f, out[t][i], isums[t][i], ddx, (minsum, ndm))
+        out.append([f.fma16(f.tofloat(isum), ddx, accs[t][0]),
+                    f.fma16(f.tofloat(minsum), ndm, accs[t][1])])
     return out
+
+
+_CHAINS = 2  # dot chains per sub-block and row when a tile has one row
 
 
 def _q6_field(f: Fn, h: str, k: int) -> str:
@@ -267,7 +287,7 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q5_0: _body_q5_0, T.Q4_1: _body_q4_1,
                           T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row): the file-layout kernel's float lanes
-LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 8, T.Q5_K: 8, T.Q6_K: 8}
+LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 8}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 
@@ -281,6 +301,8 @@ def _lane_sum(f: Fn, v: list[str]) -> str:
     """The lanes' total in isa.hsum_halves' order: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
     if len(v) == 1:
         return v[0]
+    if len(v) == 2:
+        return f.let(f"fadd {V16F} {v[0]}, {v[1]}")
     r = [f.let(f"fadd {V16F} {v[i]}, {v[i + 4]}") for i in range(4)]
     s = [f.let(f"fadd {V16F} {r[i]}, {r[i + 2]}") for i in range(2)]
     return f.let(f"fadd {V16F} {s[0]}, {s[1]}")
@@ -346,7 +368,7 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
     group_bytes = f.mul("%nb", GROUP_BLOCK_BYTES[qtype])
     n_tiles = f.let(f"udiv i64 %M, {tile}")
     rest0 = f.mul(n_tiles, tile)
-    on_stack = tile > 1 and lanes > 1  # the tile's accumulators: see _StackRow
+    on_stack = tile > 1 and lanes > 2  # the tile's accumulators: see _StackRow
     accbuf = f.let(f"alloca {V16F}, i64 {tile * lanes}, align 64") if on_stack else ""
 
     def group(g: str) -> None:

@@ -35,15 +35,15 @@ def host_isa(portable: bool = False) -> str:
 
 # The types models run on these kernels (MODELYARD_INTERLEAVED, type names comma-separated or
 # "none", overrides the set, for benchmarks). Q4_K, Q5_K and Q6_K give the file-layout kernels' bits
-# (gemm.FILE_LAYOUT_BITS: with them on, every model's logits are unchanged). Their arithmetic
-# (8 float lanes per activation row, each lane's integer sum scaled per sub-block) takes twice
-# the multiply instructions of a whole-block sum, but 16 rows share each scale and activation
-# load, and blocks read front to back stream faster than the file layout. One thread,
-# the 1.1B shapes (scripts/bench_matmul.py --ab-layout --shapes 1b --ms 1,8,512): Q4_K beats
-# the file layout at every M (M = 1 from DRAM 1.0-1.4x, M = 8 1.14-1.35x, M = 512 1.11-1.30x).
-# Q5_K (Q4_K plus a 5th bit; tiles of 2 rows): M = 1 0.96-1.25x, M = 8 0.94-1.02x, M = 512
-# 0.98-1.02x, so on par but for the decode rows of the K = 2048 matrices.
-# Q6_K (tiles of 3 rows) at M = 1 0.80-1.03x, M = 8 1.28-1.42x, M = 512 0.88-1.08x; in the
+# (gemm.FILE_LAYOUT_BITS: with them on, every model's logits are unchanged); 16 rows share each
+# scale and activation load, and blocks read front to back stream faster than the file layout.
+# Q4_K and Q5_K sum a whole super-block in integers before one FMA per row (llama.cpp's
+# arithmetic for its repacked Q4_K, which it runs on this kind of host); against the 8 float
+# lanes they had before (one thread, 1.1B shapes, scratch A/B of the two builds) Q4_K is
+# 1.07-1.35x at M = 1, 1.27-1.37x at M = 8 and 1.32-1.37x at M = 512, Q5_K 1.04-1.09x,
+# 1.16-1.27x and 1.13-1.29x.
+# Q6_K (tiles of 3 rows, 8 float lanes as llama.cpp's AVX2 Q6_K dot) at M = 1 0.80-1.03x the
+# file layout, M = 8 1.28-1.42x, M = 512 0.88-1.08x; in the
 # 1.1B Q4_K_M (scripts/profile_decode.py, Q6_K repacked everywhere vs the output only, two
 # rounds) 8 sequences 109-115 vs 98-108 tok/s, a 512-token prefill 145-155 vs 153, decode alike.
 # Q8_0 and Q5_0 sum a whole block in one int32 lane (Q5_0 against q8_0 activations, its
@@ -88,16 +88,19 @@ class GemmTypeKernels:
 
 
 class GemmKernels:
-    def __init__(self, qtypes: Iterable[T], isa: str | None = None) -> None:
+    def __init__(self, qtypes: Iterable[T], isa: str | None = None, tile: int | None = None) -> None:
+        """tile: activation rows per register tile for every type (benchmarks), else gemm.TILES'."""
         self.isa = isa or host_isa()
+        self._tile = tile
         self._kernels = {q: self._load(q) for q in sorted(set(qtypes), key=lambda t: t.value)
                          if gemm.supported(q, self.isa)}
         self._repack = CompiledRepack(tuple(q for q in self._kernels if q in COMPILED))
         self._lock = threading.Lock()
 
     def _load(self, qtype: T) -> GemmTypeKernels:
-        lib = jit.compile_cached("gemm", (qtype.name, self.isa, gemm.TILES[qtype]),
-                                 lambda: gemm.build_gemm_ir(qtype, self.isa))
+        tile = self._tile or gemm.TILES[qtype]
+        lib = jit.compile_cached("gemm", (qtype.name, self.isa, tile),
+                                 lambda: gemm.build_gemm_ir(qtype, self.isa, tile))
         act = ACTIVATION[qtype]
         name = qtype.name.lower()
         rows = lib.function(f"gemm_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)

@@ -311,13 +311,37 @@ def fold(f: MatmulFn, terms: Terms, acc: str) -> str:
     return f.let(f"fadd <8 x float> {acc}, {part}")
 
 
+def fold_whole(f: MatmulFn, terms: Terms, acc: str) -> str:
+    """Fold one block's two terms (isum, d*dx), (minsum, -dmin*dx) whole: lane 0 of the
+    accumulator gathers fma(float(sum of isum's lanes), d*dx, .), lane 1 the mins' likewise
+    (the other lanes stay 0, so the final hsum_halves is lane 0 + lane 1). The integer lane
+    sums are exact, so this is the arithmetic of gemm's interleaved Q4_K/Q5_K kernels, and of
+    llama.cpp's repacked Q4_K (acc - acc_min), bit for bit."""
+    values, scales = "zeroinitializer", "zeroinitializer"
+    for lane, t in enumerate(terms):
+        total = f.let(f"call i32 @llvm.vector.reduce.add.v8i32(<8 x i32> {t.value})")
+        values = f.let(f"insertelement <8 x i32> {values}, i32 {total}, i64 {lane}")
+        scale = f.let(f"extractelement <8 x float> {t.scale}, i64 0")
+        scales = f.let(f"insertelement <8 x float> {scales}, float {scale}, i64 {lane}")
+    fs = f.let(f"sitofp <8 x i32> {values} to <8 x float>")
+    return f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {fs}, <8 x float> {scales}, <8 x float> {acc})")
 
-def super_block_tiles(body: Body, f: MatmulFn, ops: IntOps) -> RowCallbacks:
+
+def super_block_tiles(body: Body, f: MatmulFn, ops: IntOps, whole: bool = False) -> RowCallbacks:
     """emit_rows' callbacks for a super-block body against q8_k rows: per tile row one
-    <8 x float> accumulator; a block's terms are summed (fold), then hsum at the end."""
+    <8 x float> accumulator; a block's terms are summed (fold; `whole`: fold_whole, block by
+    block in order), then hsum at the end."""
 
     def k_block(wbs: list[str], xss: list[list[str]], row_accs: list[list[str]]) -> list[list[str]]:
         per_block = [body(f, ops, wb, [xs[g] for xs in xss]) for g, wb in enumerate(wbs)]
+        if whole:
+            out = []
+            for t, acc in enumerate(row_accs):
+                a = acc[0]
+                for terms in per_block:
+                    a = fold_whole(f, terms[t], a)
+                out.append([a])
+            return out
         return [[fold(f, [term for terms in per_block for term in terms[t]], acc[0])]
                 for t, acc in enumerate(row_accs)]
 
@@ -340,7 +364,7 @@ def q3_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
 
 def q4_5_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
                  wide: bool) -> RowCallbacks:
-    return super_block_tiles(q4_5_k_body(t), f, ops)
+    return super_block_tiles(q4_5_k_body(t), f, ops, whole=True)
 
 
 def q6_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
