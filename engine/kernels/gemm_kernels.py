@@ -39,9 +39,9 @@ def host_isa(portable: bool = False) -> str:
 # scale and activation load, and blocks read front to back stream faster than the file layout.
 # Q4_K and Q5_K sum a whole super-block in integers before one FMA per row (llama.cpp's
 # arithmetic for its repacked Q4_K, which it runs on this kind of host); against the 8 float
-# lanes they had before (one thread, 1.1B shapes, scratch A/B of the two builds) Q4_K is
-# 1.07-1.35x at M = 1, 1.27-1.37x at M = 8 and 1.32-1.37x at M = 512, Q5_K 1.04-1.09x,
-# 1.16-1.27x and 1.13-1.29x.
+# lanes they had before (one thread, 1.1B shapes, scratch A/B of the two builds, two runs) Q4_K
+# is 1.07-1.35x at M = 1, 1.21-1.37x at M = 8 and 1.32-1.42x at M = 512, Q5_K 0.92-1.09x,
+# 1.16-1.27x and 1.11-1.29x.
 # Q6_K (tiles of 3 rows, 8 float lanes as llama.cpp's AVX2 Q6_K dot) at M = 1 0.80-1.03x the
 # file layout, M = 8 1.28-1.42x, M = 512 0.88-1.08x; in the
 # 1.1B Q4_K_M (scripts/profile_decode.py, Q6_K repacked everywhere vs the output only, two
