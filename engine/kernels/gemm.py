@@ -14,7 +14,7 @@ The loop nest: for each group of 16 weight rows, for each tile of TILES[type] ac
 (then single rows), for each block: unpack the 16 rows' block (registers), then for each tile
 row take the integer dot products with 4-byte activation broadcasts (`vpdpbusd` adds four u8 x
 i8 products into each row's lane), scale and accumulate per block. A tile's accumulators live
-in registers (K-quant tiles of several rows: on the stack, _StackRow); the group's weights stay
+in registers (Q6_K's tiles of several rows: on the stack, _StackRow); the group's weights stay
 in L1/L2 while all M activation rows stream past them, so weights are read from memory once per
 call. Calls with fewer rows than a tile (decode) go to the nest compiled for single rows alone
 (gemm_<type>_one). The K-quants' float operations and their order are the file-layout
@@ -144,12 +144,9 @@ def _body_q5_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     return _body_q4_5_1(f, dots, act, wb, b, xs, accs, 256)
 
 
-def _fold(f: Fn, acc: str, isum: str, ddx: str, mins: tuple[str, str] | None = None) -> str:
-    """acc + (float(isum) * ddx [+ float(minsum) * neg_dmdx, fused]): kquants.fold's order;
-    mins = (minsum, neg_dmdx)."""
+def _fold(f: Fn, acc: str, isum: str, ddx: str) -> str:
+    """acc + float(isum) * ddx, in kquants.fold's order (a product, then the add)."""
     part = f.let(f"fmul {V16F} {f.tofloat(isum)}, {ddx}")
-    if mins is not None:
-        part = f.fma16(f.tofloat(mins[0]), mins[1], part)
     return f.let(f"fadd {V16F} {acc}, {part}")
 
 
@@ -185,9 +182,8 @@ def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     """Whole-block arithmetic, as llama.cpp's x86 kernels for repacked Q4_K (q4_K_8x8) do it:
     per row an exact int32 isum = sum_j sc_j * dot_j and minsum = sum_j mn_j * b32_j, then
     acc = fma(float(isum), d * dx, acc) and nacc = fma(float(minsum), -(dmin * dx), nacc), the
-    result acc + nacc (llama.cpp's acc - acc_min: the negation is exact). Each sub-block's dot
-    is summed in CHAINS[rows] independent chains of vpdpbusd (one chain a row is latency-bound
-    at tile 1). The quants are read in the block's memory order (pair p, then chunk i). Q5_K
+    result acc + nacc (llama.cpp's acc - acc_min: the negation is exact). A single row sums
+    each sub-block's dot in _CHAINS independent chains of vpdpbusd (integer adds: the same sum). The quants are read in the block's memory order (pair p, then chunk i). Q5_K
     (qh_at): values | 16 where the chunk's qh bit of the sub-block is set."""
     qs_at = 320 if qh_at is None else qh_at + 512
     qs = f.mul(b, 256)
@@ -369,7 +365,7 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
     group_bytes = f.mul("%nb", GROUP_BLOCK_BYTES[qtype])
     n_tiles = f.let(f"udiv i64 %M, {tile}")
     rest0 = f.mul(n_tiles, tile)
-    on_stack = tile > 1 and lanes > 2  # the tile's accumulators: see _StackRow
+    on_stack = tile > 1 and lanes == 8  # Q6_K's tile accumulators: see _StackRow
     accbuf = f.let(f"alloca {V16F}, i64 {tile * lanes}, align 64") if on_stack else ""
 
     def group(g: str) -> None:

@@ -56,8 +56,9 @@ def host_isa(portable: bool = False) -> str:
 _NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q5_0,Q4_K,Q5_K,Q6_K").split(",")
 IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
                       if n.strip() and n.strip().lower() != "none")
-# The K-quant kernels keep 8 accumulators of 16 rows per activation row: without AVX-512's 32
-# registers they spill (AVX2 form at M = 16: 0.64-0.75x the file layout), so models take them
+# The K-quant kernels keep 8 (Q6_K) or 16 (Q4_K/Q5_K's dot chains) accumulators of 16 rows per
+# activation row: without AVX-512's 32 registers they spill (the 8-lane AVX2 forms at M = 16:
+# 0.64-0.75x the file layout), so models take them
 # only on vnni512; Q5_0's tile (4 rows' accumulators and 8 unpacked chunks) would spill too.
 NEEDS_AVX512 = frozenset({T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K})
 
