@@ -88,41 +88,36 @@ def _wide_forms(t: T) -> dict[str, Matmul]:
     return {"narrow": lambda w, x, o: narrow.matmul(w, x, o), "wide": lambda w, x, o: wide.matmul(w, x, o)}
 
 
-def _layout_forms(t: T) -> dict[str, Matmul]:
-    """The file-layout kernel and the row-interleaved one (engine.kernels.gemm) on the same
-    matrices: each matrix is repacked once, on first use."""
-    file_layout = MatmulKernels([t], interleaved=False)
-    gk = GemmKernels([t], host_isa())
+def _interleaved(t: T, tile: int | None = None) -> GemmKernels:
+    gk = GemmKernels([t], host_isa(), tile)
     if not gk.has(t):
         raise SystemExit(f"no interleaved kernel for {t.name} on {gk.isa}")
-    packed: dict[int, RepackedMatrix] = {}
+    return gk
 
-    def interleaved(w: QuantMatrix, x: np.ndarray, o: np.ndarray) -> None:
+
+def _on_repacked(gk: GemmKernels, packed: dict[int, RepackedMatrix]) -> Matmul:
+    """gk's matmul on each matrix's repacked copy, made on first use and kept in `packed`."""
+    def matmul(w: QuantMatrix, x: np.ndarray, o: np.ndarray) -> None:
         p = packed.get(id(w))
         if p is None:
             p = packed[id(w)] = gk.repack(w)
         gk.matmul(p, x, o)
+    return matmul
 
-    return {"file": lambda w, x, o: file_layout.matmul(w, x, o), "repacked": interleaved}
+
+def _layout_forms(t: T) -> dict[str, Matmul]:
+    """The file-layout kernel and the row-interleaved one (engine.kernels.gemm) on the same
+    matrices: each matrix is repacked once, on first use."""
+    file_layout = MatmulKernels([t], interleaved=False)
+    return {"file": lambda w, x, o: file_layout.matmul(w, x, o),
+            "repacked": _on_repacked(_interleaved(t), {})}
 
 
-def _tile_forms(tiles: tuple[int, int]) -> Callable[[T], dict[str, Matmul]]:
+def _tile_forms(tiles: tuple[int, ...]) -> Callable[[T], dict[str, Matmul]]:
     """The row-interleaved kernel with two register tile sizes, on the same repacked matrices."""
     def forms(t: T) -> dict[str, Matmul]:
-        kernels = [GemmKernels([t], host_isa(), tile) for tile in tiles]
-        if not kernels[0].has(t):
-            raise SystemExit(f"no interleaved kernel for {t.name} on {kernels[0].isa}")
         packed: dict[int, RepackedMatrix] = {}
-
-        def run(gk: GemmKernels) -> Matmul:
-            def matmul(w: QuantMatrix, x: np.ndarray, o: np.ndarray) -> None:
-                p = packed.get(id(w))
-                if p is None:
-                    p = packed[id(w)] = gk.repack(w)
-                gk.matmul(p, x, o)
-            return matmul
-
-        return {f"tile{n}": run(gk) for n, gk in zip(tiles, kernels)}
+        return {f"tile{n}": _on_repacked(_interleaved(t, n), packed) for n in tiles}
     return forms
 
 
@@ -201,8 +196,8 @@ def main() -> None:
     types = [T[name] for name in args.types.split(",")]
     shapes = SHAPES_1B if args.shapes == "1b" else SHAPES
     if args.ab_wide or args.ab_layout or args.ab_tiles:
-        a, b = (int(n) for n in args.ab_tiles.split(",")) if args.ab_tiles else (0, 0)
-        forms = _tile_forms((a, b)) if args.ab_tiles else _layout_forms if args.ab_layout else _wide_forms
+        forms = (_tile_forms(tuple(int(n) for n in args.ab_tiles.split(","))) if args.ab_tiles
+                 else _layout_forms if args.ab_layout else _wide_forms)
         ab_forms(types, shapes, [int(s) for s in args.ms.split(",")], forms)
         return
     rng = np.random.default_rng(0)

@@ -177,14 +177,18 @@ def _fifth_bit(f: Fn, qh: str, j: int) -> str:
     return f.shift_bytes(qh, "shl", 4 - j, 0x10) if j < 4 else f.shift_bytes(qh, "lshr", j - 4, 0x10)
 
 
+_CHAINS = 2  # dot chains per sub-block and row when a tile has one row
+
+
 def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                  accs: Sequence[Sequence[str]], qh_at: int | None) -> list[list[str]]:
     """Whole-block arithmetic, as llama.cpp's x86 kernels for repacked Q4_K (q4_K_8x8) do it:
     per row an exact int32 isum = sum_j sc_j * dot_j and minsum = sum_j mn_j * b32_j, then
     acc = fma(float(isum), d * dx, acc) and nacc = fma(float(minsum), -(dmin * dx), nacc), the
     result acc + nacc (llama.cpp's acc - acc_min: the negation is exact). A single row sums
-    each sub-block's dot in _CHAINS independent chains of vpdpbusd (integer adds: the same sum). The quants are read in the block's memory order (pair p, then chunk i). Q5_K
-    (qh_at): values | 16 where the chunk's qh bit of the sub-block is set."""
+    each sub-block's dot in _CHAINS independent chains of vpdpbusd (integer adds: the same
+    sum). The quants are read in the block's memory order (pair p, then chunk i). Q5_K (qh_at):
+    values | 16 where the chunk's qh bit of the sub-block is set."""
     qs_at = 320 if qh_at is None else qh_at + 512
     qs = f.mul(b, 256)
     b32 = f.add(act.b32_at, f.mul(b, 16))
@@ -228,9 +232,6 @@ def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
         out.append([f.fma16(f.tofloat(isum), ddx, accs[t][0]),
                     f.fma16(f.tofloat(minsum), ndm, accs[t][1])])
     return out
-
-
-_CHAINS = 2  # dot chains per sub-block and row when a tile has one row
 
 
 def _q6_field(f: Fn, h: str, k: int) -> str:
@@ -295,7 +296,8 @@ def supported(qtype: T, isa: str) -> bool:
 
 
 def _lane_sum(f: Fn, v: list[str]) -> str:
-    """The lanes' total in isa.hsum_halves' order: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7))."""
+    """The lanes' total in isa.hsum_halves' order: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7));
+    for 2 lanes v0 + v1 (hsum_halves of kquants.fold_whole's accumulator, its other lanes 0)."""
     if len(v) == 1:
         return v[0]
     if len(v) == 2:
