@@ -11,13 +11,13 @@ runs either. A thread's rows are rounded up to whole groups of 16 ([ceil16(r0), 
 consecutive ranges stay disjoint and cover [0, N)), so callers split anywhere.
 
 The loop nest: for each group of 16 weight rows, for each tile of TILES[type] activation rows
-(then single rows), for each block: unpack the 16 rows' block (registers), then for each tile
-row take the integer dot products with 4-byte activation broadcasts (`vpdpbusd` adds four u8 x
-i8 products into each row's lane), scale and accumulate per block. A tile's accumulators live
-in registers (Q6_K's tiles of several rows: on the stack, _StackRow); the group's weights stay
-in L1/L2 while all M activation rows stream past them, so weights are read from memory once per
-call. Calls with fewer rows than a tile (decode) go to the nest compiled for single rows alone
-(gemm_<type>_one). The K-quants' float operations and their order are the file-layout
+(then one smaller tile and single rows), for each block: unpack the 16 rows' block
+(registers), then for each tile row take the integer dot products with 4-byte activation
+broadcasts (`vpdpbusd` adds four u8 x i8 products into each row's lane), scale and accumulate
+per block. A tile's accumulators live in registers (Q6_K's tiles of several rows: on the
+stack, _StackRow); the group's weights stay in L1/L2 while all M activation rows stream past
+them, so weights are read from memory once per call. Calls of one row (decode) go to the nest
+compiled for single rows alone (gemm_<type>_one). The K-quants' float operations and their order are the file-layout
 kernel's (FILE_LAYOUT_BITS): Q4_K and Q5_K sum a whole super-block in integers and keep 2
 accumulators per activation row (the block's and its mins'); Q6_K keeps LANES = 8, lane i
 gathering what lane i of the file-layout kernel gathers (chunk i of each 32-value group). Their
@@ -32,6 +32,7 @@ Instruction selections (the same integers everywhere, so all give the same bits)
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
@@ -40,12 +41,15 @@ from engine.kernels.gemm_quantize import build_quantize
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 1, T.Q5_K: 1, T.Q6_K: 3}
+TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 3, T.Q5_K: 3, T.Q6_K: 3}
 # Q6_K tiles keep their accumulators on the stack (_StackRow). One thread, 5632x2048, cycles
 # per row-block and row: Q6_K M = 512 17.0 (1 row) -> 13.5-14.2 (3) / 13.8-15.0 (2) / 15.8 (4),
-# M = 8 19.9 -> 18.1. The whole-block Q4_K/Q5_K run fastest alone: tiles of 2 rows ran at
-# 0.58-0.78x the speed of 1 at M = 8 and 512 (scripts/bench_matmul.py --ab-tiles 1,2 --types
-# Q4_K,Q5_K --shapes 1b --ms 8,512), 3 rows at 0.77-1.18x.
+# M = 8 19.9 -> 18.1. Q4_K/Q5_K fold each pair of sub-blocks into the isum as it completes, so
+# a tile row holds 2 dot chains: Q4_K 3 rows / 1 at 1.1B shapes 1.11-1.16x (M = 8), 1.28-1.46x
+# (M = 512); Q5_K 3 rows / 2 1.07-1.17x and 1.24-1.28x (scripts/bench_matmul.py --ab-tiles 1,3
+# --types Q4_K,Q5_K --shapes 1b --ms 8,512). 4 rows: 0.6-0.85x, LLVM hoisting a block's
+# unpacked quants into stack slots (the same with compiler barriers between chunks).
+# A call's rows: whole tiles, then one smaller tile for what is left, then single rows.
 # (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM; for
 # the K-quants read in memory order, 32 blocks ahead was slower (Q4_K M = 1: 27.5 -> 19.3
 # GB/s) and the next group during a tile's later rows no faster)
@@ -192,16 +196,25 @@ def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     qs_at = 320 if qh_at is None else qh_at + 512
     qs = f.mul(b, 256)
     b32 = f.add(act.b32_at, f.mul(b, 16))
-    # the block's head first: read after the quants, it broke the stream the hardware
-    # prefetchers follow (2 threads, 1.1B Q4_K_M decode 33-42 -> 27-33 tok/s)
+    # the block's head first (read after the quants, it broke the stream the hardware
+    # prefetchers follow: 2 threads, 1.1B Q4_K_M decode 33-42 -> 27-33 tok/s); the mins fold
+    # at once, so a tile's registers hold only the scales beside its chains
+    dw, dmin = f.half16(wb, 0), f.half16(wb, 32)
     sc = [f.widen16(wb, 64 + 16 * j, signed=False) for j in range(8)]
     mn = [f.widen16(wb, 192 + 16 * j, signed=False) for j in range(8)]
     mn_pairs = [f.let(f"or {V16I} {mn[2 * p]}, {f.let(f'shl {V16I} {mn[2 * p + 1]}, {vec_i32(16)}')}")
                 for p in range(4)]
-    dw, dmin = f.half16(wb, 0), f.half16(wb, 32)
+    naccs = []
+    for t, x in enumerate(xs):
+        minsum = "zeroinitializer"
+        for p in range(4):  # (b32_2p, b32_2p+1) against (mn_2p, mn_2p+1): two products a lane
+            minsum = dots.wdot(minsum, f.bcast(x, f.add(b32, 4 * p)), mn_pairs[p])
+        ndm = f.let(f"fneg {V16F} {_x_scale(f, act, x, b, dmin)}")
+        naccs.append(f.fma16(f.tofloat(minsum), ndm, accs[t][1]))
     n_chains = _CHAINS if len(xs) == 1 else 1
-    chains = [[["zeroinitializer"] * n_chains for _ in range(8)] for _ in xs]
+    isums = [""] * len(xs)
     for p in range(4):
+        chains = [[["zeroinitializer"] * n_chains for _ in range(2)] for _ in xs]
         for i in range(8):
             v = f.load("<64 x i8>", wb, qs_at + 512 * p + 64 * i)
             nib = (f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}"),
@@ -212,26 +225,19 @@ def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                        f.let(f"or <64 x i8> {nib[1]}, {_fifth_bit(f, qh, 2 * p + 1)}"))
             for t, x in enumerate(xs):
                 for h in range(2):
-                    c = chains[t][2 * p + h]
+                    c = chains[t][h]
                     c[i % n_chains] = dots.dot(c[i % n_chains], nib[h],
                                                f.bcast(x, f.add(qs, 64 * p + 32 * h + 4 * i)))
-    out = []
-    for t, x in enumerate(xs):
-        isum = ""
-        for j in range(8):
-            d = chains[t][j][0]
-            for more in chains[t][j][1:]:
-                d = f.let(f"add {V16I} {d}, {more}")
-            term = f.let(f"mul {V16I} {d}, {sc[j]}")
-            isum = f.let(f"add {V16I} {isum}, {term}") if isum else term
-        minsum = "zeroinitializer"
-        for p in range(4):  # (b32_2p, b32_2p+1) against (mn_2p, mn_2p+1): two products a lane
-            minsum = dots.wdot(minsum, f.bcast(x, f.add(b32, 4 * p)), mn_pairs[p])
-        ddx = _x_scale(f, act, x, b, dw)
-        ndm = f.let(f"fneg {V16F} {_x_scale(f, act, x, b, dmin)}")
-        out.append([f.fma16(f.tofloat(isum), ddx, accs[t][0]),
-                    f.fma16(f.tofloat(minsum), ndm, accs[t][1])])
-    return out
+        # the pair's dots fold into the isum at once: a tile row holds 2 chains, not 8
+        for t in range(len(xs)):
+            for h in range(2):
+                d = chains[t][h][0]
+                for more in chains[t][h][1:]:
+                    d = f.let(f"add {V16I} {d}, {more}")
+                term = f.let(f"mul {V16I} {d}, {sc[2 * p + h]}")
+                isums[t] = f.let(f"add {V16I} {isums[t]}, {term}") if isums[t] else term
+    return [[f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0]), naccs[t]]
+            for t, x in enumerate(xs)]
 
 
 def _q6_field(f: Fn, h: str, k: int) -> str:
@@ -347,13 +353,13 @@ _ARGS = "ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, i64 %r0, i6
 
 def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None = None,
                 noinline: bool = False) -> str:
-    """The loop nest as function `fname`; with `one_row`, calls below `tile` rows go to that
+    """The loop nest as function `fname`; with `one_row`, calls of one row go to that
     function (the same nest for single rows, compiled alone and kept out of line: inside the
     tiled function the single-row loop ran 3-8% slower at M = 1, its registers allotted around
     the tile's)."""
     f = Fn(f"void @{fname}({_ARGS})" + (" noinline" if noinline else ""))
     if one_row is not None:
-        small = f.let(f"icmp ult i64 %M, {tile}")
+        small = f.let("icmp ult i64 %M, 2")
         f.do(f"br i1 {small}, label %one_row, label %tiled")
         f.label("one_row")
         f.do(f"call void @{one_row}({_ARGS.replace('noalias ', '')})")
@@ -407,7 +413,16 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
             return []
 
         f.loop(n_tiles, [], full_tile)
-        f.loop_range(rest0, "%M", lambda m: tile_rows(m, 1))
+        def smaller_tile(at: str, size: int) -> str:
+            tile_rows(at, size)
+            return f.add(at, size)
+
+        rest = rest0
+        for size in range(tile - 1, 1, -1):  # the rows left: one smaller tile, then singles
+            left = f.let(f"sub i64 %M, {rest}")
+            rest = f.if_value(f.let(f"icmp uge i64 {left}, {size}"), "i64",
+                              functools.partial(smaller_tile, rest, size), rest)
+        f.loop_range(rest, "%M", lambda m: tile_rows(m, 1))
 
     f.loop_range(g0, g1, group)
     f.do("ret void")
