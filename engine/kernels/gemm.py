@@ -17,11 +17,12 @@ broadcasts (`vpdpbusd` adds four u8 x i8 products into each row's lane), scale a
 per block. A tile's accumulators live in registers (Q6_K's tiles of several rows: on the
 stack, _StackRow); the group's weights stay in L1/L2 while all M activation rows stream past
 them, so weights are read from memory once per call. Calls of one row (decode) go to the nest
-compiled for single rows alone (gemm_<type>_one). The K-quants' float operations and their order are the file-layout
-kernel's (FILE_LAYOUT_BITS): Q4_K and Q5_K sum a whole super-block in integers and keep 2
-accumulators per activation row (the block's and its mins'); Q6_K keeps LANES = 8, lane i
-gathering what lane i of the file-layout kernel gathers (chunk i of each 32-value group). Their
-bodies read a block's quants in memory order, which the hardware prefetchers follow.
+compiled for single rows alone (gemm_<type>_one). The K-quants' float operations and their
+order are the file-layout kernel's (FILE_LAYOUT_BITS): Q4_K and Q5_K sum a whole super-block in
+integers and keep 2 accumulators per activation row (the block's and its mins'); Q6_K keeps
+LANES = 8, lane i gathering what lane i of the file-layout kernel gathers (chunk i of each
+32-value group). Their bodies read a block's quants in memory order, which the hardware
+prefetchers follow.
 
 Instruction selections (the same integers everywhere, so all give the same bits):
   vnni512   `vpdpbusd` / `vpdpwssd` on 512-bit vectors (AVX-512 VNNI + BW)
