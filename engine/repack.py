@@ -52,10 +52,8 @@ Per row r and block b the kernels compute (isum exact in int32):
     Q4_K, Q5_K: acc = fma(float(sum_j sc_j * dot_j), d[r] * dx[b], acc);
            nacc = fma(float(sum_j mn_j * b32_j), -(dmin[r] * dx[b]), nacc); out = acc + nacc
            (llama.cpp's repacked Q4_K on x86, acc - acc_min; kquants.fold_whole likewise)
-    Q6_K:  the file-layout kernel's (engine.kernels.matmul.kquants) arithmetic exactly: per
-           lane i < 8 an integer lane sum (sum_j sc_j * dot of values 4i..4i+3 of sub-block j,
-           less the offset), folded as kquants.fold does into accumulator i, the 8
-           accumulators summed at the end in isa.hsum_halves' order.
+    Q6_K:  acc = fma(float(sum_j sc_j * (dot_j - 32 * bsum_j)), d[r] * dx[b], acc), the 16
+           sub-blocks summed whole in integers as Q4_K's (kquants.fold_whole likewise)
     The K-quants give the file-layout kernels' bits.
 so the numpy twin (reference) is the exact product of the dequantized weights and activations
 up to float32 rounding of those few terms. Each row's arithmetic is the same whatever M, the

@@ -14,14 +14,12 @@ The loop nest: for each group of 16 weight rows, for each tile of TILES[type] ac
 (then one smaller tile and single rows), for each block: unpack the 16 rows' block
 (registers), then for each tile row take the integer dot products with 4-byte activation
 broadcasts (`vpdpbusd` adds four u8 x i8 products into each row's lane), scale and accumulate
-per block. A tile's accumulators live in registers (Q6_K's tiles of several rows: on the
-stack, _StackRow); the group's weights stay in L1/L2 while all M activation rows stream past
+per block. A tile's accumulators live in registers; the group's weights stay in L1/L2 while all M activation rows stream past
 them, so weights are read from memory once per call. Calls of one row (decode) go to the nest
 compiled for single rows alone (gemm_<type>_one). The K-quants' float operations and their
 order are the file-layout kernel's (FILE_LAYOUT_BITS): Q4_K and Q5_K sum a whole super-block in
-integers and keep 2 accumulators per activation row (the block's and its mins'); Q6_K keeps
-LANES = 8, lane i gathering what lane i of the file-layout kernel gathers (chunk i of each
-32-value group). Their bodies read a block's quants in memory order, which the hardware
+integers and keep 2 accumulators per activation row (the block's and its mins'), Q6_K one.
+Their bodies read a block's quants in memory order, which the hardware
 prefetchers follow.
 
 Instruction selections (the same integers everywhere, so all give the same bits):
@@ -34,22 +32,21 @@ Instruction selections (the same integers everywhere, so all give the same bits)
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
-from typing import overload
+from collections.abc import Callable, Sequence
 
 from engine.kernels.gemm_ir import DECLARATIONS, V16F, V16I, Act, Dots, Fn, splat_i8, vec_i32
 from engine.kernels.gemm_quantize import build_quantize
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 3, T.Q5_K: 3, T.Q6_K: 3}
-# Q6_K tiles keep their accumulators on the stack (_StackRow). One thread, 5632x2048, cycles
-# per row-block and row: Q6_K M = 512 17.0 (1 row) -> 13.5-14.2 (3) / 13.8-15.0 (2) / 15.8 (4),
-# M = 8 19.9 -> 18.1. Q4_K/Q5_K fold each pair of sub-blocks into the isum as it completes, so
-# a tile row holds 2 dot chains: Q4_K 3 rows / 1 at 1.1B shapes 1.11-1.16x (M = 8), 1.28-1.46x
-# (M = 512); Q5_K 3 rows / 2 1.07-1.17x and 1.24-1.28x (scripts/bench_matmul.py --ab-tiles 1,3
-# --types Q4_K,Q5_K --shapes 1b --ms 8,512). 4 rows: 0.6-0.85x, LLVM hoisting a block's
-# unpacked quants into stack slots (the same with compiler barriers between chunks).
+TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 2, T.Q5_K: 3, T.Q6_K: 3}
+# The K-quants fold each step's sub-block chains into the isum as they complete, so a tile row
+# holds 2 dot chains. One thread, 1.1B shapes (scripts/bench_matmul.py --ab-tiles A,B --types
+# Q4_K,Q5_K,Q6_K --shapes 1b --ms 8,512): Q4_K 2 rows / 1 1.10-1.28x at M = 8, 1.26-1.34x at
+# M = 512, 3 rows / 2 1.00-1.07x and 0.89-0.99x; Q5_K 3 / 2 1.07-1.17x and 1.24-1.28x; Q6_K
+# 3 / 2 0.92-1.05x and 1.15-1.18x, 4 / 3 0.92-0.94x and 1.07-1.12x. Q4_K's 4 rows ran at
+# 0.6-0.85x of 1, LLVM hoisting a block's unpacked quants into stack slots (the same with
+# compiler barriers between chunks).
 # A call's rows: whole tiles, then one smaller tile for what is left, then single rows.
 # (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM; for
 # the K-quants read in memory order, 32 blocks ahead was slower (Q4_K M = 1: 27.5 -> 19.3
@@ -252,47 +249,45 @@ def _q6_field(f: Fn, h: str, k: int) -> str:
 
 def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
-    """Lane k = 4a + i of the file-layout kernel (kquants.q6_k_body) is, per row, sum over the
-    chunks c = 8m + k (values 4c..4c+3; sub-block c // 4) of sc * dot, less 32 * (sub-blocks
-    2k and 2k+1's scales times activation sums). Those chunks sit in steps s = a, a+2, a+4,
-    a+6 of the repacked block, ql vector i (chunk 4s+i, high nibble 32+4s+i); the steps are
-    read in memory order, each adding to the four lanes it holds."""
+    """Whole-block arithmetic, as Q4_K's: per row an exact int32 isum = sum_j sc_j * (dot_j -
+    32 * bsum_j) over the 16 sub-blocks (each sub-block's chain of 4 vpdpbusd starts from the
+    activation's c16_j = -32 * bsum_j), then acc = fma(float(isum), d * dx, acc). Step s of the
+    repacked block holds sub-blocks s (low nibbles) and 8 + s (high nibbles), read in memory
+    order; each step's two chains fold into the isum as they complete."""
     qs = f.mul(b, 256)
     c16 = f.add(act.c_at, f.mul(b, 64))
-    sc_raw = [f.widen16(wb, 32 + 16 * j, signed=True) for j in range(16)]
-    sc = [dots.scale(v) for v in sc_raw]
+    # a single row reads the block's head first, as Q4_K (the hardware prefetchers follow the
+    # block in order: one thread, M = 1, 1.10-1.17x); a tile's rows take each scale where it is
+    # used (16 scales in registers beside a tile's chains: M = 8 and 512 at 0.65-0.83x)
     dw = f.half16(wb, 0)
-    isums = [["zeroinitializer"] * 8 for _ in xs]
+    head = [f.widen16(wb, 32 + 16 * j, signed=True) for j in range(16)] if len(xs) == 1 else []
+    isums = [""] * len(xs)
     for s in range(8):
         qh = [f.load("<64 x i8>", wb, 288 + 384 * s + 256 + 64 * p) for p in range(2)]
+        chains = [[f.bcast(x, f.add(c16, 4 * j)) for j in (s, 8 + s)] for x in xs]
         for i in range(4):
             p, c = divmod(i, 2)
-            k = 4 * (s % 2) + i
             ql = f.load("<64 x i8>", wb, 288 + 384 * s + 64 * i)
             lo = f.let(f"and <64 x i8> {ql}, {splat_i8(64, 15)}")
             hi = f.shift_bytes(ql, "lshr", 4, 15)
-            chunks = ((f.let(f"or <64 x i8> {lo}, {_q6_field(f, qh[p], c)}"), 4 * s + i),
-                      (f.let(f"or <64 x i8> {hi}, {_q6_field(f, qh[p], 2 + c)}"), 32 + 4 * s + i))
+            chunks = (f.let(f"or <64 x i8> {lo}, {_q6_field(f, qh[p], c)}"),
+                      f.let(f"or <64 x i8> {hi}, {_q6_field(f, qh[p], 2 + c)}"))
             for t, x in enumerate(xs):
-                for u, ch in chunks:
-                    d = dots.dot("zeroinitializer", u, f.bcast(x, f.add(qs, 4 * ch)))
-                    isums[t][k] = dots.scaled(isums[t][k], d, sc[ch // 4])
-    out = [list(a) for a in accs]
-    for t, x in enumerate(xs):
-        ddx = _x_scale(f, act, x, b, dw)
-        for k in range(8):
-            isum = isums[t][k]
-            for j in (2 * k, 2 * k + 1):  # -32 * bsum_j * sc_j (too wide for i16 products)
-                corr = f.let(f"mul {V16I} {f.bcast(x, f.add(c16, 4 * j))}, {sc_raw[j]}")
-                isum = f.let(f"add {V16I} {isum}, {corr}")
-            out[t][k] = _fold(f, out[t][k], isum, ddx)
-    return out
+                for h, ch in enumerate((4 * s + i, 32 + 4 * s + i)):
+                    chains[t][h] = dots.dot(chains[t][h], chunks[h], f.bcast(x, f.add(qs, 4 * ch)))
+        for t in range(len(xs)):
+            for h, j in enumerate((s, 8 + s)):
+                sc = head[j] if head else f.widen16(wb, 32 + 16 * j, signed=True)
+                term = f.let(f"mul {V16I} {chains[t][h]}, {sc}")
+                isums[t] = f.let(f"add {V16I} {isums[t]}, {term}") if isums[t] else term
+    return [[f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
+            for t, x in enumerate(xs)]
 
 
 BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q5_0: _body_q5_0, T.Q4_1: _body_q4_1,
                           T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row): the file-layout kernel's float lanes
-LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 8}
+LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 
@@ -312,41 +307,6 @@ def _lane_sum(f: Fn, v: list[str]) -> str:
     r = [f.let(f"fadd {V16F} {v[i]}, {v[i + 4]}") for i in range(4)]
     s = [f.let(f"fadd {V16F} {r[i]}, {r[i + 2]}") for i in range(2)]
     return f.let(f"fadd {V16F} {s[0]}, {s[1]}")
-
-
-class _StackRow(Sequence[str]):
-    """A tile row's accumulators kept in a stack buffer instead of loop-carried registers: a
-    K-quant tile of several rows holds 8 lane sums a row while it reads a block, and 8 float
-    accumulators a row beside them would not fit the 32 registers. Accumulator i is read
-    where the body asks for it (its fold) and stored back after the block."""
-
-    def __init__(self, f: Fn, buf: str, first: int, lanes: int) -> None:
-        self.f, self.buf, self.first, self.lanes = f, buf, first, lanes
-
-    def slot(self, i: int) -> str:
-        return self.f.gep(self.buf, 64 * (self.first + i))
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return list(self)[i]
-        if not 0 <= i < self.lanes:
-            raise IndexError(i)
-        # volatile: LLVM would otherwise promote the buffer back into registers
-        return self.f.let(f"load volatile {V16F}, ptr {self.slot(i)}, align 64")
-
-    def __len__(self) -> int:
-        return self.lanes
-
-    def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(self.lanes))
-
-    def store(self, values: list[str]) -> None:
-        for i, v in enumerate(values):
-            self.f.do(f"store volatile {V16F} {v}, ptr {self.slot(i)}, align 64")
 
 
 _ARGS = "ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, i64 %r0, i64 %r1, i64 %M, i64 %N"
@@ -374,9 +334,6 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
     group_bytes = f.mul("%nb", GROUP_BLOCK_BYTES[qtype])
     n_tiles = f.let(f"udiv i64 %M, {tile}")
     rest0 = f.mul(n_tiles, tile)
-    on_stack = tile > 1 and lanes == 8  # Q6_K's tile accumulators: see _StackRow
-    accbuf = f.let(f"alloca {V16F}, i64 {tile * lanes}, align 64") if on_stack else ""
-
     def group(g: str) -> None:
         wg = f.gep("%w", f.mul(g, group_bytes))
         col = f.mul(g, ROWS)
@@ -384,26 +341,12 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
         def tile_rows(m0: str, rows: int) -> None:
             xs = [act.row(f.add(m0, t)) for t in range(rows)]
 
-            if on_stack and rows > 1:
-                stack = [_StackRow(f, accbuf, lanes * t, lanes) for t in range(rows)]
-                for row in stack:
-                    row.store(["zeroinitializer"] * lanes)
+            def block(b: str, flat: list[str]) -> list[str]:
+                wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
+                accs = [flat[lanes * t:lanes * (t + 1)] for t in range(rows)]
+                return [v for row in body(f, dots, act, wb, b, xs, accs) for v in row]
 
-                def stack_block(b: str, _: list[str]) -> list[str]:
-                    wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
-                    for row, new in zip(stack, body(f, dots, act, wb, b, xs, stack)):
-                        row.store(new)
-                    return []
-
-                f.loop("%nb", [], stack_block)
-                flat = [v for row in stack for v in row]
-            else:
-                def block(b: str, flat: list[str]) -> list[str]:
-                    wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
-                    accs = [flat[lanes * t:lanes * (t + 1)] for t in range(rows)]
-                    return [v for row in body(f, dots, act, wb, b, xs, accs) for v in row]
-
-                flat = f.loop("%nb", [(V16F, "zeroinitializer")] * (rows * lanes), block)
+            flat = f.loop("%nb", [(V16F, "zeroinitializer")] * (rows * lanes), block)
             for t in range(rows):
                 acc = _lane_sum(f, flat[lanes * t:lanes * (t + 1)])
                 at = f.add(f.mul(f.add(m0, t), "%N"), col)

@@ -42,10 +42,11 @@ def host_isa(portable: bool = False) -> str:
 # lanes they had before (one thread, 1.1B shapes, scratch A/B of the two builds, two runs) Q4_K
 # is 1.07-1.35x at M = 1, 1.21-1.37x at M = 8 and 1.32-1.42x at M = 512, Q5_K 0.92-1.09x,
 # 1.16-1.27x and 1.11-1.29x.
-# Q6_K (tiles of 3 rows, 8 float lanes as llama.cpp's AVX2 Q6_K dot) at M = 1 0.80-1.03x the
-# file layout, M = 8 1.28-1.42x, M = 512 0.88-1.08x; in the
-# 1.1B Q4_K_M (scripts/profile_decode.py, Q6_K repacked everywhere vs the output only, two
-# rounds) 8 sequences 109-115 vs 98-108 tok/s, a 512-token prefill 145-155 vs 153, decode alike.
+# Q6_K sums its super-block whole in integers too: against the 8 float lanes of llama.cpp's
+# Q6_K dot product it had before (the same A/B, tiles of 3) 0.92-1.04x at M = 1, 1.50-1.58x at
+# M = 8, 2.0-2.15x at M = 512. llama.cpp keeps 8 lanes there, so this is a rounding order of
+# our own; Gemma 3's primes prompt against llama.cpp (tests/test_gemma3_reference.py, top-32
+# mean / max / last-row mean) 0.386 / 2.48 / 0.293 before, 0.349 / 2.54 / 0.319 after.
 # Q8_0 and Q5_0 sum a whole block in one int32 lane (Q5_0 against q8_0 activations, its
 # offset taken off in integers, as llama.cpp's own Q5_0 kernel does), a different rounding
 # from their file layout but measured inside the llama.cpp bars of
@@ -56,10 +57,10 @@ def host_isa(portable: bool = False) -> str:
 _NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q5_0,Q4_K,Q5_K,Q6_K").split(",")
 IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
                       if n.strip() and n.strip().lower() != "none")
-# The K-quant kernels keep 8 (Q6_K) or 16 (Q4_K/Q5_K's dot chains) accumulators of 16 rows per
-# activation row: without AVX-512's 32 registers they spill (the 8-lane AVX2 forms at M = 16:
-# 0.64-0.75x the file layout), so models take them
-# only on vnni512; Q5_0's tile (4 rows' accumulators and 8 unpacked chunks) would spill too.
+# The K-quant kernels' tiles hold several chains and accumulators of 16 rows per activation
+# row: without AVX-512's 32 registers they spilled (the earlier 8-lane AVX2 forms at M = 16:
+# 0.64-0.75x the file layout; not measured since), so models take them only on vnni512; Q5_0's
+# tile (4 rows' accumulators and 8 unpacked chunks) would spill too.
 NEEDS_AVX512 = frozenset({T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K})
 
 

@@ -312,11 +312,11 @@ def fold(f: MatmulFn, terms: Terms, acc: str) -> str:
 
 
 def fold_whole(f: MatmulFn, terms: Terms, acc: str) -> str:
-    """Fold one block's two terms (isum, d*dx), (minsum, -dmin*dx) whole: lane 0 of the
-    accumulator gathers fma(float(sum of isum's lanes), d*dx, .), lane 1 the mins' likewise
-    (the other lanes stay 0, so the final hsum_halves is lane 0 + lane 1). The integer lane
-    sums are exact, so this is the arithmetic of gemm's interleaved Q4_K/Q5_K kernels, and of
-    llama.cpp's repacked Q4_K (acc - acc_min), bit for bit."""
+    """Fold one block's terms whole (Q4_K/Q5_K: (isum, d*dx), (minsum, -dmin*dx); Q6_K: the
+    first alone): lane 0 of the accumulator gathers fma(float(sum of isum's lanes), d*dx, .),
+    lane 1 the mins' likewise (the other lanes stay 0, so the final hsum_halves is lane 0 +
+    lane 1). The integer lane sums are exact, so this is the arithmetic of gemm's interleaved
+    K-quant kernels, and of llama.cpp's repacked Q4_K (acc - acc_min), bit for bit."""
     values, scales = "zeroinitializer", "zeroinitializer"
     for lane, t in enumerate(terms):
         total = f.let(f"call i32 @llvm.vector.reduce.add.v8i32(<8 x i32> {t.value})")
@@ -369,4 +369,4 @@ def q4_5_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
 
 def q6_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
                wide: bool) -> RowCallbacks:
-    return super_block_tiles(q6_k_body(), f, ops)
+    return super_block_tiles(q6_k_body(), f, ops, whole=True)
