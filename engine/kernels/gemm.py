@@ -48,9 +48,9 @@ TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 2, T.Q5_K: 3, T.Q6_
 # 0.6-0.85x of 1, LLVM hoisting a block's unpacked quants into stack slots (the same with
 # compiler barriers between chunks).
 # A call's rows: whole tiles, then one smaller tile for what is left, then single rows.
-# (no software prefetch: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower from DRAM; for
-# the K-quants read in memory order, 32 blocks ahead was slower (Q4_K M = 1: 27.5 -> 19.3
-# GB/s) and the next group during a tile's later rows no faster)
+# (no software prefetch for single rows: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower
+# from DRAM; for the K-quants read in memory order, 32 blocks ahead was slower (Q4_K M = 1:
+# 27.5 -> 19.3 GB/s). Tiles prefetch the next group: see _build_gemm.)
 
 # A body folds one block of 16 weight rows into each tile row's accumulators: accs[t] holds
 # LANES[type] <16 x float> vectors (see the module docstring), returned updated.
@@ -309,6 +309,12 @@ def _lane_sum(f: Fn, v: list[str]) -> str:
     return f.let(f"fadd {V16F} {s[0]}, {s[1]}")
 
 
+def _prefetch_block(f: Fn, at: str, qtype: T) -> None:
+    """Every cache line of the group block at `at` into L2 (a prefetch never faults)."""
+    for line in range((GROUP_BLOCK_BYTES[qtype] + 63) // 64):
+        f.do(f"call void @llvm.prefetch.p0(ptr {f.gep(at, 64 * line)}, i32 0, i32 2, i32 1)")
+
+
 _ARGS = "ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, i64 %r0, i64 %r1, i64 %M, i64 %N"
 
 
@@ -340,9 +346,15 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
 
         def tile_rows(m0: str, rows: int) -> None:
             xs = [act.row(f.add(m0, t)) for t in range(rows)]
+            # a call's second tile prefetches the next group into L2, block by block, while it
+            # computes from cache: else the next group's first tile waits on memory (one
+            # thread, 1.1B shapes, M = 4 and 8: Q4_K 1.10-1.21x, Q6_K 1.06-1.12x)
+            ahead = f.let(f"icmp eq i64 {m0}, {tile}") if rows == tile > 1 else None
 
             def block(b: str, flat: list[str]) -> list[str]:
                 wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
+                if ahead is not None:
+                    f.if_then(ahead, functools.partial(_prefetch_block, f, f.gep(wb, group_bytes), qtype))
                 accs = [flat[lanes * t:lanes * (t + 1)] for t in range(rows)]
                 return [v for row in body(f, dots, act, wb, b, xs, accs) for v in row]
 

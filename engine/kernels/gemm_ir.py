@@ -13,6 +13,7 @@ ISAS = ("vnni512", "avx2", "portable")
 V16F, V16I = "<16 x float>", "<16 x i32>"
 
 DECLARATIONS = """
+declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)
 declare <16 x i32> @llvm.x86.avx512.vpdpwssd.512(<16 x i32>, <16 x i32>, <16 x i32>)
 declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
