@@ -36,17 +36,19 @@ from collections.abc import Callable, Sequence
 
 from engine.kernels.gemm_ir import DECLARATIONS, V16F, V16I, Act, Dots, Fn, splat_i8, vec_i32
 from engine.kernels.gemm_quantize import build_quantize
+from engine.kernels.jit import NO_MACHINE_SCHEDULER
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 2, T.Q5_K: 3, T.Q6_K: 3}
+TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 4, T.Q5_K: 4, T.Q6_K: 4}
 # The K-quants fold each step's sub-block chains into the isum as they complete, so a tile row
-# holds 2 dot chains. One thread, 1.1B shapes (scripts/bench_matmul.py --ab-tiles A,B --types
-# Q4_K,Q5_K,Q6_K --shapes 1b --ms 8,512): Q4_K 2 rows / 1 1.10-1.28x at M = 8, 1.26-1.34x at
-# M = 512, 3 rows / 2 1.00-1.07x and 0.89-0.99x; Q5_K 3 / 2 1.07-1.17x and 1.24-1.28x; Q6_K
-# 3 / 2 0.92-1.05x and 1.15-1.18x, 4 / 3 0.92-0.94x and 1.07-1.12x. Q4_K's 4 rows ran at
-# 0.6-0.85x of 1, LLVM hoisting a block's unpacked quants into stack slots (the same with
-# compiler barriers between chunks).
+# holds 2 dot chains, and the module compiles without LLVM's machine scheduler (jit's
+# NO_MACHINE_SCHEDULER), which hoisted a block's unpacked quants into stack slots: 4-row tiles
+# ran at 0.6-0.85x of 1 row with it. Without it, one thread, 1.1B shapes, M = 8 and 512: tiles as
+# before (Q4_K 2, Q5_K/Q6_K 3) 0.96-1.05x, Q5_K 1.26-1.30x (a scratch A/B of the two builds);
+# 4 rows / those Q4_K 1.13-1.20x and 0.99-1.06x, Q6_K 1.06-1.12x and 1.06-1.12x, Q5_K
+# 1.05-1.09x and 1.06-1.10x; 6 rows / 4 0.59-0.96x for Q4_K, Q8_0 and Q5_0
+# (scripts/bench_matmul.py --ab-tiles A,B --types T --shapes 1b --ms 8,512).
 # A call's rows: whole tiles, then one smaller tile for what is left, then single rows.
 # (no software prefetch for single rows: 1-8 blocks ahead, to L1 or L2, measured 10-35% slower
 # from DRAM; for the K-quants read in memory order, 32 blocks ahead was slower (Q4_K M = 1:
@@ -391,7 +393,7 @@ def build_gemm_ir(qtype: T, isa: str, tile: int | None = None) -> str:
     if not supported(qtype, isa):
         raise ValueError(f"no interleaved kernel for {qtype.name} on {isa}")
     name = f"gemm_{qtype.name.lower()}"
-    head = DECLARATIONS + build_quantize(ACTIVATION[qtype])
+    head = NO_MACHINE_SCHEDULER + DECLARATIONS + build_quantize(ACTIVATION[qtype])
     if tile == 1:
         return head + _build_gemm(qtype, isa, 1, name)
     return (head + _build_gemm(qtype, isa, 1, f"{name}_one", noinline=True)

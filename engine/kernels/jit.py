@@ -72,7 +72,24 @@ def cache_key(ir_text: str) -> str:
     return h.hexdigest()[:32]
 
 
+# A module whose text holds this line is compiled without LLVM's machine scheduler: for the
+# row-interleaved K-quant tiles it hoisted a block's unpacked quants ahead of their dot
+# products and spilled them (engine.kernels.gemm). LLVM's options are process-wide; every
+# compile holds _lib_lock, so the option is set for this module's code generation alone.
+NO_MACHINE_SCHEDULER = "; modelyard: compile without the machine scheduler\n"
+
+
 def _optimize_to_object(ir_text: str) -> bytes:
+    if NO_MACHINE_SCHEDULER not in ir_text:
+        return _emit(ir_text)
+    llvm.set_option("", "-enable-misched=false")
+    try:
+        return _emit(ir_text)
+    finally:
+        llvm.set_option("", "-enable-misched=true")
+
+
+def _emit(ir_text: str) -> bytes:
     tm = _target_machine()
     mod = llvm.parse_assembly(ir_text)
     mod.triple = tm.triple
