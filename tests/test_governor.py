@@ -1,20 +1,25 @@
 """The thread governor's choices against simulated run times (a pure policy: no threads here)."""
 from __future__ import annotations
 
-from engine.kernels.governor import EXPLORE_EVERY, SAMPLES, ThreadGovernor
+import itertools
+
+from engine.kernels.governor import EXPLORE_EVERY, EXPLORE_MAX, SAMPLES, ThreadGovernor
 
 DECODE = ThreadGovernor.kind("last", 1)
-SAMPLES_TO_FORGET = SAMPLES  # runs until the estimate holds only new times
 
 
-def drive(gov: ThreadGovernor, cost: dict[int, float], runs: int) -> list[int]:
+def drive(gov: ThreadGovernor, cost: dict[int, float], runs: int, kind: object = DECODE) -> list[int]:
     """Run `runs` times with fixed per-thread-count costs; returns the counts chosen."""
     chosen = []
     for _ in range(runs):
-        n = gov.choose(DECODE)
-        gov.record(DECODE, n, cost[n])
+        n = gov.choose(kind)
+        gov.record(kind, n, cost[n])
         chosen.append(n)
     return chosen
+
+
+def retries(chosen: list[int], n: int) -> list[int]:
+    return [i for i, c in enumerate(chosen) if c == n]
 
 
 def test_one_thread_has_nothing_to_choose() -> None:
@@ -22,32 +27,47 @@ def test_one_thread_has_nothing_to_choose() -> None:
     assert drive(gov, {1: 1.0}, 5) == [1] * 5
 
 
-def test_tries_all_threads_first_then_the_caller_alone() -> None:
+def test_a_kind_runs_on_all_threads_until_its_first_retry() -> None:
     gov = ThreadGovernor(2)
-    assert drive(gov, {1: 5.0, 2: 3.0}, 2) == [2, 1]
+    chosen = drive(gov, {1: 5.0, 2: 3.0}, EXPLORE_EVERY + 2)
+    assert chosen[:EXPLORE_EVERY] == [2] * EXPLORE_EVERY  # a rare kind never runs on one thread
+    assert chosen[EXPLORE_EVERY:] == [1, 2]
 
 
-def test_keeps_the_faster_count_and_retries_the_other_now_and_then() -> None:
+def test_losing_retries_come_ever_rarer_up_to_the_longest_wait() -> None:
     gov = ThreadGovernor(2)
-    chosen = drive(gov, {1: 5.0, 2: 3.0}, 4 * EXPLORE_EVERY)
-    assert chosen.count(1) == 1 + 3  # the first try, then at runs 32, 64, 96
-    assert chosen[2:EXPLORE_EVERY] == [2] * (EXPLORE_EVERY - 2)
+    chosen = drive(gov, {1: 5.0, 2: 3.0}, 8 * EXPLORE_MAX)
+    at = retries(chosen, 1)
+    gaps = [b - a for a, b in itertools.pairwise(at)]
+    assert at[0] == EXPLORE_EVERY
+    assert gaps == sorted(gaps) and gaps[0] == 2 * EXPLORE_EVERY + 1
+    assert gaps[-1] == EXPLORE_MAX + 1  # capped: a changed machine is still noticed
+    assert len(at) <= len(chosen) // EXPLORE_MAX + 4  # the doublings, then one per longest wait
 
 
-def test_a_busy_machine_moves_to_one_thread_and_a_quiet_one_back() -> None:
+def test_a_busy_machine_moves_to_one_thread_within_a_few_runs() -> None:
     gov = ThreadGovernor(2)
-    drive(gov, {1: 5.0, 2: 3.0}, 10)
-    busy = drive(gov, {1: 5.0, 2: 9.0}, 2 * EXPLORE_EVERY)   # another process took a core
-    late = busy[SAMPLES_TO_FORGET:]
-    assert late.count(1) >= len(late) - 2  # only the retries of two threads
-    quiet = drive(gov, {1: 5.0, 2: 3.0}, 2 * EXPLORE_EVERY)
-    late = quiet[EXPLORE_EVERY + SAMPLES_TO_FORGET:]     # after one retry saw two threads fast
-    assert late.count(2) >= len(late) - 1
+    drive(gov, {1: 5.0, 2: 3.0}, 4 * EXPLORE_EVERY)   # one thread tried and found slower
+    busy = drive(gov, {1: 5.0, 2: 9.0}, 2 * EXPLORE_EVERY)  # another process took a core
+    late = busy[2 * SAMPLES:]  # the slow runs retry at once until two threads' old times age out
+    assert late.count(1) >= len(late) - 1
+
+
+def test_a_quiet_machine_moves_back_at_the_next_retry() -> None:
+    gov = ThreadGovernor(2)
+    drive(gov, {1: 5.0, 2: 3.0}, 4 * EXPLORE_EVERY)
+    drive(gov, {1: 5.0, 2: 9.0}, 2 * EXPLORE_EVERY)
+    quiet = drive(gov, {1: 5.0, 2: 3.0}, 2 * EXPLORE_MAX)
+    first = quiet.index(2)
+    assert first <= EXPLORE_MAX  # the retry that sees two threads fast again
+    late = quiet[first:]
+    assert late.count(1) <= len(late) // EXPLORE_EVERY  # only the (losing) retries of one thread
 
 
 def test_kinds_are_timed_apart() -> None:
     gov = ThreadGovernor(2)
     prefill = ThreadGovernor.kind("last", 512)
     assert prefill != DECODE and ThreadGovernor.kind("last", 3) == ThreadGovernor.kind("last", 2)
-    drive(gov, {1: 5.0, 2: 9.0}, 10)          # decode prefers one thread ...
-    assert gov.choose(prefill) == 2           # ... prefill is still untried on two
+    drive(gov, {1: 5.0, 2: 9.0}, EXPLORE_EVERY + 4)  # decode learns to prefer one thread ...
+    assert gov.choose(DECODE) == 1
+    assert gov.choose(prefill) == 2                   # ... prefill still starts on two

@@ -4,20 +4,38 @@ The thread count never changes a result (tasks split work; every output row and 
 is computed whole by one thread), only the speed, and on a shared machine fewer threads can be
 faster: when the OS deschedules one of ours, the others wait for it at every barrier. So per kind
 of run (output kind and token count, bucketed) the governor remembers the last few run times of
-each thread count it tried, runs the fastest, and retries another count every EXPLORE_EVERY
-runs, so a machine that got busy or quiet again is noticed within a fraction of a second of
-decoding.
+each thread count it tried and runs the fastest. A kind starts on all threads and tries another
+count only at its EXPLORE_EVERY-th run: a rare kind (the steps that read a burst of new prompts)
+never pays for a trial on one thread. A retry that loses doubles the wait before the next, up to
+EXPLORE_MAX runs; one that wins resets it. A run more than SLOW_FACTOR times slower than its
+count's estimate (the machine got busy) makes the next run a retry at once.
 
 Per kind:
-    untried counts left --run one, time it--> (all tried) choosing the fastest
-    choosing --every EXPLORE_EVERY runs of this kind--> one run with the next other count
+    all threads, waiting --runs reach `due`--> retry: one run on the next other count
+    retry --it lost--> waiting, interval doubled (at most EXPLORE_MAX), due = runs + interval
+    retry --it won--> waiting on the new fastest, interval EXPLORE_EVERY
+    waiting --a run > SLOW_FACTOR x its estimate--> retry next run, interval EXPLORE_EVERY
+(Measured on the 1.1B Q4_K_M server, 8 clients, scripts/bench_serve.py: trying one thread on a
+kind's second run cost 122 vs 137 tok/s with every run on two threads.)
 """
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
-EXPLORE_EVERY = 32  # runs between retries of a count that is not the fastest
+EXPLORE_EVERY = 32  # runs of a kind before its first retry, and after a retry that won
+EXPLORE_MAX = 256   # the longest wait between retries, after retries kept losing
+SLOW_FACTOR = 2.0   # a run this much slower than its estimate retries at once (token counts
+                    # vary less than 2x within a kind)
 SAMPLES = 3         # run times kept per (kind, count); their minimum is the estimate
+
+
+@dataclass
+class _Kind:
+    runs: int = 0
+    interval: int = EXPLORE_EVERY
+    due: int = EXPLORE_EVERY   # the run index of the next retry
+    retries: int = 0
 
 
 class ThreadGovernor:
@@ -26,7 +44,7 @@ class ThreadGovernor:
             raise ValueError(f"n_threads must be at least 1, got {n_threads}")
         self.candidates = sorted({1, n_threads})  # all threads, or the caller alone
         self._times: dict[tuple[object, int], deque[float]] = {}
-        self._runs: dict[object, int] = {}
+        self._kinds: dict[object, _Kind] = {}
 
     @staticmethod
     def kind(output: str, n_tokens: int) -> tuple[str, int]:
@@ -41,17 +59,31 @@ class ThreadGovernor:
         """The thread count for the next run of this kind."""
         if len(self.candidates) == 1:
             return self.candidates[0]
-        for n in reversed(self.candidates):  # all threads first
-            if self.estimate(kind, n) is None:
-                return n
-        ranked = sorted(self.candidates, key=lambda n: self.estimate(kind, n))  # type: ignore[arg-type, return-value]
-        runs = self._runs.get(kind, 0)
-        if runs and runs % EXPLORE_EVERY == 0:
-            return ranked[1 + (runs // EXPLORE_EVERY - 1) % (len(ranked) - 1)]
-        return ranked[0]
+        best = self._fastest(kind)
+        state = self._kinds.get(kind)
+        if best is None or state is None or state.runs < state.due:
+            return best if best is not None else self.candidates[-1]
+        others = [n for n in reversed(self.candidates) if n != best]
+        untried = [n for n in others if self.estimate(kind, n) is None]
+        return untried[0] if untried else others[state.retries % len(others)]
+
+    def _fastest(self, kind: object) -> int | None:
+        tried = [n for n in self.candidates if self.estimate(kind, n) is not None]
+        if self.candidates[-1] not in tried:
+            return None  # all threads first
+        return min(tried, key=lambda n: self.estimate(kind, n))  # type: ignore[arg-type, return-value]
 
     def record(self, kind: object, threads: int, seconds: float) -> None:
         """A run of this kind on `threads` threads took `seconds`."""
-        self._runs[kind] = self._runs.get(kind, 0) + 1
+        state = self._kinds.setdefault(kind, _Kind())
+        best, before = self._fastest(kind), self.estimate(kind, threads)
         times = self._times.setdefault((kind, threads), deque(maxlen=SAMPLES))
         times.append(seconds)
+        state.runs += 1
+        if best is not None and threads != best:  # a retry
+            state.retries += 1
+            won = self._fastest(kind) == threads
+            state.interval = EXPLORE_EVERY if won else min(2 * state.interval, EXPLORE_MAX)
+            state.due = state.runs + state.interval
+        elif before is not None and seconds > SLOW_FACTOR * before:
+            state.interval, state.due = EXPLORE_EVERY, state.runs
