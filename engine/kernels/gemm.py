@@ -14,13 +14,13 @@ The loop nest: for each group of 16 weight rows, for each tile of TILES[type] ac
 (then one smaller tile and single rows), for each block: unpack the 16 rows' block
 (registers), then for each tile row take the integer dot products with 4-byte activation
 broadcasts (`vpdpbusd` adds four u8 x i8 products into each row's lane), scale and accumulate
-per block. A tile's accumulators live in registers; the group's weights stay in L1/L2 while all M activation rows stream past
-them, so weights are read from memory once per call. Calls of one row (decode) go to the nest
-compiled for single rows alone (gemm_<type>_one). The K-quants' float operations and their
-order are the file-layout kernel's (FILE_LAYOUT_BITS): Q4_K and Q5_K sum a whole super-block in
-integers and keep 2 accumulators per activation row (the block's and its mins'), Q6_K one.
-Their bodies read a block's quants in memory order, which the hardware
-prefetchers follow.
+per block. A tile's accumulators live in registers; the group's weights stay in L1/L2 while
+all M activation rows stream past them, so weights are read from memory once per call. Calls
+of one row (decode) go to the nest compiled for single rows alone (gemm_<type>_one). The
+K-quants' float operations and their order are the file-layout kernel's (FILE_LAYOUT_BITS): they
+sum a whole super-block in integers and keep 2 accumulators per activation row (Q4_K and Q5_K:
+the block's and its mins') or 1 (Q6_K). Their bodies read a block's quants in memory order,
+which the hardware prefetchers follow.
 
 Instruction selections (the same integers everywhere, so all give the same bits):
   vnni512   `vpdpbusd` / `vpdpwssd` on 512-bit vectors (AVX-512 VNNI + BW)
@@ -146,12 +146,6 @@ def _body_q4_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 def _body_q5_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q4_5_1(f, dots, act, wb, b, xs, accs, 256)
-
-
-def _fold(f: Fn, acc: str, isum: str, ddx: str) -> str:
-    """acc + float(isum) * ddx, in kquants.fold's order (a product, then the add)."""
-    part = f.let(f"fmul {V16F} {f.tofloat(isum)}, {ddx}")
-    return f.let(f"fadd {V16F} {acc}, {part}")
 
 
 def _x_scale(f: Fn, act: Act, x: str, b: str, w_scale: str) -> str:
@@ -288,7 +282,7 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 
 BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q5_0: _body_q5_0, T.Q4_1: _body_q4_1,
                           T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
-# accumulators per (16 weight rows, activation row): the file-layout kernel's float lanes
+# accumulators per (16 weight rows, activation row)
 LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
@@ -300,15 +294,9 @@ def supported(qtype: T, isa: str) -> bool:
 
 
 def _lane_sum(f: Fn, v: list[str]) -> str:
-    """The lanes' total in isa.hsum_halves' order: ((v0+v4) + (v2+v6)) + ((v1+v5) + (v3+v7));
-    for 2 lanes v0 + v1 (hsum_halves of kquants.fold_whole's accumulator, its other lanes 0)."""
-    if len(v) == 1:
-        return v[0]
-    if len(v) == 2:
-        return f.let(f"fadd {V16F} {v[0]}, {v[1]}")
-    r = [f.let(f"fadd {V16F} {v[i]}, {v[i + 4]}") for i in range(4)]
-    s = [f.let(f"fadd {V16F} {r[i]}, {r[i + 2]}") for i in range(2)]
-    return f.let(f"fadd {V16F} {s[0]}, {s[1]}")
+    """A row's accumulators summed: Q4_K/Q5_K's acc + nacc (hsum_halves of kquants.fold_whole's
+    accumulator, whose other lanes are 0)."""
+    return v[0] if len(v) == 1 else f.let(f"fadd {V16F} {v[0]}, {v[1]}")
 
 
 def _prefetch_block(f: Fn, at: str, qtype: T) -> None:
@@ -371,6 +359,7 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
             return []
 
         f.loop(n_tiles, [], full_tile)
+
         def smaller_tile(at: str, size: int) -> str:
             tile_rows(at, size)
             return f.add(at, size)

@@ -130,19 +130,6 @@ class Dots:
         prod = f.let(f"mul <64 x i32> {uw}, {sw}")
         return f.let(f"add {V16I} {acc}, {self._sum_groups(prod, 16, 4)}")
 
-    def scale(self, v: str) -> str:
-        """A <16 x i32> of 16-bit-range multipliers in the form `scaled` takes (VNNI: the value
-        in each lane's low i16, zero above, so vpdpwssd's second product vanishes)."""
-        if self.isa != "vnni512":
-            return v
-        return self.f.let(f"and {V16I} {v}, {vec('i32', [0xFFFF] * 16)}")
-
-    def scaled(self, acc: str, d: str, sc: str) -> str:
-        """acc + d * sc per lane, for d within i16 and sc from `scale` (exact either way)."""
-        if self.isa == "vnni512":
-            return self.wdot(acc, d, sc)
-        return self.f.let(f"add {V16I} {acc}, {self.f.let(f'mul {V16I} {d}, {sc}')}")
-
     def wdot(self, acc: str, a: str, b: str) -> str:
         f = self.f
         if self.isa == "vnni512":
