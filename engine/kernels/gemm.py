@@ -337,14 +337,11 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
 
         def tile_rows(m0: str, rows: int) -> None:
             xs = [act.row(f.add(m0, t)) for t in range(rows)]
-            # a call's second tile prefetches the next group into L2, block by block, while it
-            # computes from cache: else the next group's first tile waits on memory (one
-            # thread, 1.1B shapes, M = 4 and 8: Q4_K 1.10-1.21x, Q6_K 1.06-1.12x)
             # the next group into L2, block by block, during the call's second tile, which
             # computes from cache: else the next group's first tile waits on memory. With just
             # two tiles the first takes half of it (one tile's compute is too short to cover
             # fetching a group). One thread, 1.1B shapes, M = 4 and 8: Q4_K 1.10-1.21x, Q6_K
-            # 1.06-1.12x; the split at M = 8: Q6_K 1.25x, Q8_0 1.26-1.44x more
+            # 1.06-1.12x; the split, at M = 8: Q6_K 1.17-1.28x, Q8_0 1.45x more
             lo: str | None = None
             hi: str | None = None
             if rows == tile > 1:
