@@ -256,7 +256,11 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     # block in order: one thread, M = 1, 1.10-1.17x); a tile's rows take each scale where it is
     # used (16 scales in registers beside a tile's chains: M = 8 and 512 at 0.65-0.83x)
     dw = f.half16(wb, 0)
-    head = [f.widen16(wb, 32 + 16 * j, signed=True) for j in range(16)] if len(xs) == 1 else []
+
+    def scale(j: int) -> str:
+        return f.widen16(wb, 32 + 16 * j, signed=True)
+
+    head = [scale(j) for j in range(16)] if len(xs) == 1 else []
     isums = [""] * len(xs)
     for s in range(8):
         qh = [f.load("<64 x i8>", wb, 288 + 384 * s + 256 + 64 * p) for p in range(2)]
@@ -273,8 +277,7 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                     chains[t][h] = dots.dot(chains[t][h], chunks[h], f.bcast(x, f.add(qs, 4 * ch)))
         for t in range(len(xs)):
             for h, j in enumerate((s, 8 + s)):
-                sc = head[j] if head else f.widen16(wb, 32 + 16 * j, signed=True)
-                term = f.let(f"mul {V16I} {chains[t][h]}, {sc}")
+                term = f.let(f"mul {V16I} {chains[t][h]}, {head[j] if head else scale(j)}")
                 isums[t] = f.let(f"add {V16I} {isums[t]}, {term}") if isums[t] else term
     return [[f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
             for t, x in enumerate(xs)]
@@ -340,8 +343,8 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
             # the next group into L2, block by block, during the call's second tile, which
             # computes from cache: else the next group's first tile waits on memory. With just
             # two tiles the first takes half of it (one tile's compute is too short to cover
-            # fetching a group). One thread, 1.1B shapes, M = 4 and 8: Q4_K 1.10-1.21x, Q6_K
-            # 1.06-1.12x; the split, at M = 8: Q6_K 1.17-1.28x, Q8_0 1.45x more
+            # fetching a group). One thread, 1.1B shapes: Q4_K 1.10-1.21x (M = 4 and 8), Q6_K
+            # 1.06-1.12x (M = 4); the split, at M = 8: Q6_K 1.17-1.28x, Q8_0 1.45x more
             lo: str | None = None
             hi: str | None = None
             if rows == tile > 1:

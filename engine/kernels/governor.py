@@ -11,7 +11,7 @@ EXPLORE_MAX runs; one that wins resets it. A run more than SLOW_FACTOR times slo
 count's estimate (the machine got busy) makes the next run a retry at once.
 
 Per kind:
-    all threads, waiting --runs reach `due`--> retry: one run on the next other count
+    all threads, waiting --runs reach `due`--> retry: one run on the other count
     retry --it lost--> waiting, interval doubled (at most EXPLORE_MAX), due = runs + interval
     retry --it won--> waiting on the new fastest, interval EXPLORE_EVERY
     waiting --a run > SLOW_FACTOR x its estimate--> retry next run, interval EXPLORE_EVERY
@@ -35,7 +35,6 @@ class _Kind:
     runs: int = 0
     interval: int = EXPLORE_EVERY
     due: int = EXPLORE_EVERY   # the run index of the next retry
-    retries: int = 0
 
 
 class ThreadGovernor:
@@ -60,12 +59,12 @@ class ThreadGovernor:
         if len(self.candidates) == 1:
             return self.candidates[0]
         best = self._fastest(kind)
-        state = self._kinds.get(kind)
-        if best is None or state is None or state.runs < state.due:
-            return best if best is not None else self.candidates[-1]
-        others = [n for n in reversed(self.candidates) if n != best]
-        untried = [n for n in others if self.estimate(kind, n) is None]
-        return untried[0] if untried else others[state.retries % len(others)]
+        if best is None:
+            return self.candidates[-1]
+        state = self._kinds[kind]  # a count has an estimate: the kind has run
+        if state.runs < state.due:
+            return best
+        return self.candidates[0] if best == self.candidates[-1] else self.candidates[-1]
 
     def _fastest(self, kind: object) -> int | None:
         tried = [n for n in self.candidates if self.estimate(kind, n) is not None]
@@ -81,7 +80,6 @@ class ThreadGovernor:
         times.append(seconds)
         state.runs += 1
         if best is not None and threads != best:  # a retry
-            state.retries += 1
             won = self._fastest(kind) == threads
             state.interval = EXPLORE_EVERY if won else min(2 * state.interval, EXPLORE_MAX)
             state.due = state.runs + state.interval
