@@ -137,6 +137,27 @@ def test_heads_run_together_give_the_bits_of_one_head_at_a_time(n_head, n_kv_hea
         assert np.array_equal(got[:, h].view(np.uint32), single[:, 0].view(np.uint32)), h
 
 
+@pytest.mark.parametrize("f16c", [True, False])
+@pytest.mark.parametrize("head_dim", [64, 72, 128])
+@pytest.mark.parametrize("n_head,n_kv_head", [(8, 2), (6, 1), (4, 4)])
+def test_register_plans_give_the_same_bits(n_head, n_kv_head, head_dim, f16c):
+    """The code planned for 16 or for 32 vector registers (how many keys share a pass over
+    head_dim, how much of the accumulator stays in registers) gives identical bits: key counts
+    around the BLOCK_KEYS edges, scores that rise key after key (a new max at every key, each
+    with its rescale) and the same keys shuffled."""
+    plans = [AttentionKernel(f16c=f16c, registers=r) for r in (16, 32)]
+    rng = np.random.default_rng([n_head, head_dim])
+    for pos0 in (0, 30, 31, 32, 33, 64, 100):
+        q, k, v = make_case(rng, 1, pos0, n_head, n_kv_head, head_dim, pos0 + 1)
+        q = np.abs(q)  # positive q and one positive key direction scaled up: rising scores
+        rising = (np.abs(k[:1]) * np.linspace(0.05, 1.0, pos0 + 1)[:, None, None]).astype(np.float16)
+        for keys in (k, rising, rising[rng.permutation(pos0 + 1)]):
+            got = [kern(q, keys, v, pos0) for kern in plans]
+            assert np.array_equal(got[0].view(np.uint32), got[1].view(np.uint32)), pos0
+            np.testing.assert_allclose(got[0], attention_f16acc_reference(q, keys, v, pos0),
+                                       rtol=RTOL, atol=ATOL)
+
+
 def run_items(kern: AttentionKernel, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int,
               out: np.ndarray, w_begin: int, w_end: int, path: str = "f16acc") -> None:
     """One kernel function itself over items [w_begin, w_end), as one thread of a split runs it."""

@@ -16,17 +16,22 @@ attention_f16acc (decode and small batches; llama.cpp's one-row path): one onlin
         else:     p = e^(s - m)
         acc = f16(acc + p * v[t]);  l = l * (rescale) + p
     out = acc / l
-    The accumulator is f16-rounded after every step, exactly as ggml's VKQ16 row. Four keys
-    go together: their maxima and exponents first (one vector exp), then one pass over the
-    accumulator applies their four steps in order (16 lanes wide when head_dim allows), without
-    the rescales when none of the four sets a new max (a rescale by 1 changes nothing).
+    The accumulator is f16-rounded after every step, exactly as ggml's VKQ16 row. The keys go
+    in blocks of BLOCK_KEYS, in three phases with the same operations in the same order:
+      a. the block's scores, four keys at a time;
+      b. its softmax factors: each key's max-before from a prefix max over 16 keys, one vector
+         exp for 16 keys; then l key by key;
+      c. one pass over the accumulator applies the block's keys in order, the accumulator in
+         registers throughout (16 lanes wide when head_dim allows), the rescale only at keys
+         that set a new max (a rescale by 1 changes nothing).
     The query heads of one kv head (a run of up to GROUP_MAX consecutive items) take the keys
     together: each head keeps its own q16 row, max, sum and accumulator and sees exactly the
     operations above, in the same order, so its bits do not depend on the company it keeps; the
     key and value rows are converted from f16 once for the run, and the heads' accumulator
     chains (fma -> f16 round -> next key, latency-bound alone) are independent work the CPU
-    overlaps. Key and value rows are prefetched PREFETCH_KEYS ahead: in a forward pass they are
-    cold, the matmuls having streamed the weights through the caches since the last step.
+    overlaps. The next block's key rows and this block's value rows are prefetched while the
+    scores run: in a forward pass they are cold, the matmuls having streamed the weights
+    through the caches since the last step.
 
 One work item is one (query, head) pair, w = query * n_head + head, over the keys it may see
 (cache rows 0 .. pos0 + query). A thread runs a contiguous range of items with its own scratch
@@ -100,14 +105,20 @@ class AttentionKernel:
     parallel_min_work = 1 << 18
 
     def __init__(self, n_threads: int = 1, *, f16c: bool | None = None,
-                 pool: Pool | None = None, flash_attn: bool = True) -> None:
+                 pool: Pool | None = None, flash_attn: bool = True,
+                 registers: int | None = None) -> None:
         """flash_attn: follow llama.cpp's flash-attention paths (f16acc below TILED_MIN_QUERIES
-        queries, exact from there); False: its non-flash path, attention_rounded, at every size."""
+        queries, exact from there); False: its non-flash path, attention_rounded, at every size.
+        registers: the vector registers the code plans for (default: 32 with AVX-512, else 16);
+        it changes the speed only, never a bit."""
         if n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
         self.flash_attn = flash_attn
         self.f16c = host_has("f16c") if f16c is None else f16c
-        lib = compile_cached("attention", (self.f16c,), lambda: str(build_attention_module(self.f16c)))
+        if registers is None:
+            registers = 32 if host_has("avx512f") else 16
+        lib = compile_cached("attention", (self.f16c, registers),
+                             lambda: str(build_attention_module(self.f16c, registers)))
         p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         sig = (None, p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f)
         # the functions for many queries (exact) and for few (f16acc); both rounded without FA

@@ -45,8 +45,9 @@ TILED_MIN_QUERIES = 64
 # attention_f16acc runs up to this many query heads of one kv head together (one pass over keys);
 # 8 gained ~5% more on groups of 8 but tripled the module's compile time (0.4 -> 1.4 s)
 GROUP_MAX = 4
-VG = ir.VectorType(F32, GROUP_MAX)  # one lane per head of a run
-PREFETCH_KEYS = 16  # how many key rows ahead attention_f16acc prefetches
+BLOCK_KEYS = 32  # attention_f16acc's keys per block: their scores, softmax factors, accumulation
+SOFTMAX_LANES = 16  # keys per vector of the block's softmax factors (one exp call)
+PREFETCH_KEYS = 16  # key rows attention_f16acc prefetches before its first block
 
 
 def load_half(b: ir.IRBuilder, base: ir.Value, index: ir.Value, f16c: bool,
@@ -130,7 +131,7 @@ def _item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, o
                  gep(b, out, b.mul(w, head_dim)), gep(b, k, first), gep(b, v, first), row_stride)
 
 
-def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
+def _define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool = False) -> None:
     """attention_exact, or (rounded) attention_rounded: llama.cpp without flash attention,
     which takes q as f16 for q . k and the normalised probabilities as f16 for p . v."""
     name = FUNCTION_ROUNDED if rounded else FUNCTION_EXACT
@@ -162,12 +163,13 @@ def _define_exact(module: ir.Module, f16c: bool, rounded: bool = False) -> None:
         max4 = [variable(b, V4F32, const(V4F32, -math.inf), f"max4_{j}") for j in range(n)]
         with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
             rows = [it.row(b, k_head, b.add(t, i64(r))) for r in range(ROWS)]
-            for j, s4 in enumerate(_scores(b, q_rows, rows, head_dim, scale, None, f16c)):
+            for j, s4 in enumerate(_scores(b, q_rows, rows, head_dim, scale, None, f16c, registers)):
                 store(b, s4, score_rows[j], t)
                 b.store(irbuild.maxnum(b, b.load(max4[j]), s4), max4[j])
         max1 = [variable(b, F32, const(F32, -math.inf), f"max1_{j}") for j in range(n)]
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
-            for j, s1 in enumerate(_scores(b, q_rows, [it.row(b, k_head, t)], head_dim, scale, None, f16c)):
+            for j, s1 in enumerate(_scores(b, q_rows, [it.row(b, k_head, t)], head_dim, scale, None, f16c,
+                                                 registers)):
                 store(b, s1, score_rows[j], t)
                 b.store(irbuild.maxnum(b, b.load(max1[j]), s1), max1[j])
         mx1 = [irbuild.maxnum(b, irbuild.hmax(b, b.load(max4[j])), b.load(max1[j])) for j in range(n)]
@@ -264,10 +266,11 @@ def _runs_of_heads(b: ir.IRBuilder, w_begin: ir.Value, w_end: ir.Value, n_head: 
     b.ret_void()
 
 
-def _keys_per_score_pass(n: int) -> int:
+def _keys_per_score_pass(n: int, registers: int) -> int:
     """Keys whose dot products share one pass over head_dim when n heads go together: each key
-    takes a register for its converted row and one accumulator per head; stay within 16."""
-    return next(kp for kp in (ROWS, 2, 1) if kp * (n + 1) + 1 <= 15)
+    takes a register for its converted row and one accumulator per head; stay within the
+    vector registers, less one."""
+    return next(kp for kp in (ROWS, 2, 1) if kp * (n + 1) + 1 <= registers - 1)
 
 
 def _capped(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
@@ -291,7 +294,7 @@ def _softcap(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
 
 
 def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], head_dim: ir.Value,
-            scale: ir.Value, softcap: ir.Value | None, f16c: bool) -> list[ir.Value]:
+            scale: ir.Value, softcap: ir.Value | None, f16c: bool, registers: int) -> list[ir.Value]:
     """Per query row (head), scale * (q . k) for ROWS key rows (a <ROWS x float>) or one (a float).
 
     Per lane an fma chain over head_dim, then hsum4x8's or hsum's (equal) fixed tree: the same
@@ -299,7 +302,7 @@ def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], hea
     once per pass for all the heads.
     """
     n = len(q_rows)
-    kp = min(_keys_per_score_pass(n), len(k_rows))
+    kp = min(_keys_per_score_pass(n, registers), len(k_rows))
     sums: list[list[ir.Value]] = [[] for _ in range(n)]  # [head][key] <8 x float> lane sums
     for r0 in range(0, len(k_rows), kp):
         accs = [[variable(b, V8F32, const(V8F32, 0.0), f"acc{j}_{r}") for r in range(kp)]
@@ -346,13 +349,14 @@ def exact_scratch_floats(n_keys: int, n_head: int = 1, n_kv_head: int = 1) -> in
 
 
 def f16acc_scratch_floats(n_head: int, n_kv_head: int, head_dim: int) -> int:
-    """Scratch floats per thread for attention_f16acc: the q16 rows of the heads run together."""
-    return _run_heads(n_head, n_kv_head) * head_dim
+    """Scratch floats per thread for attention_f16acc: per head run together its q16 row, and
+    its block's scores, rescale and value factors."""
+    return _run_heads(n_head, n_kv_head) * (head_dim + 3 * BLOCK_KEYS)
 
 
-def _define_f16acc(module: ir.Module, f16c: bool) -> None:
-    b, args = _define(module, FUNCTION_F16ACC, "q16")  # q16: [run heads, head_dim], q in f16
-    (q, k, v, out, q16, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
+def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
+    b, args = _define(module, FUNCTION_F16ACC, "scratch")  # see f16acc_scratch_floats
+    (q, k, v, out, scratch, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
      window, ring, softcap) = args
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
@@ -360,148 +364,167 @@ def _define_f16acc(module: ir.Module, f16c: bool) -> None:
 
     def heads(w: ir.Value, n: int) -> None:
         """Items w .. w + n - 1 (one query, consecutive heads of one kv head) in one pass over
-        the keys: each head keeps its own q16 row, running max and sum and f16 accumulator (its
-        output row), with exactly the operations it would see alone; key and value rows are
-        converted from f16 once for all n."""
+        the keys, BLOCK_KEYS at a time: each head keeps its own q16 row, running max and sum and
+        f16 accumulator (its output row), with exactly the operations it would see alone; key
+        and value rows are converted from f16 once for all n."""
         it = _item(b, w, q, k, v, out, n_head, group, head_dim, pos0, window, ring, row_stride)
-        n_keys, n_keys_block, k_head, v_head = it.n_keys, it.n_keys_block, it.k_head, it.v_head
+        n_keys, k_head, v_head = it.n_keys, it.k_head, it.v_head
         off = [b.mul(b.add(w, i64(j)), head_dim) for j in range(n)]
         out_rows = [gep(b, out, o) for o in off]
-        q16_rows = [gep(b, q16, b.mul(i64(j), head_dim)) for j in range(n)]
+        q16_rows = [gep(b, scratch, b.mul(i64(j), head_dim)) for j in range(n)]
+        block_rows = gep(b, scratch, b.mul(i64(n), head_dim))  # then [3][n][BLOCK_KEYS]
+        score_rows, ms_rows, vs_rows = ([gep(b, block_rows, i64((a * n + j) * BLOCK_KEYS)) for j in range(n)]
+                                        for a in range(3))
 
         # q rounded to f16 once per item, as ggml converts Q for its f16 dot products
         with counted_loop(b, i64(0), head_dim, VEC, "qr") as c:
             for j in range(n):  # read q before zeroing out: they may be the same row
                 store(b, round_half(b, load(b, gep(b, q, off[j]), c, V8F32), f16c), q16_rows[j], c)
                 store(b, const(V8F32, 0.0), out_rows[j], c)
-        m_run = variable(b, VG, const(VG, -math.inf), "m_run")  # [head] running max score
-        s_run = variable(b, VG, const(VG, 0.0), "s_run")        # [head] running sum of exp
+        m_run = [variable(b, F32, const(F32, -math.inf), f"m{j}") for j in range(n)]  # running max
+        l_run = [variable(b, F32, const(F32, 0.0), f"l{j}") for j in range(n)]        # running sum
 
-        def scores(rows: list[ir.Value]) -> list[list[ir.Value]]:
-            """[head][key] the scores scale * (q16 . k) of len(rows) keys (see _scores)."""
-            per_head = _scores(b, q16_rows, rows, head_dim, scale, softcap, f16c)
-            if len(rows) == 1:
-                return [[s] for s in per_head]
-            return [[b.extract_element(s4, ir.Constant(I32, r)) for r in range(ROWS)] for s4 in per_head]
+        def prefetch_rows(base: ir.Value, first: ir.Value, count: int) -> None:
+            """Ask for rows first .. first + count - 1 of `base` (clamped to the last key) ahead
+            of use: the cache rows are cold after the step's matmuls streamed the weights through."""
+            for r in range(count):
+                row = it.row(b, base, _min(b, b.add(first, i64(r)), b.sub(n_keys, i64(1))))
+                with counted_loop(b, i64(0), head_dim, 32, "pfc") as c:  # 32 f16: one line
+                    _prefetch(b, gep(b, row, c))
+                _prefetch(b, gep(b, row, b.sub(head_dim, i64(1))))
 
-        def softmax_steps(s: list[list[ir.Value]]) -> list[tuple[list[ir.Value], list[ir.Value], ir.Value]]:
-            """Per head, the running max and sum over its keys' scores s[head] in key order; each
-            key's accumulator factors ms (rescale: e^(m_old - s) on a new max, else 1) and vs
-            (e^(s - m), 1 on a new max), and whether any key set a new max. The heads are lanes
-            of one <GROUP_MAX x float> (elementwise, so each lane has the bits of a lone head),
-            and one exp call serves all keys and heads."""
-            n_k = len(s[0])
-            m = b.load(m_run)
-            new_max, diffs = [], []
-            for r in range(n_k):
-                sr = const(VG, 0.0)  # lanes past n heads: harmless filler
+        def block_scores(t0: ir.Value, count: ir.Value) -> None:
+            """score_rows[j][r] = scale * (q16_j . k[t0 + r]) for r < count (see _scores); the
+            next block's key rows and this block's value rows are prefetched meanwhile."""
+            count4 = irbuild.round_down(b, count, ROWS)
+            with counted_loop(b, i64(0), count4, ROWS, "s4") as r:
+                t = b.add(t0, r)
+                prefetch_rows(k_head, b.add(t, i64(BLOCK_KEYS)), ROWS)
+                prefetch_rows(v_head, t, ROWS)
+                rows = [it.row(b, k_head, b.add(t, i64(i))) for i in range(ROWS)]
+                for j, s4 in enumerate(_scores(b, q16_rows, rows, head_dim, scale, softcap, f16c, registers)):
+                    store(b, s4, score_rows[j], r)
+            with counted_loop(b, count4, count, 1, "s1") as r:
+                rows = [it.row(b, k_head, b.add(t0, r))]
+                for j, s1 in enumerate(_scores(b, q16_rows, rows, head_dim, scale, softcap, f16c, registers)):
+                    store(b, s1, score_rows[j], r)
+
+        def block_softmax(count: ir.Value) -> ir.Value:
+            """Per head, each of the block's keys' accumulator factors in key order, as the
+            sequential online softmax gives them: on a new max (s > the max before it)
+            ms = e^(m_before - s) (the rescale) and vs = 1, else ms = 1 and vs = e^(s - m_before).
+            m_before comes from a prefix max over the block's lanes (maxnum ignores NaN as the
+            sequential compare does; +0 / -0 ties change no result), one exp for SOFTMAX_LANES
+            keys. Then l = l * ms + vs key by key (the order the sum sees alone). Returns a mask
+            whose bit r is set when key r set a new max for any head."""
+            vty = ir.VectorType(F32, SOFTMAX_LANES)
+            ity = ir.VectorType(I32, SOFTMAX_LANES)
+            neg_inf, ones = const(vty, -math.inf), const(vty, 1.0)
+            lanes = ir.Constant(ity, list(range(SOFTMAX_LANES)))
+            last = irbuild.splat(b, b.trunc(count, I32), SOFTMAX_LANES)
+            new_keys = variable(b, I64, i64(0), "new_keys")
+            for j in range(n):
+                with counted_loop(b, i64(0), count, SOFTMAX_LANES, "sm") as r:
+                    valid = b.icmp_signed("<", b.add(irbuild.splat(b, b.trunc(r, I32), SOFTMAX_LANES), lanes), last)
+                    s = b.select(valid, load(b, score_rows[j], r, vty), neg_inf)  # lanes past the block's keys
+                    upto = s  # upto[i] = max(s[0..i]): shift by 1, 2, 4, ... lanes (-inf in) and take the max
+                    shift = 1
+                    while shift < SOFTMAX_LANES:
+                        moved = irbuild.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - shift if i >= shift else i
+                                                                   for i in range(SOFTMAX_LANES)])
+                        upto = irbuild.maxnum(b, upto, moved)
+                        shift *= 2
+                    m = b.load(m_run[j])
+                    earlier = irbuild.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - 1 if i else 0
+                                                                 for i in range(SOFTMAX_LANES)])
+                    before = irbuild.maxnum(b, irbuild.splat(b, m, SOFTMAX_LANES), earlier)
+                    new_max = b.fcmp_ordered(">", s, before)
+                    e = irbuild.exp(b, b.select(new_max, b.fsub(before, s), b.fsub(s, before)))  # <= 0
+                    store(b, b.select(new_max, e, ones), ms_rows[j], r)
+                    store(b, b.select(new_max, ones, e), vs_rows[j], r)
+                    b.store(irbuild.maxnum(b, m, b.extract_element(upto, ir.Constant(I32, SOFTMAX_LANES - 1))), m_run[j])
+                    bits = b.shl(b.zext(b.bitcast(new_max, ir.IntType(SOFTMAX_LANES)), I64), r)
+                    b.store(b.or_(b.load(new_keys), bits), new_keys)
+            with counted_loop(b, i64(0), count, 1, "sl") as r:  # the heads' sums: n chains side by side
                 for j in range(n):
-                    sr = b.insert_element(sr, s[j][r], ir.Constant(I32, j))
-                nm = b.fcmp_ordered(">", sr, m)
-                diffs.append(b.select(nm, b.fsub(m, sr), b.fsub(sr, m)))  # <= 0
-                new_max.append(nm)
-                m = b.select(nm, sr, m)
-            b.store(m, m_run)
-            lanes = list(range(GROUP_MAX * n_k))
-            joined = diffs[0] if n_k == 1 else irbuild.shuffle(
-                b, irbuild.shuffle(b, diffs[0], diffs[1], lanes[:2 * GROUP_MAX]),
-                irbuild.shuffle(b, diffs[2], diffs[3], lanes[:2 * GROUP_MAX]), lanes)
-            e_all = irbuild.exp(b, joined)
-            es = [irbuild.shuffle(b, e_all, e_all, lanes[r * GROUP_MAX:(r + 1) * GROUP_MAX]) for r in range(n_k)]
-            ones = const(VG, 1.0)
-            ms = [b.select(nm, e, ones) for nm, e in zip(new_max, es)]
-            vs = [b.select(nm, ones, e) for nm, e in zip(new_max, es)]
-            for r in range(n_k):
-                b.store(fmuladd(b, b.load(s_run), ms[r], vs[r]), s_run)
-            any_new = new_max[0]
-            for nm in new_max[1:]:
-                any_new = b.or_(any_new, nm)
-            lane = [ir.Constant(I32, j) for j in range(n)]
-            return [([b.extract_element(x, lane[j]) for x in ms], [b.extract_element(x, lane[j]) for x in vs],
-                     b.extract_element(any_new, lane[j])) for j in range(n)]
+                    b.store(fmuladd(b, b.load(l_run[j]), load(b, ms_rows[j], r), load(b, vs_rows[j], r)), l_run[j])
+            return b.load(new_keys)
 
-        def accumulate(v_rows: list[ir.Value], factors: list[tuple[list[ir.Value], list[ir.Value], ir.Value]],
-                       lanes: int) -> None:
-            """acc = f16(acc * ms) then f16(acc + v * vs), key by key, for every head; the value
-            rows converted once per chunk of lanes. A head with no new max among these keys has
-            ms = 1 and f16(acc * 1) = acc, so it skips the rescales (a branch that goes the same
-            way across the pass). Elementwise, so the lane count changes no bit: 16 where head_dim
-            allows (one AVX-512 conversion instead of two)."""
+        def block_accumulate(t0: ir.Value, count: ir.Value, lanes: int, new_keys: ir.Value) -> None:
+            """acc = f16(acc * ms) then acc = f16(acc + v * vs), key by key, for every head. The
+            accumulators of `per_pass` vectors of head_dim stay in registers across the block's
+            keys; the value rows are converted once. The rescale runs only for the keys with a
+            bit in new_keys (a branch that rarely goes that way after the first keys): for the
+            others every ms is 1 and f16(acc * 1) = acc. Elementwise, so the lane count changes
+            no bit."""
             vty = ir.VectorType(F32, lanes)
-            splats = [([irbuild.splat(b, x, lanes) for x in ms], [irbuild.splat(b, x, lanes) for x in vs])
-                      for ms, vs, _ in factors]
-            with counted_loop(b, i64(0), head_dim, lanes, "cv") as c:
-                vals = [load_half(b, row, c, f16c, lanes) for row in v_rows]
-                for j, (msv, vsv) in enumerate(splats):
-                    acc0 = load(b, out_rows[j], c, vty)
-                    results = []
-                    with b.if_else(factors[j][2], likely=False) as (then_rescale, then_add):
-                        for rescale, branch in ((True, then_rescale), (False, then_add)):
-                            with branch:
-                                acc = acc0
-                                for r, val in enumerate(vals):
-                                    if rescale:
-                                        acc = round_half(b, b.fmul(acc, msv[r]), f16c)
-                                    acc = round_half(b, fmuladd(b, val, vsv[r], acc), f16c)
-                                results.append((acc, b.block))
-                    acc = b.phi(vty)
-                    for value, block in results:
-                        acc.add_incoming(value, block)
-                    store(b, acc, out_rows[j], c)
+            per_pass = _vectors_per_pass(n, lanes, registers)
 
-        def keys(t: ir.Value, count: int) -> None:
-            """Keys t .. t + count - 1 for all n heads: scores, softmax steps, accumulation."""
-            k_rows = [it.row(b, k_head, b.add(t, i64(r))) for r in range(count)]
-            v_rows = [it.row(b, v_head, b.add(t, i64(r))) for r in range(count)]
-            s = scores(k_rows)
-            factors = softmax_steps(s)
-            if count == 1:  # one key is always applied with its rescale, 8 lanes (ggml's order)
-                factors = [(ms, vs, ir.Constant(ir.IntType(1), 1)) for ms, vs, _ in factors]
-                accumulate(v_rows, factors, VEC)
-                return
+            def one_pass(c: ir.Value, u: int) -> None:
+                accs = [[variable(b, vty, load(b, out_rows[j], b.add(c, i64(i * lanes)), vty), f"acc{j}_{i}")
+                         for i in range(u)] for j in range(n)]
+                with counted_loop(b, i64(0), count, 1, "ak") as r:
+                    row = it.row(b, v_head, b.add(t0, r))
+                    vals = [load_half(b, row, b.add(c, i64(i * lanes)), f16c, lanes) for i in range(u)]
+                    is_new = b.trunc(b.lshr(new_keys, r), ir.IntType(1))
+                    with b.if_then(is_new, likely=False):
+                        for j in range(n):
+                            msv = irbuild.splat(b, load(b, ms_rows[j], r), lanes)
+                            for i in range(u):
+                                b.store(round_half(b, b.fmul(b.load(accs[j][i]), msv), f16c), accs[j][i])
+                    for j in range(n):
+                        vsv = irbuild.splat(b, load(b, vs_rows[j], r), lanes)
+                        for i in range(u):
+                            acc = round_half(b, fmuladd(b, vals[i], vsv, b.load(accs[j][i])), f16c)
+                            b.store(acc, accs[j][i])
+                for j in range(n):
+                    for i in range(u):
+                        store(b, b.load(accs[j][i]), out_rows[j], b.add(c, i64(i * lanes)))
+
+            whole = irbuild.round_down(b, head_dim, per_pass * lanes)
+            with counted_loop(b, i64(0), whole, per_pass * lanes, "ap") as c:
+                one_pass(c, per_pass)
+            with counted_loop(b, whole, head_dim, lanes, "a1") as c:
+                one_pass(c, 1)
+
+
+        prefetch_rows(k_head, i64(0), PREFETCH_KEYS)
+        with counted_loop(b, i64(0), n_keys, BLOCK_KEYS, "blk") as t0:
+            count = _min(b, b.sub(n_keys, t0), i64(BLOCK_KEYS))
+            block_scores(t0, count)
+            new_keys = block_softmax(count)
             with b.if_else(wide) as (w16, w8):
                 with w16:
-                    accumulate(v_rows, factors, 2 * VEC)
+                    block_accumulate(t0, count, 2 * VEC, new_keys)
                 with w8:
-                    accumulate(v_rows, factors, VEC)
+                    block_accumulate(t0, count, VEC, new_keys)
 
-        def prefetch_rows(first: ir.Value, stop: ir.Value) -> None:
-            """Ask for key and value rows first .. stop - 1 (clamped to the last key) ahead of
-            use: the cache rows are cold after the step's matmuls streamed the weights through."""
-            with counted_loop(b, first, stop, 1, "pf") as t:
-                key = _min(b, t, b.sub(n_keys, i64(1)))
-                for base in (k_head, v_head):
-                    row = it.row(b, base, key)
-                    with counted_loop(b, i64(0), head_dim, 32, "pfc") as c:  # 32 f16: one line
-                        _prefetch(b, gep(b, row, c))
-                    _prefetch(b, gep(b, row, b.sub(head_dim, i64(1))))
-
-        prefetch_rows(i64(0), i64(PREFETCH_KEYS))
-        with counted_loop(b, i64(0), n_keys_block, ROWS, "t") as t:
-            ahead = b.add(t, i64(PREFETCH_KEYS))
-            prefetch_rows(ahead, b.add(ahead, i64(ROWS)))
-            keys(t, ROWS)
-        with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
-            keys(t, 1)
-
-        inv_sums = b.fdiv(const(VG, 1.0), b.load(s_run))  # s_run >= 1: the max key adds 1
-        for j in range(n):
-            inv_s = irbuild.splat(b, b.extract_element(inv_sums, ir.Constant(I32, j)))
+        for j in range(n):  # l >= 1: the max key adds 1
+            inv_l = irbuild.splat(b, b.fdiv(const(F32, 1.0), b.load(l_run[j])))
             with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
-                store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_s), out_rows[j], c)
+                store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_l), out_rows[j], c)
 
     _runs_of_heads(b, w_begin, w_end, n_head, group, heads)
 
 
-def build_attention_module(f16c: bool) -> ir.Module:
-    """Both attention functions, same signature:
+def _vectors_per_pass(n: int, lanes: int, registers: int) -> int:
+    """How many <lanes x float> vectors of head_dim one accumulation pass keeps per head: n heads'
+    accumulators plus the converted value vectors within the vector registers, less two (the
+    splat factors); a power of two (head_dims are), at most 4."""
+    regs = max(1, lanes // (16 if registers >= 32 else 8))  # registers one vector takes (AVX-512: 16 floats)
+    fit = max(1, (registers - 2) // ((n + 1) * regs))
+    return min(4, 1 << (fit.bit_length() - 1))
+
+
+def build_attention_module(f16c: bool, registers: int = 16) -> ir.Module:
+    """The attention functions, same signature:
     void f(q, k, v, out, scratch, n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end)
     over items w_begin <= w < w_end; head_dim % 8 == 0. scratch: the exact kernels' scores rows
     (exact_scratch_floats: round_up(pos0 + n_q, 8) floats per head of a run), the
-    f16-accumulator kernel's q16 rows
-    (f16acc_scratch_floats: one head_dim row per head of a run)."""
+    f16-accumulator kernel's q16 rows and block factors (f16acc_scratch_floats). registers: the
+    vector registers the code may plan for (16, or 32 with AVX-512); no result depends on it."""
     module = irbuild.new_module("attention")
-    _define_exact(module, f16c)
-    _define_exact(module, f16c, rounded=True)
-    _define_f16acc(module, f16c)
+    _define_exact(module, f16c, registers)
+    _define_exact(module, f16c, registers, rounded=True)
+    _define_f16acc(module, f16c, registers)
     return module
