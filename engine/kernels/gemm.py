@@ -40,7 +40,7 @@ from engine.kernels.jit import NO_MACHINE_SCHEDULER
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 4, T.Q5_K: 4, T.Q6_K: 4}
+TILES = {T.Q8_0: 4, T.Q4_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 4, T.Q5_K: 4, T.Q6_K: 4}
 # The K-quants fold each step's sub-block chains into the isum as they complete, so a tile row
 # holds 2 dot chains, and the module compiles without LLVM's machine scheduler (jit's
 # NO_MACHINE_SCHEDULER), which hoisted a block's unpacked quants into stack slots: 4-row tiles
@@ -81,23 +81,27 @@ def _q5_top_bits(f: Fn, qh: str, first: int) -> str:
     return f.let(f"bitcast {V16I} {f.let(f'and {V16I} {t}, {vec_i32(0x10101010)}')} to <64 x i8>")
 
 
+def _body_q4_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
+    return _body_offset(f, dots, act, wb, b, xs, accs, None, 4)
+
+
 def _body_q5_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
-    """As Q8_0 with q = nibble | 5th bit << 4 (unsigned, 0..31) and the offset -16 * sum(y)
-    (the r8_0 row's c / 8, exact) as the starting value."""
-    qh = f.load(V16I, wb, 256)
-    chunks: list[str] = [""] * 8
-    for k in range(4):
-        v = f.load("<64 x i8>", wb, 64 * k)
-        lo = f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}")
-        hi = f.shift_bytes(v, "lshr", 4, 15)
-        chunks[k] = f.let(f"or <64 x i8> {lo}, {_q5_top_bits(f, qh, 4 * k)}")
-        chunks[k + 4] = f.let(f"or <64 x i8> {hi}, {_q5_top_bits(f, qh, 16 + 4 * k)}")
+    return _body_offset(f, dots, act, wb, b, xs, accs, 256, 3)
+
+
+def _body_offset(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+                 accs: Sequence[Sequence[str]], qh_at: int | None, shift: int) -> list[list[str]]:
+    """Q4_0/Q5_0: as Q8_0 with q = nibble (| 5th bit << 4 with qh: unsigned, 0..15 or 0..31)
+    and the offset -8 or -16 * sum(y) (the r8_0 row's c >> 4 or >> 3, exact) as the starting
+    value."""
+    chunks = _legacy_chunks(f, wb, qh_at)
     qs = f.mul(b, 32)
-    dw = f.half16(wb, 320)
+    dw = f.half16(wb, 256 + (64 if qh_at is not None else 0))
     out = []
     for acc, x in zip(accs, xs):
-        c = f.let(f"ashr {V16I} {f.bcast(x, f.add(act.c_at, f.mul(b, 4)))}, {vec_i32(3)}")
+        c = f.let(f"ashr {V16I} {f.bcast(x, f.add(act.c_at, f.mul(b, 4)))}, {vec_i32(shift)}")
         for k in range(8):
             c = dots.dot(c, chunks[k], f.bcast(x, f.add(qs, 4 * k)))
         out.append([f.fma16(_x_scale(f, act, x, b, dw), f.tofloat(c), acc[0])])
@@ -105,7 +109,7 @@ def _body_q5_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 
 
 def _legacy_chunks(f: Fn, wb: str, qh_at: int | None) -> list[str]:
-    """Q5_0/Q4_1/Q5_1's 8 chunks of unsigned values (nibble, | 5th bit << 4 with qh)."""
+    """The legacy types' 8 chunks of unsigned values (nibble, | 5th bit << 4 with qh)."""
     qh = f.load(V16I, wb, qh_at) if qh_at is not None else None
     chunks: list[str] = [""] * 8
     for k in range(4):
@@ -283,10 +287,10 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
             for t, x in enumerate(xs)]
 
 
-BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q5_0: _body_q5_0, T.Q4_1: _body_q4_1,
+BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q4_0: _body_q4_0, T.Q5_0: _body_q5_0, T.Q4_1: _body_q4_1,
                           T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row)
-LANES = {T.Q8_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
+LANES = {T.Q8_0: 1, T.Q4_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 

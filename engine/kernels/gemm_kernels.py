@@ -52,16 +52,20 @@ def host_isa(portable: bool = False) -> str:
 # from their file layout but measured inside the llama.cpp bars of
 # tests/test_gemma3_reference.py (primes: max 2.27, mean 0.36 with Q5_0 on; 2.55, 0.37 off),
 # and 2-2.6x the file layout's speed (Gemma 3 270M, one thread: prefill 1.47x, decode 1.12x).
+# Q4_0 does as Q5_0 (q8_0 activations, c / 16 = -8 * sum(y)): tests/data/synth's phi3 Q4_0
+# model then gives llama.cpp's logits to 1e-5 without flash attention (max 0.33 with the file
+# layout's q8_1 pairing), at 2.5-3.3x the file layout's speed for M = 8 and 512, 3.2-3.9x for
+# M = 1 (one thread, 1.1B shapes, scripts/bench_matmul.py --ab-layout --types Q4_0).
 # Q4_1 and Q5_1 (offsets through q8_1's s) are tested too, but Q4_1 moves SmolLM2's top-1
 # agreement on the "paragraph" prompt to 0.965, under tests/test_smollm2_reference.py's 0.97.
-_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q5_0,Q4_K,Q5_K,Q6_K").split(",")
+_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q4_0,Q5_0,Q4_K,Q5_K,Q6_K").split(",")
 IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
                       if n.strip() and n.strip().lower() != "none")
 # The K-quant kernels' tiles hold several chains and accumulators of 16 rows per activation
 # row: without AVX-512's 32 registers they spilled (the earlier 8-lane AVX2 forms at M = 16:
-# 0.64-0.75x the file layout; not measured since), so models take them only on vnni512; Q5_0's
-# tile (4 rows' accumulators and 8 unpacked chunks) would spill too.
-NEEDS_AVX512 = frozenset({T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K})
+# 0.64-0.75x the file layout; not measured since), so models take them only on vnni512; Q4_0's
+# and Q5_0's tiles (4 rows' accumulators and 8 unpacked chunks) would spill too.
+NEEDS_AVX512 = frozenset({T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K})
 
 
 def runs_in_models(qtype: T, isa: str) -> bool:

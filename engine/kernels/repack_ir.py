@@ -34,6 +34,14 @@ def _q8_0_block(f: IRFunction, src: list[str], dst: str) -> None:
         f.store("i16", f.load("i16", s, 0), dst, 512 + 2 * r)
 
 
+def _q4_0_block(f: IRFunction, src: list[str], dst: str) -> None:
+    """File block (f16 d | qs[16]) of 16 rows -> qs [4][16][4] | d [16]."""
+    for r, s in enumerate(src):
+        for k in range(4):
+            f.store("i32", f.load("i32", s, 2 + 4 * k), dst, 64 * k + 4 * r)
+        f.store("i16", f.load("i16", s, 0), dst, 256 + 2 * r)
+
+
 def _q5_0_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (f16 d | u32 qh | qs[16]) of 16 rows -> qs [4][16][4] | qh [16] | d [16]."""
     for r, s in enumerate(src):
@@ -117,6 +125,7 @@ def _q6_k_block(f: IRFunction, src: list[str], dst: str) -> None:
 
 _BLOCKS: dict[T, tuple[int, Callable[[IRFunction, list[str], str], None]]] = {
     T.Q8_0: (34, _q8_0_block),
+    T.Q4_0: (18, _q4_0_block),
     T.Q5_0: (22, _q5_0_block),
     T.Q4_K: (144, _q4_k_block),
     T.Q5_K: (176, _q5_k_block),
