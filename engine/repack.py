@@ -13,6 +13,7 @@ block holding its 16 rows' data side by side:
     Q8_0 (544 bytes = 16 x 34):  qs  u8 [8 chunks][16 rows][4]   q + 128, chunk c = values 4c..4c+3
                                  d   f16 [16]
     Q4_0 (288 = 16 x 18):        qs  u8 [4][16][4]   as Q5_0's | d f16 [16]
+    IQ4_NL (288):                as Q4_0, the nibbles indices into the codebook
     Q5_0 (352 = 16 x 22):        qs  u8 [4][16][4]   ggml's qs bytes 4k..4k+3: low nibbles are
                                      values 4k.. (chunk k), high nibbles 16+4k.. (chunk k+4)
                                  qh  u32 [16]        bit j: the 5th bit of value j
@@ -47,6 +48,7 @@ unsigned), so sum(q * y) = sum((q + 128) * y) - 128 * sum(y); Q6_K's values are 
 
 Per row r and block b the kernels compute (isum exact in int32):
     Q8_0:  acc = fma(d[r] * dx[b], float(sum q * y), acc)
+    IQ4_NL: as Q8_0, with q + 128 = (codebook + 128)[nibble]
     Q4_0, Q5_0:  acc = fma(d[r] * dx[b], float(sum (q - 8 or 16) * y), acc)    (q8_0
            activations, as llama.cpp pairs them; c / 16 = -8 * sum(y) or c / 8 = -16 * sum(y)
            takes the offset off in integers)
@@ -80,15 +82,15 @@ from engine.quants import HostMatrix, QuantMatrix, dequantize, quant_type, row_b
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
-GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q4_0: 288, T.Q5_0: 352, T.Q4_1: 320, T.Q5_1: 384, T.Q4_K: 2368,
-                     T.Q5_K: 2880, T.Q6_K: 3360}
+GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q4_0: 288, T.IQ4_NL: 288, T.Q5_0: 352, T.Q4_1: 320,
+                     T.Q5_1: 384, T.Q4_K: 2368, T.Q5_K: 2880, T.Q6_K: 3360}
 REPACKED = tuple(GROUP_BLOCK_BYTES)
-ACTIVATION = {T.Q8_0: "r8_0", T.Q4_0: "r8_0", T.Q5_0: "r8_0", T.Q4_1: "r8_1", T.Q5_1: "r8_1",
-              T.Q4_K: "r8_k", T.Q5_K: "r8_k", T.Q6_K: "r8_k"}
+ACTIVATION = {T.Q8_0: "r8_0", T.Q4_0: "r8_0", T.IQ4_NL: "r8_0", T.Q5_0: "r8_0", T.Q4_1: "r8_1",
+              T.Q5_1: "r8_1", T.Q4_K: "r8_k", T.Q5_K: "r8_k", T.Q6_K: "r8_k"}
 ACT_BLOCK = {"r8_0": 32, "r8_1": 32, "r8_k": 256}
 GGML_ACT = {"r8_0": "q8_0", "r8_1": "q8_1", "r8_k": "q8_k"}  # the ggml blocks each is quantized as
-BLOCK_ELEMS = {T.Q8_0: 32, T.Q4_0: 32, T.Q5_0: 32, T.Q4_1: 32, T.Q5_1: 32, T.Q4_K: 256, T.Q5_K: 256,
-               T.Q6_K: 256}
+BLOCK_ELEMS = {T.Q8_0: 32, T.Q4_0: 32, T.IQ4_NL: 32, T.Q5_0: 32, T.Q4_1: 32, T.Q5_1: 32,
+               T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256}
 
 
 def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
@@ -222,7 +224,7 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
         qs = b["qs"].view(np.uint8) ^ np.uint8(0x80)                # q + 128
         out.put(_interleave(qs.reshape(*b.shape, 8, 4)))
         out.put(_per_row(b["d"]))
-    elif w.qtype in (T.Q4_0, T.Q5_0):
+    elif w.qtype in (T.Q4_0, T.IQ4_NL, T.Q5_0):
         out.put(_interleave(b["qs"].reshape(*b.shape, 4, 4)))      # [.., pair k, 4]
         if w.qtype == T.Q5_0:
             out.put(_interleave(b["qh"].reshape(*b.shape, 1, 4)))

@@ -67,8 +67,8 @@ def _assert_same_math(got: np.ndarray, w: QuantMatrix, x: np.ndarray) -> None:
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 def test_kernel_matches_the_twin(kernels: GemmKernels, qtype: T, m: int) -> None:
     if not kernels.has(qtype):
-        assert qtype == T.Q8_0 and kernels.isa == "avx2"  # maddubs would saturate on u8 255
-        pytest.skip("Q8_0 has no AVX2 form (the file-layout kernel serves it)")
+        assert qtype in (T.Q8_0, T.IQ4_NL) and kernels.isa == "avx2"  # maddubs would saturate
+        pytest.skip(f"{qtype.name} has no AVX2 form (the file-layout kernel serves it)")
     w, x = _case(qtype, m)
     _assert_same_math(kernels.matmul(repack(w), x), w, x)
 
@@ -78,6 +78,8 @@ def test_kernel_matches_the_twin(kernels: GemmKernels, qtype: T, m: int) -> None
 def test_kernel_gives_the_file_layout_kernels_bits(kernels: GemmKernels, qtype: T) -> None:
     """The same float operations in the same order as engine.kernels.matmul's tiles (which
     agree with llama.cpp), so repacking a matrix changes no bit of a model's logits."""
+    if not kernels.has(qtype):
+        pytest.skip(f"{qtype.name} has no {kernels.isa} form")
     for m, n_blocks in ((1, 5), (3, 2), (6, 7)):
         w, x = _case(qtype, m, n_blocks, seed=m)
         x[0, :w.n_cols // n_blocks] *= 1e-3   # blocks of very different size: rounding shows

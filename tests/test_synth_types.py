@@ -16,6 +16,7 @@ import pytest
 import engine
 from engine.ggml_types import GGMLQuantizationType as Q
 from engine.kernels import jit
+from engine.kernels.gemm_kernels import host_repacks
 from engine.model import Chunk
 from tests.support.ggufgen import tensor_type_field
 from tests.support.refs import SYNTH_DIR
@@ -85,8 +86,12 @@ def test_greedy_tokens_match_llama_cpp_until_a_near_tie(name: str) -> None:
 
 def test_every_instruction_selection_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernels are picked at run time from the CPU's features: a host with AVX2 only (no
-    VNNI, no AVX-512 row pairs) and one without AVX2 (portable IR) compute the same bits."""
+    VNNI, no AVX-512 row pairs) and one without AVX2 (portable IR) compute the same bits. The
+    one exception is by design: IQ4_NL's row-interleaved kernel (which the AVX2 host has no form
+    of) sums a block whole in integers, the file layout in 8 lanes, so there the AVX2 host
+    keeps the file's layout and its own rounding, within llama.cpp's tolerance."""
     real = jit.host_has
+    iq4_nl_repacked = host_repacks(Q.IQ4_NL)  # here; a host without VNNI keeps the file layout
     fast = {}
     for name in NAMES:
         ids = np.load(SYNTH_DIR / f"{name}.npz")["ids"].tolist()
@@ -95,11 +100,15 @@ def test_every_instruction_selection_gives_the_same_logits(monkeypatch: pytest.M
     for hidden in ({"avxvnni", "avx512vnni", "avx512vl", "avx512bw", "avx512f"}, {"avx2"}):
         monkeypatch.setattr(jit, "host_has", lambda f, hidden=hidden: f not in hidden and real(f))
         for name in NAMES:
-            ids = np.load(SYNTH_DIR / f"{name}.npz")["ids"].tolist()
+            ref = np.load(SYNTH_DIR / f"{name}.npz")
             with _load(name) as model:
                 mk = model.transformer.matmul_kernels
                 assert mk.portable == ("avx2" in hidden) and not mk.vnni and not mk.wide
-                np.testing.assert_array_equal(model.logits(ids), fast[name], err_msg=name)
+                logits = model.logits(ref["ids"].tolist())
+                if name == "llama_d256_kq_iq4_nl" and "avx2" not in hidden and iq4_nl_repacked:
+                    _assert_within(logits, ref["logits"], ENTRIES[name]["suggested_tolerance"], name)
+                else:
+                    np.testing.assert_array_equal(logits, fast[name], err_msg=name)
 
 
 def test_a_type_without_kernels_is_a_clear_load_error(tmp_path) -> None:

@@ -37,10 +37,11 @@ from collections.abc import Callable, Sequence
 from engine.kernels.gemm_ir import DECLARATIONS, V16F, V16I, Act, Dots, Fn, splat_i8, vec_i32
 from engine.kernels.gemm_quantize import build_quantize
 from engine.kernels.jit import NO_MACHINE_SCHEDULER
+from engine.quant_iq import CODEBOOK
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q4_0: 4, T.Q5_0: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 4, T.Q5_K: 4, T.Q6_K: 4}
+TILES = {T.Q8_0: 4, T.Q4_0: 4, T.Q5_0: 4, T.IQ4_NL: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 4, T.Q5_K: 4, T.Q6_K: 4}
 # The K-quants fold each step's sub-block chains into the isum as they complete, so a tile row
 # holds 2 dot chains, and the module compiles without LLVM's machine scheduler (jit's
 # NO_MACHINE_SCHEDULER), which hoisted a block's unpacked quants into stack slots: 4-row tiles
@@ -71,6 +72,20 @@ def _body_q8_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
         dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
         out.append([f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc[0])])
     return out
+
+
+def _body_iq4_nl(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+                 accs: Sequence[Sequence[str]]) -> list[list[str]]:
+    """As Q8_0, with q + 128 = (CODEBOOK + 128)[nibble] (one vpshufb per chunk)."""
+    table = [v + 128 for v in CODEBOOK]
+    chunks = [dots.lookup(c, table) for c in _legacy_chunks(f, wb, None)]
+    isums = [f.bcast(x, f.add(act.c_at, f.mul(b, 4))) for x in xs]   # -128 * sum(y)
+    qs = f.mul(b, 32)
+    for k in range(8):
+        isums = [dots.dot(acc, chunks[k], f.bcast(x, f.add(qs, 4 * k))) for acc, x in zip(isums, xs)]
+    dw = f.half16(wb, 256)
+    return [[f.fma16(_x_scale(f, act, x, b, dw), f.tofloat(isum), acc[0])]
+            for acc, isum, x in zip(accs, isums, xs)]
 
 
 def _q5_top_bits(f: Fn, qh: str, first: int) -> str:
@@ -287,17 +302,18 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
             for t, x in enumerate(xs)]
 
 
-BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q4_0: _body_q4_0, T.Q5_0: _body_q5_0, T.Q4_1: _body_q4_1,
-                          T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
+BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q4_0: _body_q4_0, T.Q5_0: _body_q5_0,
+                          T.IQ4_NL: _body_iq4_nl, T.Q4_1: _body_q4_1, T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row)
-LANES = {T.Q8_0: 1, T.Q4_0: 1, T.Q5_0: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
+LANES = {T.Q8_0: 1, T.Q4_0: 1, T.Q5_0: 1, T.IQ4_NL: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 
 
 def supported(qtype: T, isa: str) -> bool:
-    """Whether this module has a kernel for qtype on isa (AVX2 maddubs would saturate on Q8_0)."""
-    return qtype in BODIES and not (qtype == T.Q8_0 and isa == "avx2")
+    """Whether this module has a kernel for qtype on isa (AVX2 maddubs would saturate on the
+    u8 weights of Q8_0 and IQ4_NL, up to 255 and 241)."""
+    return qtype in BODIES and not (qtype in (T.Q8_0, T.IQ4_NL) and isa == "avx2")
 
 
 def _lane_sum(f: Fn, v: list[str]) -> str:

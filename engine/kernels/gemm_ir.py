@@ -16,6 +16,7 @@ DECLARATIONS = """
 declare void @llvm.prefetch.p0(ptr, i32, i32, i32)
 declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <16 x i32>, <16 x i32>)
 declare <16 x i32> @llvm.x86.avx512.vpdpwssd.512(<16 x i32>, <16 x i32>, <16 x i32>)
+declare <64 x i8> @llvm.x86.avx512.pshuf.b.512(<64 x i8>, <64 x i8>)
 declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
 declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
@@ -35,6 +36,11 @@ def vec(elem: str, values: list[int]) -> str:
 
 def splat_i8(n: int, v: int) -> str:
     return vec("i8", [v - 256 if v > 127 else v] * n)
+
+
+def splat_bytes(values: list[int]) -> str:
+    """A <n x i8> constant of these byte values (0..255 or -128..127)."""
+    return vec("i8", [v - 256 if v > 127 else v for v in values])
 
 
 def vec_i32(v: int) -> str:
@@ -129,6 +135,22 @@ class Dots:
         sw = f.let(f"sext <64 x i8> {s8} to <64 x i32>")
         prod = f.let(f"mul <64 x i32> {uw}, {sw}")
         return f.let(f"add {V16I} {acc}, {self._sum_groups(prod, 16, 4)}")
+
+    def lookup(self, idx: str, table: list[int]) -> str:
+        """<64 x i8> indices 0..15 -> table[idx] (16 byte values): one vpshufb (the table in
+        each 128-bit lane) on vnni512; portable: four rounds of selects on the index bits."""
+        f = self.f
+        if self.isa == "vnni512":
+            return f.let(f"call <64 x i8> @llvm.x86.avx512.pshuf.b.512(<64 x i8> {splat_bytes(table * 4)}, "
+                         f"<64 x i8> {idx})")
+        assert self.isa == "portable", "AVX2 has no gemm form for a codebook type"
+        values = [splat_bytes([v] * 64) for v in table]
+        for bit in range(4):
+            mask_v = splat_bytes([1 << bit] * 64)
+            on = f.let(f"icmp ne <64 x i8> {f.let(f'and <64 x i8> {idx}, {mask_v}')}, zeroinitializer")
+            values = [f.let(f"select <64 x i1> {on}, <64 x i8> {hi}, <64 x i8> {lo}")
+                      for lo, hi in zip(values[0::2], values[1::2])]
+        return values[0]
 
     def wdot(self, acc: str, a: str, b: str) -> str:
         f = self.f

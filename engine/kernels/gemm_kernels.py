@@ -56,16 +56,21 @@ def host_isa(portable: bool = False) -> str:
 # model then gives llama.cpp's logits to 1e-5 without flash attention (max 0.33 with the file
 # layout's q8_1 pairing), at 2.5-3.3x the file layout's speed for M = 8 and 512, 3.2-3.9x for
 # M = 1 (one thread, 1.1B shapes, scripts/bench_matmul.py --ab-layout --types Q4_0).
+# IQ4_NL is Q8_0 with its codebook looked up (one vpshufb per chunk; no AVX2 form: maddubs
+# would saturate on its u8 weights, up to 241): 3.1-3.6x the file layout at M = 8 and 512,
+# 3.1-3.8x at M = 1 (the same command); tests/data/synth's IQ4_NL llama gives llama.cpp's
+# position-0 logits exactly (file layout: 1.9e-6 off), max 0.140 over all (file layout 0.142).
+# The file layout sums a block in 8 lanes, so a host without VNNI rounds IQ4_NL differently.
 # Q4_1 and Q5_1 (offsets through q8_1's s) are tested too, but Q4_1 moves SmolLM2's top-1
 # agreement on the "paragraph" prompt to 0.965, under tests/test_smollm2_reference.py's 0.97.
-_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q4_0,Q5_0,Q4_K,Q5_K,Q6_K").split(",")
+_NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q4_0,Q5_0,IQ4_NL,Q4_K,Q5_K,Q6_K").split(",")
 IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
                       if n.strip() and n.strip().lower() != "none")
 # The K-quant kernels' tiles hold several chains and accumulators of 16 rows per activation
 # row: without AVX-512's 32 registers they spilled (the earlier 8-lane AVX2 forms at M = 16:
 # 0.64-0.75x the file layout; not measured since), so models take them only on vnni512; Q4_0's
 # and Q5_0's tiles (4 rows' accumulators and 8 unpacked chunks) would spill too.
-NEEDS_AVX512 = frozenset({T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K})
+NEEDS_AVX512 = frozenset({T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K})  # (Q8_0, IQ4_NL: vnni512 only)
 
 
 def runs_in_models(qtype: T, isa: str) -> bool:

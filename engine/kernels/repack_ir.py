@@ -126,6 +126,7 @@ def _q6_k_block(f: IRFunction, src: list[str], dst: str) -> None:
 _BLOCKS: dict[T, tuple[int, Callable[[IRFunction, list[str], str], None]]] = {
     T.Q8_0: (34, _q8_0_block),
     T.Q4_0: (18, _q4_0_block),
+    T.IQ4_NL: (18, _q4_0_block),  # the same block shape: f16 d | 16 bytes of nibbles
     T.Q5_0: (22, _q5_0_block),
     T.Q4_K: (144, _q4_k_block),
     T.Q5_K: (176, _q5_k_block),
