@@ -35,6 +35,9 @@ block holding its 16 rows' data side by side:
                                      ql's low nibble: 4 bits of chunk 4s+i, high: of 32+4s+i;
                                      qh's 2-bit fields k = 0..3: top bits of chunks 4s+2p,
                                      4s+2p+1, 32+4s+2p, 32+4s+2p+1 (the order the kernel reads)
+    IQ4_XS (2208 = 16 x 136 + 32):  d   f16 [16]
+                                 sc  i8 [8 sub-blocks][16]        ls - 32, the 6-bit scales
+                                 qs  u8 [8 sub-blocks][4][16][4]  each as an IQ4_NL block's
     (Q6_K chunk c = values 4c..4c+3 of the 256; sub-block j = chunks 4j..4j+3.)
 
 Activations, per row (row stride a multiple of 64 bytes), quantized exactly as ggml's q8_0 /
@@ -58,6 +61,8 @@ Per row r and block b the kernels compute (isum exact in int32):
            (llama.cpp's repacked Q4_K on x86, acc - acc_min; kquants.fold_whole likewise)
     Q6_K:  acc = fma(float(sum_j sc_j * (dot_j - 32 * bsum_j)), d[r] * dx[b], acc), the 16
            sub-blocks summed whole in integers as Q4_K's (kquants.fold_whole likewise)
+    IQ4_XS: acc = fma(float(sum_j sc_j * dot_j), d[r] * dx[b], acc) over its 8 sub-blocks, each
+           dot_j as IQ4_NL's (the offset -128 * sum(y_j) = 4 * the c16 of its two halves)
     The K-quants give the file-layout kernels' bits.
 so the numpy twin (reference) is the exact product of the dequantized weights and activations
 up to float32 rounding of those few terms. Each row's arithmetic is the same whatever M, the
@@ -83,14 +88,14 @@ from engine.quants import HostMatrix, QuantMatrix, dequantize, quant_type, row_b
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
 GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q4_0: 288, T.IQ4_NL: 288, T.Q5_0: 352, T.Q4_1: 320,
-                     T.Q5_1: 384, T.Q4_K: 2368, T.Q5_K: 2880, T.Q6_K: 3360}
+                     T.Q5_1: 384, T.Q4_K: 2368, T.Q5_K: 2880, T.Q6_K: 3360, T.IQ4_XS: 2208}
 REPACKED = tuple(GROUP_BLOCK_BYTES)
 ACTIVATION = {T.Q8_0: "r8_0", T.Q4_0: "r8_0", T.IQ4_NL: "r8_0", T.Q5_0: "r8_0", T.Q4_1: "r8_1",
-              T.Q5_1: "r8_1", T.Q4_K: "r8_k", T.Q5_K: "r8_k", T.Q6_K: "r8_k"}
+              T.Q5_1: "r8_1", T.Q4_K: "r8_k", T.Q5_K: "r8_k", T.Q6_K: "r8_k", T.IQ4_XS: "r8_k"}
 ACT_BLOCK = {"r8_0": 32, "r8_1": 32, "r8_k": 256}
 GGML_ACT = {"r8_0": "q8_0", "r8_1": "q8_1", "r8_k": "q8_k"}  # the ggml blocks each is quantized as
 BLOCK_ELEMS = {T.Q8_0: 32, T.Q4_0: 32, T.IQ4_NL: 32, T.Q5_0: 32, T.Q4_1: 32, T.Q5_1: 32,
-               T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256}
+               T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256, T.IQ4_XS: 256}
 
 
 def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
@@ -244,6 +249,14 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
         if w.qtype == T.Q5_K:
             out.put(_interleave(b["qh"].reshape(*b.shape, 8, 4)))  # [.., chunk, 4]
         out.put(_interleave(b["qs"].reshape(*b.shape, 4, 8, 4)))  # [.., pair, chunk, 4]
+    elif w.qtype == T.IQ4_XS:
+        low = b["scales_l"]                                          # [rows, nb, 4]
+        high = np.ascontiguousarray(b["scales_h"]).view(np.uint16)[..., 0]  # [rows, nb]
+        j = np.arange(8)
+        ls = (low[..., j // 2] >> (4 * (j % 2))) & 0xF | ((high[..., None] >> (2 * j)) & 3) << 4
+        out.put(_per_row(b["d"]))
+        out.put(_per_row((ls.astype(np.int16) - 32).astype(np.int8)))  # [.., 8, 16]
+        out.put(_interleave(b["qs"].reshape(*b.shape, 8, 4, 4)))     # [.., sub-block, k, 4]
     else:  # Q6_K
         q = _q6_values(b).reshape(*b.shape, 2, 8, 2, 2, 4)  # [.., half, step, p, k, 4]
         low, high = q[..., 0, :, :, :, :], q[..., 1, :, :, :, :]  # chunks 4s+i, 32+4s+i

@@ -67,7 +67,7 @@ def _assert_same_math(got: np.ndarray, w: QuantMatrix, x: np.ndarray) -> None:
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 def test_kernel_matches_the_twin(kernels: GemmKernels, qtype: T, m: int) -> None:
     if not kernels.has(qtype):
-        assert qtype in (T.Q8_0, T.IQ4_NL) and kernels.isa == "avx2"  # maddubs would saturate
+        assert qtype in (T.Q8_0, T.IQ4_NL, T.IQ4_XS) and kernels.isa == "avx2"  # maddubs saturates
         pytest.skip(f"{qtype.name} has no AVX2 form (the file-layout kernel serves it)")
     w, x = _case(qtype, m)
     _assert_same_math(kernels.matmul(repack(w), x), w, x)
@@ -128,7 +128,8 @@ def test_repacking_keeps_every_value(qtype: T) -> None:
     the twin reads the source, so this checks the layout itself, lane by lane."""
     w, _ = _case(qtype, 1, seed=3)
     rw = repack(w)
-    assert rw.nbytes == w.nbytes + (w.n_rows // 16) * (w.n_cols // 256) * 64 * (qtype in (T.Q4_K, T.Q5_K))
+    extra = {T.Q4_K: 64, T.Q5_K: 64, T.IQ4_XS: 32}.get(qtype, 0)  # per group block: the unpacked scales
+    assert rw.nbytes == w.nbytes + (w.n_rows // 16) * (w.n_cols // 256) * extra
     # one-hot activations pick single columns: out[r] = W[r, j] * (127 * dx)
     k = GemmKernels([qtype], "portable")
     act = GGML_ACT[ACTIVATION[qtype]]

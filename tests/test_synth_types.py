@@ -87,11 +87,12 @@ def test_greedy_tokens_match_llama_cpp_until_a_near_tie(name: str) -> None:
 def test_every_instruction_selection_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernels are picked at run time from the CPU's features: a host with AVX2 only (no
     VNNI, no AVX-512 row pairs) and one without AVX2 (portable IR) compute the same bits. The
-    one exception is by design: IQ4_NL's row-interleaved kernel (which the AVX2 host has no form
-    of) sums a block whole in integers, the file layout in 8 lanes, so there the AVX2 host
-    keeps the file's layout and its own rounding, within llama.cpp's tolerance."""
+    exceptions are by design: the row-interleaved kernels of IQ4_NL and IQ4_XS (which the AVX2
+    host has no form of) sum a block whole in integers, the file layout in 8 lanes, so there
+    the AVX2 host keeps the file's layout and its own rounding, within llama.cpp's tolerance."""
     real = jit.host_has
-    iq4_nl_repacked = host_repacks(Q.IQ4_NL)  # here; a host without VNNI keeps the file layout
+    own_rounding = {"llama_d256_kq_iq4_nl": host_repacks(Q.IQ4_NL),  # repacked here; a host
+                    "llama_d256_kq_iq4_xs": host_repacks(Q.IQ4_XS)}  # without VNNI does not
     fast = {}
     for name in NAMES:
         ids = np.load(SYNTH_DIR / f"{name}.npz")["ids"].tolist()
@@ -105,7 +106,7 @@ def test_every_instruction_selection_gives_the_same_logits(monkeypatch: pytest.M
                 mk = model.transformer.matmul_kernels
                 assert mk.portable == ("avx2" in hidden) and not mk.vnni and not mk.wide
                 logits = model.logits(ref["ids"].tolist())
-                if name == "llama_d256_kq_iq4_nl" and "avx2" not in hidden and iq4_nl_repacked:
+                if own_rounding.get(name) and "avx2" not in hidden:
                     _assert_within(logits, ref["logits"], ENTRIES[name]["suggested_tolerance"], name)
                 else:
                     np.testing.assert_array_equal(logits, fast[name], err_msg=name)

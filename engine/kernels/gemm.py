@@ -41,7 +41,7 @@ from engine.quant_iq import CODEBOOK
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q4_0: 4, T.Q5_0: 4, T.IQ4_NL: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 4, T.Q5_K: 4, T.Q6_K: 4}
+TILES = {T.Q8_0: 4, T.Q4_0: 4, T.Q5_0: 4, T.IQ4_NL: 4, T.IQ4_XS: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 4, T.Q5_K: 4, T.Q6_K: 4}
 # The K-quants fold each step's sub-block chains into the isum as they complete, so a tile row
 # holds 2 dot chains, and the module compiles without LLVM's machine scheduler (jit's
 # NO_MACHINE_SCHEDULER), which hoisted a block's unpacked quants into stack slots: 4-row tiles
@@ -88,6 +88,32 @@ def _body_iq4_nl(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
             for acc, isum, x in zip(accs, isums, xs)]
 
 
+def _body_iq4_xs(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+                 accs: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Whole-block arithmetic, as Q6_K's: per row an exact int32 isum = sum_j sc_j * dot_j over
+    the 8 sub-blocks, each an IQ4_NL block (codebook + 128 by vpshufb) whose chain of 8 vpdpbusd
+    starts from -128 * sum(y_j) = 4 * (c16_2j + c16_2j+1); then acc = fma(float(isum), d * dx,
+    acc). (The file layout folds the isum's 8 lanes as llama.cpp does: folded whole there, as
+    the K-quants are, it ran 1.1-1.3x slower, so the two round differently.)"""
+    table = [v + 128 for v in CODEBOOK]
+    qs = f.mul(b, 256)
+    c16 = f.add(act.c_at, f.mul(b, 64))
+    dw = f.half16(wb, 0)
+    isums = [""] * len(xs)
+    for j in range(8):
+        chunks = [dots.lookup(c, table) for c in _legacy_chunks(f, wb, None, at=160 + 256 * j)]
+        sc = f.widen16(wb, 32 + 16 * j, signed=True)
+        for t, x in enumerate(xs):
+            halves = [f.load("i32", x, f.add(c16, 8 * j + 4 * h), 4) for h in range(2)]
+            dot = f.splat_i32(f.let(f"shl i32 {f.let(f'add i32 {halves[0]}, {halves[1]}')}, 2"))
+            for k in range(8):
+                dot = dots.dot(dot, chunks[k], f.bcast(x, f.add(qs, 32 * j + 4 * k)))
+            term = f.let(f"mul {V16I} {dot}, {sc}")
+            isums[t] = f.let(f"add {V16I} {isums[t]}, {term}") if isums[t] else term
+    return [[f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
+            for t, x in enumerate(xs)]
+
+
 def _q5_top_bits(f: Fn, qh: str, first: int) -> str:
     """Bits first..first+3 of each lane's qh, as bit 4 of its four bytes (a multiply spreads
     4 bits to bytes 0..3: x * 0x204081 is x | x << 7 | x << 14 | x << 21, no carries)."""
@@ -123,12 +149,13 @@ def _body_offset(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     return out
 
 
-def _legacy_chunks(f: Fn, wb: str, qh_at: int | None) -> list[str]:
-    """The legacy types' 8 chunks of unsigned values (nibble, | 5th bit << 4 with qh)."""
+def _legacy_chunks(f: Fn, wb: str, qh_at: int | None, at: int = 0) -> list[str]:
+    """The legacy types' 8 chunks of unsigned values (nibble, | 5th bit << 4 with qh), from the
+    4 x 64 bytes of nibbles at wb + at."""
     qh = f.load(V16I, wb, qh_at) if qh_at is not None else None
     chunks: list[str] = [""] * 8
     for k in range(4):
-        v = f.load("<64 x i8>", wb, 64 * k)
+        v = f.load("<64 x i8>", wb, at + 64 * k)
         lo = f.let(f"and <64 x i8> {v}, {splat_i8(64, 15)}")
         hi = f.shift_bytes(v, "lshr", 4, 15)
         if qh is not None:
@@ -303,17 +330,18 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 
 
 BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q4_0: _body_q4_0, T.Q5_0: _body_q5_0,
-                          T.IQ4_NL: _body_iq4_nl, T.Q4_1: _body_q4_1, T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
+                          T.IQ4_NL: _body_iq4_nl, T.IQ4_XS: _body_iq4_xs, T.Q4_1: _body_q4_1,
+                          T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row)
-LANES = {T.Q8_0: 1, T.Q4_0: 1, T.Q5_0: 1, T.IQ4_NL: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
+LANES = {T.Q8_0: 1, T.Q4_0: 1, T.Q5_0: 1, T.IQ4_NL: 1, T.IQ4_XS: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 
 
 def supported(qtype: T, isa: str) -> bool:
     """Whether this module has a kernel for qtype on isa (AVX2 maddubs would saturate on the
-    u8 weights of Q8_0 and IQ4_NL, up to 255 and 241)."""
-    return qtype in BODIES and not (qtype in (T.Q8_0, T.IQ4_NL) and isa == "avx2")
+    u8 weights of Q8_0 and the codebook types, up to 255 and 241)."""
+    return qtype in BODIES and not (qtype in (T.Q8_0, T.IQ4_NL, T.IQ4_XS) and isa == "avx2")
 
 
 def _lane_sum(f: Fn, v: list[str]) -> str:
