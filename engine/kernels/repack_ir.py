@@ -88,6 +88,22 @@ def _k_block(f: IRFunction, src: list[str], dst: str, qh: bool) -> None:
             f.store("i32", f.load("i32", s, qs_src + 4 * w), dst, qs_dst + 64 * w + 4 * r)
 
 
+def _iq4_xs_block(f: IRFunction, src: list[str], dst: str) -> None:
+    """File block (f16 d | u16 scales_h | scales_l[4] | qs[128]) of 16 rows -> d [16] |
+    sc i8 [8][16] (ls - 32) | qs [8 sub-blocks][4][16][4] (engine.repack)."""
+    for r, s in enumerate(src):
+        f.store("i16", f.load("i16", s, 0), dst, 2 * r)
+        high = f.load("i16", s, 2)
+        for j in range(8):
+            low = f.let(f"lshr i8 {f.load('i8', s, 4 + j // 2)}, {4 * (j % 2)}")
+            top = f.let(f"and i16 {f.let(f'lshr i16 {high}, {2 * j}')}, 3")
+            top = f.let(f"shl i8 {f.let(f'trunc i16 {top} to i8')}, 4")
+            ls = f.let(f"or i8 {f.let(f'and i8 {low}, 15')}, {top}")
+            f.store("i8", f.let(f"sub i8 {ls}, 32"), dst, 32 + 16 * j + r)
+        for w in range(32):  # qs word 4j + k -> sub-block j, k, row r
+            f.store("i32", f.load("i32", s, 8 + 4 * w), dst, 160 + 64 * w + 4 * r)
+
+
 def _q6_k_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (ql[128] | qh[64] | i8 scales[16] | f16 d) of 16 rows -> d [16] |
     sc [16][16] | 8 steps of ql' [4][16][4] | qh' [2][16][4] (engine.repack). Four values at
@@ -131,6 +147,7 @@ _BLOCKS: dict[T, tuple[int, Callable[[IRFunction, list[str], str], None]]] = {
     T.Q4_K: (144, _q4_k_block),
     T.Q5_K: (176, _q5_k_block),
     T.Q6_K: (210, _q6_k_block),
+    T.IQ4_XS: (136, _iq4_xs_block),
 }
 COMPILED = tuple(_BLOCKS)
 
