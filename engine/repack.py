@@ -35,6 +35,14 @@ block holding its 16 rows' data side by side:
                                      ql's low nibble: 4 bits of chunk 4s+i, high: of 32+4s+i;
                                      qh's 2-bit fields k = 0..3: top bits of chunks 4s+2p,
                                      4s+2p+1, 32+4s+2p, 32+4s+2p+1 (the order the kernel reads)
+    Q2_K (1600 = 16 x 84 + 256): d, dmin  f16 [16] each
+                                 sc, mn  u8 [16 sub-blocks][16] each   (the 4-bit halves)
+                                 qs  u8 [2 halves][8 chunks][16][4]  ggml's qs bytes
+                                     32h+4c..+3: bits 2j.. are values 128h+32j+4c..+3
+    Q3_K (1824 = 16 x 110 + 64): d   f16 [16]
+                                 sc  i8 [16 sub-blocks][16]        the 6-bit scales - 32
+                                 hm  u8 [8 chunks][16][4]   ggml's hmask bytes 4c..4c+3
+                                 qs  as Q2_K's
     IQ4_XS (2208 = 16 x 136 + 32):  d   f16 [16]
                                  sc  i8 [8 sub-blocks][16]        ls - 32, the 6-bit scales
                                  qs  u8 [8 sub-blocks][4][16][4]  each as an IQ4_NL block's
@@ -61,6 +69,10 @@ Per row r and block b the kernels compute (isum exact in int32):
            (llama.cpp's repacked Q4_K on x86, acc - acc_min; kquants.fold_whole likewise)
     Q6_K:  acc = fma(float(sum_j sc_j * (dot_j - 32 * bsum_j)), d[r] * dx[b], acc), the 16
            sub-blocks summed whole in integers as Q4_K's (kquants.fold_whole likewise)
+    Q2_K:  acc = fma(float(sum_g sc_g * dot_g), d[r] * dx[b], acc); nacc = fma(float(sum_g mn_g
+           * c16_g), dmin[r] * dx[b] / 32, nacc) (c16 = -32 * bsums); out = acc + nacc
+    Q3_K:  acc = fma(float(sum_g sc_g * (dot_g - 4 * bsum_g)), d[r] * dx[b], acc), the 3-bit
+           values taken as low2 | hbit << 2 (unsigned), -4 * bsum_g = c16_g >> 3
     IQ4_XS: acc = fma(float(sum_j sc_j * dot_j), d[r] * dx[b], acc) over its 8 sub-blocks, each
            dot_j as IQ4_NL's (the offset -128 * sum(y_j) = 4 * the c16 of its two halves)
     The K-quants give the file-layout kernels' bits.
@@ -83,19 +95,22 @@ from engine.activations import (
     quantize_activations,
 )
 from engine.ggml_types import GGMLQuantizationType
+from engine.quant_k import q3_k_scales
 from engine.quants import HostMatrix, QuantMatrix, dequantize, quant_type, row_bytes
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
 GROUP_BLOCK_BYTES = {T.Q8_0: 544, T.Q4_0: 288, T.IQ4_NL: 288, T.Q5_0: 352, T.Q4_1: 320,
-                     T.Q5_1: 384, T.Q4_K: 2368, T.Q5_K: 2880, T.Q6_K: 3360, T.IQ4_XS: 2208}
+                     T.Q5_1: 384, T.Q2_K: 1600, T.Q3_K: 1824, T.Q4_K: 2368, T.Q5_K: 2880,
+                     T.Q6_K: 3360, T.IQ4_XS: 2208}
 REPACKED = tuple(GROUP_BLOCK_BYTES)
 ACTIVATION = {T.Q8_0: "r8_0", T.Q4_0: "r8_0", T.IQ4_NL: "r8_0", T.Q5_0: "r8_0", T.Q4_1: "r8_1",
-              T.Q5_1: "r8_1", T.Q4_K: "r8_k", T.Q5_K: "r8_k", T.Q6_K: "r8_k", T.IQ4_XS: "r8_k"}
+              T.Q5_1: "r8_1", T.Q2_K: "r8_k", T.Q3_K: "r8_k", T.Q4_K: "r8_k", T.Q5_K: "r8_k",
+              T.Q6_K: "r8_k", T.IQ4_XS: "r8_k"}
 ACT_BLOCK = {"r8_0": 32, "r8_1": 32, "r8_k": 256}
 GGML_ACT = {"r8_0": "q8_0", "r8_1": "q8_1", "r8_k": "q8_k"}  # the ggml blocks each is quantized as
 BLOCK_ELEMS = {T.Q8_0: 32, T.Q4_0: 32, T.IQ4_NL: 32, T.Q5_0: 32, T.Q4_1: 32, T.Q5_1: 32,
-               T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256, T.IQ4_XS: 256}
+               T.Q2_K: 256, T.Q3_K: 256, T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256, T.IQ4_XS: 256}
 
 
 def can_repack(qtype: GGMLQuantizationType, n_rows: int, n_cols: int) -> bool:
@@ -249,6 +264,16 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
         if w.qtype == T.Q5_K:
             out.put(_interleave(b["qh"].reshape(*b.shape, 8, 4)))  # [.., chunk, 4]
         out.put(_interleave(b["qs"].reshape(*b.shape, 4, 8, 4)))  # [.., pair, chunk, 4]
+    elif w.qtype in (T.Q2_K, T.Q3_K):
+        out.put(_per_row(b["d"]))
+        if w.qtype == T.Q2_K:
+            out.put(_per_row(b["dmin"]))
+            out.put(_per_row(b["scales"] & 0xF))
+            out.put(_per_row(b["scales"] >> 4))
+        else:
+            out.put(_per_row(q3_k_scales(b["scales"])))
+            out.put(_interleave(b["hmask"].reshape(*b.shape, 8, 4)))
+        out.put(_interleave(b["qs"].reshape(*b.shape, 2, 8, 4)))     # [.., half, chunk, 4]
     elif w.qtype == T.IQ4_XS:
         low = b["scales_l"]                                          # [rows, nb, 4]
         high = np.ascontiguousarray(b["scales_h"]).view(np.uint16)[..., 0]  # [rows, nb]

@@ -128,7 +128,8 @@ def test_repacking_keeps_every_value(qtype: T) -> None:
     the twin reads the source, so this checks the layout itself, lane by lane."""
     w, _ = _case(qtype, 1, seed=3)
     rw = repack(w)
-    extra = {T.Q4_K: 64, T.Q5_K: 64, T.IQ4_XS: 32}.get(qtype, 0)  # per group block: the unpacked scales
+    extra = {T.Q2_K: 256, T.Q3_K: 64, T.Q4_K: 64, T.Q5_K: 64, T.IQ4_XS: 32}.get(qtype, 0)  # per
+    # group block: the unpacked scales
     assert rw.nbytes == w.nbytes + (w.n_rows // 16) * (w.n_cols // 256) * extra
     # one-hot activations pick single columns: out[r] = W[r, j] * (127 * dx)
     k = GemmKernels([qtype], "portable")
@@ -142,7 +143,7 @@ def test_repacking_keeps_every_value(qtype: T) -> None:
         if act == "q8_1":  # d * q * dx + m * s, s = f16(dx * 127) as stored: they can cancel
             want = reference(w, e)[0]
             atol = 1e-6 * float(np.abs(want).max())
-        elif qtype in (T.Q4_K, T.Q5_K):  # d*dx * sc*q - dmin*dx * mn, two f32 products: they
+        elif qtype in (T.Q2_K, T.Q4_K, T.Q5_K):  # d*dx * sc*q - dmin*dx * mn, two f32 products: they
             atol = 1e-6 * float(np.abs(want).max())  # can cancel too (a wrong value is ~1e-3 off)
         np.testing.assert_allclose(col, want, rtol=1e-6, atol=atol)
 
@@ -160,7 +161,7 @@ def test_compiled_repack_writes_the_numpy_repacks_bytes(qtype: T) -> None:
 def test_what_cannot_be_repacked_is_refused() -> None:
     rng = np.random.default_rng(0)
     assert not can_repack(T.Q8_0, 24, 64)   # rows not a multiple of 16
-    assert not can_repack(T.Q2_K, 32, 256)  # no interleaved kernel for the type
+    assert not can_repack(T.BF16, 32, 256)  # no interleaved kernel for the type
     with pytest.raises(ValueError, match="cannot repack"):
         repack(random_quant_matrix(T.Q8_0, 24, 64, rng))
     with pytest.raises(ValueError, match="RepackedMatrix"):

@@ -41,7 +41,8 @@ from engine.quant_iq import CODEBOOK
 from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
-TILES = {T.Q8_0: 4, T.Q4_0: 4, T.Q5_0: 4, T.IQ4_NL: 4, T.IQ4_XS: 4, T.Q4_1: 4, T.Q5_1: 4, T.Q4_K: 4, T.Q5_K: 4, T.Q6_K: 4}
+TILES = dict.fromkeys([T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
+                       T.Q6_K, T.IQ4_XS], 4)
 # The K-quants fold each step's sub-block chains into the isum as they complete, so a tile row
 # holds 2 dot chains, and the module compiles without LLVM's machine scheduler (jit's
 # NO_MACHINE_SCHEDULER), which hoisted a block's unpacked quants into stack slots: 4-row tiles
@@ -112,6 +113,71 @@ def _body_iq4_xs(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
             isums[t] = f.let(f"add {V16I} {isums[t]}, {term}") if isums[t] else term
     return [[f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
             for t, x in enumerate(xs)]
+
+
+def _body_q2_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
+    return _body_q2_3_k(f, dots, act, wb, b, xs, accs, q3=False)
+
+
+def _body_q3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+               accs: Sequence[Sequence[str]]) -> list[list[str]]:
+    return _body_q2_3_k(f, dots, act, wb, b, xs, accs, q3=True)
+
+
+def _body_q2_3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+                 accs: Sequence[Sequence[str]], q3: bool) -> list[list[str]]:
+    """Q2_K / Q3_K, whole-block arithmetic as Q4_K's over 16 sub-blocks of 16 values:
+    isum = sum_g sc_g * dot_g, each dot_g a chain of 4 vpdpbusd over the 2-bit values (| the
+    hmask bit << 2 for Q3_K, which starts the chain from -4 * bsum_g = c16_g >> 3: its values
+    are q - 4); Q2_K's mins: msum = sum_g mn_g * c16_g = -32 * sum_g mn_g * bsum_g. Then
+    acc = fma(float(isum), d * dx, acc) and (Q2_K) nacc = fma(float(msum), dmin * dx / 32,
+    nacc). Sub-block g = 8h + 2j + s holds bits 2j.. of the qs chunks 4s..4s+3 of half h."""
+    sc_at, qs_at = (32, 800) if q3 else (64, 576)
+    qs_x = f.mul(b, 256)
+    c16 = f.add(act.c_at, f.mul(b, 64))
+    dw = f.half16(wb, 0)
+    isums, msums = [""] * len(xs), [""] * len(xs)
+
+    def add(total: str, term: str) -> str:
+        return f.let(f"add {V16I} {total}, {term}") if total else term
+
+    for h in range(2):
+        for s in range(2):
+            q = [f.load("<64 x i8>", wb, qs_at + 512 * h + 64 * (4 * s + c)) for c in range(4)]
+            hm = [f.load("<64 x i8>", wb, 288 + 64 * (4 * s + c)) for c in range(4)] if q3 else []
+            for j in range(4):
+                g = 8 * h + 2 * j + s
+                chunks = [f.shift_bytes(v, "lshr", 2 * j, 3) if j else f.let(f"and <64 x i8> {v}, {splat_i8(64, 3)}")
+                          for v in q]
+                if q3:
+                    chunks = [f.let(f"or <64 x i8> {ch}, {_bit_to(f, m, 4 * h + j, 2)}") for ch, m in zip(chunks, hm)]
+                sc = f.widen16(wb, sc_at + 16 * g, signed=q3)
+                mn = None if q3 else f.widen16(wb, 320 + 16 * g, signed=False)
+                for t, x in enumerate(xs):
+                    c16_g = f.load("i32", x, f.add(c16, 4 * g), 4)
+                    dot = f.splat_i32(f.let(f"ashr i32 {c16_g}, 3")) if q3 else "zeroinitializer"
+                    for c in range(4):
+                        dot = dots.dot(dot, chunks[c], f.bcast(x, f.add(qs_x, 128 * h + 32 * j + 16 * s + 4 * c)))
+                    isums[t] = add(isums[t], f.let(f"mul {V16I} {dot}, {sc}"))
+                    if mn is not None:
+                        msums[t] = add(msums[t], f.let(f"mul {V16I} {mn}, {f.splat_i32(c16_g)}"))
+    out = []
+    for t, x in enumerate(xs):
+        acc = [f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
+        if not q3:
+            thirty_second = "<" + ", ".join(["float 0x3FA0000000000000"] * 16) + ">"  # 1/32: exact
+            mins = f.let(f"fmul {V16F} {_x_scale(f, act, x, b, f.half16(wb, 32))}, {thirty_second}")
+            acc.append(f.fma16(f.tofloat(msums[t]), mins, accs[t][1]))
+        out.append(acc)
+    return out
+
+
+def _bit_to(f: Fn, v: str, k: int, to: int) -> str:
+    """Bit k of each byte of v, moved to bit `to` (the other bits 0)."""
+    if k == to:
+        return f.let(f"and <64 x i8> {v}, {splat_i8(64, 1 << to)}")
+    return f.shift_bytes(v, "lshr" if k > to else "shl", abs(k - to), 1 << to)
 
 
 def _q5_top_bits(f: Fn, qh: str, first: int) -> str:
@@ -331,9 +397,10 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 
 BODIES: dict[T, _Body] = {T.Q8_0: _body_q8_0, T.Q4_0: _body_q4_0, T.Q5_0: _body_q5_0,
                           T.IQ4_NL: _body_iq4_nl, T.IQ4_XS: _body_iq4_xs, T.Q4_1: _body_q4_1,
-                          T.Q5_1: _body_q5_1, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
+                          T.Q5_1: _body_q5_1, T.Q2_K: _body_q2_k, T.Q3_K: _body_q3_k, T.Q4_K: _body_q4_k, T.Q5_K: _body_q5_k, T.Q6_K: _body_q6_k}
 # accumulators per (16 weight rows, activation row)
-LANES = {T.Q8_0: 1, T.Q4_0: 1, T.Q5_0: 1, T.IQ4_NL: 1, T.IQ4_XS: 1, T.Q4_1: 1, T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
+LANES = {T.Q8_0: 1, T.Q4_0: 1, T.Q5_0: 1, T.IQ4_NL: 1, T.IQ4_XS: 1, T.Q2_K: 2, T.Q3_K: 1, T.Q4_1: 1,
+         T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
 # the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 

@@ -67,6 +67,10 @@ def host_isa(portable: bool = False) -> str:
 # IQ4_XS's 1.1-1.3x, so it stays as it was).
 # Q4_1 and Q5_1 (offsets through q8_1's s) are tested too, but Q4_1 moves SmolLM2's top-1
 # agreement on the "paragraph" prompt to 0.965, under tests/test_smollm2_reference.py's 0.97.
+# Q2_K and Q3_K are tested too (whole-block sums over their 16 sub-blocks), 1.6-1.9x the file
+# layout at M = 8 and 512 but 0.68-0.82x at M = 1 (one thread, 1.1B shapes, bench_matmul
+# --ab-layout), where these low-bit types are compute-bound: decode would lose, so models keep
+# them in the file's layout unless MODELYARD_INTERLEAVED names them.
 _NAMES = os.environ.get("MODELYARD_INTERLEAVED", "Q8_0,Q4_0,Q5_0,IQ4_NL,Q4_K,Q5_K,Q6_K,IQ4_XS").split(",")
 IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
                       if n.strip() and n.strip().lower() != "none")
