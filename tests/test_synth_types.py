@@ -15,9 +15,9 @@ import pytest
 
 import engine
 from engine.ggml_types import GGMLQuantizationType as Q
-from engine.kernels import jit
-from engine.kernels.gemm_kernels import host_repacks
+from engine.kernels import gemm, jit
 from engine.model import Chunk
+from engine.repack import RepackedMatrix
 from tests.support.ggufgen import tensor_type_field
 from tests.support.refs import SYNTH_DIR
 
@@ -87,17 +87,25 @@ def test_greedy_tokens_match_llama_cpp_until_a_near_tie(name: str) -> None:
 def test_every_instruction_selection_gives_the_same_logits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernels are picked at run time from the CPU's features: a host with AVX2 only (no
     VNNI, no AVX-512 row pairs) and one without AVX2 (portable IR) compute the same bits. The
-    exceptions are by design: the row-interleaved kernels of IQ4_NL and IQ4_XS (which the AVX2
-    host has no form of) sum a block whole in integers, the file layout in 8 lanes, so there
-    the AVX2 host keeps the file's layout and its own rounding, within llama.cpp's tolerance."""
+    exceptions are by design: where such a host keeps a type in the file's layout that this one
+    repacks, and the two kernels round differently (not gemm.FILE_LAYOUT_BITS: the interleaved
+    kernel sums a block whole in integers, the file layout in 8 lanes), it stays within
+    llama.cpp's tolerance instead."""
     real = jit.host_has
-    own_rounding = {"llama_d256_kq_iq4_nl": host_repacks(Q.IQ4_NL),  # repacked here; a host
-                    "llama_d256_kq_iq4_xs": host_repacks(Q.IQ4_XS)}  # without VNNI does not
-    fast = {}
+    types = {"llama_d256_kq_q2_k": Q.Q2_K, "llama_d256_kq_q3_k_s": Q.Q3_K,
+             "llama_d256_kq_q3_k_m_mixed": Q.Q3_K, "llama_d256_kq_iq4_nl": Q.IQ4_NL,
+             "llama_d256_kq_iq4_xs": Q.IQ4_XS}
+    assert set(types) == set(NAMES)
+
+    def repacked(model: engine.Model, q: Q) -> bool:
+        mats = model.transformer.weights.matrices()
+        return any(isinstance(m, RepackedMatrix) and m.qtype == q for m in mats)
+
+    fast, repacked_here = {}, {}
     for name in NAMES:
         ids = np.load(SYNTH_DIR / f"{name}.npz")["ids"].tolist()
         with _load(name) as model:
-            fast[name] = model.logits(ids)
+            fast[name], repacked_here[name] = model.logits(ids), repacked(model, types[name])
     for hidden in ({"avxvnni", "avx512vnni", "avx512vl", "avx512bw", "avx512f"}, {"avx2"}):
         monkeypatch.setattr(jit, "host_has", lambda f, hidden=hidden: f not in hidden and real(f))
         for name in NAMES:
@@ -106,7 +114,8 @@ def test_every_instruction_selection_gives_the_same_logits(monkeypatch: pytest.M
                 mk = model.transformer.matmul_kernels
                 assert mk.portable == ("avx2" in hidden) and not mk.vnni and not mk.wide
                 logits = model.logits(ref["ids"].tolist())
-                if own_rounding.get(name) and "avx2" not in hidden:
+                q = types[name]
+                if repacked_here[name] != repacked(model, q) and q not in gemm.FILE_LAYOUT_BITS:
                     _assert_within(logits, ref["logits"], ENTRIES[name]["suggested_tolerance"], name)
                 else:
                     np.testing.assert_array_equal(logits, fast[name], err_msg=name)

@@ -56,6 +56,13 @@ TILES = dict.fromkeys([T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL, T.Q4_1, T.Q5_1, T.Q2_K,
 # from DRAM; for the K-quants read in memory order, 32 blocks ahead was slower (Q4_K M = 1:
 # 27.5 -> 19.3 GB/s). Tiles prefetch the next group: see _build_gemm.)
 
+# Single rows of these types prefetch this many bytes ahead into L2, a block's lines per block:
+# the low-bit K-quants spend so many instructions per byte that the out-of-order window covers
+# too little of the stream (one thread, M = 1, 1.1B shapes from DRAM, against no prefetch: Q2_K
+# 4 KiB 1.28-1.44x the file layout, 8 KiB 1.68-1.87x, 16 KiB 1.56-1.73x, from 0.69-0.87x; Q3_K
+# 8 KiB 1.28-1.59x from 0.64-0.67x; to L1 instead: 0.74-1.12x).
+ONE_ROW_PREFETCH = {T.Q2_K: 8192, T.Q3_K: 8192}
+
 # A body folds one block of 16 weight rows into each tile row's accumulators: accs[t] holds
 # LANES[type] <16 x float> vectors (see the module docstring), returned updated.
 _Body = Callable[[Fn, Dots, Act, str, str, list[str], Sequence[Sequence[str]]], list[list[str]]]
@@ -136,7 +143,17 @@ def _body_q2_3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     sc_at, qs_at = (32, 800) if q3 else (64, 576)
     qs_x = f.mul(b, 256)
     c16 = f.add(act.c_at, f.mul(b, 64))
+    # the block's head first, in memory order (the hardware prefetchers follow the block): its
+    # scales as raw bytes, each sub-block's 16 widened where it is used
     dw = f.half16(wb, 0)
+    dmin = None if q3 else f.half16(wb, 32)
+    heads = [[f.load("<64 x i8>", wb, at + 64 * i) for i in range(4)] for at in ((sc_at,) if q3 else (sc_at, 320))]
+
+    def scale(k: int, g: int) -> str:
+        part = f.let(f"shufflevector <64 x i8> {heads[k][g // 4]}, <64 x i8> poison, "
+                     f"<16 x i32> <{', '.join(f'i32 {16 * (g % 4) + i}' for i in range(16))}>")
+        return f.let(f"{'sext' if q3 else 'zext'} <16 x i8> {part} to {V16I}")
+
     isums, msums = [""] * len(xs), [""] * len(xs)
 
     def add(total: str, term: str) -> str:
@@ -152,8 +169,8 @@ def _body_q2_3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                           for v in q]
                 if q3:
                     chunks = [f.let(f"or <64 x i8> {ch}, {_bit_to(f, m, 4 * h + j, 2)}") for ch, m in zip(chunks, hm)]
-                sc = f.widen16(wb, sc_at + 16 * g, signed=q3)
-                mn = None if q3 else f.widen16(wb, 320 + 16 * g, signed=False)
+                sc = scale(0, g)
+                mn = None if q3 else scale(1, g)
                 for t, x in enumerate(xs):
                     c16_g = f.load("i32", x, f.add(c16, 4 * g), 4)
                     dot = f.splat_i32(f.let(f"ashr i32 {c16_g}, 3")) if q3 else "zeroinitializer"
@@ -167,7 +184,8 @@ def _body_q2_3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
         acc = [f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
         if not q3:
             thirty_second = "<" + ", ".join(["float 0x3FA0000000000000"] * 16) + ">"  # 1/32: exact
-            mins = f.let(f"fmul {V16F} {_x_scale(f, act, x, b, f.half16(wb, 32))}, {thirty_second}")
+            assert dmin is not None
+            mins = f.let(f"fmul {V16F} {_x_scale(f, act, x, b, dmin)}, {thirty_second}")
             acc.append(f.fma16(f.tofloat(msums[t]), mins, accs[t][1]))
         out.append(acc)
     return out
@@ -469,6 +487,8 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
 
             def block(b: str, flat: list[str]) -> list[str]:
                 wb = f.gep(wg, f.mul(b, GROUP_BLOCK_BYTES[qtype]))
+                if tile == 1 and qtype in ONE_ROW_PREFETCH:
+                    _prefetch_lines(f, f.gep(wb, ONE_ROW_PREFETCH[qtype]), 0, n_lines)
                 if lo is not None and hi is not None:
                     nxt = f.gep(wb, group_bytes)
                     f.if_then(lo, functools.partial(_prefetch_lines, f, nxt, 0, n_lines // 2))
