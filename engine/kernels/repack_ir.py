@@ -88,6 +88,38 @@ def _k_block(f: IRFunction, src: list[str], dst: str, qh: bool) -> None:
             f.store("i32", f.load("i32", s, qs_src + 4 * w), dst, qs_dst + 64 * w + 4 * r)
 
 
+def _q2_k_block(f: IRFunction, src: list[str], dst: str) -> None:
+    """File block (scales[16] | qs[64] | f16 d, dmin) of 16 rows -> d [16] | dmin [16] |
+    sc u8 [16][16] | mn u8 [16][16] | qs [2][8][16][4] (engine.repack)."""
+    for r, s in enumerate(src):
+        f.store("i16", f.load("i16", s, 80), dst, 2 * r)
+        f.store("i16", f.load("i16", s, 82), dst, 32 + 2 * r)
+        for g in range(16):
+            packed = f.load("i8", s, g)
+            f.store("i8", f.let(f"and i8 {packed}, 15"), dst, 64 + 16 * g + r)
+            f.store("i8", f.let(f"lshr i8 {packed}, 4"), dst, 320 + 16 * g + r)
+        for w in range(16):  # qs word 8h + c -> half h, chunk c, row r
+            f.store("i32", f.load("i32", s, 16 + 4 * w), dst, 576 + 64 * w + 4 * r)
+
+
+def _q3_k_block(f: IRFunction, src: list[str], dst: str) -> None:
+    """File block (hmask[32] | qs[64] | scales[12] | f16 d) of 16 rows -> d [16] |
+    sc i8 [16][16] (the 6-bit scales - 32) | hm [8][16][4] | qs [2][8][16][4] (engine.repack)."""
+    for r, s in enumerate(src):
+        f.store("i16", f.load("i16", s, 108), dst, 2 * r)
+        for k in range(16):  # low 4 bits: byte k % 8's low (k < 8) or high nibble; top 2: byte 8 + k % 4
+            low = f.load("i8", s, 96 + k % 8)
+            low = f.let(f"and i8 {f.let(f'lshr i8 {low}, 4') if k >= 8 else low}, 15")
+            top = f.let(f"lshr i8 {f.load('i8', s, 104 + k % 4)}, {2 * (k // 4)}")
+            top = f.let(f"and i8 {top}, 3")
+            sc = f.let(f"or i8 {low}, {f.let(f'shl i8 {top}, 4')}")
+            f.store("i8", f.let(f"sub i8 {sc}, 32"), dst, 32 + 16 * k + r)
+        for c in range(8):
+            f.store("i32", f.load("i32", s, 4 * c), dst, 288 + 64 * c + 4 * r)
+        for w in range(16):
+            f.store("i32", f.load("i32", s, 32 + 4 * w), dst, 800 + 64 * w + 4 * r)
+
+
 def _iq4_xs_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (f16 d | u16 scales_h | scales_l[4] | qs[128]) of 16 rows -> d [16] |
     sc i8 [8][16] (ls - 32) | qs [8 sub-blocks][4][16][4] (engine.repack)."""
@@ -144,6 +176,8 @@ _BLOCKS: dict[T, tuple[int, Callable[[IRFunction, list[str], str], None]]] = {
     T.Q4_0: (18, _q4_0_block),
     T.IQ4_NL: (18, _q4_0_block),  # the same block shape: f16 d | 16 bytes of nibbles
     T.Q5_0: (22, _q5_0_block),
+    T.Q2_K: (84, _q2_k_block),
+    T.Q3_K: (110, _q3_k_block),
     T.Q4_K: (144, _q4_k_block),
     T.Q5_K: (176, _q5_k_block),
     T.Q6_K: (210, _q6_k_block),
