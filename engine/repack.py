@@ -13,7 +13,7 @@ block holding its 16 rows' data side by side:
     Q8_0 (544 bytes = 16 x 34):  qs  u8 [8 chunks][16 rows][4]   q + 128, chunk c = values 4c..4c+3
                                  d   f16 [16]
     Q4_0 (288 = 16 x 18):        qs  u8 [4][16][4]   as Q5_0's | d f16 [16]
-    IQ4_NL (288):                as Q4_0, the nibbles indices into the codebook
+    IQ4_NL (288):                as Q4_0, its nibbles indices into the codebook
     Q5_0 (352 = 16 x 22):        qs  u8 [4][16][4]   ggml's qs bytes 4k..4k+3: low nibbles are
                                      values 4k.. (chunk k), high nibbles 16+4k.. (chunk k+4)
                                  qh  u32 [16]        bit j: the 5th bit of value j

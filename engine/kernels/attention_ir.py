@@ -1,7 +1,7 @@
 """The attention kernels' LLVM IR (engine.kernels.attention has what they compute and why).
 
-build_attention_module(f16c) -> one module with attention_exact, attention_rounded and
-attention_f16acc, same signature; the constants here are the facts the facade, the tasks and the
+build_attention_module(f16c, registers) -> one module with attention_exact, attention_rounded
+and attention_f16acc, same signature; the constants here are the facts the facade, the tasks and the
 numpy twins (attention_reference.py) share.
 """
 from __future__ import annotations
@@ -486,7 +486,6 @@ def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
                 one_pass(c, per_pass)
             with counted_loop(b, whole, head_dim, lanes, "a1") as c:
                 one_pass(c, 1)
-
 
         prefetch_rows(k_head, i64(0), PREFETCH_KEYS)
         with counted_loop(b, i64(0), n_keys, BLOCK_KEYS, "blk") as t0:

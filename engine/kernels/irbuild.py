@@ -183,7 +183,7 @@ _EXP_MAX = 88.0                # above this e^x overflows float: we return e^88
 
 
 def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """e^x for a float or <8 x float>, relative error ~2e-7, without libm (vectorizes, no libcall).
+    """e^x for a float or a float vector, relative error ~2e-7, without libm (vectorizes, no libcall).
 
     e^x = 2^n * e^r with n = round(x / ln 2), |r| <= ln2/2, e^r by its Taylor series to r^7.
     Inputs below -87 give 0, above 88 give e^88, NaN stays NaN.
