@@ -61,7 +61,7 @@ def host_isa(portable: bool = False) -> str:
 # 3.1-3.8x at M = 1 (the same command); tests/data/synth's IQ4_NL llama gives llama.cpp's
 # position-0 logits exactly (file layout: 1.9e-6 off), max 0.140 over all (file layout 0.142).
 # IQ4_XS sums its super-block whole in integers (8 IQ4_NL sub-blocks times their scales),
-# as Q6_K: 2.2-2.4x the file layout at M = 1, 3.0-3.2x at M = 8, 3.4-3.6x at M = 512.
+# as Q6_K: 1.8-2.2x the file layout at M = 1, 2.9-3.2x at M = 8, 2.7-2.8x at M = 512.
 # The file layout sums IQ4_NL blocks and IQ4_XS super-blocks in 8 lanes, so a host without
 # VNNI rounds these two differently (whole there, IQ4_NL's file layout ran 2-2.5x slower and
 # IQ4_XS's 1.1-1.3x, so it stays as it was).
