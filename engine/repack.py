@@ -75,7 +75,8 @@ Per row r and block b the kernels compute (isum exact in int32):
            values taken as low2 | hbit << 2 (unsigned), -4 * bsum_g = c16_g >> 3
     IQ4_XS: acc = fma(float(sum_j sc_j * dot_j), d[r] * dx[b], acc) over its 8 sub-blocks, each
            dot_j as IQ4_NL's (the offset -128 * sum(y_j) = 4 * the c16 of its two halves)
-    The K-quants give the file-layout kernels' bits.
+    Q4_K, Q5_K and Q6_K give the file-layout kernels' bits (gemm.FILE_LAYOUT_BITS); the file
+    layout sums the other super-block types' blocks in 8 lanes, a different rounding.
 so the numpy twin (reference) is the exact product of the dequantized weights and activations
 up to float32 rounding of those few terms. Each row's arithmetic is the same whatever M, the
 thread split or the other rows, as the file-layout kernels promise.
@@ -95,6 +96,7 @@ from engine.activations import (
     quantize_activations,
 )
 from engine.ggml_types import GGMLQuantizationType
+from engine.quant_iq import iq4_xs_scales
 from engine.quant_k import q3_k_scales
 from engine.quants import HostMatrix, QuantMatrix, dequantize, quant_type, row_bytes
 
@@ -275,12 +277,8 @@ def _repack_rows(w: QuantMatrix, out: _Blocks) -> None:
             out.put(_interleave(b["hmask"].reshape(*b.shape, 8, 4)))
         out.put(_interleave(b["qs"].reshape(*b.shape, 2, 8, 4)))     # [.., half, chunk, 4]
     elif w.qtype == T.IQ4_XS:
-        low = b["scales_l"]                                          # [rows, nb, 4]
-        high = np.ascontiguousarray(b["scales_h"]).view(np.uint16)[..., 0]  # [rows, nb]
-        j = np.arange(8)
-        ls = (low[..., j // 2] >> (4 * (j % 2))) & 0xF | ((high[..., None] >> (2 * j)) & 3) << 4
         out.put(_per_row(b["d"]))
-        out.put(_per_row((ls.astype(np.int16) - 32).astype(np.int8)))  # [.., 8, 16]
+        out.put(_per_row(iq4_xs_scales(w.raw.view(b.layout)).astype(np.int8)))  # [.., 8, 16]
         out.put(_interleave(b["qs"].reshape(*b.shape, 8, 4, 4)))     # [.., sub-block, k, 4]
     else:  # Q6_K
         q = _q6_values(b).reshape(*b.shape, 2, 8, 2, 2, 4)  # [.., half, step, p, k, 4]

@@ -17,10 +17,10 @@ broadcasts (`vpdpbusd` adds four u8 x i8 products into each row's lane), scale a
 per block. A tile's accumulators live in registers; the group's weights stay in L1/L2 while
 all M activation rows stream past them, so weights are read from memory once per call. Calls
 of one row (decode) go to the nest compiled for single rows alone (gemm_<type>_one). The
-K-quants' float operations and their order are the file-layout kernel's (FILE_LAYOUT_BITS): they
-sum a whole super-block in integers and keep 2 accumulators per activation row (Q4_K and Q5_K:
-the block's and its mins') or 1 (Q6_K). Their bodies read a block's quants in memory order,
-which the hardware prefetchers follow.
+K-quants and IQ4_XS sum a whole super-block in integers and keep 2 accumulators per activation
+row (Q2_K, Q4_K and Q5_K: the block's and its mins') or 1; for Q4_K, Q5_K and Q6_K those are the
+file-layout kernel's float operations in its order (FILE_LAYOUT_BITS). Their bodies read a
+block's quants in memory order, which the hardware prefetchers follow.
 
 Instruction selections (the same integers everywhere, so all give the same bits):
   vnni512   `vpdpbusd` / `vpdpwssd` on 512-bit vectors (AVX-512 VNNI + BW)

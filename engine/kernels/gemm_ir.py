@@ -34,13 +34,13 @@ def vec(elem: str, values: list[int]) -> str:
     return "<" + ", ".join(f"{elem} {v}" for v in values) + ">"
 
 
-def splat_i8(n: int, v: int) -> str:
-    return vec("i8", [v - 256 if v > 127 else v] * n)
-
-
 def splat_bytes(values: list[int]) -> str:
     """A <n x i8> constant of these byte values (0..255 or -128..127)."""
     return vec("i8", [v - 256 if v > 127 else v for v in values])
+
+
+def splat_i8(n: int, v: int) -> str:
+    return splat_bytes([v] * n)
 
 
 def vec_i32(v: int) -> str:
@@ -144,9 +144,9 @@ class Dots:
             return f.let(f"call <64 x i8> @llvm.x86.avx512.pshuf.b.512(<64 x i8> {splat_bytes(table * 4)}, "
                          f"<64 x i8> {idx})")
         assert self.isa == "portable", "AVX2 has no gemm form for a codebook type"
-        values = [splat_bytes([v] * 64) for v in table]
+        values = [splat_i8(64, v) for v in table]
         for bit in range(4):
-            mask_v = splat_bytes([1 << bit] * 64)
+            mask_v = splat_i8(64, 1 << bit)
             on = f.let(f"icmp ne <64 x i8> {f.let(f'and <64 x i8> {idx}, {mask_v}')}, zeroinitializer")
             values = [f.let(f"select <64 x i1> {on}, <64 x i8> {hi}, <64 x i8> {lo}")
                       for lo, hi in zip(values[0::2], values[1::2])]

@@ -79,8 +79,8 @@ IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
 # row: without AVX-512's 32 registers they spilled (the earlier 8-lane AVX2 forms at M = 16:
 # 0.64-0.75x the file layout; not measured since), so models take them only on vnni512; Q4_0's
 # and Q5_0's tiles (4 rows' accumulators and 8 unpacked chunks) would spill too.
-NEEDS_AVX512 = frozenset({T.Q4_0, T.Q5_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})  # (and Q8_0,
-# IQ4_NL and IQ4_XS have no AVX2 form)
+# (Q8_0, IQ4_NL and IQ4_XS have no AVX2 form at all: gemm.supported.)
+NEEDS_AVX512 = frozenset({T.Q4_0, T.Q5_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
 
 
 def runs_in_models(qtype: T, isa: str) -> bool:
