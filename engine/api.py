@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 
 from .constraint import Constraint
+from .formats.repack import estimate_repacked
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm_kernels import host_repacks
 from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
-from .repack import estimate_repacked
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 

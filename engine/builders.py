@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import quants
+from .formats import quants
 from .kernels import ops, rotary, tasks
 from .kernels.pool import Graph
 

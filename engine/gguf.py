@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import sigbus
-from .ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from .formats.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 MAGIC = b"GGUF"
 MAX_DIMS = 4

@@ -1,7 +1,7 @@
 """Anonymous memory for the repacked weights, on 2 MiB transparent huge pages where the host
 has them.
 
-Each repacked matrix (engine.repack) is a copy the engine makes at load; taking it from an
+Each repacked matrix (engine.formats.repack) is a copy the engine makes at load; taking it from an
 anonymous mapping of its own means an unloaded model's memory goes back to the system at once
 (a malloc'd buffer could stay in the heap), and advising it onto huge pages costs nothing and
 saves TLB misses. The gain is small here: Gemma 3 270M decode, 4 interleaved rounds of

@@ -35,8 +35,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import quants
 from .builders import EagerBuilder, GraphBuilder
+from .formats import quants
+from .formats.repack import RepackedMatrix
 from .gguf import GGUFFile
 from .hparams import HParams
 from .kernels import ops, rotary, tasks
@@ -46,7 +47,6 @@ from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
 from .kernels.pool import Graph, Pool
 from .kv import KVCache
-from .repack import RepackedMatrix
 from .weights import Weights, load_weights
 
 

@@ -10,7 +10,7 @@ with a real load. It runs the loader's own judgements rather than a list of its 
   header      engine.gguf.read_header (every part of a split model)
   hparams     HParams.from_metadata: the supported architectures and their hyperparameters
   tokenizer   tokenizer.ggml.model is one engine.tokenizer implements; its size matches n_vocab
-  tensors     the loader's tensor walk (names, shapes, supported types: engine.quants.SUPPORTED)
+  tensors     the loader's tensor walk (names, shapes, supported types: engine.formats.quants.SUPPORTED)
               over a stand-in file whose tensor bytes are a read-only mapping of zero pages
 
 So a new architecture, tensor type or tensor name the engine learns is judged here the moment

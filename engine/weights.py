@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import quants
 from .arch import LayerWeights
+from .formats import quants
 from .gguf import GGUFFile, ModelLoadError, TensorInfo
 from .hparams import HParams
 

@@ -20,11 +20,11 @@ from collections.abc import Callable
 import numpy as np
 
 from engine import hugepages
+from engine.formats.quants import QuantMatrix, quant_type
+from engine.formats.repack import RepackedMatrix
 from engine.gguf import GGUFFile
 from engine.kernels.gemm_kernels import GemmKernels, host_isa
 from engine.kernels.matmul import MatmulKernels
-from engine.quants import QuantMatrix, quant_type
-from engine.repack import RepackedMatrix
 
 DEFAULT = os.path.expanduser("~/.cache/modelyard/gemma-3-270m-q4_k_m.gguf")
 

@@ -15,7 +15,7 @@ ones on repacked copies of the same matrices (engine.kernels.gemm; the K-quants 
 same bits, the others need not). --ab-tiles A,B compares the row-interleaved kernels built with
 register tiles of A and of B activation rows (always the same bits).
 
-Every type the engine supports is measured by default (engine.quants.TYPES); a shape whose
+Every type the engine supports is measured by default (engine.formats.quants.TYPES); a shape whose
 row length is not a whole number of the type's blocks (576 for the 256-value super-blocks of
 the K-quants and IQ4_XS) shows '-'.
 
@@ -31,11 +31,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.formats.quants import TYPES, QuantMatrix, T, block_size, random_quant_matrix
+from engine.formats.repack import RepackedMatrix
 from engine.kernels import gemm
 from engine.kernels.gemm_kernels import GemmKernels, host_isa
 from engine.kernels.matmul import MatmulKernels
-from engine.quants import TYPES, QuantMatrix, T, block_size, random_quant_matrix
-from engine.repack import RepackedMatrix
 
 # (n_rows, n_cols): attention q/o (and k/v), FFN gate/up, FFN down, output (Q8_0 in the model)
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]

@@ -1,4 +1,4 @@
-"""Row-interleaved kernels (engine.kernels.gemm) against their numpy twin (engine.repack)."""
+"""Row-interleaved kernels (engine.kernels.gemm) against their numpy twin (engine.formats.repack)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -6,13 +6,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engine.activations import dequantize_activations, quantize_activations
-from engine.kernels import gemm, jit
-from engine.kernels.gemm_kernels import GemmKernels, host_isa
-from engine.kernels.matmul import MatmulKernels
-from engine.kernels.repack_ir import COMPILED, CompiledRepack
-from engine.quants import QuantMatrix, dequantize, random_quant_matrix
-from engine.repack import (
+from engine.formats.activations import dequantize_activations, quantize_activations
+from engine.formats.quants import QuantMatrix, dequantize, random_quant_matrix
+from engine.formats.repack import (
     ACTIVATION,
     BLOCK_ELEMS,
     GGML_ACT,
@@ -21,9 +17,13 @@ from engine.repack import (
     T,
     can_repack,
     quantize_rows,
-    reference,
     repack,
 )
+from engine.kernels import gemm, jit
+from engine.kernels.gemm_kernels import GemmKernels, host_isa
+from engine.kernels.gemm_reference import reference
+from engine.kernels.matmul import MatmulKernels
+from engine.kernels.repack_ir import COMPILED, CompiledRepack
 
 TYPES = list(REPACKED)
 IDS = [t.name for t in TYPES]
@@ -124,7 +124,7 @@ def test_compiled_quantizer_writes_the_twins_bytes(act: str) -> None:
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 def test_repacking_keeps_every_value(qtype: T) -> None:
-    """The repacked bytes decode (with the layout engine.repack documents) to the same values:
+    """The repacked bytes decode (with the layout engine.formats.repack documents) to the same values:
     the twin reads the source, so this checks the layout itself, lane by lane."""
     w, _ = _case(qtype, 1, seed=3)
     rw = repack(w)

@@ -1,4 +1,4 @@
-"""engine.ggml_types against gguf-py's tables (the engine avoids importing gguf-py at load)."""
+"""engine.formats.ggml_types against gguf-py's tables (the engine avoids importing gguf-py at load)."""
 from __future__ import annotations
 
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import gguf
 
-from engine import ggml_types
+from engine.formats import ggml_types
 
 
 def test_tensor_types_and_block_sizes_match_gguf_py() -> None:

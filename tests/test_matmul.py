@@ -6,9 +6,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from engine.kernels import matmul
-from engine.kernels.matmul import MatmulKernels, facade, matmul_reference
-from engine.quants import (
+from engine.formats.quants import (
     SUPPORTED,
     TYPES,
     T,
@@ -19,6 +17,8 @@ from engine.quants import (
     quantize_activations,
     random_quant_matrix,
 )
+from engine.kernels import matmul
+from engine.kernels.matmul import MatmulKernels, facade, matmul_reference
 
 ALL_TYPES = sorted(SUPPORTED, key=lambda t: t.value)
 IDS = [t.name for t in ALL_TYPES]
@@ -254,7 +254,7 @@ def test_bad_calls_raise_clear_errors(avx2: MatmulKernels) -> None:
 
 
 def test_every_type_record_names_a_built_kernel_family() -> None:
-    """A type is one record (engine.quants.TYPES): its kernel family exists and takes the
+    """A type is one record (engine.formats.quants.TYPES): its kernel family exists and takes the
     activation format the record says (float types take f32 activations)."""
     for t in TYPES.values():
         if t.kernel == "float":

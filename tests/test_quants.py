@@ -1,4 +1,4 @@
-"""engine.quants against gguf-py (the outside reference) and against the definitions."""
+"""engine.formats.quants against gguf-py (the outside reference) and against the definitions."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import quants as gguf_quants
 
-from engine.quants import (
+from engine.formats.quants import (
     ACTIVATION_BLOCK,
     ACTIVATION_LAYOUTS,
     SUPPORTED,

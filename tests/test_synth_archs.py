@@ -56,7 +56,7 @@ def test_repacked_q4_0_gives_llama_cpp_logits() -> None:
     """Where Q4_0 matrices are repacked (engine.kernels.gemm), they meet q8_0 activations with
     the offset taken off in integers, as llama.cpp pairs Q4_0: its logits to float order (the
     file layout's q8_1 pairing lands ~0.3 away, inside the manifest's tolerance)."""
-    from engine.ggml_types import GGMLQuantizationType
+    from engine.formats.ggml_types import GGMLQuantizationType
     from engine.kernels.gemm_kernels import host_repacks
 
     if not host_repacks(GGMLQuantizationType.Q4_0):

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import engine
-from engine.ggml_types import GGMLQuantizationType as Q
+from engine.formats.ggml_types import GGMLQuantizationType as Q
+from engine.formats.repack import RepackedMatrix
 from engine.kernels import gemm, jit
 from engine.model import Chunk
-from engine.repack import RepackedMatrix
 from tests.support.ggufgen import tensor_type_field
 from tests.support.refs import SYNTH_DIR
 

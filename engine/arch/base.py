@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .. import quants
+from ..formats import quants
 
 
 @dataclass

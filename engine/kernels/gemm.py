@@ -1,8 +1,8 @@
 """Row-interleaved quantized matmul kernels (decode and prefill): LLVM IR builders.
 
-    out[m, r] = dot(W[r, :], x[m, :])   W: engine.repack.RepackedMatrix [N, K]   x: [M, K]
+    out[m, r] = dot(W[r, :], x[m, :])   W: engine.formats.repack.RepackedMatrix [N, K]   x: [M, K]
 
-engine/repack.py has the layouts and the arithmetic; gemm_ir.py the building blocks (Fn, Dots,
+engine/formats/repack.py has the layouts and the arithmetic; gemm_ir.py the building blocks (Fn, Dots,
 Act), gemm_quantize.py the activation quantizers. Per weight type the module holds
     quantize_<act>(x, xq, nb, r0, r1, M)          rows [r0, r1) of f32 [M, K] -> act rows
     gemm_<type>(w, xq, out, nb, r0, r1, M, N)     weight rows [r0, r1) against all M rows
@@ -34,11 +34,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
+from engine.formats.quant_iq import CODEBOOK
+from engine.formats.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 from engine.kernels.gemm_ir import DECLARATIONS, V16F, V16I, Act, Dots, Fn, splat_i8, vec_i32
 from engine.kernels.gemm_quantize import build_quantize
 from engine.kernels.jit import NO_MACHINE_SCHEDULER
-from engine.quant_iq import CODEBOOK
-from engine.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
 TILES = dict.fromkeys([T.Q8_0, T.Q4_0, T.Q5_0, T.IQ4_NL, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,

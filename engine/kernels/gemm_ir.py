@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from engine.formats.repack import ACT_BLOCK
 from engine.kernels.irtext import IRFunction
-from engine.repack import ACT_BLOCK
 
 ISAS = ("vnni512", "avx2", "portable")
 V16F, V16I = "<16 x float>", "<16 x i32>"
@@ -168,7 +168,7 @@ class Dots:
 
 
 class Act:
-    """Addresses in an activation row (engine.repack: qs | d | c (r8_0) or c16 | b32 (r8_k))."""
+    """Addresses in an activation row (engine.formats.repack: qs | d | c (r8_0) or c16 | b32 (r8_k))."""
 
     def __init__(self, f: Fn, act: str) -> None:
         self.f, self.act = f, act

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import hugepages
+from engine.formats.quants import QuantMatrix
+from engine.formats.repack import ACT_BLOCK, ACTIVATION, RepackedMatrix, T, act_bytes, repack
 from engine.kernels import gemm, jit
 from engine.kernels.repack_ir import COMPILED, CompiledRepack
-from engine.quants import QuantMatrix
-from engine.repack import ACT_BLOCK, ACTIVATION, RepackedMatrix, T, act_bytes, repack
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
@@ -164,7 +164,7 @@ class GemmKernels:
         """out = x @ W.T on one thread; `splits` runs the weight rows in that many pieces (as
         threads would take them), to show that the split changes no bit."""
         if not isinstance(w, RepackedMatrix):
-            raise ValueError("GemmKernels.matmul takes a RepackedMatrix (engine.repack.repack)")
+            raise ValueError("GemmKernels.matmul takes a RepackedMatrix (engine.formats.repack.repack)")
         k = self.kernels(w.qtype)
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != w.n_cols:

@@ -1,10 +1,10 @@
-"""The activation quantizers of the row-interleaved kernels: float32 rows -> engine.repack's
+"""The activation quantizers of the row-interleaved kernels: float32 rows -> engine.formats.repack's
 r8_0 / r8_1 / r8_k rows (quantize_rows is their numpy twin), as ggml quantizes q8_0 / q8_1 /
 q8_k blocks."""
 from __future__ import annotations
 
+from engine.formats.repack import ACT_BLOCK
 from engine.kernels.gemm_ir import Act, Fn, mask
-from engine.repack import ACT_BLOCK
 
 
 def _absmax(f: Fn, src: str, n_chunks: int) -> str:
@@ -30,7 +30,7 @@ def _quantize_chunk(f: Fn, src: str, dst: str, inv: str) -> str:
 
 def _round_half(f: Fn, v: str) -> str:
     """v rounded to the nearest f16 value, kept as float; beyond f16's range v itself
-    (engine.activations._round_to_half)."""
+    (engine.formats.activations._round_to_half)."""
     r = f.let(f"fpext half {f.let(f'fptrunc float {v} to half')} to float")
     big = f.let(f"fcmp ogt float {f.let(f'call float @llvm.fabs.f32(float {v})')}, 65504.0")
     return f.let(f"select i1 {big}, float {v}, float {r}")
@@ -38,7 +38,7 @@ def _round_half(f: Fn, v: str) -> str:
 
 def build_quantize(act: str) -> str:
     """quantize_<act>(x, xq, nb, r0, r1, M): as ggml's q8_0 / q8_k (d = max|x| / 127,
-    q = roundeven(x * (127 / max|x|)), 0 for an all-zero block), laid out as engine.repack says."""
+    q = roundeven(x * (127 / max|x|)), 0 for an all-zero block), laid out as engine.formats.repack says."""
     elems = ACT_BLOCK[act]
     f = Fn(f"void @quantize_{act}(ptr noalias %x, ptr noalias %xq, i64 %nb, i64 %r0, i64 %r1, i64 %M)")
     a = Act(f, act)

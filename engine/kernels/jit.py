@@ -160,7 +160,7 @@ class CompiledLibrary:
 
 _libraries: dict[str, CompiledLibrary] = {}
 _lib_lock = threading.Lock()
-_SOURCES = ("kernels/**/*.py", "quant*.py", "activations.py", "ggml_types.py")  # what the IR builders read
+_SOURCES = ("kernels/**/*.py", "formats/*.py")  # what the IR builders read
 _sources_digest: str | None = None
 
 

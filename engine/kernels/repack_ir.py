@@ -1,13 +1,13 @@
-"""Compiled repacking (engine.repack's layouts): LLVM IR builders and the ctypes call.
+"""Compiled repacking (engine.formats.repack's layouts): LLVM IR builders and the ctypes call.
 
     repack_<type>(src, dst, row_bytes, nb, g0, g1)
         groups [g0, g1) of 16 file rows (src: row r at src + r * row_bytes, ggml's blocks)
-        -> dst, the groups' interleaved blocks (engine.repack.GROUP_BLOCK_BYTES each)
+        -> dst, the groups' interleaved blocks (engine.formats.repack.GROUP_BLOCK_BYTES each)
 
-The same bytes as engine.repack's numpy repacking, which stays the twin (tests/test_gemm.py
+The same bytes as engine.formats.repack's numpy repacking, which stays the twin (tests/test_gemm.py
 compares them). Plain scalar loads and stores, one 4-byte word at a time (each group block is
 a 16-row transpose of words): 5632 x 2048 Q8_0 in 1.9 ms (6.4 GB/s) where numpy took ~20.
-What is left of a load is mostly the kernel handing out fresh pages (engine.repack._aligned).
+What is left of a load is mostly the kernel handing out fresh pages (engine.formats.repack._aligned).
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.formats.quants import QuantMatrix
+from engine.formats.repack import GROUP_BLOCK_BYTES, ROWS, T
 from engine.kernels import jit
 from engine.kernels.irtext import IRFunction
-from engine.quants import QuantMatrix
-from engine.repack import GROUP_BLOCK_BYTES, ROWS, T
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
@@ -53,13 +53,13 @@ def _q5_0_block(f: IRFunction, src: list[str], dst: str) -> None:
 
 def _q4_k_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (f16 d, dmin | scales[12] | qs[128]) of 16 rows -> d [16] | dmin [16] |
-    sc u8 [8][16] | mn u8 [8][16] | qs [4 pairs][8 chunks][16][4] (engine.repack)."""
+    sc u8 [8][16] | mn u8 [8][16] | qs [4 pairs][8 chunks][16][4] (engine.formats.repack)."""
     _k_block(f, src, dst, qh=False)
 
 
 def _q5_k_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (f16 d, dmin | scales[12] | qh[32] | qs[128]) of 16 rows -> Q4_K's with
-    qh [8 chunks][16][4] between the mins and qs (engine.repack)."""
+    qh [8 chunks][16][4] between the mins and qs (engine.formats.repack)."""
     _k_block(f, src, dst, qh=True)
 
 
@@ -90,7 +90,7 @@ def _k_block(f: IRFunction, src: list[str], dst: str, qh: bool) -> None:
 
 def _q2_k_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (scales[16] | qs[64] | f16 d, dmin) of 16 rows -> d [16] | dmin [16] |
-    sc u8 [16][16] | mn u8 [16][16] | qs [2][8][16][4] (engine.repack)."""
+    sc u8 [16][16] | mn u8 [16][16] | qs [2][8][16][4] (engine.formats.repack)."""
     for r, s in enumerate(src):
         f.store("i16", f.load("i16", s, 80), dst, 2 * r)
         f.store("i16", f.load("i16", s, 82), dst, 32 + 2 * r)
@@ -104,7 +104,7 @@ def _q2_k_block(f: IRFunction, src: list[str], dst: str) -> None:
 
 def _q3_k_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (hmask[32] | qs[64] | scales[12] | f16 d) of 16 rows -> d [16] |
-    sc i8 [16][16] (the 6-bit scales - 32) | hm [8][16][4] | qs [2][8][16][4] (engine.repack)."""
+    sc i8 [16][16] (the 6-bit scales - 32) | hm [8][16][4] | qs [2][8][16][4] (engine.formats.repack)."""
     for r, s in enumerate(src):
         f.store("i16", f.load("i16", s, 108), dst, 2 * r)
         for k in range(16):  # low 4 bits: byte k % 8's low (k < 8) or high nibble; top 2: byte 8 + k % 4
@@ -122,7 +122,7 @@ def _q3_k_block(f: IRFunction, src: list[str], dst: str) -> None:
 
 def _iq4_xs_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (f16 d | u16 scales_h | scales_l[4] | qs[128]) of 16 rows -> d [16] |
-    sc i8 [8][16] (ls - 32) | qs [8 sub-blocks][4][16][4] (engine.repack)."""
+    sc i8 [8][16] (ls - 32) | qs [8 sub-blocks][4][16][4] (engine.formats.repack)."""
     for r, s in enumerate(src):
         f.store("i16", f.load("i16", s, 0), dst, 2 * r)
         high = f.load("i16", s, 2)
@@ -138,7 +138,7 @@ def _iq4_xs_block(f: IRFunction, src: list[str], dst: str) -> None:
 
 def _q6_k_block(f: IRFunction, src: list[str], dst: str) -> None:
     """File block (ql[128] | qh[64] | i8 scales[16] | f16 d) of 16 rows -> d [16] |
-    sc [16][16] | 8 steps of ql' [4][16][4] | qh' [2][16][4] (engine.repack). Four values at
+    sc [16][16] | 8 steps of ql' [4][16][4] | qh' [2][16][4] (engine.formats.repack). Four values at
     a time in an i32 (every byte op below stays inside its byte)."""
     m4, m2 = 0x0F0F0F0F, 0x03030303
 
@@ -223,7 +223,7 @@ class CompiledRepack:
         return qtype in self._fns
 
     def into(self, w: QuantMatrix, dst: np.ndarray) -> None:
-        """dst (uint8, the repacked size) = w repacked, engine.repack's layout."""
+        """dst (uint8, the repacked size) = w repacked, engine.formats.repack's layout."""
         nb = w.raw.shape[1] // _BLOCKS[w.qtype][0]
         assert dst.nbytes == w.n_rows // ROWS * nb * GROUP_BLOCK_BYTES[w.qtype]
         self._fns[w.qtype](w.address, int(dst.ctypes.data), w.raw.shape[1], nb, 0, w.n_rows // ROWS)

@@ -92,7 +92,7 @@ def _random_tensor(qtype: GGMLQuantizationType, n_rows: int, n_cols: int,
     """Random weights of the size real models have (|w| ~ 0.05), raw blocks unless F32."""
     if qtype == GGMLQuantizationType.F32:
         return (rng.standard_normal((n_rows, n_cols)) * 0.05).astype(np.float32)
-    from engine.quants import random_quant_matrix
+    from engine.formats.quants import random_quant_matrix
 
     return random_quant_matrix(qtype, n_rows, n_cols, rng).raw
 

@@ -1,4 +1,4 @@
-"""build_matmul_ir: one weight type's IR module, from its record (engine.quants.TYPES) and the
+"""build_matmul_ir: one weight type's IR module, from its record (engine.formats.quants.TYPES) and the
 tile family that record names (FAMILIES).
 
 Quantized types: rows_<type>(ptr w, ptr xq, ptr out, i64 nb, i64 r0, i64 r1, i64 M, i64 N)
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.ggml_types import GGMLQuantizationType
+from engine.formats.ggml_types import GGMLQuantizationType
+from engine.formats.quants import QuantType, quant_type
 from engine.kernels.matmul import iquants, kquants, loops
 from engine.kernels.matmul.floats import build_float_rows
 from engine.kernels.matmul.isa import DECLARATIONS, IntOps, MatmulFn
 from engine.kernels.matmul.legacy import LegacyTiles
 from engine.kernels.matmul.loops import TILES, RowCallbacks, emit_rows
 from engine.kernels.matmul.quantizer import build_quantize_ir
-from engine.quants import QuantType, quant_type
 
 
 def _legacy_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],

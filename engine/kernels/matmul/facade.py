@@ -8,7 +8,7 @@ weight rows, on this thread (the fused matmul_<type>) or split across the pool (
 Model graphs skip this class's call path: they take TypeKernels' addresses into their task
 graph (engine/model.py). Where an M > 1 kernel (a GEMM over several weight rows at once) plugs
 in: TypeKernels gets its function and MatmulKernels.matmul picks it by M; the per-type record
-(engine.quants.TYPES) and the activation quantizer stay as they are.
+(engine.formats.quants.TYPES) and the activation quantizer stay as they are.
 """
 from __future__ import annotations
 
@@ -20,20 +20,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import hugepages
-from engine.activations import (
+from engine.formats.activations import (
     ACTIVATION_BLOCK,
     empty_packed,
     packed_activation_bytes,
 )
-from engine.ggml_types import GGMLQuantizationType
+from engine.formats.ggml_types import GGMLQuantizationType
+from engine.formats.quants import SUPPORTED, QuantMatrix, quant_type
+from engine.formats.repack import RepackedMatrix, can_repack
 from engine.kernels import jit, tasks
 from engine.kernels.gemm_kernels import GemmKernels, GemmTypeKernels
 from engine.kernels.irbuild import address
 from engine.kernels.matmul.build import build_matmul_ir
 from engine.kernels.matmul.loops import NARROW_TILES, TILES
 from engine.kernels.pool import Pool
-from engine.quants import SUPPORTED, QuantMatrix, quant_type
-from engine.repack import RepackedMatrix, can_repack
 
 _F32 = np.dtype(np.float32)
 _I64 = ctypes.c_int64
@@ -221,7 +221,7 @@ class MatmulKernels:
                  into: np.ndarray | None = None) -> np.ndarray:
         """The compiled activation quantizer (for tests): rows [r0, r1) of x, float32 [M, K],
         into `into` (or a fresh zeroed buffer): uint8 [M * packed row bytes], laid out as
-        engine.quants.pack_activations."""
+        engine.formats.quants.pack_activations."""
         quantizers = {k.act: k.quantize for k in self._kernels.values() if k.act is not None}
         fn = quantizers.get(act)
         if fn is None:

@@ -6,9 +6,9 @@ tail for K % 16.
 """
 from __future__ import annotations
 
+from engine.formats.quants import QuantType, T
 from engine.kernels.matmul.isa import V8F, MatmulFn, splat_const
 from engine.kernels.matmul.loops import emit_rows, row_tiles
-from engine.quants import QuantType, T
 
 
 def float_widen(f: MatmulFn, qtype: T, base: str, offset: str | int, n: int) -> str:

@@ -8,10 +8,10 @@ Term: d*dx * isum.
 """
 from __future__ import annotations
 
+from engine.formats.quants import QuantType
 from engine.kernels.matmul.isa import IntOps, MatmulFn, shuffle_mask, splat_const
 from engine.kernels.matmul.kquants import Body, ISums, Term, Terms, super_block_tiles
 from engine.kernels.matmul.loops import RowCallbacks
-from engine.quants import QuantType
 
 
 def iq4_xs_scales(f: MatmulFn, w: str, t: QuantType) -> str:

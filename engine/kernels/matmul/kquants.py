@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.activations import ACTIVATION_LAYOUTS
+from engine.formats.activations import ACTIVATION_LAYOUTS
+from engine.formats.quants import QuantType
 from engine.kernels.matmul.isa import (
     V8F,
     IntOps,
@@ -22,7 +23,6 @@ from engine.kernels.matmul.isa import (
     splat_const,
 )
 from engine.kernels.matmul.loops import RowCallbacks, row_tiles
-from engine.quants import QuantType
 
 # A body handles one weight block against the same block of several activation rows: it unpacks
 # the weights once and returns, per row, the block's contribution as terms
@@ -261,7 +261,7 @@ def q6_k_body() -> Body:
     """Q6_K against q8_k.
 
     Per half h and l < 32 the four 6-bit vectors are built from ql[64h + l], ql[64h + 32 + l] and
-    the 2-bit fields of qh[32h + l] (see engine/quant_k.py); vector v covers values 128h + 32v +
+    the 2-bit fields of qh[32h + l] (see engine/formats/quant_k.py); vector v covers values 128h + 32v +
     (0..31), whose scales are scales[8h + 2v] (first 16) and scales[8h + 2v + 1] (next 16): the
     i16 lanes of maddubs split the same way, so madd with [s_a x8, s_b x8] applies them.
     q is unsigned (0..63); the -32 offset comes off once: corr = 32 * madd(bsums, scales).

@@ -5,15 +5,15 @@ codebook (one vpshufb), with q8_0 activations as llama.cpp pairs them.
 Legacy types accumulate in llama.cpp's order (ggml_vec_dot_q4_1_q8_1 and friends on x86):
 per block one FMA into a single <8 x float> accumulator, the block-offset products summed
 into a scalar, then hsum(acc) + offsets. So our dot products are llama.cpp's, bit for bit for
-Q4_1/Q5_1/Q8_0 (Q4_0/Q5_0 take q8_1 activations here, see engine/quants.py). The facts of each
-type (field offsets, zero point, activation format) come from its record, engine.quants.TYPES.
+Q4_1/Q5_1/Q8_0 (Q4_0/Q5_0 take q8_1 activations here, see engine/formats/quants.py). The facts of each
+type (field offsets, zero point, activation format) come from its record, engine.formats.quants.TYPES.
 """
 from __future__ import annotations
 
+from engine.formats.quants import QuantType
 from engine.kernels.matmul.isa import V8F, IntOps, MatmulFn, fma_vec, hsum_halves, shuffle_mask
 from engine.kernels.matmul.loops import Tile
 from engine.kernels.matmul.quantizer import Packed
-from engine.quants import QuantType
 
 # Tiles of at least this many rows compute a weight row's block scales in a pass of their own
 # (see LegacyTiles); smaller ones inline them (a pass costs more than it saves for one row).

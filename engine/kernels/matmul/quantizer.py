@@ -1,15 +1,15 @@
 """The activation quantizer: quantize_<act>, f32 rows -> the packed 8-bit blocks the tiles read
-(q8_0, q8_1 or q8_k; engine/activations.py has the layouts and the numpy twin), and Packed, the
+(q8_0, q8_1 or q8_k; engine/formats/activations.py has the layouts and the numpy twin), and Packed, the
 byte addresses of the packed q8_0 / q8_1 layout (rows in pairs, scales of 8 rows side by side).
 """
 from __future__ import annotations
 
-from engine.activations import ACTIVATION_BLOCK, ACTIVATION_LAYOUTS
+from engine.formats.activations import ACTIVATION_BLOCK, ACTIVATION_LAYOUTS
 from engine.kernels.matmul.isa import MatmulFn, shuffle_mask
 
 
 class Packed:
-    """Byte addresses in packed q8_0 / q8_1 activations (engine.quants.pack_activations):
+    """Byte addresses in packed q8_0 / q8_1 activations (engine.formats.quants.pack_activations):
 
         qs      [ceil(M / 2), nb, 2, 32] i8     rows in pairs
         scales  [ceil(M / 8), nb, k, 8] f32     k = 1 (d) for q8_0, 2 (d, s) for q8_1
@@ -78,12 +78,12 @@ def _round_to_half(f: MatmulFn, x: str) -> str:
 
 def build_quantize_ir(act: str) -> str:
     """quantize_<act>(ptr x, ptr xq, i64 nb, i64 r0, i64 r1, i64 M): rows [r0, r1) of x, f32
-    [M, nb * block], into the packed activations of all M rows (engine.quants.pack_activations:
+    [M, nb * block], into the packed activations of all M rows (engine.formats.quants.pack_activations:
     q8_0/q8_1 keep a block's i8 values of rows in pairs and its scales of 8 rows side by side,
     see Packed; q8_k keeps ggml's blocks row by row), so threads can quantize disjoint row ranges.
 
     Per block, as ggml quantizes: d = max|x| / 127, q = roundeven(x * (127 / max|x|)) (0 when
-    max|x| == 0); no fast-math, so the numpy twin (engine.quants.quantize_activations, then
+    max|x| == 0); no fast-math, so the numpy twin (engine.formats.quants.quantize_activations, then
     pack_activations) gives the same bytes. q8_0 and q8_1 carry d (and q8_1's s = d * sum(q))
     rounded to f16 like ggml's blocks (q8_0 as f16 itself, overflowing like ggml, q8_1 keeping a
     value beyond f16's range), stored in f32 slots so the kernel needs no conversion.

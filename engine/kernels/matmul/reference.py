@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.activations import ACTIVATION_LAYOUTS, dequantize_activations, quantize_activations
-from engine.quants import QuantMatrix, dequantize, quant_type
+from engine.formats.activations import ACTIVATION_LAYOUTS, dequantize_activations, quantize_activations
+from engine.formats.quants import QuantMatrix, dequantize, quant_type
 
 
 def matmul_reference(w: QuantMatrix, x: np.ndarray) -> np.ndarray:

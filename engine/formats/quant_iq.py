@@ -1,5 +1,5 @@
 """The non-linear 4-bit types IQ4_NL (blocks of 32) and IQ4_XS (super-blocks of 256): layouts,
-numpy dequantization and realistic random blocks. engine.quants holds each type's record.
+numpy dequantization and realistic random blocks. engine.formats.quants holds each type's record.
 
 Both map each 4-bit index through one fixed 16-entry codebook (ggml's kvalues_iq4nl), so the
 weights are signed 8-bit integers times a block scale: the matmul kernels look the indices up
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quant_legacy import nibbles, random_f16
+from engine.formats.quant_legacy import nibbles, random_f16
 
 CODEBOOK = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 _CODES = np.array(CODEBOOK, np.int8)

@@ -1,5 +1,5 @@
 """The K-quant block types (super-blocks of 256 values): layouts, numpy dequantization and
-realistic random blocks (for tests and benchmarks). engine.quants holds each type's record.
+realistic random blocks (for tests and benchmarks). engine.formats.quants holds each type's record.
 
 All multi-byte fields are little-endian; "f16" is IEEE half.
 """
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.quant_legacy import random_f16
+from engine.formats.quant_legacy import random_f16
 
 # Q2_K, 84 bytes: u8 scales[16] | u8 qs[64] | f16 d | f16 dmin
 #   16 sub-blocks of 16, scales[j] = sc | mn << 4 (4 bits each); value i (h = i // 128,

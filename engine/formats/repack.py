@@ -49,7 +49,7 @@ block holding its 16 rows' data side by side:
     (Q6_K chunk c = values 4c..4c+3 of the 256; sub-block j = chunks 4j..4j+3.)
 
 Activations, per row (row stride a multiple of 64 bytes), quantized exactly as ggml's q8_0 /
-q8_k blocks (engine.quants.quantize_activations gives the same values):
+q8_k blocks (engine.formats.quants.quantize_activations gives the same values):
     r8_0 (Q8_0):        qs i8 [K] | d f32 [nb] (ggml's f16 d, widened) | c i32 [nb] = -128 * sum(qs)
     r8_1 (Q4_1, Q5_1):  qs i8 [K] | d f32 [nb] | s f32 [nb]   ggml's q8_1 d and s = d * sum(qs)
     r8_k (K-quants):    qs i8 [K] | d f32 [nb] | c16 i32 [16 nb] = -32 * bsums (per 16 values)
@@ -77,9 +77,10 @@ Per row r and block b the kernels compute (isum exact in int32):
            dot_j as IQ4_NL's (the offset -128 * sum(y_j) = 4 * the c16 of its two halves)
     Q4_K, Q5_K and Q6_K give the file-layout kernels' bits (gemm.FILE_LAYOUT_BITS); the file
     layout sums the other super-block types' blocks in 8 lanes, a different rounding.
-so the numpy twin (reference) is the exact product of the dequantized weights and activations
-up to float32 rounding of those few terms. Each row's arithmetic is the same whatever M, the
-thread split or the other rows, as the file-layout kernels promise.
+so the kernels' numpy twin (engine.kernels.gemm_reference) is the exact product of the
+dequantized weights and activations up to float32 rounding of those few terms. Each row's
+arithmetic is the same whatever M, the thread split or the other rows, as the file-layout
+kernels promise.
 """
 from __future__ import annotations
 
@@ -90,15 +91,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import hugepages
-from engine.activations import (
+from engine.formats.activations import (
     ACTIVATION_LAYOUTS,
-    dequantize_activations,
     quantize_activations,
 )
-from engine.ggml_types import GGMLQuantizationType
-from engine.quant_iq import iq4_xs_scales
-from engine.quant_k import q3_k_scales
-from engine.quants import HostMatrix, QuantMatrix, dequantize, quant_type, row_bytes
+from engine.formats.ggml_types import GGMLQuantizationType
+from engine.formats.quant_iq import iq4_xs_scales
+from engine.formats.quant_k import q3_k_scales
+from engine.formats.quants import HostMatrix, QuantMatrix, quant_type, row_bytes
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
@@ -176,7 +176,7 @@ class _Blocks:
 
 
 def _k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K's 12 scale bytes -> (sc, mn) u8 [..., 8] (see engine.quants)."""
+    """Q4_K/Q5_K's 12 scale bytes -> (sc, mn) u8 [..., 8] (see engine.formats.quants)."""
     lo, mid, hi = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
     sc = np.concatenate([lo & 63, (hi & 0x0F) | ((lo >> 6) << 4)], axis=-1)
     mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
@@ -340,20 +340,6 @@ def quantize_rows(x: np.ndarray, act: str) -> np.ndarray:
     b32 = bsums.reshape(m_rows, nb * 8, 2).sum(-1).astype(np.int16)
     out[:, at:at + 16 * nb] = b32.view(np.uint8)
     return out
-
-
-def reference(w: QuantMatrix | RepackedMatrix, x: np.ndarray) -> np.ndarray:
-    """Numpy twin of the interleaved kernels: dequantize(W) @ (activations as the kernel sees
-    them).T in float64, returned as float32 [M, N]."""
-    src = w.source if isinstance(w, RepackedMatrix) else w
-    x = np.asarray(x, np.float32)
-    act = GGML_ACT[ACTIVATION[src.qtype]]
-    if act == "q8_1":  # the offsets go through q8_1's stored s, as the file layout's twin says
-        from engine.kernels.matmul.reference import matmul_reference  # noqa: PLC0415
-        return matmul_reference(src, x)
-    xs = dequantize_activations(quantize_activations(x, act), act, src.n_cols).astype(np.float64)
-    wd = dequantize(src.raw, src.qtype, src.n_cols).astype(np.float64)
-    return (xs @ wd.T).astype(np.float32)
 
 
 # --- memory -----------------------------------------------------------------------------------

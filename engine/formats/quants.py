@@ -9,7 +9,7 @@ code if no existing family fits). Layouts and dequantizers live per family in qu
 quant_k.py, quant_iq.py; the activation formats in activations.py.
 
 The matmul kernels never dequantize weights: they quantize the activations to 8-bit blocks
-(q8_0 / q8_1 / q8_k, ggml's scheme, engine.activations) and take integer dot products.
+(q8_0 / q8_1 / q8_k, ggml's scheme, engine.formats.activations) and take integer dot products.
 """
 from __future__ import annotations
 
@@ -19,43 +19,43 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine import quant_iq, quant_k, quant_legacy
+from engine.formats import quant_iq, quant_k, quant_legacy
 
 # re-exported (`X as X`): the activation half of the format
-from engine.activations import (
+from engine.formats.activations import (
     ACTIVATION_BLOCK as ACTIVATION_BLOCK,
 )
-from engine.activations import (
+from engine.formats.activations import (
     ACTIVATION_LAYOUTS as ACTIVATION_LAYOUTS,
 )
-from engine.activations import (
+from engine.formats.activations import (
     Q8_0_ACT as Q8_0_ACT,
 )
-from engine.activations import (
+from engine.formats.activations import (
     Q8_1_ACT as Q8_1_ACT,
 )
-from engine.activations import (
+from engine.formats.activations import (
     Q8_K_ACT as Q8_K_ACT,
 )
-from engine.activations import (
+from engine.formats.activations import (
     activation_row_bytes as activation_row_bytes,
 )
-from engine.activations import (
+from engine.formats.activations import (
     dequantize_activations as dequantize_activations,
 )
-from engine.activations import (
+from engine.formats.activations import (
     empty_packed as empty_packed,
 )
-from engine.activations import (
+from engine.formats.activations import (
     pack_activations as pack_activations,
 )
-from engine.activations import (
+from engine.formats.activations import (
     packed_activation_bytes as packed_activation_bytes,
 )
-from engine.activations import (
+from engine.formats.activations import (
     quantize_activations as quantize_activations,
 )
-from engine.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
+from engine.formats.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 
 T = GGMLQuantizationType
 

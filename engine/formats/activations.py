@@ -4,13 +4,13 @@ The matmul kernels (engine/kernels/matmul/) never dequantize weights: they quant
 activations to these blocks (ggml's scheme) and take integer dot products. `quantize_activations`
 is the numpy twin of that step, bit for bit (ggml's block layout), and `pack_activations`
 rearranges its blocks into the layout the kernels read. Which weight type takes which format is
-part of the type's record (engine.quants.TYPES).
+part of the type's record (engine.formats.quants.TYPES).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from engine.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
+from engine.formats.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType
 
 T = GGMLQuantizationType
 

@@ -1,5 +1,5 @@
 """The legacy block types Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: layouts, numpy dequantization and
-realistic random blocks (for tests and benchmarks). engine.quants holds each type's record.
+realistic random blocks (for tests and benchmarks). engine.formats.quants holds each type's record.
 
 All multi-byte fields are little-endian; "f16" is IEEE half. Blocks hold 32 values.
 """
