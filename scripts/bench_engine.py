@@ -107,7 +107,7 @@ def int8_peak_tops(threads: int) -> float | None:
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
     from engine.kernels import jit  # noqa: PLC0415
-    from engine.kernels.irtext import IRFunction  # noqa: PLC0415
+    from engine.kernels.ir.text import IRFunction  # noqa: PLC0415
     if not jit.host_has("avx512vnni"):
         return None
     accs = 12

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from engine.kernels import irbuild, ops, rotary
+from engine.kernels import ops, rotary
+from engine.kernels.ir import builder
 from engine.kernels.jit import compile_ir
 
 SIZES = [1, 7, 8, 13, 576, 1537]  # below, at and past one vector; odd tails
@@ -21,12 +22,12 @@ def rand(shape, seed, scale=1.0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def vector_exp():
-    """irbuild.exp compiled on its own: out[i] = exp(x[i]), vector body plus scalar tail."""
-    module = irbuild.new_module("exp_test")
-    b, (x, out, n) = irbuild.define(module, "exp_all", ir.VoidType(),
-                                [("x", irbuild.F32P), ("out", irbuild.F32P), ("n", irbuild.I64)])
-    irbuild.elementwise(
-        b, n, lambda j, ty: irbuild.store(b, irbuild.exp(b, irbuild.load(b, x, j, ty)), out, j))
+    """builder.exp compiled on its own: out[i] = exp(x[i]), vector body plus scalar tail."""
+    module = builder.new_module("exp_test")
+    b, (x, out, n) = builder.define(module, "exp_all", ir.VoidType(),
+                                [("x", builder.F32P), ("out", builder.F32P), ("n", builder.I64)])
+    builder.elementwise(
+        b, n, lambda j, ty: builder.store(b, builder.exp(b, builder.load(b, x, j, ty)), out, j))
     b.ret_void()
     fn = compile_ir(str(module)).function("exp_all", None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 

@@ -47,7 +47,6 @@ import operator
 
 import numpy as np
 
-from engine.kernels import irbuild
 from engine.kernels.attention_ir import (
     FUNCTION_EXACT,
     FUNCTION_F16ACC,
@@ -57,7 +56,8 @@ from engine.kernels.attention_ir import (
     exact_scratch_floats,
     f16acc_scratch_floats,
 )
-from engine.kernels.irbuild import (
+from engine.kernels.ir import builder
+from engine.kernels.ir.builder import (
     VEC,
 )
 from engine.kernels.jit import compile_cached, host_has
@@ -172,8 +172,8 @@ class AttentionKernel:
         work = n_head * head_dim * (n_q * pos0 + n_q * (n_q + 1) // 2)  # key-row x dim products
         if self._pool is None or self.n_threads == 1 or work < self.parallel_min_work:
             scores = np.empty(stride, np.float32)
-            fn(irbuild.address(q), irbuild.address(k_cache), irbuild.address(v_cache), irbuild.address(out),
-               irbuild.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items,
+            fn(builder.address(q), builder.address(k_cache), builder.address(v_cache), builder.address(out),
+               builder.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items,
                window, ring, softcap)
             return out
         self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, ring, softcap)
@@ -194,8 +194,8 @@ class AttentionKernel:
                                kv_mirror=0, chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
                                segs=segs.ctypes.data, out_rows=0)
         args = tasks.ATTENTION.pack(
-            f16acc=self.f16acc_address, exact=self.exact_address, q=irbuild.address(q),
-            k_cache=irbuild.address(k_cache), v_cache=irbuild.address(v_cache), out=irbuild.address(out),
+            f16acc=self.f16acc_address, exact=self.exact_address, q=builder.address(q),
+            k_cache=builder.address(k_cache), v_cache=builder.address(v_cache), out=builder.address(out),
             scratch=scratch.ctypes.data, scratch_bytes=4 * stride, n_head=n_head,
             n_kv_head=k_cache.shape[1], head_dim=head_dim, scale=scale, group=0,
             window=window, ring=ring, softcap=softcap)

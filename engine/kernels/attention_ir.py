@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from engine.kernels import irbuild
-from engine.kernels.irbuild import (
+from engine.kernels.ir import builder
+from engine.kernels.ir.builder import (
     F32,
     F32P,
     I16,
@@ -87,7 +87,7 @@ def round_half(b: ir.IRBuilder, x: ir.Value, f16c: bool) -> ir.Value:
 
 def _define(module: ir.Module, name: str, scratch: str) -> tuple[ir.IRBuilder, list[ir.Value]]:
     """Both functions' signature; `scratch` names the per-thread scratch row."""
-    return irbuild.define(module, name, ir.VoidType(), [
+    return builder.define(module, name, ir.VoidType(), [
         ("q", F32P),               # [n_q, n_head, head_dim]
         ("k", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
         ("v", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
@@ -127,7 +127,7 @@ def _item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, o
     clipped = b.and_(b.icmp_signed(">", window, i64(0)), b.icmp_signed(">", n_all, window))
     n_keys = b.select(clipped, window, n_all)
     first = b.add(b.mul(b.urem(b.sub(n_all, n_keys), ring), row_stride), b.mul(kv_head, head_dim))
-    return _Item(n_keys, irbuild.round_down(b, n_keys, ROWS), gep(b, q, b.mul(w, head_dim)),
+    return _Item(n_keys, builder.round_down(b, n_keys, ROWS), gep(b, q, b.mul(w, head_dim)),
                  gep(b, out, b.mul(w, head_dim)), gep(b, k, first), gep(b, v, first), row_stride)
 
 
@@ -150,7 +150,7 @@ def _define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool =
         off = [b.mul(b.add(w, i64(j)), head_dim) for j in range(n)]
         q_rows = [gep(b, q, o) for o in off]
         out_rows = [gep(b, out, o) for o in off]
-        stride = irbuild.round_down(b, b.add(n_keys, i64(VEC - 1)), VEC)  # whole vectors
+        stride = builder.round_down(b, b.add(n_keys, i64(VEC - 1)), VEC)  # whole vectors
         score_rows = [gep(b, scores, b.mul(i64(j), stride)) for j in range(n)]
 
         if rounded:  # q16 in the output rows (free until pass 3; they may be the q rows)
@@ -165,14 +165,14 @@ def _define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool =
             rows = [it.row(b, k_head, b.add(t, i64(r))) for r in range(ROWS)]
             for j, s4 in enumerate(_scores(b, q_rows, rows, head_dim, scale, None, f16c, registers)):
                 store(b, s4, score_rows[j], t)
-                b.store(irbuild.maxnum(b, b.load(max4[j]), s4), max4[j])
+                b.store(builder.maxnum(b, b.load(max4[j]), s4), max4[j])
         max1 = [variable(b, F32, const(F32, -math.inf), f"max1_{j}") for j in range(n)]
         with counted_loop(b, n_keys_block, n_keys, 1, "tt") as t:
             for j, s1 in enumerate(_scores(b, q_rows, [it.row(b, k_head, t)], head_dim, scale, None, f16c,
                                                  registers)):
                 store(b, s1, score_rows[j], t)
-                b.store(irbuild.maxnum(b, b.load(max1[j]), s1), max1[j])
-        mx1 = [irbuild.maxnum(b, irbuild.hmax(b, b.load(max4[j])), b.load(max1[j])) for j in range(n)]
+                b.store(builder.maxnum(b, b.load(max1[j]), s1), max1[j])
+        mx1 = [builder.maxnum(b, builder.hmax(b, b.load(max4[j])), b.load(max1[j])) for j in range(n)]
         # the softcap as a pass of its own (not a branch in the key loop): it is monotonic, so
         # the capped scores' max is the capped max
         pre_cap = b.block
@@ -186,24 +186,24 @@ def _define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool =
         for j, phi in enumerate(phis):
             phi.add_incoming(mx1[j], pre_cap)
             phi.add_incoming(capped_mx[j], cap_block)
-        mx = [irbuild.splat(b, phi) for phi in phis]
+        mx = [builder.splat(b, phi) for phi in phis]
 
         # -- pass 2: p = exp(s - max) in place, l = sum p ---------------------------------
-        keys = irbuild.splat(b, b.trunc(n_keys, I32))
+        keys = builder.splat(b, b.trunc(n_keys, I32))
         inv_l = []
         for j in range(n):
             total = variable(b, V8F32, const(V8F32, 0.0), f"total{j}")
             with counted_loop(b, i64(0), n_keys, VEC, "e") as t:
-                lane = b.add(irbuild.splat(b, b.trunc(t, I32)), ir.Constant(V8I32, list(range(VEC))))
-                p = irbuild.exp(b, b.fsub(load(b, score_rows[j], t, V8F32), mx[j]))
+                lane = b.add(builder.splat(b, b.trunc(t, I32)), ir.Constant(V8I32, list(range(VEC))))
+                p = builder.exp(b, b.fsub(load(b, score_rows[j], t, V8F32), mx[j]))
                 p = b.select(b.icmp_signed("<", lane, keys), p, const(V8F32, 0.0))  # lanes past the last key
                 store(b, p, score_rows[j], t)
                 b.store(b.fadd(b.load(total), p), total)
-            inv_l.append(irbuild.splat(b, b.fdiv(const(F32, 1.0), irbuild.hsum(b, b.load(total)))))
+            inv_l.append(builder.splat(b, b.fdiv(const(F32, 1.0), builder.hsum(b, b.load(total)))))
 
         def prob(j: int, t: ir.Value) -> ir.Value:
             """Head j's p[t] splat, as pass 3 multiplies it into v (rounded: f16(p[t] / l))."""
-            p = irbuild.splat(b, load(b, score_rows[j], t))
+            p = builder.splat(b, load(b, score_rows[j], t))
             return round_half(b, b.fmul(p, inv_l[j]), f16c) if rounded else p
 
         def accumulate(t: ir.Value, count: int) -> None:
@@ -274,10 +274,10 @@ def _keys_per_score_pass(n: int, registers: int) -> int:
 
 
 def _capped(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
-    """cap * tanh(s / cap) (irbuild.tanh), for a float or a vector; cap is a float."""
+    """cap * tanh(s / cap) (builder.tanh), for a float or a vector; cap is a float."""
     ty = s.type
-    capv = irbuild.splat(b, cap, ty.count) if isinstance(ty, ir.VectorType) else cap
-    return b.fmul(capv, irbuild.tanh(b, b.fdiv(s, capv)))
+    capv = builder.splat(b, cap, ty.count) if isinstance(ty, ir.VectorType) else cap
+    return b.fmul(capv, builder.tanh(b, b.fdiv(s, capv)))
 
 
 def _softcap(b: ir.IRBuilder, s: ir.Value, cap: ir.Value) -> ir.Value:
@@ -319,9 +319,9 @@ def _scores(b: ir.IRBuilder, q_rows: list[ir.Value], k_rows: list[ir.Value], hea
         return s if softcap is None else _softcap(b, s, softcap)
 
     if len(k_rows) == ROWS:
-        return [cap(b.fmul(irbuild.hsum4x8(b, sums[j]), irbuild.splat(b, scale, ROWS))) for j in range(n)]
+        return [cap(b.fmul(builder.hsum4x8(b, sums[j]), builder.splat(b, scale, ROWS))) for j in range(n)]
     assert len(k_rows) == 1
-    return [cap(b.fmul(irbuild.hsum(b, sums[j][0]), scale)) for j in range(n)]
+    return [cap(b.fmul(builder.hsum(b, sums[j][0]), scale)) for j in range(n)]
 
 
 def _prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
@@ -396,7 +396,7 @@ def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
         def block_scores(t0: ir.Value, count: ir.Value) -> None:
             """score_rows[j][r] = scale * (q16_j . k[t0 + r]) for r < count (see _scores); the
             next block's key rows and this block's value rows are prefetched meanwhile."""
-            count4 = irbuild.round_down(b, count, ROWS)
+            count4 = builder.round_down(b, count, ROWS)
             with counted_loop(b, i64(0), count4, ROWS, "s4") as r:
                 t = b.add(t0, r)
                 prefetch_rows(k_head, b.add(t, i64(BLOCK_KEYS)), ROWS)
@@ -421,28 +421,28 @@ def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
             ity = ir.VectorType(I32, SOFTMAX_LANES)
             neg_inf, ones = const(vty, -math.inf), const(vty, 1.0)
             lanes = ir.Constant(ity, list(range(SOFTMAX_LANES)))
-            last = irbuild.splat(b, b.trunc(count, I32), SOFTMAX_LANES)
+            last = builder.splat(b, b.trunc(count, I32), SOFTMAX_LANES)
             new_keys = variable(b, I64, i64(0), "new_keys")
             for j in range(n):
                 with counted_loop(b, i64(0), count, SOFTMAX_LANES, "sm") as r:
-                    valid = b.icmp_signed("<", b.add(irbuild.splat(b, b.trunc(r, I32), SOFTMAX_LANES), lanes), last)
+                    valid = b.icmp_signed("<", b.add(builder.splat(b, b.trunc(r, I32), SOFTMAX_LANES), lanes), last)
                     s = b.select(valid, load(b, score_rows[j], r, vty), neg_inf)  # lanes past the block's keys
                     upto = s  # upto[i] = max(s[0..i]): shift by 1, 2, 4, ... lanes (-inf in) and take the max
                     shift = 1
                     while shift < SOFTMAX_LANES:
-                        moved = irbuild.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - shift if i >= shift else i
+                        moved = builder.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - shift if i >= shift else i
                                                                    for i in range(SOFTMAX_LANES)])
-                        upto = irbuild.maxnum(b, upto, moved)
+                        upto = builder.maxnum(b, upto, moved)
                         shift *= 2
                     m = b.load(m_run[j])
-                    earlier = irbuild.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - 1 if i else 0
+                    earlier = builder.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - 1 if i else 0
                                                                  for i in range(SOFTMAX_LANES)])
-                    before = irbuild.maxnum(b, irbuild.splat(b, m, SOFTMAX_LANES), earlier)
+                    before = builder.maxnum(b, builder.splat(b, m, SOFTMAX_LANES), earlier)
                     new_max = b.fcmp_ordered(">", s, before)
-                    e = irbuild.exp(b, b.select(new_max, b.fsub(before, s), b.fsub(s, before)))  # <= 0
+                    e = builder.exp(b, b.select(new_max, b.fsub(before, s), b.fsub(s, before)))  # <= 0
                     store(b, b.select(new_max, e, ones), ms_rows[j], r)
                     store(b, b.select(new_max, ones, e), vs_rows[j], r)
-                    b.store(irbuild.maxnum(b, m, b.extract_element(upto, ir.Constant(I32, SOFTMAX_LANES - 1))), m_run[j])
+                    b.store(builder.maxnum(b, m, b.extract_element(upto, ir.Constant(I32, SOFTMAX_LANES - 1))), m_run[j])
                     bits = b.shl(b.zext(b.bitcast(new_max, ir.IntType(SOFTMAX_LANES)), I64), r)
                     b.store(b.or_(b.load(new_keys), bits), new_keys)
             with counted_loop(b, i64(0), count, 1, "sl") as r:  # the heads' sums: n chains side by side
@@ -469,11 +469,11 @@ def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
                     is_new = b.trunc(b.lshr(new_keys, r), ir.IntType(1))
                     with b.if_then(is_new, likely=False):
                         for j in range(n):
-                            msv = irbuild.splat(b, load(b, ms_rows[j], r), lanes)
+                            msv = builder.splat(b, load(b, ms_rows[j], r), lanes)
                             for i in range(u):
                                 b.store(round_half(b, b.fmul(b.load(accs[j][i]), msv), f16c), accs[j][i])
                     for j in range(n):
-                        vsv = irbuild.splat(b, load(b, vs_rows[j], r), lanes)
+                        vsv = builder.splat(b, load(b, vs_rows[j], r), lanes)
                         for i in range(u):
                             acc = round_half(b, fmuladd(b, vals[i], vsv, b.load(accs[j][i])), f16c)
                             b.store(acc, accs[j][i])
@@ -481,7 +481,7 @@ def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
                     for i in range(u):
                         store(b, b.load(accs[j][i]), out_rows[j], b.add(c, i64(i * lanes)))
 
-            whole = irbuild.round_down(b, head_dim, per_pass * lanes)
+            whole = builder.round_down(b, head_dim, per_pass * lanes)
             with counted_loop(b, i64(0), whole, per_pass * lanes, "ap") as c:
                 one_pass(c, per_pass)
             with counted_loop(b, whole, head_dim, lanes, "a1") as c:
@@ -499,7 +499,7 @@ def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
                     block_accumulate(t0, count, VEC, new_keys)
 
         for j in range(n):  # l >= 1: the max key adds 1
-            inv_l = irbuild.splat(b, b.fdiv(const(F32, 1.0), b.load(l_run[j])))
+            inv_l = builder.splat(b, b.fdiv(const(F32, 1.0), b.load(l_run[j])))
             with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
                 store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_l), out_rows[j], c)
 
@@ -522,7 +522,7 @@ def build_attention_module(f16c: bool, registers: int = 16) -> ir.Module:
     (exact_scratch_floats: round_up(pos0 + n_q, 8) floats per head of a run), the
     f16-accumulator kernel's q16 rows and block factors (f16acc_scratch_floats). registers: the
     vector registers the code may plan for (16, or 32 with AVX-512); no result depends on it."""
-    module = irbuild.new_module("attention")
+    module = builder.new_module("attention")
     _define_exact(module, f16c, registers)
     _define_exact(module, f16c, registers, rounded=True)
     _define_f16acc(module, f16c, registers)

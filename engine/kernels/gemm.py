@@ -2,7 +2,7 @@
 
     out[m, r] = dot(W[r, :], x[m, :])   W: engine.formats.repack.RepackedMatrix [N, K]   x: [M, K]
 
-engine/formats/repack.py has the layouts and the arithmetic; gemm_ir.py the building blocks (Fn, Dots,
+engine/formats/repack.py has the layouts and the arithmetic; gemm_ir.py the building blocks (KernelFn, Dots,
 Act), gemm_quantize.py the activation quantizers. Per weight type the module holds
     quantize_<act>(x, xq, nb, r0, r1, M)          rows [r0, r1) of f32 [M, K] -> act rows
     gemm_<type>(w, xq, out, nb, r0, r1, M, N)     weight rows [r0, r1) against all M rows
@@ -36,8 +36,11 @@ from collections.abc import Callable, Sequence
 
 from engine.formats.quant_iq import CODEBOOK
 from engine.formats.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
-from engine.kernels.gemm_ir import DECLARATIONS, V16F, V16I, Act, Dots, Fn, splat_i8, vec_i32
-from engine.kernels.gemm_quantize import build_quantize
+from engine.kernels.gemm_quantize import Act, build_quantize
+from engine.kernels.ir.consts import V16F, V16I, i32x16, splat_i8
+from engine.kernels.ir.intdot import Dots
+from engine.kernels.ir.intrinsics import declarations
+from engine.kernels.ir.vectors import KernelFn
 from engine.kernels.jit import NO_MACHINE_SCHEDULER
 
 # activation rows per tile: a tile row keeps LANES[type] accumulators of 16 rows
@@ -65,9 +68,9 @@ ONE_ROW_PREFETCH = {T.Q2_K: 8192, T.Q3_K: 8192}
 
 # A body folds one block of 16 weight rows into each tile row's accumulators: accs[t] holds
 # LANES[type] <16 x float> vectors (see the module docstring), returned updated.
-_Body = Callable[[Fn, Dots, Act, str, str, list[str], Sequence[Sequence[str]]], list[list[str]]]
+_Body = Callable[[KernelFn, Dots, Act, str, str, list[str], Sequence[Sequence[str]]], list[list[str]]]
 
-def _body_q8_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q8_0(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     isums = [f.bcast(x, f.add(act.c_at, f.mul(b, 4))) for x in xs]   # -128 * sum(y)
     qs = f.mul(b, 32)
@@ -78,11 +81,11 @@ def _body_q8_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     out = []
     for acc, isum, x in zip(accs, isums, xs):
         dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
-        out.append([f.fma16(f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc[0])])
+        out.append([f.fma(16, f.let(f"fmul {V16F} {dw}, {dx}"), f.tofloat(isum), acc[0])])
     return out
 
 
-def _body_iq4_nl(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_iq4_nl(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                  accs: Sequence[Sequence[str]]) -> list[list[str]]:
     """As Q8_0, with q + 128 = (CODEBOOK + 128)[nibble] (one vpshufb per chunk)."""
     table = [v + 128 for v in CODEBOOK]
@@ -92,11 +95,11 @@ def _body_iq4_nl(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     for k in range(8):
         isums = [dots.dot(acc, chunks[k], f.bcast(x, f.add(qs, 4 * k))) for acc, x in zip(isums, xs)]
     dw = f.half16(wb, 256)
-    return [[f.fma16(_x_scale(f, act, x, b, dw), f.tofloat(isum), acc[0])]
+    return [[f.fma(16, _x_scale(f, act, x, b, dw), f.tofloat(isum), acc[0])]
             for acc, isum, x in zip(accs, isums, xs)]
 
 
-def _body_iq4_xs(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_iq4_xs(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                  accs: Sequence[Sequence[str]]) -> list[list[str]]:
     """Whole-block arithmetic, as Q6_K's: per row an exact int32 isum = sum_j sc_j * dot_j over
     the 8 sub-blocks, each an IQ4_NL block (codebook + 128 by vpshufb) whose chain of 8 vpdpbusd
@@ -118,21 +121,21 @@ def _body_iq4_xs(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                 dot = dots.dot(dot, chunks[k], f.bcast(x, f.add(qs, 32 * j + 4 * k)))
             term = f.let(f"mul {V16I} {dot}, {sc}")
             isums[t] = f.let(f"add {V16I} {isums[t]}, {term}") if isums[t] else term
-    return [[f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
+    return [[f.fma(16, f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
             for t, x in enumerate(xs)]
 
 
-def _body_q2_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q2_k(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q2_3_k(f, dots, act, wb, b, xs, accs, q3=False)
 
 
-def _body_q3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q3_k(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q2_3_k(f, dots, act, wb, b, xs, accs, q3=True)
 
 
-def _body_q2_3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q2_3_k(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                  accs: Sequence[Sequence[str]], q3: bool) -> list[list[str]]:
     """Q2_K / Q3_K, whole-block arithmetic as Q4_K's over 16 sub-blocks of 16 values:
     isum = sum_g sc_g * dot_g, each dot_g a chain of 4 vpdpbusd over the 2-bit values (| the
@@ -183,11 +186,11 @@ def _body_q2_3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                         msums[t] = add(msums[t], f.let(f"mul {V16I} {mn}, {f.splat_i32(c16_g)}"))
     out = []
     for t, x in enumerate(xs):
-        acc = [f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
+        acc = [f.fma(16, f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
         if not q3:
             assert dmin is not None
             mins = f.let(f"fmul {V16F} {_x_scale(f, act, x, b, dmin)}, {_ONE_32ND}")
-            acc.append(f.fma16(f.tofloat(msums[t]), mins, accs[t][1]))
+            acc.append(f.fma(16, f.tofloat(msums[t]), mins, accs[t][1]))
         out.append(acc)
     return out
 
@@ -195,32 +198,32 @@ def _body_q2_3_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
 _ONE_32ND = "<" + ", ".join(["float 0x3FA0000000000000"] * 16) + ">"  # 1/32 in every lane: exact
 
 
-def _bit_to(f: Fn, v: str, k: int, to: int) -> str:
+def _bit_to(f: KernelFn, v: str, k: int, to: int) -> str:
     """Bit k of each byte of v, moved to bit `to` (the other bits 0)."""
     if k == to:
         return f.let(f"and <64 x i8> {v}, {splat_i8(64, 1 << to)}")
     return f.shift_bytes(v, "lshr" if k > to else "shl", abs(k - to), 1 << to)
 
 
-def _q5_top_bits(f: Fn, qh: str, first: int) -> str:
+def _q5_top_bits(f: KernelFn, qh: str, first: int) -> str:
     """Bits first..first+3 of each lane's qh, as bit 4 of its four bytes (a multiply spreads
     4 bits to bytes 0..3: x * 0x204081 is x | x << 7 | x << 14 | x << 21, no carries)."""
-    t = f.let(f"and {V16I} {f.let(f'lshr {V16I} {qh}, {vec_i32(first)}') if first else qh}, {vec_i32(15)}")
-    t = f.let(f"mul {V16I} {t}, {vec_i32(0x204081 << 4)}")
-    return f.let(f"bitcast {V16I} {f.let(f'and {V16I} {t}, {vec_i32(0x10101010)}')} to <64 x i8>")
+    t = f.let(f"and {V16I} {f.let(f'lshr {V16I} {qh}, {i32x16(first)}') if first else qh}, {i32x16(15)}")
+    t = f.let(f"mul {V16I} {t}, {i32x16(0x204081 << 4)}")
+    return f.let(f"bitcast {V16I} {f.let(f'and {V16I} {t}, {i32x16(0x10101010)}')} to <64 x i8>")
 
 
-def _body_q4_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q4_0(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_offset(f, dots, act, wb, b, xs, accs, None, 4)
 
 
-def _body_q5_0(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q5_0(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_offset(f, dots, act, wb, b, xs, accs, 256, 3)
 
 
-def _body_offset(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_offset(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                  accs: Sequence[Sequence[str]], qh_at: int | None, shift: int) -> list[list[str]]:
     """Q4_0/Q5_0: as Q8_0 with q = nibble (| 5th bit << 4 with qh: unsigned, 0..15 or 0..31)
     and the offset -8 or -16 * sum(y) (the r8_0 row's c >> 4 or >> 3, exact) as the starting
@@ -230,14 +233,14 @@ def _body_offset(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     dw = f.half16(wb, 256 + (64 if qh_at is not None else 0))
     out = []
     for acc, x in zip(accs, xs):
-        c = f.let(f"ashr {V16I} {f.bcast(x, f.add(act.c_at, f.mul(b, 4)))}, {vec_i32(shift)}")
+        c = f.let(f"ashr {V16I} {f.bcast(x, f.add(act.c_at, f.mul(b, 4)))}, {i32x16(shift)}")
         for k in range(8):
             c = dots.dot(c, chunks[k], f.bcast(x, f.add(qs, 4 * k)))
-        out.append([f.fma16(_x_scale(f, act, x, b, dw), f.tofloat(c), acc[0])])
+        out.append([f.fma(16, _x_scale(f, act, x, b, dw), f.tofloat(c), acc[0])])
     return out
 
 
-def _legacy_chunks(f: Fn, wb: str, qh_at: int | None, at: int = 0) -> list[str]:
+def _legacy_chunks(f: KernelFn, wb: str, qh_at: int | None, at: int = 0) -> list[str]:
     """The legacy types' 8 chunks of unsigned values (nibble, | 5th bit << 4 with qh), from the
     4 x 64 bytes of nibbles at wb + at."""
     qh = f.load(V16I, wb, qh_at) if qh_at is not None else None
@@ -253,7 +256,7 @@ def _legacy_chunks(f: Fn, wb: str, qh_at: int | None, at: int = 0) -> list[str]:
     return chunks
 
 
-def _body_q4_5_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q4_5_1(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                  accs: Sequence[Sequence[str]], qh_at: int | None) -> list[list[str]]:
     """Q4_1/Q5_1 (d * q + m) against r8_1: acc = fma(d * dx, float(sum q * y), acc), then
     fma(m, s, acc) with s = dx * sum(y) (ggml's q8_1 s)."""
@@ -266,23 +269,23 @@ def _body_q4_5_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
         isum = "zeroinitializer"
         for k in range(8):
             isum = dots.dot(isum, chunks[k], f.bcast(x, f.add(qs, 4 * k)))
-        acc0 = f.fma16(_x_scale(f, act, x, b, dw), f.tofloat(isum), acc[0])
+        acc0 = f.fma(16, _x_scale(f, act, x, b, dw), f.tofloat(isum), acc[0])
         sx = f.splat_float(f.load("float", x, f.add(act.c_at, f.mul(b, 4)), 4), 16)
-        out.append([f.fma16(mw, sx, acc0)])
+        out.append([f.fma(16, mw, sx, acc0)])
     return out
 
 
-def _body_q4_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q4_1(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q4_5_1(f, dots, act, wb, b, xs, accs, None)
 
 
-def _body_q5_1(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q5_1(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q4_5_1(f, dots, act, wb, b, xs, accs, 256)
 
 
-def _x_scale(f: Fn, act: Act, x: str, b: str, w_scale: str) -> str:
+def _x_scale(f: KernelFn, act: Act, x: str, b: str, w_scale: str) -> str:
     """w_scale * dx[b] for one activation row (16 weight rows' products)."""
     dx = f.splat_float(f.load("float", x, f.add(act.d_at, f.mul(b, 4)), 4), 16)
     return f.let(f"fmul {V16F} {w_scale}, {dx}")
@@ -292,17 +295,17 @@ def _x_scale(f: Fn, act: Act, x: str, b: str, w_scale: str) -> str:
 # and 768 bytes inside a 2368/3360-byte block), the hardware prefetchers lost the stream: one
 # thread, M = 1, 5632x2048 from DRAM, Q4_K 10-12 -> 25-31 GB/s and Q6_K 7 -> 23-26 GB/s in
 # memory order (the file layout: 23 and 20). The integer lane sums are the same either way.
-def _body_q4_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q4_k(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q4_5_k(f, dots, act, wb, b, xs, accs, qh_at=None)
 
 
-def _body_q5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q5_k(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     return _body_q4_5_k(f, dots, act, wb, b, xs, accs, qh_at=320)
 
 
-def _fifth_bit(f: Fn, qh: str, j: int) -> str:
+def _fifth_bit(f: KernelFn, qh: str, j: int) -> str:
     """Bit j of each byte of qh, moved to bit 4 (Q5_K's 5th bit of sub-block j's values)."""
     if j == 4:
         return f.let(f"and <64 x i8> {qh}, {splat_i8(64, 0x10)}")
@@ -312,7 +315,7 @@ def _fifth_bit(f: Fn, qh: str, j: int) -> str:
 _CHAINS = 2  # dot chains per sub-block and row when a tile has one row
 
 
-def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q4_5_k(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                  accs: Sequence[Sequence[str]], qh_at: int | None) -> list[list[str]]:
     """Whole-block arithmetic, as llama.cpp's x86 kernels for repacked Q4_K (q4_K_8x8) do it:
     per row an exact int32 isum = sum_j sc_j * dot_j and minsum = sum_j mn_j * b32_j, then
@@ -330,7 +333,7 @@ def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
     dw, dmin = f.half16(wb, 0), f.half16(wb, 32)
     sc = [f.widen16(wb, 64 + 16 * j, signed=False) for j in range(8)]
     mn = [f.widen16(wb, 192 + 16 * j, signed=False) for j in range(8)]
-    mn_pairs = [f.let(f"or {V16I} {mn[2 * p]}, {f.let(f'shl {V16I} {mn[2 * p + 1]}, {vec_i32(16)}')}")
+    mn_pairs = [f.let(f"or {V16I} {mn[2 * p]}, {f.let(f'shl {V16I} {mn[2 * p + 1]}, {i32x16(16)}')}")
                 for p in range(4)]
     naccs = []
     for t, x in enumerate(xs):
@@ -338,7 +341,7 @@ def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
         for p in range(4):  # (b32_2p, b32_2p+1) against (mn_2p, mn_2p+1): two products a lane
             minsum = dots.wdot(minsum, f.bcast(x, f.add(b32, 4 * p)), mn_pairs[p])
         ndm = f.let(f"fneg {V16F} {_x_scale(f, act, x, b, dmin)}")
-        naccs.append(f.fma16(f.tofloat(minsum), ndm, accs[t][1]))
+        naccs.append(f.fma(16, f.tofloat(minsum), ndm, accs[t][1]))
     n_chains = _CHAINS if len(xs) == 1 else 1
     isums = [""] * len(xs)
     for p in range(4):
@@ -364,11 +367,11 @@ def _body_q4_5_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                     d = f.let(f"add {V16I} {d}, {more}")
                 term = f.let(f"mul {V16I} {d}, {sc[2 * p + h]}")
                 isums[t] = f.let(f"add {V16I} {isums[t]}, {term}") if isums[t] else term
-    return [[f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0]), naccs[t]]
+    return [[f.fma(16, f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0]), naccs[t]]
             for t, x in enumerate(xs)]
 
 
-def _q6_field(f: Fn, h: str, k: int) -> str:
+def _q6_field(f: KernelFn, h: str, k: int) -> str:
     """2-bit field k of each byte of h, moved to bits 4..5."""
     if k < 2:
         return f.shift_bytes(h, "shl", 4 - 2 * k, 0x30)
@@ -377,7 +380,7 @@ def _q6_field(f: Fn, h: str, k: int) -> str:
     return f.let(f"and <64 x i8> {h}, {splat_i8(64, 0x30)}")
 
 
-def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
+def _body_q6_k(f: KernelFn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
                accs: Sequence[Sequence[str]]) -> list[list[str]]:
     """Whole-block arithmetic, as Q4_K's: per row an exact int32 isum = sum_j sc_j * (dot_j -
     32 * bsum_j) over the 16 sub-blocks (each sub-block's chain of 4 vpdpbusd starts from the
@@ -413,7 +416,7 @@ def _body_q6_k(f: Fn, dots: Dots, act: Act, wb: str, b: str, xs: list[str],
             for h, j in enumerate((s, 8 + s)):
                 term = f.let(f"mul {V16I} {chains[t][h]}, {head[j] if head else scale(j)}")
                 isums[t] = f.let(f"add {V16I} {isums[t]}, {term}") if isums[t] else term
-    return [[f.fma16(f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
+    return [[f.fma(16, f.tofloat(isums[t]), _x_scale(f, act, x, b, dw), accs[t][0])]
             for t, x in enumerate(xs)]
 
 
@@ -434,19 +437,26 @@ def supported(qtype: T, isa: str) -> bool:
     return qtype in BODIES and not (qtype in (T.Q8_0, T.IQ4_NL, T.IQ4_XS) and isa == "avx2")
 
 
-def _lane_sum(f: Fn, v: list[str]) -> str:
+def _lane_sum(f: KernelFn, v: list[str]) -> str:
     """A row's accumulators summed: Q4_K/Q5_K's acc + nacc (hsum_halves of kquants.fold_whole's
     accumulator, whose other lanes are 0)."""
     return v[0] if len(v) == 1 else f.let(f"fadd {V16F} {v[0]}, {v[1]}")
 
 
-def _prefetch_lines(f: Fn, at: str, first: int, stop: int) -> None:
+def _prefetch_lines(f: KernelFn, at: str, first: int, stop: int) -> None:
     """Cache lines first..stop-1 from `at` into L2 (a prefetch never faults: past the last
     group it is dropped)."""
     for line in range(first, stop):
         f.do(f"call void @llvm.prefetch.p0(ptr {f.gep(at, 64 * line)}, i32 0, i32 2, i32 1)")
 
 
+# the intrinsics an interleaved module declares (engine.kernels.ir.intrinsics), in its order
+INTRINSICS = (
+    "llvm.prefetch.p0", "llvm.x86.avx512.vpdpbusd.512", "llvm.x86.avx512.vpdpwssd.512",
+    "llvm.x86.avx512.pshuf.b.512", "llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd",
+    "llvm.fma.v16f32", "llvm.fabs.v32f32", "llvm.roundeven.v32f32", "llvm.vector.reduce.fmax.v32f32",
+    "llvm.maxnum.f32", "llvm.fabs.f32", "llvm.vector.reduce.add.v16i32", "llvm.vector.reduce.add.v32i32",
+)
 _ARGS = "ptr noalias %w, ptr noalias %xq, ptr noalias %out, i64 %nb, i64 %r0, i64 %r1, i64 %M, i64 %N"
 
 
@@ -456,7 +466,7 @@ def _build_gemm(qtype: T, isa: str, tile: int, fname: str, one_row: str | None =
     function (the same nest for single rows, compiled alone and kept out of line: inside the
     tiled function the single-row loop ran 3-8% slower at M = 1, its registers allotted around
     the tile's)."""
-    f = Fn(f"void @{fname}({_ARGS})" + (" noinline" if noinline else ""))
+    f = KernelFn(f"void @{fname}({_ARGS})" + (" noinline" if noinline else ""))
     if one_row is not None:
         small = f.let("icmp ult i64 %M, 2")
         f.do(f"br i1 {small}, label %one_row, label %tiled")
@@ -535,7 +545,7 @@ def build_gemm_ir(qtype: T, isa: str, tile: int | None = None) -> str:
     if not supported(qtype, isa):
         raise ValueError(f"no interleaved kernel for {qtype.name} on {isa}")
     name = f"gemm_{qtype.name.lower()}"
-    head = NO_MACHINE_SCHEDULER + DECLARATIONS + build_quantize(ACTIVATION[qtype])
+    head = NO_MACHINE_SCHEDULER + declarations(*INTRINSICS) + build_quantize(ACTIVATION[qtype])
     if tile == 1:
         return head + _build_gemm(qtype, isa, 1, name)
     return (head + _build_gemm(qtype, isa, 1, f"{name}_one", noinline=True)

@@ -15,7 +15,7 @@ Why compiled: numpy spends 1-4 us per call on these tiny rows (several passes, t
 and a decode step makes ~150 such calls; one compiled pass costs about one ctypes call.
 The `*_reference` twins compute in float64 and are what the tests trust.
 
-The IR building blocks these kernels share with attention.py live in engine.kernels.irbuild.
+The IR building blocks these kernels share with attention.py live in engine.kernels.ir.builder.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 from llvmlite import ir
 
-from engine.kernels.irbuild import (
+from engine.kernels.ir.builder import (
     F32,
     F32P,
     F64,

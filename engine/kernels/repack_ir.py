@@ -20,7 +20,7 @@ import numpy as np
 from engine.formats.quants import QuantMatrix
 from engine.formats.repack import GROUP_BLOCK_BYTES, ROWS, T
 from engine.kernels import jit
-from engine.kernels.irtext import IRFunction
+from engine.kernels.ir.text import IRFunction
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 

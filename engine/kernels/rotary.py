@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.kernels.irbuild import address
+from engine.kernels.ir.builder import address
 from engine.kernels.ops import check_f32, load_ops, out_like
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from engine.kernels import jit
 from engine.kernels.attention_ir import TILED_MIN_QUERIES
-from engine.kernels.irtext import IRFunction
+from engine.kernels.ir.text import IRFunction
 
 
 @dataclass(frozen=True)

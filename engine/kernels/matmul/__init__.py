@@ -20,9 +20,8 @@ rows side by side, so a tile of rows takes them with vector loads; threads quant
 ranges into the one buffer. Callers must pass 0 <= r0 <= r1 <= N and valid buffers; the facade
 MatmulKernels checks all that. With AVX-512 the legacy types take two rows per 512-bit vector.
 
-The modules, one job each:
-    isa.py        textual IR constants, weight-block loads (MatmulFn), intrinsics, IntOps
-                  (u8 x s8 dot products: AVX2, VNNI or portable IR, the same integers)
+The modules, one job each, over the one IR library engine.kernels.ir (KernelFn, the intrinsics,
+IntOps: the u8 x s8 dot products of each ISA entry, AVX2, VNNI or portable IR, the same integers):
     loops.py      the loop nest all rows_* share: weight rows x tiles of activation rows
     quantizer.py  quantize_<act> and the packed q8_0/q8_1 addressing
     legacy.py     Q4_0 .. Q8_0 and IQ4_NL tiles (32-value blocks)

@@ -7,11 +7,12 @@ tail for K % 16.
 from __future__ import annotations
 
 from engine.formats.quants import QuantType, T
-from engine.kernels.matmul.isa import V8F, MatmulFn, splat_const
+from engine.kernels.ir.consts import V8F, splat_const
+from engine.kernels.ir.vectors import KernelFn
 from engine.kernels.matmul.loops import emit_rows, row_tiles
 
 
-def float_widen(f: MatmulFn, qtype: T, base: str, offset: str | int, n: int) -> str:
+def float_widen(f: KernelFn, qtype: T, base: str, offset: str | int, n: int) -> str:
     """Load n weights of a float type as <n x float> (n = 1: a scalar float)."""
     def vt(elem: str) -> str:
         return elem if n == 1 else f"<{n} x {elem}>"
@@ -30,7 +31,7 @@ def build_float_rows(t: QuantType, tiles: tuple[int, ...]) -> str:
     qtype = t.qtype
     name = qtype.name.lower()
     esize = t.block_bytes
-    f = MatmulFn(f"void @rows_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %out, i64 %K, "
+    f = KernelFn(f"void @rows_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %out, i64 %K, "
                  f"i64 %r0, i64 %r1, i64 %M, i64 %N)")
     n16 = f.let("udiv i64 %K, 16")
     tail0 = f.mul(n16, 16)

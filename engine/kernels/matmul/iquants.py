@@ -9,12 +9,14 @@ Term: d*dx * isum.
 from __future__ import annotations
 
 from engine.formats.quants import QuantType
-from engine.kernels.matmul.isa import IntOps, MatmulFn, shuffle_mask, splat_const
+from engine.kernels.ir.consts import shuffle_mask, splat_const
+from engine.kernels.ir.intdot import IntOps
+from engine.kernels.ir.vectors import KernelFn
 from engine.kernels.matmul.kquants import Body, ISums, Term, Terms, super_block_tiles
 from engine.kernels.matmul.loops import RowCallbacks
 
 
-def iq4_xs_scales(f: MatmulFn, w: str, t: QuantType) -> str:
+def iq4_xs_scales(f: KernelFn, w: str, t: QuantType) -> str:
     """The 8 sub-block scales ls - 32 of the block at w, as <8 x i16>."""
     low = f.load("<4 x i8>", w, t.offset("scales_l"))
     low = f.let(f"shufflevector <4 x i8> {low}, <4 x i8> poison, {shuffle_mask(j // 2 for j in range(8))}")
@@ -32,7 +34,7 @@ def iq4_xs_body(t: QuantType) -> Body:
     assert t.codebook is not None
     codebook, qs_at, d_at = t.codebook, t.offset("qs"), t.offset("d")
 
-    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+    def block(f: KernelFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
         d = f.f16_splat(w, d_at)
         ls = iq4_xs_scales(f, w, t)
         isums = ISums(f, ops, len(xs))
@@ -47,6 +49,6 @@ def iq4_xs_body(t: QuantType) -> Body:
     return block
 
 
-def iq4_xs_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+def iq4_xs_tiles(t: QuantType, f: KernelFn, ops: IntOps, tiles: tuple[int, ...],
                  wide: bool) -> RowCallbacks:
     return super_block_tiles(iq4_xs_body(t), f, ops)

@@ -13,15 +13,9 @@ from dataclasses import dataclass
 
 from engine.formats.activations import ACTIVATION_LAYOUTS
 from engine.formats.quants import QuantType
-from engine.kernels.matmul.isa import (
-    V8F,
-    IntOps,
-    MatmulFn,
-    hsum_halves,
-    i8_const,
-    shuffle_mask,
-    splat_const,
-)
+from engine.kernels.ir.consts import V8F, i8_const, shuffle_mask, splat_const
+from engine.kernels.ir.intdot import IntOps
+from engine.kernels.ir.vectors import KernelFn
 from engine.kernels.matmul.loops import RowCallbacks, row_tiles
 
 # A body handles one weight block against the same block of several activation rows: it unpacks
@@ -36,7 +30,7 @@ class Term:
 
 
 Terms = list[Term]
-Body = Callable[[MatmulFn, IntOps, str, list[str]], list[Terms]]
+Body = Callable[[KernelFn, IntOps, str, list[str]], list[Terms]]
 
 # Independent integer accumulators per row and block in tiles of up to CHAINS_ROWS rows (their
 # sum is the same integers). One thread, rows kernel, 512 x 2048 Q4_K in L2: M = 1 18.6 -> 19.8
@@ -51,7 +45,7 @@ class ISums:
     in CHAINS accumulators taken in turn (one chain of dependent vpdpwssd per block limits a
     single row's speed), summed at the end: integer adds, so the same <8 x i32> either way."""
 
-    def __init__(self, f: MatmulFn, ops: IntOps, rows: int) -> None:
+    def __init__(self, f: KernelFn, ops: IntOps, rows: int) -> None:
         self.f, self.ops = f, ops
         chains = CHAINS if rows <= CHAINS_ROWS else 1
         self.accs = [["zeroinitializer"] * chains for _ in range(rows)]
@@ -70,7 +64,7 @@ class ISums:
         return v
 
 
-def k_scales_mins(f: MatmulFn, w: str) -> tuple[str, str]:
+def k_scales_mins(f: KernelFn, w: str) -> tuple[str, str]:
     """Q4_K/Q5_K: the 12 packed scale bytes at w+4 -> (<8 x i16> sc, <8 x i16> mn).
 
     As 32-bit words W0, W1, W2 (bytes 0-3, 4-7, 8-11): sc[0..3] = W0 & 0x3f per byte,
@@ -98,7 +92,7 @@ def k_scales_mins(f: MatmulFn, w: str) -> tuple[str, str]:
     return bytes8(low6(w0), sc_hi), bytes8(low6(w1), mn_hi)
 
 
-def _add_scaled(f: MatmulFn, ops: IntOps, q: str, scale: str, xs: list[str], y_at: int,
+def _add_scaled(f: KernelFn, ops: IntOps, q: str, scale: str, xs: list[str], y_at: int,
                 isums: ISums) -> None:
     """isums[t] += madd(maddubs(q, y_t), scale) for the 32 activation values at y_at of each row:
     q unsigned, scale <16 x i16> (one i16 per pair of maddubs lanes)."""
@@ -106,7 +100,7 @@ def _add_scaled(f: MatmulFn, ops: IntOps, q: str, scale: str, xs: list[str], y_a
         isums.add(t, ops.maddubs(q, f.load("<32 x i8>", x, y_at)), scale)
 
 
-def _with_mins(f: MatmulFn, ops: IntOps, xs: list[str], isums: ISums, d: str, dmin: str,
+def _with_mins(f: KernelFn, ops: IntOps, xs: list[str], isums: ISums, d: str, dmin: str,
                mn16: str) -> list[Terms]:
     """Per activation row (q8_k: f32 dx at 0, i16 bsums at 260): the terms d*dx * isum and
     -dmin*dx * madd(bsums, mn16), the block mins of Q2_K, Q4_K and Q5_K."""
@@ -119,12 +113,12 @@ def _with_mins(f: MatmulFn, ops: IntOps, xs: list[str], isums: ISums, d: str, dm
     return out
 
 
-def _pair_scales(f: MatmulFn, sc16: str, g: int) -> str:
+def _pair_scales(f: KernelFn, sc16: str, g: int) -> str:
     """<16 x i16> [sc16[g] x8, sc16[g + 1] x8]: the scales of values 16g .. 16g + 31."""
     return f.let(f"shufflevector <16 x i16> {sc16}, <16 x i16> poison, {shuffle_mask([g] * 8 + [g + 1] * 8)}")
 
 
-def _low2(f: MatmulFn, qs: str, j: int) -> str:
+def _low2(f: KernelFn, qs: str, j: int) -> str:
     """Bits 2j, 2j + 1 of each byte: Q2_K/Q3_K's 2-bit field j of a 32-byte chunk."""
     shifted = qs if j == 0 else f.let(f"lshr <32 x i8> {qs}, {splat_const('i8', 32, 2 * j)}")
     return f.let(f"and <32 x i8> {shifted}, {splat_const('i8', 32, 3)}")
@@ -141,7 +135,7 @@ def q2_k_body(t: QuantType) -> Body:
     """
     qs_at, d_at, dmin_at, scales_at = (t.offset(k) for k in ("qs", "d", "dmin", "scales"))
 
-    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+    def block(f: KernelFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
         d, dmin = f.f16_splat(w, d_at), f.f16_splat(w, dmin_at)
         packed = f.load("<16 x i8>", w, scales_at)
         sc = f.let(f"and <16 x i8> {packed}, {splat_const('i8', 16, 15)}")
@@ -159,7 +153,7 @@ def q2_k_body(t: QuantType) -> Body:
     return block
 
 
-def q3_k_scales(f: MatmulFn, w: str, at: int) -> str:
+def q3_k_scales(f: KernelFn, w: str, at: int) -> str:
     """Q3_K's 12 scale bytes at w + at -> <16 x i16> signed scales (6 bits, minus 32).
 
     Scale k: low 4 bits from byte k % 8 (its low nibble for k < 8, else its high one), top 2
@@ -185,7 +179,7 @@ def q3_k_body(t: QuantType) -> Body:
     """
     qs_at, hm_at, scales_at, d_at = (t.offset(k) for k in ("qs", "hmask", "scales", "d"))
 
-    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+    def block(f: KernelFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
         d = f.f16_splat(w, d_at)
         sc16 = q3_k_scales(f, w, scales_at)
         hm = f.load("<32 x i8>", w, hm_at)
@@ -204,7 +198,7 @@ def q3_k_body(t: QuantType) -> Body:
     return block
 
 
-def _minus_offset(f: MatmulFn, ops: IntOps, xs: list[str], isums: ISums, sc16: str,
+def _minus_offset(f: KernelFn, ops: IntOps, xs: list[str], isums: ISums, sc16: str,
                   d: str, shift: int) -> list[Terms]:
     """Per activation row: the block's integer sum less the type's constant offset (its
     16-value sub-block scales times q8_k's block sums, shifted left by `shift`: 2 for Q3_K's -4,
@@ -231,7 +225,7 @@ def q4_5_k_body(t: QuantType) -> Body:
     qs_at = t.offset("qs")
     qh_at = t.offset("qh") if t.has("qh") else None  # Q5_K
 
-    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+    def block(f: KernelFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
         d, dmin = f.f16_splat(w, 0), f.f16_splat(w, 2)
         sc, mn = k_scales_mins(f, w)
         mn16 = f.let(f"shufflevector <8 x i16> {mn}, <8 x i16> poison, {shuffle_mask(j // 2 for j in range(16))}")
@@ -268,7 +262,7 @@ def q6_k_body() -> Body:
     Term: d*dx * (isum - corr).
     """
 
-    def block(f: MatmulFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
+    def block(f: KernelFn, ops: IntOps, w: str, xs: list[str]) -> list[Terms]:
         d = f.f16_splat(w, 208)
         sc16 = f.let(f"sext <16 x i8> {f.load('<16 x i8>', w, 192)} to <16 x i16>")
         isums = ISums(f, ops, len(xs))
@@ -297,7 +291,7 @@ def q6_k_body() -> Body:
     return block
 
 
-def fold(f: MatmulFn, terms: Terms, acc: str) -> str:
+def fold(f: KernelFn, terms: Terms, acc: str) -> str:
     """Add a group of terms to one row's <8 x float> accumulator.
 
     The group's sum is formed first (fmul, then FMAs) and added to the accumulator once, so the
@@ -311,7 +305,7 @@ def fold(f: MatmulFn, terms: Terms, acc: str) -> str:
     return f.let(f"fadd <8 x float> {acc}, {part}")
 
 
-def fold_whole(f: MatmulFn, terms: Terms, acc: str) -> str:
+def fold_whole(f: KernelFn, terms: Terms, acc: str) -> str:
     """Fold one block's terms whole (Q4_K/Q5_K: (isum, d*dx), (minsum, -dmin*dx); Q6_K: the
     first alone): lane 0 of the accumulator gathers fma(float(sum of isum's lanes), d*dx, .),
     lane 1 the mins' likewise (the other lanes stay 0, so the final hsum_halves is lane 0 +
@@ -327,7 +321,7 @@ def fold_whole(f: MatmulFn, terms: Terms, acc: str) -> str:
     return f.let(f"call <8 x float> @llvm.fma.v8f32(<8 x float> {fs}, <8 x float> {scales}, <8 x float> {acc})")
 
 
-def super_block_tiles(body: Body, f: MatmulFn, ops: IntOps, whole: bool = False) -> RowCallbacks:
+def super_block_tiles(body: Body, f: KernelFn, ops: IntOps, whole: bool = False) -> RowCallbacks:
     """emit_rows' callbacks for a super-block body against q8_k rows: per tile row one
     <8 x float> accumulator; a block's terms are summed (fold; `whole`: fold_whole, block by
     block in order), then hsum at the end."""
@@ -348,25 +342,25 @@ def super_block_tiles(body: Body, f: MatmulFn, ops: IntOps, whole: bool = False)
     x_block_bytes = ACTIVATION_LAYOUTS["q8_k"].itemsize  # q8_k: ggml's blocks, row by row
     accs, block, finish = row_tiles(
         f, x_base="%xq", x_row_bytes=f.mul("%nb", x_block_bytes), x_block_bytes=x_block_bytes,
-        acc_types=(V8F,), block=k_block, finish=lambda row_accs, _w, _x: hsum_halves(f, row_accs[0]))
+        acc_types=(V8F,), block=k_block, finish=lambda row_accs, _w, _x: f.hsum_halves(row_accs[0]))
     return RowCallbacks(accs, block, finish)
 
 
-def q2_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+def q2_k_tiles(t: QuantType, f: KernelFn, ops: IntOps, tiles: tuple[int, ...],
                wide: bool) -> RowCallbacks:
     return super_block_tiles(q2_k_body(t), f, ops)
 
 
-def q3_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+def q3_k_tiles(t: QuantType, f: KernelFn, ops: IntOps, tiles: tuple[int, ...],
                wide: bool) -> RowCallbacks:
     return super_block_tiles(q3_k_body(t), f, ops)
 
 
-def q4_5_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+def q4_5_k_tiles(t: QuantType, f: KernelFn, ops: IntOps, tiles: tuple[int, ...],
                  wide: bool) -> RowCallbacks:
     return super_block_tiles(q4_5_k_body(t), f, ops, whole=True)
 
 
-def q6_k_tiles(t: QuantType, f: MatmulFn, ops: IntOps, tiles: tuple[int, ...],
+def q6_k_tiles(t: QuantType, f: KernelFn, ops: IntOps, tiles: tuple[int, ...],
                wide: bool) -> RowCallbacks:
     return super_block_tiles(q6_k_body(), f, ops, whole=True)

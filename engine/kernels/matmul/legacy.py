@@ -11,7 +11,9 @@ type (field offsets, zero point, activation format) come from its record, engine
 from __future__ import annotations
 
 from engine.formats.quants import QuantType
-from engine.kernels.matmul.isa import V8F, IntOps, MatmulFn, fma_vec, hsum_halves, shuffle_mask
+from engine.kernels.ir.consts import V8F, shuffle_mask
+from engine.kernels.ir.intdot import IntOps
+from engine.kernels.ir.vectors import KernelFn
 from engine.kernels.matmul.loops import Tile
 from engine.kernels.matmul.quantizer import Packed
 
@@ -47,7 +49,7 @@ class LegacyTiles:
     95 narrow, 75 wide.)
     """
 
-    def __init__(self, t: QuantType, f: MatmulFn, ops: IntOps, max_rows: int, wide: bool) -> None:
+    def __init__(self, t: QuantType, f: KernelFn, ops: IntOps, max_rows: int, wide: bool) -> None:
         assert t.act in ("q8_0", "q8_1"), t.name
         self.t, self.f, self.ops = t, f, ops
         self.w_block_bytes = t.block_bytes
@@ -109,7 +111,7 @@ class LegacyTiles:
                     d = f.f16_scalar(w, 0)
                     m = f.let(f"fmul float {d}, {float(qt.zero):.1f}")
                 s = f.load(vn, self.packed.scale(tile.m0, b, 1), 0, 4)
-                out[n - pairs] = fma_vec(f, n, f.splat_float(m, n), s, out[n - pairs])
+                out[n - pairs] = f.fma(n, f.splat_float(m, n), s, out[n - pairs])
             scale_row = f.gep(self.scales, f.mul(b, 4 * n))
             if n < SCALE_BUFFER_ROWS:  # few rows: the scales in a register, splat by shuffles
                 if self.signed:
@@ -128,12 +130,12 @@ class LegacyTiles:
                 y = f.load("<64 x i8>", self.packed.qs(f.add(tile.m0, 2 * p), b))
                 isum = ops.dot_ss_wide(wide, y) if self.signed and wide else ops.dot_us_wide(q2, y)
                 fs = f.let(f"sitofp <16 x i32> {isum} to <16 x float>")
-                out[p] = fma_vec(f, 16, splat([2 * p] * 8 + [2 * p + 1] * 8), fs, out[p])
+                out[p] = f.fma(16, splat([2 * p] * 8 + [2 * p + 1] * 8), fs, out[p])
             for t in range(2 * pairs, n):
                 y = f.load("<32 x i8>", self.packed.qs(f.add(tile.m0, t), b))
                 isum = ops.dot_ss(prepared, y) if self.signed else ops.dot_us(q, y)
                 fs = f.let(f"sitofp <8 x i32> {isum} to <8 x float>")
-                out[t - pairs] = fma_vec(f, 8, splat([t] * 8), fs, out[t - pairs])
+                out[t - pairs] = f.fma(8, splat([t] * 8), fs, out[t - pairs])
         return out
 
     def finish(self, _w: str, tile: Tile, values: list[str]) -> list[str]:
@@ -147,7 +149,7 @@ class LegacyTiles:
         row_accs += values[pairs:pairs + n - 2 * pairs]
         results = []
         for t in range(n):
-            total = hsum_halves(f, row_accs[t])
+            total = f.hsum_halves(row_accs[t])
             if self.offsets:
                 off = f.let(f"extractelement <{n} x float> {values[n - pairs]}, i64 {t}")
                 total = f.let(f"fadd float {total}, {off}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.kernels.matmul.isa import MatmulFn
+from engine.kernels.ir.vectors import KernelFn
 
 # Activation rows per tile, largest first: one unpacked weight block serves a tile's rows, whose
 # accumulators live in registers. Every tile must lie in one group of 8 rows of the packed scales
@@ -59,7 +59,7 @@ class RowCallbacks:
     prologue: Prologue | None = None
 
 
-def row_tiles(f: MatmulFn, *, x_base: str, x_row_bytes: str, x_block_bytes: int,
+def row_tiles(f: KernelFn, *, x_base: str, x_row_bytes: str, x_block_bytes: int,
               acc_types: tuple[str, ...],
               block: Callable[[list[str], list[list[str]], list[list[str]]], list[list[str]]],
               finish: Callable[[list[str], str, str], str]) -> tuple[Accs, Block, Finish]:
@@ -88,7 +88,7 @@ def row_tiles(f: MatmulFn, *, x_base: str, x_row_bytes: str, x_block_bytes: int,
 
 # --- rows kernels -----------------------------------------------------------------------------
 
-def emit_rows(f: MatmulFn, *, n_blocks: str, w_block_bytes: int, w_row_bytes: str, group: int,
+def emit_rows(f: KernelFn, *, n_blocks: str, w_block_bytes: int, w_row_bytes: str, group: int,
               accs: Accs, block: Block, finish: Finish, prefetch: bool,
               tiles: tuple[int, ...], prologue: Prologue | None = None,
               row_group: int = 1) -> None:

@@ -5,7 +5,9 @@ byte addresses of the packed q8_0 / q8_1 layout (rows in pairs, scales of 8 rows
 from __future__ import annotations
 
 from engine.formats.activations import ACTIVATION_BLOCK, ACTIVATION_LAYOUTS
-from engine.kernels.matmul.isa import MatmulFn, shuffle_mask
+from engine.kernels.ir import q8
+from engine.kernels.ir.consts import shuffle_mask
+from engine.kernels.ir.vectors import KernelFn
 
 
 class Packed:
@@ -18,7 +20,7 @@ class Packed:
     all of them with one index.
     """
 
-    def __init__(self, f: MatmulFn, act: str) -> None:
+    def __init__(self, f: KernelFn, act: str) -> None:
         self.f = f
         self.k = 2 if act == "q8_1" else 1
         pairs = f.let(f"lshr i64 {f.add('%M', 1)}, 1")
@@ -44,38 +46,6 @@ class Packed:
 
 # --- activation quantizer ---------------------------------------------------------------------
 
-def _emit_quantize_chunk(f: MatmulFn, src: str, dst: str, inv: str) -> str:
-    """Quantize 32 floats at src with scale `inv` into 32 i8 at dst; returns their <32 x i32>."""
-    v = f.load("<32 x float>", src)
-    s = f.let(f"fmul <32 x float> {v}, {f.splat_float(inv, 32)}")
-    r = f.let(f"call <32 x float> @llvm.roundeven.v32f32(<32 x float> {s})")
-    q = f.let(f"fptosi <32 x float> {r} to <32 x i32>")
-    f.store("<32 x i8>", f.let(f"trunc <32 x i32> {q} to <32 x i8>"), dst)
-    return q
-
-
-def _emit_absmax(f: MatmulFn, src: str, n_chunks: int) -> str:
-    amax = None
-    for c in range(n_chunks):
-        v = f.load("<32 x float>", src, 128 * c)
-        a = f.let(f"call <32 x float> @llvm.fabs.v32f32(<32 x float> {v})")
-        m = f.let(f"call float @llvm.vector.reduce.fmax.v32f32(<32 x float> {a})")
-        amax = m if amax is None else f.let(f"call float @llvm.maxnum.f32(float {amax}, float {m})")
-    assert amax is not None
-    return amax
-
-
-def _round_to_half(f: MatmulFn, x: str) -> str:
-    """x rounded to the nearest f16 value, kept as f32 (ggml stores q8_1's d and s as f16).
-
-    Beyond f16's range ggml's value would be inf; the f32 slot keeps x itself instead, so a
-    huge activation block stays finite (and equal to llama.cpp wherever llama.cpp is finite).
-    """
-    r = f.let(f"fpext half {f.let(f'fptrunc float {x} to half')} to float")
-    big = f.let(f"fcmp ogt float {f.let(f'call float @llvm.fabs.f32(float {x})')}, 65504.0")
-    return f.let(f"select i1 {big}, float {x}, float {r}")
-
-
 def build_quantize_ir(act: str) -> str:
     """quantize_<act>(ptr x, ptr xq, i64 nb, i64 r0, i64 r1, i64 M): rows [r0, r1) of x, f32
     [M, nb * block], into the packed activations of all M rows (engine.formats.quants.pack_activations:
@@ -89,13 +59,13 @@ def build_quantize_ir(act: str) -> str:
     value beyond f16's range), stored in f32 slots so the kernel needs no conversion.
     """
     elems = ACTIVATION_BLOCK[act]
-    f = MatmulFn(f"void @quantize_{act}(ptr noalias %x, ptr noalias %xq, i64 %nb, i64 %r0, i64 %r1, i64 %M)")
+    f = KernelFn(f"void @quantize_{act}(ptr noalias %x, ptr noalias %xq, i64 %nb, i64 %r0, i64 %r1, i64 %M)")
     packed = Packed(f, act) if act != "q8_k" else None
 
     def per_block(m: str, j: str) -> None:  # block j of row m
         b = f.add(f.mul(m, "%nb"), j)
         src = f.gep("%x", f.mul(b, 4 * elems))
-        amax = _emit_absmax(f, src, elems // 32)
+        amax = q8.absmax(f, src, elems // 32)
         d = f.let(f"fdiv float {amax}, 127.0")
         nonzero = f.let(f"fcmp one float {amax}, 0.0")
         inv = f.let(f"select i1 {nonzero}, float {f.let(f'fdiv float 127.0, {amax}')}, float 0.0")
@@ -103,7 +73,7 @@ def build_quantize_ir(act: str) -> str:
             dst = f.gep("%xq", f.mul(b, ACTIVATION_LAYOUTS[act].itemsize))
             f.store("float", d, dst, 0)
             for c in range(elems // 32):
-                q = _emit_quantize_chunk(f, f.gep(src, 128 * c), f.gep(dst, 4 + 32 * c), inv)
+                q = q8.quantize_chunk(f, f.gep(src, 128 * c), f.gep(dst, 4 + 32 * c), inv)
                 for half in range(2):
                     part = f.let(f"shufflevector <32 x i32> {q}, <32 x i32> poison, "
                                  f"{shuffle_mask(range(16 * half, 16 * half + 16))}")
@@ -111,12 +81,12 @@ def build_quantize_ir(act: str) -> str:
                     f.store("i16", f.let(f"trunc i32 {s} to i16"), dst, 260 + 2 * (2 * c + half))
             return
         assert packed is not None
-        q = _emit_quantize_chunk(f, src, packed.qs(m, j), inv)
+        q = q8.quantize_chunk(f, src, packed.qs(m, j), inv)
         if act == "q8_1":
-            f.store("float", _round_to_half(f, d), packed.scale(m, j, 0), 0, 4)
+            f.store("float", q8.round_to_half(f, d), packed.scale(m, j, 0), 0, 4)
             qsum = f.let(f"call i32 @llvm.vector.reduce.add.v32i32(<32 x i32> {q})")
             s = f.let(f"fmul float {d}, {f.let(f'sitofp i32 {qsum} to float')}")
-            f.store("float", _round_to_half(f, s), packed.scale(m, j, 1), 0, 4)
+            f.store("float", q8.round_to_half(f, s), packed.scale(m, j, 1), 0, 4)
         else:
             dh = f.let(f"fptrunc float {d} to half")
             f.store("float", f.let(f"fpext half {dh} to float"), packed.scale(m, j, 0), 0, 4)
