@@ -13,7 +13,7 @@ from .constraint import Constraint
 from .formats.repack import estimate_repacked
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
-from .kernels.gemm_kernels import host_repacks
+from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .sampling import Sampled, Sampler, SamplingParams

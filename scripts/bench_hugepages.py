@@ -23,7 +23,7 @@ from engine import hugepages
 from engine.formats.quants import QuantMatrix, quant_type
 from engine.formats.repack import RepackedMatrix
 from engine.gguf import GGUFFile
-from engine.kernels.gemm_kernels import GemmKernels, host_isa
+from engine.kernels.gemm.facade import GemmKernels, host_isa
 from engine.kernels.matmul import MatmulKernels
 
 DEFAULT = os.path.expanduser("~/.cache/modelyard/gemma-3-270m-q4_k_m.gguf")

@@ -34,7 +34,7 @@ import numpy as np
 from engine.formats.quants import TYPES, QuantMatrix, T, block_size, random_quant_matrix
 from engine.formats.repack import RepackedMatrix
 from engine.kernels import gemm
-from engine.kernels.gemm_kernels import GemmKernels, host_isa
+from engine.kernels.gemm.facade import GemmKernels, host_isa
 from engine.kernels.matmul import MatmulKernels
 
 # (n_rows, n_cols): attention q/o (and k/v), FFN gate/up, FFN down, output (Q8_0 in the model)

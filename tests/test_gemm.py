@@ -20,10 +20,10 @@ from engine.formats.repack import (
     repack,
 )
 from engine.kernels import gemm, jit
-from engine.kernels.gemm_kernels import GemmKernels, host_isa
-from engine.kernels.gemm_reference import reference
+from engine.kernels.gemm.facade import GemmKernels, host_isa
+from engine.kernels.gemm.reference import reference
+from engine.kernels.gemm.repack_ir import COMPILED, CompiledRepack
 from engine.kernels.matmul import MatmulKernels
-from engine.kernels.repack_ir import COMPILED, CompiledRepack
 
 TYPES = list(REPACKED)
 IDS = [t.name for t in TYPES]

@@ -61,7 +61,7 @@ def test_k_quant_models_run_repacked_and_the_estimate_counts_it(tmp_path: Path) 
     """On AVX-512 VNNI hosts a Q6_K model's matrices (the output too) are repacked; the memory
     estimate counts exactly what the load holds, and the logits are the reference model's."""
     from engine.formats.repack import RepackedMatrix
-    from engine.kernels.gemm_kernels import host_isa
+    from engine.kernels.gemm.facade import host_isa
     path = write_tiny_llama(tmp_path / "q6k.gguf", qtype=Q.Q6_K, tied_output=False,
                             n_embd=256, n_ff=512, n_merges=45)  # a vocabulary of 3 + 256 + 45 = 304 = 19 * 16
     with engine.load(path, n_ctx=64, n_threads=2) as model:

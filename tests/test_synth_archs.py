@@ -57,7 +57,7 @@ def test_repacked_q4_0_gives_llama_cpp_logits() -> None:
     the offset taken off in integers, as llama.cpp pairs Q4_0: its logits to float order (the
     file layout's q8_1 pairing lands ~0.3 away, inside the manifest's tolerance)."""
     from engine.formats.ggml_types import GGMLQuantizationType
-    from engine.kernels.gemm_kernels import host_repacks
+    from engine.kernels.gemm.facade import host_repacks
 
     if not host_repacks(GGMLQuantizationType.Q4_0):
         pytest.skip("this host keeps Q4_0 in the file's layout")

@@ -6,7 +6,7 @@ the four products into that row's lane. So a block's integer dot product is comp
 and is scaled once per block, for 16 rows with one vector FMA: far less float work per
 multiply-add than the file's row-by-row layout allows, and each activation load serves 16 rows.
 Repacking happens once at load (the repacked copy replaces the file's mapping for matmuls; the
-memory estimate counts it), by compiled code (engine.kernels.repack_ir) where the type has
+memory estimate counts it), by compiled code (engine.kernels.gemm.repack_ir) where the type has
 it; the numpy repacking here is its twin. Rows come in groups of 16; a group's blocks follow each other, each
 block holding its 16 rows' data side by side:
 
@@ -66,7 +66,7 @@ Per row r and block b the kernels compute (isum exact in int32):
     Q4_1, Q5_1:  acc = fma(d[r] * dx[b], float(sum q * y), acc); acc = fma(m[r], s[b], acc)
     Q4_K, Q5_K: acc = fma(float(sum_j sc_j * dot_j), d[r] * dx[b], acc);
            nacc = fma(float(sum_j mn_j * b32_j), -(dmin[r] * dx[b]), nacc); out = acc + nacc
-           (llama.cpp's repacked Q4_K on x86, acc - acc_min; kquants.fold_whole likewise)
+           (llama.cpp's repacked Q4_K on x86, acc - acc_min; matmul.kquants.fold_whole likewise)
     Q6_K:  acc = fma(float(sum_j sc_j * (dot_j - 32 * bsum_j)), d[r] * dx[b], acc), the 16
            sub-blocks summed whole in integers as Q4_K's (kquants.fold_whole likewise)
     Q2_K:  acc = fma(float(sum_g sc_g * dot_g), d[r] * dx[b], acc); nacc = fma(float(sum_g mn_g
@@ -77,7 +77,7 @@ Per row r and block b the kernels compute (isum exact in int32):
            dot_j as IQ4_NL's (the offset -128 * sum(y_j) = 4 * the c16 of its two halves)
     Q4_K, Q5_K and Q6_K give the file-layout kernels' bits (gemm.FILE_LAYOUT_BITS); the file
     layout sums the other super-block types' blocks in 8 lanes, a different rounding.
-so the kernels' numpy twin (engine.kernels.gemm_reference) is the exact product of the
+so the kernels' numpy twin (engine.kernels.gemm.reference) is the exact product of the
 dequantized weights and activations up to float32 rounding of those few terms. Each row's
 arithmetic is the same whatever M, the thread split or the other rows, as the file-layout
 kernels promise.
@@ -218,7 +218,7 @@ class _FieldViews:
 def repack(w: QuantMatrix, compiled: Callable[[QuantMatrix, np.ndarray], None] | None = None,
            alloc: Callable[[int], np.ndarray] = hugepages.anonymous) -> RepackedMatrix:
     """The repacked matrix (see the module docstring for the layouts): written by `compiled`
-    (engine.kernels.repack_ir, the same bytes) where given, else by numpy, into `alloc(nbytes)`
+    (engine.kernels.gemm.repack_ir, the same bytes) where given, else by numpy, into `alloc(nbytes)`
     (a mapping of its own by default: on huge pages where the host has them, faulted in at once;
     page by page, first-touch 4 KiB faults cost more than the compiled repack itself)."""
     if not can_repack(w.qtype, w.n_rows, w.n_cols):

@@ -29,7 +29,7 @@ from engine.formats.ggml_types import GGMLQuantizationType
 from engine.formats.quants import SUPPORTED, QuantMatrix, quant_type
 from engine.formats.repack import RepackedMatrix, can_repack
 from engine.kernels import jit, tasks
-from engine.kernels.gemm_kernels import GemmKernels, GemmTypeKernels
+from engine.kernels.gemm.facade import GemmKernels, GemmTypeKernels
 from engine.kernels.ir.builder import address
 from engine.kernels.matmul.build import build_matmul_ir
 from engine.kernels.matmul.loops import NARROW_TILES, TILES

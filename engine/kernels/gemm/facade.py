@@ -19,7 +19,7 @@ from engine import hugepages
 from engine.formats.quants import QuantMatrix
 from engine.formats.repack import ACT_BLOCK, ACTIVATION, RepackedMatrix, T, act_bytes, repack
 from engine.kernels import gemm, jit
-from engine.kernels.repack_ir import COMPILED, CompiledRepack
+from engine.kernels.gemm.repack_ir import COMPILED, CompiledRepack
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
