@@ -67,3 +67,6 @@ def test_the_fingerprint_follows_the_kernel_sources(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(jit, "_sources_digest", None)
     monkeypatch.setattr(jit, "_SOURCES", ("kernels/jit.py",))
     assert jit._sources_fingerprint() != first
+    monkeypatch.setattr(jit, "_sources_digest", None)
+    monkeypatch.setattr(jit, "_SOURCES", ("kernels/**/*.py",))
+    assert jit._sources_fingerprint() != first  # the formats the IR builders read count too
