@@ -15,7 +15,7 @@ import pytest
 import engine
 from engine.arch import SPECS, Layer, llama
 from engine.arch.base import ArchSpec
-from engine.arch.declare import Key, Tensor
+from engine.arch.declare import Key, Tensor, fuse
 from engine.gguf import GGUFFile, ModelLoadError, TensorInfo, read_header
 from engine.hparams import HParams
 from engine.servable import judge_header
@@ -146,6 +146,8 @@ def test_a_layer_type_and_its_declaration_must_agree() -> None:
     class NoDefault(Layer):
         attn_norm: np.ndarray
 
+    with pytest.raises(TypeError, match="cannot fuse"):          # wo's columns are q_dim
+        fuse(llama.TENSORS, "attn_qkvo.weight", "wq", "wk", "wv", "wo")
     with pytest.raises(TypeError, match="optional attn_norm needs a default"):
         ArchSpec("x", llama.KEYS, llama.finish, NoDefault,
                  (Tensor("attn_norm", "attn_norm.weight", ("n_embd",), required=False),),
