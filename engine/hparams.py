@@ -1,15 +1,18 @@
-"""Hyperparameters of a model, read from GGUF metadata and checked; the family's spec
-(engine.arch) says which keys it has beyond llama's. A key the engine cannot honour is refused
-here, at load, rather than ignored."""
+"""Hyperparameters of a model, read from GGUF metadata and checked.
+
+The family (engine.arch) declares its keys and derives the rest (its spec's `keys` and
+`finish`); this module walks that declaration for any family, then checks what every block
+relies on. A key the engine cannot honour is refused here, at load, rather than ignored."""
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from .arch import SPECS, ArchSpec
+from .arch.declare import Key, KeyValue, KeyValues
 from .gguf import ModelLoadError
 
 SUPPORTED_ARCHS = tuple(SPECS)
@@ -38,9 +41,11 @@ class HParams:
     final_softcap: float = 0.0    # 0: off
     embed_scale: float = 1.0      # the embedding row's factor (gemma: sqrt(n_embd) as float32)
     n_ctx_orig: int = 0           # rope.scaling.original_context_length (LongRoPE's switch)
+    extra: Mapping[str, KeyValue] = field(default_factory=dict)  # the family's own keys
+    #                               (Key names that are not fields here), e.g. an expert count
 
     @property
-    def spec(self) -> ArchSpec:
+    def spec(self) -> ArchSpec[Any]:
         return SPECS[self.arch]
 
     def layer_window(self, layer: int) -> int:
@@ -65,89 +70,59 @@ class HParams:
         sizes the cache, rings included)."""
         return 2 * 2 * self.n_layer * self.kv_dim
 
+    @property
+    def half_rot(self) -> int:
+        return self.n_rot // 2
+
+    def dim(self, name: str) -> int:
+        """A declared tensor dim (engine.arch.declare) by name: a field, a property, or extra's."""
+        value = getattr(self, name) if name in _DIMS else self.extra.get(name)
+        if not isinstance(value, int):
+            raise KeyError(f"{name} is not a hyperparameter of {self.arch}")
+        return value
+
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], path: str) -> HParams:
         arch = meta.get("general.architecture")
         if arch not in SUPPORTED_ARCHS:
             raise ModelLoadError(path, f"unsupported architecture {arch!r} "
                                        f"(supported: {', '.join(SUPPORTED_ARCHS)})")
-        spec = SPECS[arch]
-
-        def get(key: str, default: Any = None, kind: type = int) -> Any:
-            full = f"{arch}.{key}"
-            value = meta.get(full, default)
-            if value is None:
-                raise ModelLoadError(path, f"metadata key {full} is missing")
-            if isinstance(value, list):  # per-layer arrays: llama uses one value for all layers
-                if not value or any(v != value[0] for v in value):
-                    raise ModelLoadError(path, f"{full}: per-layer values are not supported")
-                value = value[0]
-            try:
-                return kind(value)
-            except (TypeError, ValueError):
-                raise ModelLoadError(path, f"{full} = {value!r} is not a {kind.__name__}") from None
-
-        n_embd = get("embedding_length")
-        n_head = get("attention.head_count")
-        n_head_kv = get("attention.head_count_kv", n_head)
-        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
-            raise ModelLoadError(path, f"{n_head} attention heads cannot share {n_head_kv} KV heads")
-        head_dim = get("attention.key_length", n_embd // n_head)
-        if get("attention.value_length", head_dim) != head_dim:
-            raise ModelLoadError(path, f"{arch}.attention.value_length differs from key_length "
-                                       "(not supported)")
-        n_rot = get("rope.dimension_count", head_dim)
-        scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-        factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-        if scaling not in ("none", "linear") and factor != 1.0:
-            raise ModelLoadError(path, f"rope scaling {scaling!r} is not supported")
-        attn_factor = float(meta.get(f"{arch}.rope.scaling.attn_factor", 1.0) or 1.0)
-        if attn_factor != 1.0:
-            raise ModelLoadError(path, f"{arch}.rope.scaling.attn_factor = {attn_factor} "
-                                       "(rope magnitude scaling) is not supported")
-        n_layer = get("block_count")
-        window = get("attention.sliding_window", 0) if spec.swa_period else 0
-        f32 = np.float32
-
-        def softcap(key: str, used: bool) -> float:
-            value = float(meta.get(f"{arch}.{key}", 0.0) or 0.0) if used else 0.0
-            if value < 0:
-                raise ModelLoadError(path, f"{arch}.{key} = {value} must be >= 0")
-            return value
-
+        v = read_keys(meta, SPECS[arch].keys, KeyValues(arch, path))
+        SPECS[arch].finish(v)
         vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-        hp = cls(
-            arch=arch,
-            n_vocab=int(vocab),
-            n_ctx_train=get("context_length", 2048),
-            n_embd=n_embd,
-            n_layer=n_layer,
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            head_dim=head_dim,
-            n_ff=get("feed_forward_length"),
-            n_rot=n_rot,
-            rope_base=get("rope.freq_base", 10000.0, float),
-            rope_freq_scale=1.0 / factor if scaling == "linear" else 1.0,
-            rms_eps=get("attention.layer_norm_rms_epsilon", 1e-5, float),
-            window=window,
-            swa_period=spec.swa_period if window else 0,
-            rope_base_swa=get("rope.freq_base_swa", spec.swa_rope_base or
-                              get("rope.freq_base", 10000.0, float), float) if window else 0.0,
-            attn_scale=1.0 / math.sqrt(n_embd // n_head) if n_layer in spec.embd_scale_layers else 0.0,
-            attn_softcap=softcap("attn_logit_softcapping", spec.attn_softcap),
-            final_softcap=softcap("final_logit_softcapping", spec.final_softcap),
-            embed_scale=float(f32(np.sqrt(f32(n_embd)))) if spec.embed_scale else 1.0,
-            n_ctx_orig=get("rope.scaling.original_context_length", 0),
-        )
-        if window < 0:
-            raise ModelLoadError(path, f"{arch}.attention.sliding_window = {window} must be >= 0")
+        hp = cls(arch=arch, n_vocab=int(vocab), **{k: x for k, x in v.items() if k in _FIELDS},
+                 extra={k: x for k, x in v.items() if k not in _FIELDS})
         for name in ("n_vocab", "n_embd", "n_layer", "head_dim", "n_ff"):
             if getattr(hp, name) <= 0:
                 raise ModelLoadError(path, f"hyperparameter {name} = {getattr(hp, name)} must be > 0")
-        if head_dim % 8:
-            raise ModelLoadError(path, f"head dim {head_dim} is not a multiple of 8 (the attention "
-                                       "kernel's vectors)")
-        if n_rot > head_dim or n_rot % 2:
-            raise ModelLoadError(path, f"rope dimension count {n_rot} does not fit head dim {head_dim}")
+        if hp.head_dim % 8:
+            raise ModelLoadError(path, f"head dim {hp.head_dim} is not a multiple of 8 (the "
+                                       "attention kernel's vectors)")
+        if hp.n_rot > hp.head_dim or hp.n_rot % 2:
+            raise ModelLoadError(path, f"rope dimension count {hp.n_rot} does not fit head dim "
+                                       f"{hp.head_dim}")
         return hp
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(HParams)) - {"arch", "n_vocab", "extra"}
+_DIMS = _FIELDS | {"n_vocab"} | {name for name, v in vars(HParams).items() if isinstance(v, property)}
+
+
+def read_keys(meta: Mapping[str, Any], keys: tuple[Key, ...], v: KeyValues) -> KeyValues:
+    """Each key's value into v (by Key.name), in order: the file's, else the default."""
+    for key in keys:
+        full = f"{v.arch}.{key.gguf}"
+        value = meta.get(full)
+        if value is None:
+            value = key.default(v) if callable(key.default) else key.default
+        if value is None:
+            v.refuse(f"metadata key {full} is missing")
+        if isinstance(value, list):  # per-layer arrays: one value for all layers, as llama's
+            if not value or any(x != value[0] for x in value):
+                v.refuse(f"{full}: per-layer values are not supported")
+            value = value[0]
+        try:
+            v[key.name] = key.kind(value)
+        except (TypeError, ValueError):
+            v.refuse(f"{full} = {value!r} is not a {key.kind.__name__}")
+    return v

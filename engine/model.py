@@ -116,11 +116,8 @@ def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
     scripts/bench_hugepages.py; decode 107 -> 133 tok/s, scripts/profile_decode.py). A tied
     token_embd stays mapped for the lookups, which read a few of its rows a step: its pages are
     released after the repack and come back from the page cache as the lookups read them."""
-    names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     # a prepared matrix may be a RepackedMatrix: the kernels take it wherever a QuantMatrix goes
-    layers = [dataclasses.replace(layer, **cast(dict[str, Any], {
-                  n: mk.prepare(getattr(layer, n), file_backed=True) for n in names}))
-              for layer in w.layers]
+    layers = [layer.with_matrices(lambda m: mk.prepare(m, file_backed=True)) for layer in w.layers]
     output = mk.prepare(w.output, file_backed=True)
     return dataclasses.replace(w, layers=layers, output=cast(Any, output))
 
@@ -168,7 +165,7 @@ class Transformer:
 
     @property
     def repacked_bytes(self) -> int:
-        """Bytes the repacked weight copies (engine.repack) add to the mapped file: each copy's
+        """Bytes the repacked weight copies (engine.formats.repack) add to the mapped file: each copy's
         size less its source's pages, which are released (a tied output's count whole: the
         lookups may read every row of the mapped token_embd back in)."""
         te = self.weights.token_embd

@@ -8,10 +8,11 @@ it evicts anything to make room) all ask this one function, so they agree with e
 with a real load. It runs the loader's own judgements rather than a list of its own:
 
   header      engine.gguf.read_header (every part of a split model)
-  hparams     HParams.from_metadata: the supported architectures and their hyperparameters
+  hparams     HParams.from_metadata: the supported architectures, each family's declared keys
   tokenizer   tokenizer.ggml.model is one engine.tokenizer implements; its size matches n_vocab
-  tensors     the loader's tensor walk (names, shapes, supported types: engine.formats.quants.SUPPORTED)
-              over a stand-in file whose tensor bytes are a read-only mapping of zero pages
+  tensors     the loader's walk of the family's declared tensors (names, shapes, supported
+              types: engine.formats.quants.SUPPORTED) over a stand-in file whose tensor bytes
+              are a read-only mapping of zero pages
 
 So a new architecture, tensor type or tensor name the engine learns is judged here the moment
 the loader knows it. The answer is remembered per file identity (path, size, mtime, inode), so a

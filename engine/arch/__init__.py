@@ -1,10 +1,13 @@
-"""One module per architecture family; SPECS maps general.architecture to its ArchSpec."""
+"""One module per architecture family; SPECS maps general.architecture to its ArchSpec (how a
+family is declared and how to add one: engine/arch/base.py's docstring)."""
 from __future__ import annotations
 
-from . import gemma, llama, phi3, qwen
-from .base import ArchSpec, Builder, LayerWeights
+from typing import Any
 
-SPECS: dict[str, ArchSpec] = {s.name: s for s in (
+from . import gemma, llama, phi3, qwen
+from .base import ArchSpec, Builder, Layer
+
+SPECS: dict[str, ArchSpec[Any]] = {s.name: s for s in (
     llama.SPEC, qwen.QWEN2, qwen.QWEN3, phi3.SPEC, gemma.GEMMA2, gemma.GEMMA3)}
 
-__all__ = ["ArchSpec", "Builder", "LayerWeights", "SPECS"]
+__all__ = ["ArchSpec", "Builder", "Layer", "SPECS"]

@@ -1,10 +1,13 @@
-"""What an architecture is to the engine: a spec (features, as data) and a block written once.
+"""What an architecture is to the engine: its facts, declared, and its block, written once.
 
-A family module (llama.py, qwen.py, phi3.py, gemma.py) declares an ArchSpec: which tensors its
-layers have and which block features it uses, and its block, a few lines against `Builder`.
-Both ways of running the model implement Builder: the fused task graph (model._GraphBuilder,
-one node per call) and the readable eager twin (model._EagerBuilder, numpy arrays op by op). So
-a family's layer exists once, and the two paths cannot drift apart.
+A family module (llama.py, qwen.py, phi3.py, gemma.py) declares an ArchSpec: the GGUF keys it
+reads (engine/arch/declare.py's Key, walked by engine/hparams.py), the tensors of each layer
+(Tensor / Fused, walked by engine/weights.py into the family's Layer dataclass), and its block, a
+few lines against `Builder`. A llama-like family is llama's spec with one or two changes
+(qwen.py, phi3.py). Both ways of running the model implement Builder: the fused task graph
+(engine.builders.GraphBuilder, one node per call) and the readable eager twin
+(engine.builders.EagerBuilder, numpy arrays op by op). So a family's layer exists once, and the
+two paths cannot drift apart.
 
 Builder works on the forward pass's named activation rows, all [T, ...] float32:
     x  residual stream [n_embd]        h  normed x [n_embd]        o  a sublayer's output [n_embd]
@@ -12,40 +15,45 @@ Builder works on the forward pass's named activation rows, all [T, ...] float32:
     g  FFN gate, then act(gate) * up [n_ff]          u  FFN up [n_ff]
 The residual add rides on the next norm: add_norm(w) is x += o (when o holds a sublayer's
 output), h = rms_norm(x) * w, so a block reads like pre-norm transformer algebra.
+
+Adding a family that is not llama-like, e.g. a mixture of experts or a recurrent block:
+  1. engine/arch/<family>.py: its Keys (llama.KEYS plus, say, expert_count: such a key lands in
+     hp.extra and may be a tensor dim), its Layer dataclass and the Tensors that fill it (the
+     router [n_embd, expert_count]; the stacked experts need one new tensor kind in
+     engine/weights.py's walk, 3-D as llama.cpp's ffn_*_exps), its block against Builder.
+  2. the Builder operations the block needs beyond these (top-k routing, a state update) with
+     their kernels and numpy twins, in both engine/builders.py builders.
+  3. one entry in engine/arch/__init__.py's SPECS.
+Nothing in hparams.py, weights.py or servable.py names a family.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generic, Protocol, Self, TypeVar, cast
 
 import numpy as np
 
 from ..formats import quants
+from .declare import Declared, Key, KeyValues, declared_names
 
 
-@dataclass
-class LayerWeights:
-    """One block's tensors; a feature the family does not use stays None."""
-    attn_norm: np.ndarray               # float32 [n_embd]
-    wq: quants.QuantMatrix              # [q_dim rows, n_embd cols] (a row range of attn_qkv when fused)
-    wk: quants.QuantMatrix              # [kv_dim, n_embd]
-    wv: quants.QuantMatrix              # [kv_dim, n_embd]
-    wo: quants.QuantMatrix              # [n_embd, q_dim]
-    ffn_norm: np.ndarray                # float32 [n_embd]
-    w_gate: quants.QuantMatrix          # [n_ff, n_embd] (the first half of ffn_up when fused)
-    w_up: quants.QuantMatrix            # [n_ff, n_embd]
-    w_down: quants.QuantMatrix          # [n_embd, n_ff]
-    bq: np.ndarray | None = None        # float32 [q_dim]   qwen2's projection biases
-    bk: np.ndarray | None = None        # float32 [kv_dim]
-    bv: np.ndarray | None = None        # float32 [kv_dim]
-    q_norm: np.ndarray | None = None    # float32 [head_dim]  per-head norms before rope
-    k_norm: np.ndarray | None = None    # float32 [head_dim]
-    post_attn_norm: np.ndarray | None = None  # float32 [n_embd]  gemma's sandwich norms
-    post_ffn_norm: np.ndarray | None = None   # float32 [n_embd]
+@dataclass(kw_only=True)
+class Layer:
+    """One block's tensors: a family subclasses it with the fields its declaration fills
+    (matrices quants.QuantMatrix, vectors float32 np.ndarray, optional ones `| None = None`)."""
 
     def matrices(self) -> list[quants.QuantMatrix]:
-        return [self.wq, self.wk, self.wv, self.wo, self.w_gate, self.w_up, self.w_down]
+        """The layer's weight matrices, in field order."""
+        return [cast(quants.QuantMatrix, v) for f in dataclasses.fields(self)
+                if isinstance(v := getattr(self, f.name), quants.HostMatrix)]
+
+    def with_matrices(self, prepare: Callable[[quants.QuantMatrix], Any]) -> Self:
+        """A copy with every matrix replaced by prepare(it) (engine.formats.repack's layouts)."""
+        return dataclasses.replace(self, **{
+            f.name: prepare(cast(quants.QuantMatrix, v)) for f in dataclasses.fields(self)
+            if isinstance(v := getattr(self, f.name), quants.HostMatrix)})
 
 
 class Builder(Protocol):
@@ -80,26 +88,34 @@ class Builder(Protocol):
         """g = act(g) * u, act "silu" or "gelu_tanh"."""
 
 
-Block = Callable[[Builder, LayerWeights, int], None]
+L = TypeVar("L", bound=Layer)
 
 
 @dataclass(frozen=True)
-class ArchSpec:
-    """One family's differences from llama, as data (the facts are llama.cpp's)."""
-    name: str                       # general.architecture
-    block: Block                    # its layer, written against Builder
-    rope_neox: bool = False         # rope pairs (i, i + n_rot/2) rather than (2i, 2i+1)
-    qkv_bias: bool = False          # attn_q/k/v.bias after the projections
-    qk_norm: bool = False           # attn_q_norm / attn_k_norm per head, before rope
-    fused_qkv: bool = False         # one attn_qkv with rows [q; k; v]
-    fused_gate_up: bool = False     # ffn_up with rows [gate; up], no ffn_gate
-    post_norms: bool = False        # post_attention_norm and post_ffw_norm on each sublayer
-    embed_scale: bool = False       # the embedding row times sqrt(n_embd)
-    ffn_act: str = "silu"           # "silu" or "gelu_tanh"
-    swa_period: int = 0             # with a sliding window W: layer i is local when
-    #                                 i % swa_period < swa_period - 1 (0: no local layers)
-    swa_rope_base: float | None = None  # local layers' rope base unless the file sets one
-    attn_softcap: bool = False      # reads attn_logit_softcapping (scores c * tanh(s / c))
-    final_softcap: bool = False     # reads final_logit_softcapping (the logits likewise)
-    embd_scale_layers: tuple[int, ...] = ()  # layer counts (27B) whose attention scale is
-    #                                           1/sqrt(n_embd/n_head) rather than 1/sqrt(head_dim)
+class ArchSpec(Generic[L]):
+    """One family's facts (llama.cpp's): what it reads, what it holds, what it computes."""
+    name: str                           # general.architecture
+    keys: tuple[Key, ...]               # hyperparameters, walked in order (a later name wins)
+    finish: Callable[[KeyValues], None]  # derives fields from the keys read, refuses what
+    #                                      the block cannot honour
+    layer: type[L]                      # one block's tensors, filled from `tensors`
+    tensors: tuple[Declared, ...]       # per layer: blk.{i}.<gguf>
+    block: Callable[[Builder, L, int], None]  # its layer, written against Builder
+    rope_neox: bool = False             # rope pairs (i, i + n_rot/2) rather than (2i, 2i+1)
+
+    def __post_init__(self) -> None:
+        """The declaration and the layer type agree: every declared tensor is a field, every
+        field without a default is declared required, every optional one has a default."""
+        fields = {f.name: f for f in dataclasses.fields(self.layer)}
+        declared = declared_names(self.tensors)
+        for name, required in declared.items():
+            if name not in fields:
+                raise TypeError(f"{self.name}: {name} is not a field of {self.layer.__name__}")
+            has_default = fields[name].default is not dataclasses.MISSING
+            if not required and not has_default:
+                raise TypeError(f"{self.name}: optional {name} needs a default in "
+                                f"{self.layer.__name__}")
+        for name, f in fields.items():
+            if f.default is dataclasses.MISSING and not declared.get(name, False):
+                raise TypeError(f"{self.name}: {self.layer.__name__}.{name} is not declared "
+                                "as a required tensor")

@@ -2,8 +2,9 @@
 norms on q and k before rope (and a head_dim that need not be n_embd / n_head)."""
 from __future__ import annotations
 
-from . import llama
-from .base import ArchSpec
+from dataclasses import replace
 
-QWEN2 = ArchSpec("qwen2", llama.block, rope_neox=True, qkv_bias=True)
-QWEN3 = ArchSpec("qwen3", llama.block, rope_neox=True, qk_norm=True)
+from . import llama
+
+QWEN2 = replace(llama.SPEC, name="qwen2", rope_neox=True, tensors=llama.TENSORS + llama.QKV_BIAS)
+QWEN3 = replace(llama.SPEC, name="qwen3", rope_neox=True, tensors=llama.TENSORS + llama.QK_NORM)

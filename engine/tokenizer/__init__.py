@@ -19,13 +19,19 @@ Merging is O(n log n) for any text (engine/tokenizer/merge.py); long words (BPE)
 Decoding is the byte-exact inverse: token_bytes() gives each token's raw bytes; invalid UTF-8
 is replaced only when bytes become text. IncrementalDecoder streams that text token by token.
 
-One module per concern: vocab.py (metadata, special tokens, the Tokenizer), pretokenizers.py,
-bpe.py, spm.py, merge.py (the merge loops), decode.py (streaming decode).
+Each vocabulary model is an Encoder subclass chosen by vocab.py's ENCODERS table
+(engine/tokenizer/encoder.py says what one provides); the Tokenizer names no model.
+
+One module per concern: vocab.py (special tokens, the Tokenizer), metadata.py (reading the keys),
+encoder.py (the vocabulary model seam), bpe.py, spm.py, pretokenizers.py, merge.py (the merge
+loops), decode.py (streaming decode).
 """
 
 from .decode import IncrementalDecoder
+from .encoder import Encoder
 from .pretokenizers import KNOWN_PRE_TOKENIZERS, PreTokenizer, split_words
-from .vocab import SPM_SPACE, Tokenizer, TokenType, vocabulary_model
+from .spm import SPM_SPACE
+from .vocab import ENCODERS, Tokenizer, TokenType, vocabulary_model
 
-__all__ = ["KNOWN_PRE_TOKENIZERS", "SPM_SPACE", "IncrementalDecoder", "PreTokenizer", "TokenType",
-           "Tokenizer", "split_words", "vocabulary_model"]
+__all__ = ["ENCODERS", "KNOWN_PRE_TOKENIZERS", "SPM_SPACE", "Encoder", "IncrementalDecoder",
+           "PreTokenizer", "TokenType", "Tokenizer", "split_words", "vocabulary_model"]

@@ -8,8 +8,13 @@ twin (engine/kernels/merge.py); both give the same ids (tested).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Self
+
+from .encoder import Encoder, VocabTables
 from .merge import CompiledBpe, bpe_merge
-from .pretokenizers import PreTokenizer, compiled_patterns, split_words
+from .metadata import K, str_list
+from .pretokenizers import PreTokenizer, choose_pre_tokenizer, compiled_patterns, split_words
 
 WORD_CACHE_MAX = 200_000  # pre-token words remembered per tokenizer (cleared when full)
 COMPILED_MERGE_MIN = 48  # words this long merge in the compiled loop (shorter: the call costs more)
@@ -53,13 +58,17 @@ def byte_decode(text: str) -> bytes:
     return bytes(out)
 
 
-class BpeEncoder:
-    """One vocabulary's BPE. Thread-safe: what it builds on first use, racing threads build
-    alike, and either copy serves."""
+class BpeEncoder(Encoder):
+    """One vocabulary's BPE; its pre-tokenizer (tokenizer.ggml.pre) decides add_bos's default."""
+
+    model = "gpt2"
+    label = "byte-level BPE"
 
     def __init__(self, pre: PreTokenizer, merges: list[str], id_of: dict[str, int],
                  n_vocab: int, unk_id: int | None) -> None:
         self.pre = pre
+        self.pre_tokenizer = pre.name
+        self.default_add_bos = pre.add_bos
         self.patterns = compiled_patterns(pre)
         self.n_vocab = n_vocab
         self.unk_id = unk_id
@@ -68,6 +77,17 @@ class BpeEncoder:
         self._ranks_built: dict[tuple[str, str], int] | None = None
         self._word_cache: dict[str, tuple[int, ...]] = {}
         self._compiled_bpe: CompiledBpe | None = None
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, object], vocab: VocabTables,
+                      unk_id: int | None) -> Self:
+        merges = str_list(meta, K + "merges", required=True)
+        assert merges is not None
+        return cls(choose_pre_tokenizer(meta.get(K + "pre")), merges, vocab.id_of,
+                   len(vocab.texts), unk_id)
+
+    def normal_bytes(self, text: str) -> bytes:
+        return byte_decode(text)
 
     @property
     def _ranks(self) -> dict[tuple[str, str], int]:

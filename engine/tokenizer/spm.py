@@ -9,21 +9,32 @@ twin (engine/kernels/merge_spm.py); both give the same ids (tested).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, ClassVar, Self
 
+from .encoder import Encoder, VocabTables
 from .merge import spm_merge
+from .metadata import K, flag
 
 if TYPE_CHECKING:
     from ..kernels.merge_spm import SpmVocab
 
 COMPILED_SPM_MIN = 256  # texts this long merge in the compiled loop (shorter: the call costs more)
+SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 
 
-class SpmEncoder:
-    """One vocabulary's SentencePiece merges. Thread-safe, like BpeEncoder."""
+class SpmEncoder(Encoder):
+    """One vocabulary's SentencePiece merges, with llama.cpp's defaults for the model: BOS 1,
+    EOS 2, UNK 0, add_bos, and a space before the text (tokenizer.ggml.add_space_prefix)."""
+
+    model = "llama"
+    label = "SentencePiece"
+    default_ids: ClassVar[Mapping[str, int]] = {"bos": 1, "eos": 2, "unk": 0}
+    default_add_bos = True
 
     def __init__(self, texts: list[str], scores: list[float], id_of: dict[str, int],
-                 unk_id: int | None) -> None:
+                 unk_id: int | None, add_space_prefix: bool = True) -> None:
+        self.add_space_prefix = add_space_prefix
         self.scores = scores
         self.unk_id = unk_id
         self._texts = texts
@@ -31,6 +42,31 @@ class SpmEncoder:
         self._byte_ids = [id_of.get(f"<0x{b:02X}>", id_of.get(chr(b)) if b < 0x80 else None)
                           for b in range(256)]
         self._spm_vocab: SpmVocab | None = None  # built when a long text first needs it
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, object], vocab: VocabTables,
+                      unk_id: int | None) -> Self:
+        return cls(vocab.texts, vocab.scores, vocab.id_of, unk_id,
+                   flag(meta, K + "add_space_prefix", True))
+
+    def encode_fragments(self, fragments: Iterable[str | int]) -> list[int]:
+        """Spaces become U+2581; with add_space_prefix, the text after the start or after a
+        special token gets a space in front (llama.cpp's tokenizer_st_partition order)."""
+        out: list[int] = []
+        after_special = True  # the text start counts as "after a special token"
+        for frag in fragments:
+            if isinstance(frag, int):
+                out.append(frag)
+                after_special = True
+                continue
+            if self.add_space_prefix and after_special:
+                frag = " " + frag
+            out += self.encode(frag.replace(" ", SPM_SPACE))
+            after_special = False
+        return out
+
+    def normal_bytes(self, text: str) -> bytes:
+        return text.replace(SPM_SPACE, " ").encode("utf-8")
 
     def encode(self, text: str) -> list[int]:
         """llama.cpp's SPM: start from single characters; repeatedly merge the adjacent pair whose

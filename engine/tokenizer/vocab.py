@@ -1,8 +1,8 @@
 """One GGUF vocabulary: `tokenizer.ggml.*` metadata read with clear errors, special tokens
 found as llama.cpp finds them, and text <-> token ids.
 
-    encode: text -> special tokens cut out (longest first) -> each text fragment to the
-            vocabulary model's encoder (engine/tokenizer/bpe.py or spm.py) -> ids (+ BOS/EOS)
+    encode: text -> special tokens cut out (longest first) -> the fragments to the vocabulary
+            model's encoder (ENCODERS: engine/tokenizer/bpe.py, spm.py) -> ids (+ BOS/EOS)
     decode: ids -> each token's raw bytes -> UTF-8 text (invalid bytes become U+FFFD)
 """
 from __future__ import annotations
@@ -12,18 +12,21 @@ import logging
 import operator
 from collections.abc import Iterable, Mapping
 from enum import IntEnum
-from typing import Any
 
 import regex
 
-from .bpe import BpeEncoder, byte_decode
+from .bpe import BpeEncoder
 from .decode import IncrementalDecoder
-from .pretokenizers import PreTokenizer, choose_pre_tokenizer, split_words
+from .encoder import Encoder, VocabTables
+from .metadata import K as _K
+from .metadata import flag, num_list, str_list
+from .pretokenizers import split_words
 from .spm import SpmEncoder
 
 log = logging.getLogger("engine.tokenizer")
 
-SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
+# tokenizer.ggml.model -> its encoder class
+ENCODERS: dict[str, type[Encoder]] = {cls.model: cls for cls in (BpeEncoder, SpmEncoder)}
 
 
 class TokenType(IntEnum):
@@ -51,7 +54,6 @@ _EOG_TEXTS = frozenset({
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<｜end▁of▁sentence｜>", "[e~["})
 
-_K = "tokenizer.ggml."
 _SPECIAL_ID_KEYS = {  # metadata key suffix -> role
     "bos_token_id": "bos", "eos_token_id": "eos", "eot_token_id": "eot", "eom_token_id": "eom",
     "unknown_token_id": "unk", "seperator_token_id": "sep", "padding_token_id": "pad",
@@ -61,47 +63,15 @@ _SPECIAL_ID_KEYS = {  # metadata key suffix -> role
 }
 
 
-# -- metadata access with clear errors ------------------------------------------------------------
-def _str_list(meta: Mapping[str, object], key: str, required: bool) -> list[str] | None:
-    v = meta.get(key)
-    if v is None:
-        if required:
-            raise ValueError(f"missing {key}")
-        return None
-    if not isinstance(v, (list, tuple)) or not all(issubclass(t, str) for t in set(map(type, v))):
-        raise ValueError(f"{key} must be a list of strings")
-    return list(v)
-
-
-def _num_list(meta: Mapping[str, object], key: str, n: int, kind: type) -> list[Any] | None:
-    v = meta.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, (list, tuple)) or not all(  # per distinct type: ~100k items here
-            issubclass(t, kind) or (kind is float and issubclass(t, int)) for t in set(map(type, v))):
-        raise ValueError(f"{key} must be a list of {kind.__name__}")
-    if len(v) < n:
-        raise ValueError(f"{key} has {len(v)} entries for {n} tokens")
-    return list(v)
-
-
-def _flag(meta: Mapping[str, object], key: str, default: bool) -> bool:
-    v = meta.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, (bool, int)):
-        raise ValueError(f"{key} must be a boolean")
-    return bool(v)
-
-
 def vocabulary_model(meta: Mapping[str, object]) -> str:
     """`tokenizer.ggml.model` if this module implements it; a ValueError saying why not."""
     model = meta.get(_K + "model")
     if not isinstance(model, str):
         raise ValueError(f"missing or invalid {_K}model")
-    if model not in ("gpt2", "llama"):
+    if model not in ENCODERS:
+        supported = ", ".join(f"{m!r} ({cls.label})" for m, cls in sorted(ENCODERS.items()))
         raise ValueError(f"unsupported tokenizer model {model!r} ({_K}model); "
-                         "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)")
+                         f"supported: {supported}")
     return model
 
 
@@ -119,7 +89,7 @@ class Tokenizer:
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool
-    model: str                   # "gpt2" or "llama"
+    model: str                   # tokenizer.ggml.model, a key of ENCODERS
     pre: str | None              # tokenizer.ggml.pre as the file gives it
     pre_tokenizer: str | None    # the pre-tokenizer used for it (gpt2 only), e.g. "starcoder"
 
@@ -130,13 +100,13 @@ class Tokenizer:
         return cls(meta, vocabulary_model(meta))
 
     def __init__(self, meta: Mapping[str, object], model: str) -> None:
-        texts = _str_list(meta, _K + "tokens", required=True)
+        texts = str_list(meta, _K + "tokens", required=True)
         assert texts is not None
         n = len(texts)
         if n == 0:
             raise ValueError(f"{_K}tokens is empty")
-        types = _num_list(meta, _K + "token_type", n, int) or [TokenType.NORMAL] * n
-        scores: list[float] = _num_list(meta, _K + "scores", n, float) or [0.0] * n
+        types = num_list(meta, _K + "token_type", n, int) or [TokenType.NORMAL] * n
+        scores: list[float] = num_list(meta, _K + "scores", n, float) or [0.0] * n
         types = types[:n]
         if types and (min(types) < 0 or max(types) > 6):
             types = [t if 0 <= t <= 6 else TokenType.UNDEFINED for t in types]
@@ -155,26 +125,12 @@ class Tokenizer:
         self.n_vocab = n
         self.model = model
 
-        # vocabulary-type defaults, then the file's flags (llama.cpp's order)
+        # the vocabulary model's defaults, then the file's ids and flags (llama.cpp's order)
+        encoder_type = ENCODERS[model]
         ids: dict[str, int | None] = dict.fromkeys(set(_SPECIAL_ID_KEYS.values()))
+        ids.update(encoder_type.default_ids)
         pre_value = meta.get(_K + "pre")
         self.pre = pre_value if isinstance(pre_value, str) else None
-        pre: PreTokenizer | None = None
-        merges: list[str] | None = None
-        if model == "llama":
-            self.pre_tokenizer = None
-            ids.update(bos=1, eos=2, unk=0)
-            add_bos, self.add_space_prefix = True, True
-        else:
-            pre = choose_pre_tokenizer(pre_value)
-            self.pre_tokenizer = pre.name
-            merges = _str_list(meta, _K + "merges", required=True)
-            add_bos, self.add_space_prefix = pre.add_bos, False
-        self.add_bos = _flag(meta, _K + "add_bos_token", add_bos)
-        self.add_eos = _flag(meta, _K + "add_eos_token", False)
-        if model == "llama":
-            self.add_space_prefix = _flag(meta, _K + "add_space_prefix", True)
-
         for suffix, role in _SPECIAL_ID_KEYS.items():
             v = meta.get(_K + suffix)
             if v is None or isinstance(v, bool):
@@ -195,12 +151,18 @@ class Tokenizer:
         self.bos_id, self.eos_id, self.unk_id = ids["bos"], ids["eos"], ids["unk"]
         self.eot_id, self.eom_id, self.pad_id = ids["eot"], ids["eom"], ids["pad"]
         self.eog_ids = self._end_of_generation(ids)
-        for flag, role in (("add_bos", "bos"), ("add_eos", "eos")):
-            if getattr(self, flag) and ids[role] is None:
-                if meta.get(f"{_K}{flag}_token") is not None:
-                    raise ValueError(f"{_K}{flag}_token is true but there is no "
+        self._encoder: Encoder = encoder_type.from_metadata(
+            meta, VocabTables(texts, scores, self._id_of), self.unk_id)
+        self.pre_tokenizer = self._encoder.pre_tokenizer
+        self.add_space_prefix = self._encoder.add_space_prefix
+        self.add_bos = flag(meta, _K + "add_bos_token", self._encoder.default_add_bos)
+        self.add_eos = flag(meta, _K + "add_eos_token", False)
+        for add, role in (("add_bos", "bos"), ("add_eos", "eos")):
+            if getattr(self, add) and ids[role] is None:
+                if meta.get(f"{_K}{add}_token") is not None:
+                    raise ValueError(f"{_K}{add}_token is true but there is no "
                                      f"{role.upper()} token id")
-                setattr(self, flag, False)  # only a vocabulary-type default: drop it
+                setattr(self, add, False)  # only a vocabulary-type default: drop it
 
         # special tokens cut out of text before tokenizing: longest text first
         is_special = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN).__contains__
@@ -210,12 +172,6 @@ class Tokenizer:
         self._special_user = [(self._texts[i], i) for i in special
                               if self._types[i] == TokenType.USER_DEFINED]
         self._pieces: list[bytes | None] = [None] * n
-        self._encoder: BpeEncoder | SpmEncoder
-        if pre is None:
-            self._encoder = SpmEncoder(texts, scores, self._id_of, self.unk_id)
-        else:
-            assert merges is not None
-            self._encoder = BpeEncoder(pre, merges, self._id_of, n, self.unk_id)
 
     def _detect_by_text(self, ids: dict[str, int | None]) -> None:
         """Find EOT/EOM/FIM tokens the file does not name, by their text; such tokens are treated
@@ -278,24 +234,7 @@ class Tokenizer:
         if add_special and self.add_bos:
             assert self.bos_id is not None
             out.append(self.bos_id)
-        fragments = self._partition(text, parse_special)
-        if self.model == "llama":
-            after_special = True  # the text start counts as "after a special token"
-            for frag in fragments:
-                if isinstance(frag, int):
-                    out.append(frag)
-                    after_special = True
-                    continue
-                if self.add_space_prefix and after_special:
-                    frag = " " + frag
-                out += self._encoder.encode(frag.replace(" ", SPM_SPACE))
-                after_special = False
-        else:
-            for frag in fragments:
-                if isinstance(frag, int):
-                    out.append(frag)
-                else:
-                    out += self._encoder.encode(frag)
+        out += self._encoder.encode_fragments(self._partition(text, parse_special))
         if add_special and self.add_eos:
             assert self.eos_id is not None
             out.append(self.eos_id)
@@ -352,9 +291,7 @@ class Tokenizer:
         if kind in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED):
             return text.encode("utf-8")
         if kind == TokenType.NORMAL:
-            if self.model == "llama":
-                return text.replace(SPM_SPACE, " ").encode("utf-8")
-            return byte_decode(text)
+            return self._encoder.normal_bytes(text)
         if kind == TokenType.BYTE:
             m = regex.fullmatch(r"<0x([0-9A-Fa-f]{2})>", text)
             return bytes([int(m.group(1), 16)]) if m else text.encode("utf-8")
@@ -372,7 +309,7 @@ class Tokenizer:
         tokens. For SentencePiece vocabularies with add_space_prefix, the space encode() put in
         front is removed again (llama.cpp's llama_detokenize rules)."""
         ids = list(ids)
-        strip_space = self.model == "llama" and self.add_space_prefix
+        strip_space = self.add_space_prefix
         if skip_special and self.add_bos and ids and ids[0] == self.bos_id:
             strip_space = False
             ids = ids[1:]
