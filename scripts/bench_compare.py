@@ -2,6 +2,7 @@
 
     python scripts/bench_compare.py [MODEL.gguf] [--rounds 5] [--threads 1 2]
                                     [--peer-python /opt/llama-venv/bin/python] [--no-kquant]
+                                    [--vs-tree DIR]
 
 MODEL is any GGUF file the engine serves (default: SmolLM2 from the cache), e.g. Gemma 3 270M:
     python scripts/bench_compare.py ~/.cache/modelyard/gemma-3-270m-q4_k_m.gguf --threads 2
@@ -20,6 +21,10 @@ Without it, only modelyard's figures are printed. The engine's bytecode is compi
 install would have it). With it, a Q4_K_M copy of the model is made
 once with llama.cpp's quantizer (cached next to the model) and decode is compared on it too,
 unless the model already is Q4_K_M.
+
+`--vs-tree DIR` makes the peer another checkout of modelyard (e.g. `git worktree add /tmp/base
+HEAD~1`): the same child code runs with DIR's engine, interleaved with this tree's, so a change
+is measured against the commit before it ("no slowdown"). llama.cpp is then left out.
 """
 from __future__ import annotations
 
@@ -116,9 +121,11 @@ sys.exit(llama_cpp.llama_model_quantize(src, dst, params))
 '''
 
 
-def run_child(python: str, code: str, model: Path, threads: int, what: str) -> dict:
+def run_child(python: str, code: str, model: Path, threads: int, what: str,
+              cwd: Path = REPO) -> dict:
+    """One measuring process; `python -c` puts `cwd` first on sys.path, so it runs cwd's engine."""
     proc = subprocess.run([python, "-c", code, str(model), str(threads), TEXT, what],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+                          capture_output=True, text=True, cwd=cwd, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{python} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -191,6 +198,7 @@ def main() -> None:
     ap.add_argument("--peer-python", default=DEFAULT_PEER if os.path.exists(DEFAULT_PEER) else None,
                     help=f"python of a venv with llama-cpp-python (default: {DEFAULT_PEER} if present)")
     ap.add_argument("--no-kquant", action="store_true", help="skip the Q4_K_M decode comparison")
+    ap.add_argument("--vs-tree", type=Path, help="peer: another modelyard checkout (not llama.cpp)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     if args.model is None:
@@ -200,36 +208,42 @@ def main() -> None:
     from engine.gguf import read_header
     meta, _ = read_header(model)
     arch, file_type = meta.get("general.architecture"), meta.get("general.file_type")
-    peer = args.peer_python
+    peer = None if args.vs_tree else args.peer_python
     if peer and not os.path.exists(peer):
         print(f"peer python {peer} does not exist")
         peer = None
-    if peer is None:
+    if peer is None and args.vs_tree is None:
         print("llama.cpp peer missing (see --peer-python): modelyard's figures only")
 
     # an installed package has its bytecode compiled; an editable checkout run with
     # PYTHONDONTWRITEBYTECODE would compile every module in every fresh process instead
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "engine")],
-                   capture_output=True, check=False)
+    for tree in (REPO, args.vs_tree) if args.vs_tree else (REPO,):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "engine")],
+                       capture_output=True, check=False)
     jobs: list[tuple[str, Path, str]] = [("main", model, "prefill")]
     if peer and not args.no_kquant and file_type != 15:  # 15: already LLAMA_FTYPE_MOSTLY_Q4_K_M
         kq = kquant_copy(peer, model)
         if kq is not None:
             jobs.append(("Q4_K_M", kq, "decode"))
     results: dict[tuple[str, int, str], list[dict]] = {}
-    engines = [("ours", sys.executable, OURS)] + ([("peer", peer, PEER)] if peer else [])
+    engines = [("ours", sys.executable, OURS, REPO)]
+    if peer:
+        engines.append(("peer", peer, PEER, REPO))
+    elif args.vs_tree:
+        engines.append(("peer", sys.executable, OURS, args.vs_tree.resolve()))
     for r in range(args.rounds):
         for label, path, what in jobs:
             for threads in args.threads:
-                for name, python, code in engines:  # interleaved: ours, peer, ours, peer ...
-                    res = run_child(python, code, path, threads, what)
+                for name, python, code, cwd in engines:  # interleaved: ours, peer, ours, ...
+                    res = run_child(python, code, path, threads, what, cwd)
                     results.setdefault((label, threads, name), []).append(res)
         threads = args.threads[-1]
         results.setdefault(("lazy", threads, "ours"), []).append(first_request_ms(model, threads))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
-    print(f"model: {model.name} ({arch}); {args.rounds} rounds, medians; ratio = ours / llama.cpp")
-    print(f"{'figure':36s} {'threads':>7s} {'modelyard':>10s} {'llama.cpp':>10s} {'ratio':>7s}")
+    peer_name = str(args.vs_tree) if args.vs_tree else "llama.cpp"
+    print(f"model: {model.name} ({arch}); {args.rounds} rounds, medians; ratio = ours / {peer_name}")
+    print(f"{'figure':36s} {'threads':>7s} {'modelyard':>10s} {peer_name[-10:]:>10s} {'ratio':>7s}")
     rows = [("decode tok/s (128 after 8)", "main", "decode"),
             ("prefill tok/s (512 prompt)", "main", "prefill"),
             ("load s (kernel cache warm)", "main", "load_s"),
