@@ -33,6 +33,7 @@ from . import scan
 from .config import Config, ConfigError, load_config
 from .shutdown import Shutdown
 from .state import app_state
+from .version import version
 from .watch import WatchOptions
 
 EXIT_CONFIG = 2
@@ -105,16 +106,6 @@ def _add_scan_command(commands: Any) -> None:
                                  description="Write a config for the GGUF models under DIR.")
     scan.add_scan_arguments(parser)
     parser.set_defaults(run=scan.run_scan)
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
-    try:
-        return package_version("modelyard")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 class StartupFailed(Exception):

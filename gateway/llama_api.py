@@ -42,6 +42,7 @@ from .routes import acquire
 from .served_model import ServedModel
 from .state import app_state
 from .streaming import EventStreamResponse, cancel_on_disconnect
+from .version import version
 
 BANNED = -1e9          # a logit bias that no sampler gets past (llama.cpp's `false`)
 SEED_RANDOM = 4294967295  # how llama.cpp shows seed -1
@@ -381,8 +382,6 @@ def _default_params(entry: Any, facts: model_info.ModelFacts) -> dict[str, Any]:
 
 
 async def props(request: Request) -> Response:
-    from .cli import version
-
     entry, row = _entry_and_row(request)
     facts = await asyncio.to_thread(model_info.facts, entry.model)
     active = row.get("active", 0)

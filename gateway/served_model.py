@@ -22,6 +22,7 @@ from engine.tool_formats import detect as detect_tool_format
 from . import defaults
 from .metrics import NULL_METRICS, MetricsSink
 from .scheduler import Scheduler
+from .version import version
 
 if TYPE_CHECKING:
     from .config import ModelEntry
@@ -133,12 +134,7 @@ class ServedModel:
 def _fingerprint(model: LoadedModel, template: ChatTemplate) -> str:
     """OpenAI's `system_fingerprint`: changes when what shapes the outputs does (the weights
     file, the context, the template, the engine's version), so clients can tell."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        ours = version("modelyard")
-    except PackageNotFoundError:
-        ours = "dev"
+    ours = version()
     path = model.path
     stat = path.stat() if path is not None and path.exists() else None
     parts = (ours, str(path), stat.st_size if stat else 0, stat.st_mtime_ns if stat else 0,
