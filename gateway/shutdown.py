@@ -20,8 +20,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 
-from .generation import ServerStoppingError
-from .state import app_state
+from gateway.generation.events import ServerStoppingError
+from gateway.state import app_state
 
 log = logging.getLogger("modelyard")
 

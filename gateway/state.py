@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 from starlette.applications import Starlette
 
 if TYPE_CHECKING:
-    from .config import Config
-    from .metrics import Metrics
-    from .registry import Registry
-    from .watch import ConfigWatcher, Reloader
-    from .zeroconf import ModelsDirWatcher
+    from gateway.config import Config
+    from gateway.fleet.registry import Registry
+    from gateway.fleet.watch import ConfigWatcher, Reloader
+    from gateway.fleet.zeroconf import ModelsDirWatcher
+    from gateway.metrics import Metrics
 
 
 @dataclass(eq=False)

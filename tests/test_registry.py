@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError, RegistrySettings
-from gateway.lifecycle import InvalidTransition, ModelState, advance
-from gateway.registry import Lease, ModelLoadFailedError, Registry, RegistryBusyError
-from gateway.served_model import load_served_model
+from gateway.fleet.lifecycle import InvalidTransition, ModelState, advance
+from gateway.fleet.registry import Lease, ModelLoadFailedError, Registry, RegistryBusyError
+from gateway.local.served_model import load_served_model
 from tests.support.fakes import MB, FakeModel, RecordingLoader, run, state
 
 

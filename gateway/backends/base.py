@@ -17,9 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.backends.health import Failure, Health, Stats
 from gateway.errors import APIError
-
-from .health import Failure, Health, Stats
 
 BackendKind = Literal["local", "upstream"]
 BACKEND_HEADER = "X-Modelyard-Backend"  # which member served a pooled request

@@ -12,13 +12,12 @@ from collections.abc import Iterable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import auth
 from gateway import protocol as p
-from gateway.registry import Registry
+from gateway.backends.base import Call, LocalHandler
+from gateway.backends.upstreams import UpstreamRow
+from gateway.fleet.registry import Registry
+from gateway.http import auth
 from gateway.state import app_state
-
-from .base import Call, LocalHandler
-from .upstreams import UpstreamRow
 
 
 async def serve(request: Request, endpoint: str, local: LocalHandler) -> Response:

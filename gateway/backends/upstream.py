@@ -24,11 +24,10 @@ import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from gateway.backends.base import BACKEND_HEADER, BackendKind, Call, Measured, Retryable, now
+from gateway.backends.health import Failure, Health
 from gateway.config.upstream import UpstreamServer
 from gateway.errors import APIError
-
-from .base import BACKEND_HEADER, BackendKind, Call, Measured, Retryable, now
-from .health import Failure, Health
 
 log = logging.getLogger("modelyard.upstream")
 
