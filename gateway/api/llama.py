@@ -38,8 +38,8 @@ from gateway.errors import APIError, context_length_exceeded, invalid_request
 from gateway.fleet.registry import Lease
 from gateway.generation import defaults, serving
 from gateway.generation.events import Finished, GenerationRequest, TextDelta, TokenInfo
+from gateway.generation.model import GenerativeModel
 from gateway.http.streaming import EventStreamResponse, cancel_on_disconnect
-from gateway.local.served_model import ServedModel
 from gateway.protocol import parse_request
 from gateway.state import app_state
 from gateway.version import version
@@ -50,15 +50,15 @@ SEED_RANDOM = 4294967295  # how llama.cpp shows seed -1
 
 # --------------------------------------------------------------------------------- planning
 
-def _sampling(req: lp.CompletionRequest, lease: Lease, served: ServedModel) -> dict[str, Any]:
+def _sampling(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel) -> dict[str, Any]:
     """The request's sampling values, what it left out from the entry/GGUF/llama.cpp defaults."""
     base = defaults.effective(lease.entry, served.sampling_defaults).as_dict()
     sent = {k: getattr(req, k) for k in defaults.SAMPLING_FIELDS if getattr(req, k) is not None}
     return {**base, **sent}
 
 
-def _logit_bias(req: lp.CompletionRequest, served: ServedModel) -> dict[int, float]:
-    n_vocab = served.model.n_vocab
+def _logit_bias(req: lp.CompletionRequest, served: GenerativeModel) -> dict[int, float]:
+    n_vocab = served.n_vocab
     pairs: list[tuple[Any, Any]] = []
     if isinstance(req.logit_bias, dict):
         pairs = [(int(k) if k.isdigit() else k, v) for k, v in req.logit_bias.items()]
@@ -90,10 +90,10 @@ def _logit_bias(req: lp.CompletionRequest, served: ServedModel) -> dict[int, flo
     return out
 
 
-def _prompt_ids(served: ServedModel, parts: list[int | str], limits: LimitSettings) -> list[int]:
+def _prompt_ids(served: GenerativeModel, parts: list[int | str], limits: LimitSettings) -> list[int]:
     """A prompt of texts and ids as token ids; BOS (if the model wants it) before a leading text.
     Texts pass the same size checks as the OpenAI routes' prompts (serving.check_prompt_size)."""
-    n_vocab = served.model.n_vocab
+    n_vocab = served.n_vocab
     ids: list[int] = []
     for i, part in enumerate(parts):
         if isinstance(part, str):
@@ -121,7 +121,7 @@ def _settings(values: dict[str, Any], req: lp.CompletionRequest, n_ctx: int, n_p
             "cache_prompt": req.cache_prompt}
 
 
-def _plan(req: lp.CompletionRequest, lease: Lease, served: ServedModel, limits: LimitSettings
+def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limits: LimitSettings
           ) -> tuple[list[list[int]], list[str], list[GenerationRequest], dict[str, Any]]:
     """Runs in the model's prep threads (tokenizing is CPU work): the prompts' ids and texts,
     one generation per prompt, and llama.cpp's generation_settings."""
@@ -304,7 +304,7 @@ async def completion(request: Request) -> Response:
 
 # --------------------------------------------------------------------------------- tokens, template
 
-async def _with_model(request: Request, model: str | None) -> tuple[Lease, ServedModel]:
+async def _with_model(request: Request, model: str | None) -> tuple[Lease, GenerativeModel]:
     lease, served, _ = await acquire(request, model)  # no generation: nothing to observe
     return lease, served
 
@@ -319,7 +319,7 @@ async def tokenize(request: Request) -> Response:
         app_state(request.app).registry.release(lease)
 
 
-def _tokens(served: ServedModel, req: lp.TokenizeRequest, limits: LimitSettings) -> dict[str, Any]:
+def _tokens(served: GenerativeModel, req: lp.TokenizeRequest, limits: LimitSettings) -> dict[str, Any]:
     """/tokenize's answer, computed in the model's prep threads under the prompt size limit."""
     serving.check_prompt_size(served, req.content, limits, "content", fits_context=False)
     tok = served.tokenizer
@@ -333,7 +333,7 @@ async def detokenize(request: Request) -> Response:
     req = parse_request(lp.DetokenizeRequest, await request.body())
     lease, served = await _with_model(request, req.model)
     try:
-        n_vocab = served.model.n_vocab
+        n_vocab = served.n_vocab
         if any(not 0 <= t < n_vocab for t in req.tokens):
             raise invalid_request(f"token ids must be in 0..{n_vocab - 1}", "tokens")
         text = await serving.off_loop(served, served.tokenizer.decode, req.tokens)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -22,9 +22,9 @@ from gateway.backends import dispatch
 from gateway.config import LimitSettings
 from gateway.fleet.registry import Lease
 from gateway.generation import defaults, serving
+from gateway.generation.model import GenerativeModel
 from gateway.http import auth
 from gateway.http.streaming import EventStreamResponse, cancel_on_disconnect
-from gateway.local.served_model import ServedModel
 from gateway.metrics import RequestMetrics
 from gateway.state import app_state
 
@@ -64,7 +64,7 @@ async def retrieve_model(request: Request) -> Response:
 
 
 async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive = None,
-                  shown: str | None = None) -> tuple[Lease, ServedModel, RequestMetrics]:
+                  shown: str | None = None) -> tuple[Lease, GenerativeModel, RequestMetrics]:
     """A lease on the model, the model, and this request's metrics (time to first token counts
     from here: loading the model and waiting for a slot are part of it). `shown`: the pool alias
     a local member serves under (responses and metrics name it)."""
@@ -76,11 +76,10 @@ async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive =
         lease.alias = shown
     request.state.model = lease.alias  # for the request log and metrics
     app_state(request.app).registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
-    served = cast(ServedModel, lease.model)  # what the app's loader makes (gateway/app.py)
-    return lease, served, RequestMetrics(app_state(request.app).metrics, lease.alias, started)
+    return lease, lease.model, RequestMetrics(app_state(request.app).metrics, lease.alias, started)
 
 
-def with_defaults(req: R, lease: Lease, served: ServedModel) -> R:
+def with_defaults(req: R, lease: Lease, served: GenerativeModel) -> R:
     """`req` with the sampling fields and budget it left out taken from the entry, the GGUF or
     llama.cpp's defaults (gateway/generation/defaults.py)."""
     budget = (defaults.chat_max_tokens(lease.entry, served.n_ctx)
@@ -90,9 +89,9 @@ def with_defaults(req: R, lease: Lease, served: ServedModel) -> R:
 
 
 async def _generate(request: Request, req: R, shown: str | None,
-                    plan: Callable[[ServedModel, R, LimitSettings], Awaitable[serving.Plan]],
-                    whole: Callable[[ServedModel, str, R, serving.Plan], Awaitable[BaseModel]],
-                    chunks: Callable[[ServedModel, str, R, serving.Plan],
+                    plan: Callable[[GenerativeModel, R, LimitSettings], Awaitable[serving.Plan]],
+                    whole: Callable[[GenerativeModel, str, R, serving.Plan], Awaitable[BaseModel]],
+                    chunks: Callable[[GenerativeModel, str, R, serving.Plan],
                                      AsyncIterator[BaseModel | bytes]]) -> Response:
     registry = app_state(request.app).registry
     lease, served, metrics = await acquire(request, req.model, req.keep_alive, shown)

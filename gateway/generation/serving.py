@@ -34,10 +34,10 @@ from gateway.generation.events import (
     TextDelta,
     TokenInfo,
 )
+from gateway.generation.model import GenerativeModel
 from gateway.generation.structured import Output, chat_output, completion_output
 from gateway.generation.tool_stream import ReplyReader, finish_reason
 from gateway.http.streaming import TextEventTemplate
-from gateway.local.served_model import ServedModel
 from gateway.metrics import RequestMetrics
 
 T = TypeVar("T")
@@ -54,7 +54,7 @@ class Plan:
     submitted: list[Any] = field(default_factory=list)  # the generations, once submitted
     output: Output = field(default_factory=Output)       # the grammar, the tool-call format
 
-    async def prepare(self, served: ServedModel) -> None:
+    async def prepare(self, served: GenerativeModel) -> None:
         """Compile the grammar (on a worker thread; a 400 if it does not compile) and give each
         choice its own copy. Call before submit()."""
         constraint = await self.output.compile(served.tokenizer)
@@ -74,13 +74,13 @@ class Plan:
         fmt = self.output.tool_format
         return ReplyReader(fmt) if fmt is not None else None
 
-    def submit(self, served: ServedModel) -> None:
+    def submit(self, served: GenerativeModel) -> None:
         """Queue every choice at once (they share the batch); all or none. Streams call it before
         the headers go out, so a full queue is a 503; cancel() undoes it if the stream never runs."""
         generations: list[Any] = []
         try:
             for request in self.requests:
-                generations.append(served.scheduler.submit(request))
+                generations.append(served.submit(request))
         except BaseException:
             for generation in generations:
                 generation.cancel()
@@ -106,15 +106,15 @@ class ChoiceResult:
         self.cached_tokens = event.cached_tokens
 
 
-def _check_logit_bias(served: ServedModel, bias: dict[str, float] | None) -> None:
-    n_vocab = served.model.n_vocab
+def _check_logit_bias(served: GenerativeModel, bias: dict[str, float] | None) -> None:
+    n_vocab = served.n_vocab
     for key in bias or {}:
         if int(key) >= n_vocab:
             raise invalid_request(f"logit_bias token {key} is outside the vocabulary (0..{n_vocab - 1})",
                                   "logit_bias")
 
 
-def _generation(served: ServedModel, req: p.GenerationRequestBody, ids: list[int], choice: int,
+def _generation(served: GenerativeModel, req: p.GenerationRequestBody, ids: list[int], choice: int,
                 param: str) -> GenerationRequest:
     if len(ids) >= served.n_ctx:
         raise context_length_exceeded(len(ids), served.n_ctx, param)
@@ -129,12 +129,12 @@ def _generation(served: ServedModel, req: p.GenerationRequestBody, ids: list[int
     )
 
 
-async def off_loop(served: ServedModel, fn: Callable[..., T], *args: Any) -> T:
+async def off_loop(served: GenerativeModel, fn: Callable[..., T], *args: Any) -> T:
     """Run `fn` in the model's prep threads (template rendering and tokenizing are CPU work)."""
-    return await asyncio.get_running_loop().run_in_executor(served.prep, fn, *args)
+    return await served.prepare(fn, *args)
 
 
-def check_prompt_size(served: ServedModel, text: str, limits: LimitSettings, param: str,
+def check_prompt_size(served: GenerativeModel, text: str, limits: LimitSettings, param: str,
                       fits_context: bool = True) -> None:
     """Refuse text that cannot fit before spending time on it: over limits.max_prompt is a 413;
     with `fits_context`, more bytes than n_ctx of the model's longest token could hold cannot
@@ -150,13 +150,13 @@ def check_prompt_size(served: ServedModel, text: str, limits: LimitSettings, par
             raise context_length_exceeded(at_least, served.n_ctx, param)
 
 
-def tokenize_prompt(served: ServedModel, text: str, limits: LimitSettings, param: str) -> list[int]:
+def tokenize_prompt(served: GenerativeModel, text: str, limits: LimitSettings, param: str) -> list[int]:
     """A prompt's tokens, after check_prompt_size."""
     check_prompt_size(served, text, limits, param)
     return served.text_prompt(text)
 
 
-def _chat_ids(served: ServedModel, output: Output, limits: LimitSettings) -> list[int]:
+def _chat_ids(served: GenerativeModel, output: Output, limits: LimitSettings) -> list[int]:
     text = served.chat_template.render(output.messages, add_generation_prompt=True,
                                        tools=output.template_tools,
                                        time_budget=limits.template_timeout,
@@ -164,7 +164,7 @@ def _chat_ids(served: ServedModel, output: Output, limits: LimitSettings) -> lis
     return tokenize_prompt(served, text, limits, "messages")
 
 
-async def plan_chat(served: ServedModel, req: p.ChatCompletionRequest,
+async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
                     limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
     _check_logit_bias(served, req.logit_bias)
     output = chat_output(req, served.tool_format)
@@ -173,16 +173,16 @@ async def plan_chat(served: ServedModel, req: p.ChatCompletionRequest,
                 prompt_of=[0] * req.n, output=output)
 
 
-async def plan_completion(served: ServedModel, req: p.CompletionRequest,
+async def plan_completion(served: GenerativeModel, req: p.CompletionRequest,
                           limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
     _check_logit_bias(served, req.logit_bias)
     return await off_loop(served, _plan_completion, served, req, limits)
 
 
-def _plan_completion(served: ServedModel, req: p.CompletionRequest, limits: LimitSettings) -> Plan:
+def _plan_completion(served: GenerativeModel, req: p.CompletionRequest, limits: LimitSettings) -> Plan:
     if req.echo and req.logprobs is not None:
         raise invalid_request("echo together with logprobs is not supported", "echo")
-    n_vocab = served.model.n_vocab
+    n_vocab = served.n_vocab
     requests: list[GenerationRequest] = []
     echo: list[str] = []
     prompt_of: list[int] = []
@@ -243,7 +243,7 @@ async def _events(generations: list[Any]) -> AsyncGenerator[tuple[int, Event], N
             generation.cancel()
 
 
-async def _collect(served: ServedModel, plan: Plan) -> list[ChoiceResult]:
+async def _collect(served: GenerativeModel, plan: Plan) -> list[ChoiceResult]:
     results = [ChoiceResult() for _ in plan.requests]
     parts: list[list[str]] = [[] for _ in plan.requests]
     plan.submit(served)
@@ -306,7 +306,7 @@ def _completion_logprobs(tokens: list[TokenInfo], offset: int) -> p.CompletionLo
 
 # --------------------------------------------------------------------------------- chat
 
-async def chat_completion(served: ServedModel, alias: str, req: p.ChatCompletionRequest,
+async def chat_completion(served: GenerativeModel, alias: str, req: p.ChatCompletionRequest,
                           plan: Plan) -> p.ChatCompletion:
     results = await _collect(served, plan)
     choices = []
@@ -326,7 +326,7 @@ async def chat_completion(served: ServedModel, alias: str, req: p.ChatCompletion
                             usage=_usage(plan, results), system_fingerprint=served.fingerprint)
 
 
-async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequest,
+async def chat_chunks(served: GenerativeModel, alias: str, req: p.ChatCompletionRequest,
                       plan: Plan) -> AsyncIterator[p.ChatCompletionChunk | bytes]:
     cid, created = p.new_id("chatcmpl"), p.now()
 
@@ -381,7 +381,7 @@ async def chat_chunks(served: ServedModel, alias: str, req: p.ChatCompletionRequ
 
 # --------------------------------------------------------------------------------- completions
 
-async def completion(served: ServedModel, alias: str, req: p.CompletionRequest,
+async def completion(served: GenerativeModel, alias: str, req: p.CompletionRequest,
                      plan: Plan) -> p.Completion:
     results = await _collect(served, plan)
     choices = [p.CompletionChoice(
@@ -393,7 +393,7 @@ async def completion(served: ServedModel, alias: str, req: p.CompletionRequest,
                         usage=_usage(plan, results), system_fingerprint=served.fingerprint)
 
 
-async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRequest,
+async def completion_chunks(served: GenerativeModel, alias: str, req: p.CompletionRequest,
                             plan: Plan) -> AsyncIterator[p.Completion | bytes]:
     cid, created = p.new_id("cmpl"), p.now()
 
@@ -431,16 +431,16 @@ async def completion_chunks(served: ServedModel, alias: str, req: p.CompletionRe
 
 # --------------------------------------------------------------------------------- embeddings
 
-async def embeddings(served: ServedModel, alias: str, req: p.EmbeddingRequest,
+async def embeddings(served: GenerativeModel, alias: str, req: p.EmbeddingRequest,
                      limits: LimitSettings = DEFAULT_LIMITS,
                      metrics: RequestMetrics | None = None) -> p.EmbeddingList:
-    n_embd = served.model.n_embd
+    n_embd = served.n_embd
     if req.dimensions is not None and req.dimensions != n_embd:
         raise invalid_request(f"this model's embeddings have {n_embd} dimensions", "dimensions")
     prompts = await off_loop(served, _embedding_inputs, served, req, limits)
     data = []
     for index, ids in enumerate(prompts):
-        vector = await served.scheduler.embed(ids)  # float32 [n_embd]
+        vector = await served.embed(ids)  # float32 [n_embd]
         if metrics is not None:
             metrics.embedded(len(ids))
         value: list[float] | str
@@ -454,9 +454,9 @@ async def embeddings(served: ServedModel, alias: str, req: p.EmbeddingRequest,
                            usage=p.EmbeddingUsage(prompt_tokens=total, total_tokens=total))
 
 
-def _embedding_inputs(served: ServedModel, req: p.EmbeddingRequest,
+def _embedding_inputs(served: GenerativeModel, req: p.EmbeddingRequest,
                       limits: LimitSettings) -> list[list[int]]:
-    n_vocab = served.model.n_vocab
+    n_vocab = served.n_vocab
     prompts: list[list[int]] = []
     for item in req.inputs():
         ids = tokenize_prompt(served, item, limits, "input") if isinstance(item, str) else list(item)

@@ -7,10 +7,14 @@ A load that fails after the weights are mapped closes the model again, so nothin
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
 
 import engine
 from engine.chat import ChatTemplate, ChatTemplateError
@@ -19,19 +23,22 @@ from engine.loaded import LoadedModel
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 from gateway.generation import defaults
-from gateway.local.scheduler import Scheduler
+from gateway.generation.events import GenerationRequest
+from gateway.local.scheduler import Generation, Scheduler
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.version import version
 
 if TYPE_CHECKING:
     from gateway.config import ModelEntry
-    from gateway.fleet.registry import Loaded
+    from gateway.fleet.registry import Servable
 
 log = logging.getLogger("modelyard.scheduler")
+T = TypeVar("T")
 
 
 class ServedModel:
-    """What the registry holds for a loaded model: engine model + scheduler + chat template."""
+    """What the registry holds for a loaded model: engine model + scheduler + chat template.
+    The APIs see it as a GenerativeModel (gateway/generation/model.py), the registry as Loaded."""
 
     chat_format: str | None = None  # which template and why (chat_formats.TemplateChoice)
 
@@ -50,6 +57,23 @@ class ServedModel:
         self._max_token_bytes: int | None = None
         self.fingerprint = _fingerprint(model, template)
 
+    @property
+    def n_vocab(self) -> int:
+        return int(self.model.n_vocab)
+
+    @property
+    def n_embd(self) -> int:
+        return int(self.model.n_embd)
+
+    async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` on this model's prep threads (template rendering, tokenizing)."""
+        return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
+
+    def submit(self, request: GenerationRequest) -> Generation:
+        return self.scheduler.submit(request)
+
+    async def embed(self, ids: list[int]) -> np.ndarray:
+        return await self.scheduler.embed(ids)
 
     @property
     def max_token_bytes(self) -> int:
@@ -180,5 +204,5 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
 
 
 if TYPE_CHECKING:
-    def _served_model_meets_the_registry_protocol(served: ServedModel) -> Loaded:
+    def _served_model_meets_the_registry_protocol(served: ServedModel) -> Servable:
         return served

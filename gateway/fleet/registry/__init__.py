@@ -12,7 +12,7 @@
 from gateway.config import ModelNotFoundError
 from gateway.fleet.registry.core import Registry
 from gateway.fleet.registry.errors import ModelLoadFailedError, PinnedLoadError, RegistryBusyError
-from gateway.fleet.registry.slots import ApplyResult, Lease, Loaded, ModelRow
+from gateway.fleet.registry.slots import ApplyResult, Lease, Loaded, ModelRow, Servable
 
 __all__ = ["ApplyResult", "Lease", "Loaded", "ModelLoadFailedError", "ModelNotFoundError",
-           "ModelRow", "PinnedLoadError", "Registry", "RegistryBusyError"]
+           "ModelRow", "PinnedLoadError", "Registry", "RegistryBusyError", "Servable"]

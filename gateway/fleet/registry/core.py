@@ -179,7 +179,7 @@ class Registry:
                 slot.in_flight += 1
                 slot.last_used = time.monotonic()
                 self._notify()
-                return Lease(entry=slot.entry, model=slot.model, alias=alias or entry.name,
+                return Lease(entry=slot.entry, held=slot.model, alias=alias or entry.name,
                              _slot=slot)
 
             if state is ModelState.LOADING:
@@ -229,7 +229,7 @@ class Registry:
         if lease.released:
             return
         lease.released = True
-        lease.model = None
+        lease.held = None
         slot = lease._slot
         slot.in_flight -= 1
         slot.last_used = time.monotonic()

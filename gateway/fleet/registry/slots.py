@@ -13,6 +13,7 @@ from typing import Literal, Protocol, TypedDict
 
 from gateway.config import ModelEntry
 from gateway.fleet.lifecycle import ModelState
+from gateway.generation.model import GenerativeModel
 
 
 class Loaded(Protocol):
@@ -40,7 +41,12 @@ class Loaded(Protocol):
     def close(self) -> None: ...
 
 
-Loader = Callable[[ModelEntry], Loaded]
+class Servable(Loaded, GenerativeModel, Protocol):
+    """What a loader makes: Loaded for the registry, a GenerativeModel for whoever holds a lease
+    on it (gateway/generation/model.py)."""
+
+
+Loader = Callable[[ModelEntry], Servable]
 Estimator = Callable[[ModelEntry], int]
 
 
@@ -57,7 +63,7 @@ class Slot:
 
     entry: ModelEntry
     state: ModelState = ModelState.UNLOADED
-    model: Loaded | None = None
+    model: Servable | None = None
     memory_bytes: int = 0             # actual once loaded; the estimate while loading
     estimate: int | None = None       # bytes a load will take, asked once per slot
     in_flight: int = 0
@@ -78,10 +84,17 @@ class Lease:
     """A ready model, counted in flight until `Registry.release(lease)`."""
 
     entry: ModelEntry
-    model: Loaded | None  # the loader's object; cleared on release so no reference outlives use
+    held: Servable | None  # the loader's object; cleared on release so no reference outlives use
     alias: str
     _slot: Slot = field(repr=False)
     released: bool = False
+
+    @property
+    def model(self) -> Servable:
+        """The leased model; a released lease has none (RuntimeError)."""
+        if self.held is None:
+            raise RuntimeError(f"the lease on {self.alias} was released")
+        return self.held
 
 
 @dataclass(frozen=True)
