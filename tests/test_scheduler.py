@@ -428,7 +428,7 @@ def test_handoff_ends_once_every_stream_took_its_event(rounds, complete):
     """The scheduler's wait for the loop ends after the consumers - a stream of one choice and
     one of two choices (served through choice pumps) - have taken this step's events, and no
     round earlier than needed."""
-    from gateway.generation.serving import _events
+    from gateway.generation.choices import choice_events as _events
     from gateway.local.scheduler import _deliver_all, _GenerationJob
 
     request = GenerationRequest([1, SEP], SamplingParams(), max_tokens=4)

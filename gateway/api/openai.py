@@ -1,14 +1,9 @@
-"""HTTP handlers: parse -> acquire -> plan -> JSON or stream. Nothing else lives here.
-
-A lease counts the request as in flight, so its model cannot be evicted or unloaded under it.
-Whole responses release it before returning; streams hand it to the response, which releases it
-when the stream ends or the client leaves. Each request's RequestMetrics rides on its plan's
-generation requests and records time to first token and tokens (gateway/metrics.py).
+"""OpenAI's HTTP handlers: parse, then the backend seam (gateway/backends/dispatch.py) and, for a
+local model, the one pipeline (gateway/api/pipeline.py) with OpenAI's wires
+(gateway/api/openai_wire.py). Nothing else lives here.
 """
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -17,18 +12,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from gateway import protocol as p
-from gateway.api import endpoints, model_cards
+from gateway.api import endpoints, model_cards, openai_wire, pipeline
 from gateway.backends import dispatch
-from gateway.config import LimitSettings
-from gateway.fleet.registry import Lease
-from gateway.generation import defaults, serving
-from gateway.generation.model import GenerativeModel
+from gateway.generation import serving
 from gateway.http import auth
-from gateway.http.streaming import EventStreamResponse, cancel_on_disconnect
-from gateway.metrics import RequestMetrics
+from gateway.http.streaming import cancel_on_disconnect
 from gateway.state import app_state
-
-R = TypeVar("R", p.ChatCompletionRequest, p.CompletionRequest)
 
 
 def _json(body: BaseModel) -> JSONResponse:
@@ -63,60 +52,6 @@ async def retrieve_model(request: Request) -> Response:
     return _json(card)
 
 
-async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive = None,
-                  shown: str | None = None) -> tuple[Lease, GenerativeModel, RequestMetrics]:
-    """A lease on the model, the model, and this request's metrics (time to first token counts
-    from here: loading the model and waiting for a slot are part of it). `shown`: the pool alias
-    a local member serves under (responses and metrics name it)."""
-    started = time.perf_counter()
-    if shown is None:  # a pool's member: the pool's alias was checked
-        auth.check_model(request, alias or app_state(request.app).config.default_alias())
-    lease = await app_state(request.app).registry.acquire(alias)
-    if shown is not None:
-        lease.alias = shown
-    request.state.model = lease.alias  # for the request log and metrics
-    app_state(request.app).registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
-    return lease, lease.model, RequestMetrics(app_state(request.app).metrics, lease.alias, started)
-
-
-def with_defaults(req: R, lease: Lease, served: GenerativeModel) -> R:
-    """`req` with the sampling fields and budget it left out taken from the entry, the GGUF or
-    llama.cpp's defaults (gateway/generation/defaults.py)."""
-    budget = (defaults.chat_max_tokens(lease.entry, served.n_ctx)
-              if isinstance(req, p.ChatCompletionRequest)
-              else defaults.completion_max_tokens(lease.entry))
-    return defaults.fill(req, lease.entry, served.sampling_defaults, budget)
-
-
-async def _generate(request: Request, req: R, shown: str | None,
-                    plan: Callable[[GenerativeModel, R, LimitSettings], Awaitable[serving.Plan]],
-                    whole: Callable[[GenerativeModel, str, R, serving.Plan], Awaitable[BaseModel]],
-                    chunks: Callable[[GenerativeModel, str, R, serving.Plan],
-                                     AsyncIterator[BaseModel | bytes]]) -> Response:
-    registry = app_state(request.app).registry
-    lease, served, metrics = await acquire(request, req.model, req.keep_alive, shown)
-    handed_off = False
-    try:
-        req = with_defaults(req, lease, served)
-        planned = await plan(served, req, app_state(request.app).config.limits)  # off the loop
-        planned.observe(metrics)
-        await planned.prepare(served)  # grammars compile on a worker thread
-        if req.stream:
-            planned.submit(served)  # a full queue is a 503 here, before any header goes out
-
-            def close() -> None:
-                planned.cancel()  # no-op once the stream ran: it cancels on its way out
-                registry.release(lease)
-
-            response = EventStreamResponse(chunks(served, lease.alias, req, planned), on_close=close)
-            handed_off = True
-            return response
-        return _json(await cancel_on_disconnect(request, whole(served, lease.alias, req, planned)))
-    finally:
-        if not handed_off:
-            registry.release(lease)
-
-
 async def chat_completions(request: Request) -> Response:
     return await dispatch.serve(request, "/chat/completions", _local_chat)
 
@@ -135,24 +70,22 @@ async def embeddings(request: Request) -> Response:
 async def _local_chat(request: Request, body: bytes, local: str | None,
                       shown: str | None) -> Response:
     req = _for_member(p.parse_request(p.ChatCompletionRequest, body), local)
-    return await _generate(request, req, shown, serving.plan_chat, serving.chat_completion,
-                           serving.chat_chunks)
+    return await pipeline.generate(request, openai_wire.CHAT, req, shown)
 
 
 async def _local_completion(request: Request, body: bytes, local: str | None,
                             shown: str | None) -> Response:
     req = _for_member(p.parse_request(p.CompletionRequest, body), local)
-    return await _generate(request, req, shown, serving.plan_completion, serving.completion,
-                           serving.completion_chunks)
+    return await pipeline.generate(request, openai_wire.COMPLETION, req, shown)
 
 
 async def _local_embeddings(request: Request, body: bytes, local: str | None,
                             shown: str | None) -> Response:
     req = _for_member(p.parse_request(p.EmbeddingRequest, body), local)
-    lease, served, metrics = await acquire(request, req.model, req.keep_alive, shown)
+    lease, metrics = await pipeline.acquire(request, req.model, req.keep_alive, shown)
     try:
         return _json(await cancel_on_disconnect(request, serving.embeddings(
-            served, lease.alias, req, app_state(request.app).config.limits, metrics)))
+            lease.model, lease.alias, req, app_state(request.app).config.limits, metrics)))
     finally:
         app_state(request.app).registry.release(lease)
 

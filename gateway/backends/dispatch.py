@@ -20,7 +20,10 @@ from gateway.http import auth
 from gateway.state import app_state
 
 
-async def serve(request: Request, endpoint: str, local: LocalHandler) -> Response:
+async def serve(request: Request, endpoint: str, local: LocalHandler, *,
+                at_root: bool = False) -> Response:
+    """`endpoint` is under the servers' base URL (OpenAI's /v1), or with `at_root` under their
+    root (llama.cpp's /completion)."""
     registry = app_state(request.app).registry
     body = await request.body()
     if not registry.upstreams.configured():
@@ -30,7 +33,8 @@ async def serve(request: Request, endpoint: str, local: LocalHandler) -> Respons
         return await local(request, body, None, None)
     auth.check_named(request, pool.alias)
     request.state.model = pool.alias  # a configured or discovered alias: a bounded label
-    call = Call(request=request, endpoint=endpoint, body=body, alias=pool.alias, local=local)
+    call = Call(request=request, endpoint=endpoint, body=body, alias=pool.alias, local=local,
+                at_root=at_root)
     return await pool.serve(call, wait=registry.config.registry.load_timeout)
 
 

@@ -74,7 +74,8 @@ class UpstreamBackend(Measured):
     async def serve(self, call: Call) -> Response:
         """The upstream's response, once its first bytes are in; Retryable before that."""
         body = _with_model(call.body, self.server.model)
-        request = self.client.build_request("POST", self.server.url + call.endpoint,
+        base = self.server.server_root if call.at_root else self.server.url
+        request = self.client.build_request("POST", base + call.endpoint,
                                             content=body, headers=self._headers(),
                                             timeout=self._timeout())
         started = time.perf_counter()

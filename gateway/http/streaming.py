@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import to_api_error
+from gateway.errors import APIError, to_api_error
 from gateway.generation.events import ServerStoppingError
 
 log = logging.getLogger("modelyard.streaming")
@@ -82,11 +82,19 @@ class TextEventTemplate:
         return b"".join((self._head, str(index).encode(), self._middle, body, self._tail))
 
 
-async def sse_body(chunks: AsyncIterator[BaseModel | bytes]) -> AsyncIterator[bytes]:
+def openai_error(error: APIError) -> dict[str, Any]:
+    """OpenAI's error object (llama.cpp's server sends the same shape)."""
+    return error.body()
+
+
+async def sse_body(chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
+                   error_event: Callable[[APIError], dict[str, Any]] = openai_error
+                   ) -> AsyncIterator[bytes]:
     """Encode chunks as events (bytes are events already) and end with `data: [DONE]`.
 
     An error after the headers went out cannot change the status any more; it is sent as an
-    OpenAI error event (which the openai client raises) and the stream ends without [DONE] -
+    error event in the wire's shape (`error_event`; OpenAI's, which the openai client raises)
+    and the stream ends without [DONE] -
     except when the server's shutdown deadline ended it: the stream was fine, so it closes
     properly, with [DONE] after the error event.
     """
@@ -97,7 +105,7 @@ async def sse_body(chunks: AsyncIterator[BaseModel | bytes]) -> AsyncIterator[by
         error = to_api_error(exc)
         if error.status >= 500:
             log.error("stream failed: %s", error.message, exc_info=exc)
-        yield sse(error.body())
+        yield sse(error_event(error))
         if isinstance(exc, ServerStoppingError):
             yield DONE
         return
@@ -117,8 +125,10 @@ async def _aclose(it: object) -> None:
 class EventStreamResponse(StreamingResponse):
     """A `text/event-stream` response whose `on_close` runs exactly once, however it ends."""
 
-    def __init__(self, chunks: AsyncIterator[BaseModel | bytes], on_close: Callable[[], None]) -> None:
-        self._body = sse_body(chunks)
+    def __init__(self, chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
+                 on_close: Callable[[], None],
+                 error_event: Callable[[APIError], dict[str, Any]] = openai_error) -> None:
+        self._body = sse_body(chunks, error_event)
         super().__init__(self._body, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._on_close = on_close
