@@ -19,6 +19,7 @@ from gateway.backends.metrics import UpstreamCollector
 from gateway.config import Config
 from gateway.errors import HANDLED, handle_exception
 from gateway.fleet.registry import PinnedLoadError, Registry
+from gateway.fleet.router import Router
 from gateway.fleet.watch import ConfigWatcher, Reloader, WatchOptions
 from gateway.fleet.zeroconf import ModelsDirWatcher
 from gateway.http.asgi import HttpMiddleware, StatusNotingSend
@@ -73,22 +74,23 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = Registry(config, loader=loader_with_metrics(loader, metrics), metrics=metrics)
         metrics.watch_models(registry.snapshot)
-        metrics.registry.register(UpstreamCollector(registry.upstream_rows))
+        router = Router(registry)
+        metrics.registry.register(UpstreamCollector(router.upstream_rows))
 
         def applied(new: Config) -> None:
             state.config = new
 
-        reloader = Reloader(registry, path, metrics=metrics, load=load, on_applied=applied)
+        reloader = Reloader(router, path, metrics=metrics, load=load, on_applied=applied)
         watcher: ConfigWatcher | ModelsDirWatcher | None = None
         if watch.enabled and path is not None:
             watcher = (ModelsDirWatcher(reloader, watch) if watch.models_dir
                        else ConfigWatcher(reloader, watch))
-        state.running = Running(registry, reloader, watcher)
+        state.running = Running(registry, router, reloader, watcher)
         try:
-            await registry.start()
+            await router.start()
         except PinnedLoadError as exc:
             state.startup_error = str(exc)  # what `modelyard serve` prints before exiting 2
-            await registry.close()
+            await router.close()
             raise
         tasks = [asyncio.create_task(reloader.run(), name="modelyard-reloader")]
         if watcher is not None:
@@ -100,7 +102,7 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await registry.close()
+            await router.close()
 
     app = Starlette(
         routes=(routes() + admin.routes() + llama_api.routes() + events.routes()

@@ -89,9 +89,9 @@ async def reload(request: Request) -> Response:
 
 
 async def list_models(request: Request) -> Response:
-    registry = app_state(request.app).registry  # local entries, then upstream servers (`kind`)
+    state = app_state(request.app)  # local entries, then upstream servers (`kind`)
     return JSONResponse({"object": "list",
-                         "data": [*registry.snapshot(), *registry.upstream_rows()]})
+                         "data": [*state.registry.snapshot(), *state.router.upstream_rows()]})
 
 
 async def load_model(request: Request) -> Response:

@@ -26,11 +26,11 @@ def _json(body: BaseModel) -> JSONResponse:
 
 async def list_models(request: Request) -> Response:
     state = app_state(request.app)
-    aliases = state.config.aliases() + state.registry.upstreams.discovered_aliases()
+    aliases = state.config.aliases() + state.router.discovered_aliases()
     visible = auth.visible_aliases(request, aliases)
     cards = await model_cards.cards(state.config, state.registry.snapshot(), state.started,
                                     visible)
-    cards += dispatch.upstream_cards(state.registry, state.started, visible)
+    cards += dispatch.upstream_cards(state.router, state.started, visible)
     body = p.ModelList(data=cards).model_dump(mode="json")
     if not request.url.path.startswith("/v1/"):  # llama.cpp's router API: `status` per model
         for item, card in zip(body["data"], cards):
@@ -41,9 +41,9 @@ async def list_models(request: Request) -> Response:
 async def retrieve_model(request: Request) -> Response:
     state = app_state(request.app)
     alias = request.path_params["model"]
-    if state.registry.route(alias) is not None:
+    if state.router.route(alias) is not None:
         auth.check_named(request, alias)
-        card = next(c for c in dispatch.upstream_cards(state.registry, state.started, [alias]))
+        card = next(c for c in dispatch.upstream_cards(state.router, state.started, [alias]))
         request.state.model = alias
         return _json(card)
     auth.check_model(request, alias)

@@ -81,7 +81,7 @@ async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive =
     state = app_state(request.app)
     if shown is None:  # a pool's member: the pool's alias was checked
         auth.check_model(request, alias or state.config.default_alias())
-    lease = await state.registry.acquire(alias)
+    lease = await state.router.acquire(alias)  # its 404 lists upstream aliases too
     if shown is not None:
         lease.alias = shown
     request.state.model = lease.alias  # for the request log and metrics

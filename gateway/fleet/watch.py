@@ -46,12 +46,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from watchfiles import Change, awatch
 
 from gateway.config import Config, ConfigError, load_config, restart_needed
-from gateway.fleet.registry import Registry
+from gateway.fleet.registry import ApplyResult
 from gateway.metrics import NULL_METRICS, MetricsSink
 
 __all__ = ["ConfigWatcher", "ReloadRecord", "Reloader", "WatchOptions"]
@@ -92,10 +92,23 @@ class ReloadRecord:
         return asdict(self)
 
 
+class Reconfigurable(Protocol):
+    """What a reload swaps the config of: the app's Router (local models and upstreams), or a
+    bare Registry."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def apply(self, config: Config) -> ApplyResult: ...
+
+
 class Reloader:
     """Reloads the config file into a running registry, one reload at a time."""
 
-    def __init__(self, registry: Registry, path: Path | None, *,
+    def __init__(self, registry: Reconfigurable, path: Path | None, *,
                  on_applied: Callable[[Config], None] = lambda config: None,
                  metrics: MetricsSink = NULL_METRICS, settle: float = SETTLE_SECONDS,
                  load: Callable[[Path], Config] | None = None) -> None:

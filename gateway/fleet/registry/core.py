@@ -17,8 +17,8 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from typing import Any
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError
 from gateway.fleet.eviction import Blocked, Fits, TooLarge
@@ -50,10 +50,6 @@ from gateway.fleet.registry.waiting import (
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.units import format_duration, format_size
 
-if TYPE_CHECKING:  # imported when a Registry is made: the backends import gateway.errors
-    from gateway.backends.pool import Pool
-    from gateway.backends.upstreams import UpstreamRow, Upstreams
-
 log = logging.getLogger("modelyard.registry")
 
 
@@ -72,9 +68,6 @@ class Registry:
         self._closed = False
         self._stopping = False            # draining for shutdown: running requests finish
         self._over_limits = False         # apply() lowered a limit and evictions are pending
-        from gateway.backends.upstreams import Upstreams
-
-        self.upstreams: Upstreams = Upstreams(config.upstreams, self._notify)  # gateway/backends/
 
     @property
     def config(self) -> Config:
@@ -85,13 +78,17 @@ class Registry:
         """True once close() has begun: no new requests are taken."""
         return self._closed
 
+    @property
+    def accepting(self) -> bool:
+        """False once shutdown or close() began: new requests are refused (RegistryBusyError)."""
+        return not (self._closed or self._stopping)
+
     # -- start and stop ---------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the idle sweeper and load pinned models. A pinned model that cannot load fails
         the start: PinnedLoadError names each one and why (the server must not look healthy)."""
         self._sweeper = asyncio.create_task(self._sweep_idle(), name="modelyard-idle-sweeper")
-        await self.upstreams.start()
         errors = await asyncio.gather(*(self._preload(s.entry) for s in self._slots.values()
                                         if s.entry.pinned))
         if failed := [e for e in errors if e is not None]:
@@ -100,17 +97,20 @@ class Registry:
     def stop_accepting(self) -> None:
         """Shutdown begins: new requests get RegistryBusyError (503), running ones go on."""
         self._stopping = True
-        self._notify()
+        self.notify()
 
     def in_flight(self) -> dict[str, int]:
-        """Requests holding each model (by entry name) or upstream server (by its label), for
-        those that have any."""
-        return {**{s.entry.name: s.in_flight for s in self._all_slots() if s.in_flight},
-                **self.upstreams.in_flight()}
+        """Requests holding each model (by entry name), for those that have any."""
+        return {s.entry.name: s.in_flight for s in self._all_slots() if s.in_flight}
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait (at most `timeout` seconds) until no request holds a model; True if none does."""
-        return await wait_until(lambda: not self.in_flight(), lambda: self._changed, timeout)
+        return await self.wait_until(lambda: not self.in_flight(), timeout)
+
+    async def wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) until `done()`, checked whenever something changes
+        (a slot here, or what notify() is told of); True if it came."""
+        return await wait_until(done, lambda: self._changed, timeout)
 
     def abort_running(self, error: BaseException) -> None:
         """End every request a loaded model is running or queueing with `error` (the shutdown
@@ -122,7 +122,7 @@ class Registry:
     async def close(self, drain_timeout: float = 30.0) -> None:
         """Refuse new requests, let running ones finish (up to drain_timeout), unload all."""
         self._closed = True
-        self._notify()  # wakes the sweeper (it stops) and every waiting request (busy)
+        self.notify()  # wakes the sweeper (it stops) and every waiting request (busy)
         if self._sweeper is not None:
             await self._sweeper
         # A load runs in a thread and cannot be interrupted: let it finish, then unload it.
@@ -138,19 +138,8 @@ class Registry:
             log.warning("closing with requests still running on %s",
                         ", ".join(s.entry.name for s in draining()))
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        await self.upstreams.close()
 
     # -- serving ----------------------------------------------------------------------------
-
-    def route(self, alias: str | None) -> Pool | None:
-        """The pool serving `alias` (None: the default alias), or None for the local path (which
-        answers 404 for an alias nobody serves). RegistryBusyError once shutdown began."""
-        if self._closed or self._stopping:
-            raise RegistryBusyError("the server is shutting down")
-        name = self._config.default_alias() if alias is None else alias
-        if self._config.is_local(name):
-            return None
-        return self.upstreams.route(name)
 
     async def acquire(self, alias: str | None) -> Lease:
         """A ready model for `alias` (None: the default), counted in flight until released.
@@ -164,11 +153,7 @@ class Registry:
             if self._closed or self._stopping:
                 raise RegistryBusyError("the server is shutting down")
             # Resolved every round: apply() may have replaced the slot while we waited.
-            try:
-                entry = self._config.resolve(alias)
-            except ModelNotFoundError as e:  # the 404 lists what upstreams serve too
-                raise ModelNotFoundError(e.alias, [*e.available,
-                                                   *self.upstreams.discovered_aliases()]) from None
+            entry = self._config.resolve(alias)
             slot = self._slots[slot_key(entry)]
             state = slot.state
 
@@ -178,7 +163,7 @@ class Registry:
             if state is ModelState.READY:
                 slot.in_flight += 1
                 slot.last_used = time.monotonic()
-                self._notify()
+                self.notify()
                 return Lease(entry=slot.entry, held=slot.model, alias=alias or entry.name,
                              _slot=slot)
 
@@ -241,7 +226,7 @@ class Registry:
               and slot.state is ModelState.READY and not slot.entry.pinned):
             log.info("unloading %s: the request asked for keep_alive 0", slot.entry.name)
             self._begin_drain(slot)
-        self._notify()
+        self.notify()
 
     def keep_alive(self, lease: Lease, seconds: float | None) -> None:
         """A request's keep_alive (Ollama's): how long its model stays loaded once idle. None:
@@ -264,10 +249,6 @@ class Registry:
         error; retiring instances (left the config or changed settings, still draining) too."""
         return [row(slot) for slot in self._all_slots()]
 
-    def upstream_rows(self) -> list[UpstreamRow]:
-        """Per upstream server: health, in flight, counts (retiring servers too)."""
-        return self.upstreams.rows()
-
     async def wait_changed(self, timeout: float) -> None:
         """Return when a slot next changes, or after `timeout` seconds (for live views)."""
         await wait_event(self._changed, timeout)
@@ -285,10 +266,9 @@ class Registry:
         for slot in retiring:
             self._retire(slot)
         self._config, self._slots = config, slots
-        self.upstreams.apply(config.upstreams)
         self._over_limits = True  # the limits may have dropped: evict idle models to fit now
         self._enforce_limits()
-        self._notify()
+        self.notify()
         if self._sweeper is not None:  # started: pinned entries load now, as at start-up
             for slot in slots.values():
                 if slot.entry.pinned and slot.state in (ModelState.UNLOADED, ModelState.FAILED):
@@ -331,7 +311,7 @@ class Registry:
         slot.state = advance(slot.state, ModelState.LOADING)
         slot.memory_bytes = slot.estimate or 0  # reserved, so concurrent plans count it
         slot.load_task = asyncio.create_task(self._load(slot), name=f"load {slot.entry.name}")
-        self._notify()
+        self.notify()
 
     async def _load(self, slot: Slot) -> str | None:
         """Load in a worker thread; returns None, or the cause of the failure."""
@@ -352,7 +332,7 @@ class Registry:
                 self._retired.remove(slot)
             log.error("could not load %s (%s): %s", entry.name, entry.model, cause)
             self._metrics.model_load_failed(entry.name)
-            self._notify()
+            self.notify()
             if not isinstance(e, Exception):  # cancellation, interpreter exit: not ours to eat
                 raise
             return cause
@@ -372,14 +352,14 @@ class Registry:
         self._metrics.model_loaded(entry.name, slot.load_seconds)
         if slot.retired or self._closed:
             self._begin_drain(slot)
-        self._notify()
+        self.notify()
         return None
 
     def _begin_drain(self, slot: Slot) -> None:
         slot.state = advance(slot.state, ModelState.DRAINING)
         if slot.in_flight == 0:
             self._spawn(self._unload(slot))
-        self._notify()
+        self.notify()
 
     async def _unload(self, slot: Slot) -> None:
         """Close the model and drop every reference we hold, so its memory goes back."""
@@ -398,7 +378,7 @@ class Registry:
             if slot.retired and slot in self._retired:
                 self._retired.remove(slot)
             log.info("unloaded %s", slot.entry.name)
-            self._notify()
+            self.notify()
 
     def _break(self, slot: Slot, why: str) -> None:
         """A ready model that must stop serving: drain it (its scheduler already fails what it
@@ -468,7 +448,8 @@ class Registry:
             self._metrics.model_evicted(victim.entry.name)
             self._begin_drain(victim)
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
+        """Something changed that waiters may be watching (the router's upstreams tell it too)."""
         self._changed.set()
         self._changed = asyncio.Event()
 
