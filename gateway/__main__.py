@@ -1,6 +1,6 @@
 """`python -m gateway serve ...` is the same as `modelyard serve ...`."""
 import sys
 
-from .cli import main
+from gateway.cli import main
 
 sys.exit(main())

@@ -12,21 +12,23 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
-from . import admin, console, events, llama_api
-from .asgi import HttpMiddleware, StatusNotingSend
-from .auth import AuthMiddleware
-from .backends.metrics import UpstreamCollector
-from .config import Config
-from .cors import ConfigCors
-from .errors import HANDLED, handle_exception
-from .limits import BodyLimits
-from .metrics import NO_MODEL, Metrics, loader_with_metrics
-from .registry import PinnedLoadError, Registry
-from .routes import routes
-from .served_model import ServedModel, load_served_model
-from .state import GatewayState, Running, app_state
-from .watch import ConfigWatcher, Reloader, WatchOptions
-from .zeroconf import ModelsDirWatcher
+from gateway.api import admin, console, events
+from gateway.api import llama as llama_api
+from gateway.api.openai import routes
+from gateway.backends.metrics import UpstreamCollector
+from gateway.config import Config
+from gateway.errors import HANDLED, handle_exception
+from gateway.fleet.registry import PinnedLoadError, Registry
+from gateway.fleet.router import Router
+from gateway.fleet.watch import ConfigWatcher, Reloader, WatchOptions
+from gateway.fleet.zeroconf import ModelsDirWatcher
+from gateway.http.asgi import HttpMiddleware, StatusNotingSend
+from gateway.http.auth import AuthMiddleware
+from gateway.http.cors import ConfigCors
+from gateway.http.limits import BodyLimits
+from gateway.local.served_model import ServedModel, load_served_model
+from gateway.metrics import NO_MODEL, Metrics, loader_with_metrics
+from gateway.state import GatewayState, Running, app_state
 
 access_log = logging.getLogger("modelyard.access")
 log = logging.getLogger("modelyard")
@@ -62,7 +64,7 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
 
     `config_path` is the file to reload from (default: the file `config` was read from);
     POST /admin/reload and SIGHUP reload it. With `watch` enabled, saving it reloads too.
-    `load` reads it (default load_config; a models folder passes a rescan, gateway/zeroconf.py).
+    `load` reads it (default load_config; a models folder passes a rescan, gateway/fleet/zeroconf.py).
     """
     metrics = Metrics()
     path = config_path if config_path is not None else config.source
@@ -72,22 +74,23 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         registry = Registry(config, loader=loader_with_metrics(loader, metrics), metrics=metrics)
         metrics.watch_models(registry.snapshot)
-        metrics.registry.register(UpstreamCollector(registry.upstream_rows))
+        router = Router(registry)
+        metrics.registry.register(UpstreamCollector(router.upstream_rows))
 
         def applied(new: Config) -> None:
             state.config = new
 
-        reloader = Reloader(registry, path, metrics=metrics, load=load, on_applied=applied)
+        reloader = Reloader(router, path, metrics=metrics, load=load, on_applied=applied)
         watcher: ConfigWatcher | ModelsDirWatcher | None = None
         if watch.enabled and path is not None:
             watcher = (ModelsDirWatcher(reloader, watch) if watch.models_dir
                        else ConfigWatcher(reloader, watch))
-        state.running = Running(registry, reloader, watcher)
+        state.running = Running(registry, router, reloader, watcher)
         try:
-            await registry.start()
+            await router.start()
         except PinnedLoadError as exc:
             state.startup_error = str(exc)  # what `modelyard serve` prints before exiting 2
-            await registry.close()
+            await router.close()
             raise
         tasks = [asyncio.create_task(reloader.run(), name="modelyard-reloader")]
         if watcher is not None:
@@ -99,7 +102,7 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await registry.close()
+            await router.close()
 
     app = Starlette(
         routes=(routes() + admin.routes() + llama_api.routes() + events.routes()

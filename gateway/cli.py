@@ -9,10 +9,10 @@
 
 Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on first use; offline,
 it says how to serve a local file instead). Files and folders are served as `modelyard scan`
-would configure them (gateway/zeroconf.py). A config with problems, a port that is taken or
+would configure them (gateway/fleet/zeroconf.py). A config with problems, a port that is taken or
 invalid, is reported (one line for the port) and exits with status 2, before anything starts;
 "serving on" is logged once the socket is bound, with the real port.
-While serving, saving the config file reloads it (gateway/watch.py), and so does SIGHUP.
+While serving, saving the config file reloads it (gateway/fleet/watch.py), and so does SIGHUP.
 SIGINT/SIGTERM drain for `shutdown_timeout` (gateway/shutdown.py), then unload models; a pinned
 model that cannot load stops the start with status 2.
 """
@@ -29,11 +29,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import scan
-from .config import Config, ConfigError, load_config
-from .shutdown import Shutdown
-from .state import app_state
-from .watch import WatchOptions
+from gateway import scan
+from gateway.config import Config, ConfigError, load_config
+from gateway.fleet.watch import WatchOptions
+from gateway.shutdown import Shutdown
+from gateway.state import app_state
+from gateway.version import version
 
 EXIT_CONFIG = 2
 
@@ -91,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def config_schema_command(args: argparse.Namespace) -> int:
-    from .config.json_schema import schema_text
+    from gateway.config.json_schema import schema_text
 
     if args.output is None:
         sys.stdout.write(schema_text())
@@ -105,16 +106,6 @@ def _add_scan_command(commands: Any) -> None:
                                  description="Write a config for the GGUF models under DIR.")
     scan.add_scan_arguments(parser)
     parser.set_defaults(run=scan.run_scan)
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
-    try:
-        return package_version("modelyard")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 class StartupFailed(Exception):
@@ -163,7 +154,7 @@ async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.utils import LifespanFailureError
 
-    from .app import create_app
+    from gateway.app import create_app
 
     app = create_app(config, config_path=config_path, watch=watch, load=load)
     shutdown = Shutdown(app, config.shutdown_timeout)
@@ -217,14 +208,13 @@ OFFLINE_HINT = ("modelyard: could not download the default model ({cause}).\n"
 def _default_config() -> Config:
     """The default model, fetched once, served as a scan of it would be (alias smollm2)."""
     from engine.default_model import default_model_path
-
-    from .zeroconf import config_for_files
+    from gateway.fleet.zeroconf import config_for_files
 
     return config_for_files([default_model_path()])
 
 
 def serve_command(args: argparse.Namespace) -> int:
-    from . import zeroconf
+    from gateway.fleet import zeroconf
 
     sources = sum(bool(x) for x in (args.models, args.models_dir, args.config))
     if sources > 1:

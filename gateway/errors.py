@@ -17,11 +17,15 @@ from starlette.responses import JSONResponse
 
 import engine
 from engine.chat import ChatTemplateError
-
-from .config import ModelNotFoundError
-from .generation import ModelBrokenError, QueueFullError, SchedulerClosedError, ServerStoppingError
-from .protocol import ErrorInfo, ErrorResponse, RequestValidationError
-from .registry import ModelLoadFailedError, RegistryBusyError
+from gateway.config import ModelNotFoundError
+from gateway.fleet.registry import ModelLoadFailedError, RegistryBusyError
+from gateway.generation.events import (
+    ModelBrokenError,
+    QueueFullError,
+    SchedulerClosedError,
+    ServerStoppingError,
+)
+from gateway.protocol import ErrorInfo, ErrorResponse, RequestValidationError
 
 log = logging.getLogger("modelyard.errors")
 

@@ -43,10 +43,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from .generation import Event, Finished, GenerationRequest, TextDelta
+from gateway.generation.events import Event, Finished, GenerationRequest, TextDelta
 
 if TYPE_CHECKING:  # the registry records into these metrics: no import at run time
-    from .registry import ModelRow
+    from gateway.fleet.registry import ModelRow
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsSink", "NULL_METRICS", "RequestMetrics",
            "loader_with_metrics"]

@@ -16,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
-from .generation import ServerStoppingError
-from .state import app_state
+from gateway.generation.events import ServerStoppingError
+from gateway.state import app_state
+
+if TYPE_CHECKING:
+    from gateway.fleet.router import Router
 
 log = logging.getLogger("modelyard")
 
@@ -67,11 +70,11 @@ class Shutdown:
 
     async def _run_drain(self) -> None:
         running = app_state(self.app).running
-        registry = running.registry if running is not None else None
+        router = running.router if running is not None else None  # local models and upstreams
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        while registry is not None and self.phase is Phase.DRAINING:
-            busy = registry.in_flight()
+        while router is not None and self.phase is Phase.DRAINING:
+            busy = router.in_flight()
             remaining = deadline - loop.time()
             if not busy:
                 log.info("stopping: no request is running")
@@ -79,10 +82,10 @@ class Shutdown:
             if remaining <= 0:
                 log.warning("stopping: shutdown_timeout (%gs) reached with %s still running; "
                             "ending them", self.timeout, _describe(busy))
-                await self._abort(registry)
+                await self._abort(router)
                 break
             log.info("stopping: waiting for %s (%.0fs left)", _describe(busy), remaining)
-            await registry.wait_idle(min(PROGRESS_SECONDS, remaining))
+            await router.wait_idle(min(PROGRESS_SECONDS, remaining))
         self.phase = Phase.STOPPING
         self._stop.set()
 
@@ -93,9 +96,9 @@ class Shutdown:
             running.registry.abort_running(ServerStoppingError(self.timeout))
         self._stop.set()
 
-    async def _abort(self, registry: Any) -> None:
-        registry.abort_running(ServerStoppingError(self.timeout))
-        await registry.wait_idle(ABORT_GRACE_SECONDS)
+    async def _abort(self, router: Router) -> None:
+        router.registry.abort_running(ServerStoppingError(self.timeout))
+        await router.wait_idle(ABORT_GRACE_SECONDS)
 
 
 def _describe(busy: dict[str, int]) -> str:

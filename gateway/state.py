@@ -1,13 +1,13 @@
 """The gateway's state on its Starlette app: one typed object, not attributes found by name.
 
     create_app   GatewayState(config, metrics, started) as app.state.gateway
-    lifespan     .running = Running(registry, reloader, watcher) before the registry starts;
+    lifespan     .running = Running(registry, router, reloader, watcher) before they start;
                  .startup_error when pinned models fail to load; .stopping on the way out
     reloads      .config replaced whole (watch.Reloader's on_applied)
     shutdown     .stopping from the first SIGINT/SIGTERM (/health answers 503 from then on)
 
 Handlers, middleware and the CLI reach it with `app_state(app)` (a request: `request.app`, a
-middleware: `scope["app"]`). `registry`, `reloader` and `watcher` exist only while the lifespan
+middleware: `scope["app"]`). `registry`, `router`, `reloader` and `watcher` exist only while the lifespan
 runs, as requests do; `running` is None before start-up and says so to code that may run then
 (a signal handler, the shutdown drain).
 """
@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 from starlette.applications import Starlette
 
 if TYPE_CHECKING:
-    from .config import Config
-    from .metrics import Metrics
-    from .registry import Registry
-    from .watch import ConfigWatcher, Reloader
-    from .zeroconf import ModelsDirWatcher
+    from gateway.config import Config
+    from gateway.fleet.registry import Registry
+    from gateway.fleet.router import Router
+    from gateway.fleet.watch import ConfigWatcher, Reloader
+    from gateway.fleet.zeroconf import ModelsDirWatcher
+    from gateway.metrics import Metrics
 
 
 @dataclass(eq=False)
@@ -31,6 +32,7 @@ class Running:
     """What the lifespan starts, for as long as it runs."""
 
     registry: Registry
+    router: Router                    # the registry and the upstream servers beside it
     reloader: Reloader
     watcher: ConfigWatcher | ModelsDirWatcher | None  # None: no --watch (or nothing to watch)
 
@@ -47,6 +49,10 @@ class GatewayState:
     @property
     def registry(self) -> Registry:
         return self._running().registry
+
+    @property
+    def router(self) -> Router:
+        return self._running().router
 
     @property
     def reloader(self) -> Reloader:

@@ -26,7 +26,7 @@ import openai
 import pytest
 from gguf import GGMLQuantizationType
 
-from gateway.served_model import load_served_model
+from gateway.local.served_model import load_served_model
 from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
 from tests.support.refs import REFS_DIR
 from tests.support.servers import Server, free_port, rss_bytes, write_config

@@ -111,7 +111,7 @@ def test_choice_order_config_then_chat_format_then_file_then_guess() -> None:
 
 def test_served_model_says_which_template_and_falls_back_from_a_broken_file_template() -> None:
     from gateway.config import ModelEntry
-    from gateway.served_model import _template_for
+    from gateway.local.served_model import _template_for
 
     tokens = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
     model = SimpleNamespace(
@@ -130,7 +130,7 @@ def test_served_model_says_which_template_and_falls_back_from_a_broken_file_temp
 @pytest.mark.real_model
 def test_gemma3_gets_the_gemma_builtin_and_its_reply_starts_like_llama_cpp(gemma3_path) -> None:
     from gateway.config import ModelEntry
-    from gateway.served_model import load_served_model
+    from gateway.local.served_model import load_served_model
 
     chat = json.loads((GEMMA3_DIR / "greedy.json").read_text())["chat"]
     served = load_served_model(ModelEntry(model=gemma3_path, aliases=["g"], n_ctx=256,

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.watch import WatchOptions
+from gateway.fleet.watch import WatchOptions
 from tests.support.ggufgen import write_tiny_llama
 from tests.support.servers import ThreadedServer
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from gateway import console
+from gateway.api import console
 from gateway.app import create_app
 from gateway.config import load_config
 from tests.support.fakes import Loader

@@ -9,10 +9,10 @@ import openai
 import pytest
 import yaml
 
-from gateway import defaults
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.served_model import load_served_model
+from gateway.generation import defaults
+from gateway.local.served_model import load_served_model
 from tests.support.ggufgen import write_tiny_llama
 from tests.support.servers import ThreadedServer
 
@@ -128,9 +128,9 @@ def test_sampling_defaults_are_config_keys_checked_like_the_others(tmp_path: Pat
 def test_a_long_generation_logs_its_progress(server, monkeypatch, caplog):
     import logging
 
-    import gateway.scheduler
+    import gateway.local.scheduler
 
-    monkeypatch.setattr(gateway.scheduler, "PROGRESS_LOG_SECONDS", 0.0)  # every token is "long"
+    monkeypatch.setattr(gateway.local.scheduler, "PROGRESS_LOG_SECONDS", 0.0)  # every token is "long"
     with caplog.at_level(logging.INFO, logger="modelyard.scheduler"):
         server.client.completions.create(model="plain", prompt="abc", max_tokens=4,
                                          extra_body={"logit_bias": {"0": -100, "1": -100, "2": -100}})

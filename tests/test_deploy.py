@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway import admin
+from gateway.api import admin
 from gateway.cli import _parser
 from gateway.config import load_config
 from tests.support.ggufgen import write_tiny_llama

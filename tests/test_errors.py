@@ -7,9 +7,9 @@ import engine
 from engine.chat import ChatTemplateError
 from gateway.config import ModelNotFoundError
 from gateway.errors import APIError, context_length_exceeded, error_response, to_api_error
-from gateway.generation import QueueFullError, SchedulerClosedError
+from gateway.fleet.registry import ModelLoadFailedError, RegistryBusyError
+from gateway.generation.events import QueueFullError, SchedulerClosedError
 from gateway.protocol import ErrorResponse, RequestValidationError
-from gateway.registry import ModelLoadFailedError, RegistryBusyError
 
 
 @pytest.mark.parametrize("exc,status,kind,code,param", [

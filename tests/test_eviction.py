@@ -1,8 +1,16 @@
 """The eviction and idle policy, as a spec: plain records in, decisions out."""
 from __future__ import annotations
 
-from gateway.eviction import Blocked, Fits, Resident, TooLarge, idle_expired, next_idle_deadline, plan_load
-from gateway.lifecycle import ModelState
+from gateway.fleet.eviction import (
+    Blocked,
+    Fits,
+    Resident,
+    TooLarge,
+    idle_expired,
+    next_idle_deadline,
+    plan_load,
+)
+from gateway.fleet.lifecycle import ModelState
 
 READY, LOADING, DRAINING = ModelState.READY, ModelState.LOADING, ModelState.DRAINING
 GB = 1 << 30

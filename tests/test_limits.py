@@ -1,4 +1,4 @@
-"""Request limits (gateway/limits.py, config `limits`): body size, body read timeout, prompt size."""
+"""Request limits (gateway/http/limits.py, config `limits`): body size, body read timeout, prompt size."""
 from __future__ import annotations
 
 import select

@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.fleet.watch import WatchOptions
+from gateway.local.served_model import load_served_model
 from gateway.metrics import NULL_METRICS, MetricsSink, loader_with_metrics
-from gateway.served_model import load_served_model
-from gateway.watch import WatchOptions
 from tests.support.ggufgen import write_tiny_llama
 from tests.support.servers import ThreadedServer, free_port
 

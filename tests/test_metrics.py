@@ -14,7 +14,8 @@ from starlette.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.config import Config, ModelEntry, RegistrySettings, load_config
-from gateway.generation import Finished, TextDelta
+from gateway.fleet.registry import Registry
+from gateway.generation.events import Finished, TextDelta
 from gateway.metrics import (
     CONTENT_TYPE_LATEST,
     NULL_METRICS,
@@ -23,7 +24,6 @@ from gateway.metrics import (
     RequestMetrics,
     loader_with_metrics,
 )
-from gateway.registry import Registry
 from tests.support.fakes import FakeModel
 from tests.support.ggufgen import write_servable
 

@@ -171,7 +171,7 @@ def _row(server: ServerProcess, alias: str) -> dict:
 def test_a_changed_file_is_seen_before_the_next_request_touches_it(tmp_path: Path,
                                                                    change: str) -> None:
     from gateway.config import ModelEntry
-    from gateway.served_model import load_served_model
+    from gateway.local.served_model import load_served_model
 
     path = write_tiny_llama(tmp_path / "m.gguf", seed=4)
     served = load_served_model(ModelEntry(model=path, aliases=["m"], n_ctx=64))
@@ -194,7 +194,7 @@ def test_a_changed_file_is_seen_before_the_next_request_touches_it(tmp_path: Pat
 def test_a_file_replaced_by_rename_keeps_being_served_from_the_old_mapping(
         tmp_path: Path) -> None:
     from gateway.config import ModelEntry
-    from gateway.served_model import load_served_model
+    from gateway.local.served_model import load_served_model
 
     path = write_tiny_llama(tmp_path / "m.gguf", seed=4)
     served = load_served_model(ModelEntry(model=path, aliases=["m"], n_ctx=64))

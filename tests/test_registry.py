@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gateway.config import Config, ModelEntry, ModelNotFoundError, RegistrySettings
-from gateway.lifecycle import InvalidTransition, ModelState, advance
-from gateway.registry import Lease, ModelLoadFailedError, Registry, RegistryBusyError
-from gateway.served_model import load_served_model
+from gateway.fleet.lifecycle import InvalidTransition, ModelState, advance
+from gateway.fleet.registry import Lease, ModelLoadFailedError, Registry, RegistryBusyError
+from gateway.local.served_model import load_served_model
 from tests.support.fakes import MB, FakeModel, RecordingLoader, run, state
 
 
@@ -66,7 +66,9 @@ def test_acquire_loads_once_and_leases_count_in_flight(tmp_path: Path) -> None:
         registry.release(lease)
         registry.release(lease)  # idempotent
         assert registry.snapshot()[0]["in_flight"] == 1
-        assert lease.model is None  # the lease no longer keeps the model alive
+        assert lease.held is None  # the lease no longer keeps the model alive
+        with pytest.raises(RuntimeError, match="released"):
+            _ = lease.model  # nor hands it out
         registry.release(second)
         assert registry.snapshot()[0]["in_flight"] == 0
         await registry.close()

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from gateway.config import Config, ModelEntry, RegistrySettings
-from gateway.registry import Registry
+from gateway.fleet.registry import Registry
 from tests.support.fakes import MB, FakeModel, RecordingLoader, run, state
 from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
 from tests.support.servers import Server
@@ -182,8 +182,8 @@ def test_non_finite_logits_fail_the_requests_and_mark_the_model_broken() -> None
     import numpy as np
 
     import engine
-    from gateway.generation import GenerationRequest, ModelBrokenError
-    from gateway.scheduler import Scheduler
+    from gateway.generation.events import GenerationRequest, ModelBrokenError
+    from gateway.local.scheduler import Scheduler
     from tests.support.scripted_model import ScriptedModel, letters, script
 
     model = ScriptedModel(n_slots=2)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.sampling import SamplingParams
-from gateway.generation import (
+from gateway.generation.events import (
     Finished,
     GenerationCancelled,
     GenerationRequest,
@@ -18,8 +18,8 @@ from gateway.generation import (
     SchedulerClosedError,
     TextDelta,
 )
-from gateway.scheduler import HANDOFF_ROUNDS, Generation, Scheduler
-from gateway.stop_strings import StopScanner
+from gateway.local.scheduler import HANDOFF_ROUNDS, Generation, Scheduler
+from gateway.local.stop_strings import StopScanner
 from tests.support.scripted_model import FAIL, SEP, ScriptedModel, ScriptedTokenizer, letters, script
 
 # ------------------------------------------------------------------ StopScanner
@@ -384,7 +384,7 @@ def test_metrics_record_queue_slots_batches_and_cache_hits():
 
 def test_served_model_reports_its_queue_and_slots():
     """The registry's /admin/models rows read `queued` and `active` from the served model."""
-    from gateway.served_model import ServedModel
+    from gateway.local.served_model import ServedModel
 
     async def main():
         gate = threading.Semaphore(0)
@@ -428,8 +428,8 @@ def test_handoff_ends_once_every_stream_took_its_event(rounds, complete):
     """The scheduler's wait for the loop ends after the consumers - a stream of one choice and
     one of two choices (served through choice pumps) - have taken this step's events, and no
     round earlier than needed."""
-    from gateway.scheduler import _deliver_all, _GenerationJob
-    from gateway.serving import _events
+    from gateway.generation.choices import choice_events as _events
+    from gateway.local.scheduler import _deliver_all, _GenerationJob
 
     request = GenerationRequest([1, SEP], SamplingParams(), max_tokens=4)
 

@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as Q
 import engine
 from engine.servable import why_not_servable
 from gateway.config import Config, ConfigError, ModelEntry, RegistrySettings, load_config
-from gateway.registry import ModelLoadFailedError, Registry
+from gateway.fleet.registry import ModelLoadFailedError, Registry
 from gateway.scan import scan_dir
 from tests.support.fakes import FakeModel
 from tests.support.ggufgen import tensor_type_field, write_servable, write_tiny_llama

@@ -7,7 +7,7 @@ from starlette.requests import Request
 
 from gateway import protocol as p
 from gateway.errors import APIError
-from gateway.streaming import (
+from gateway.http.streaming import (
     DONE,
     EventStreamResponse,
     TextEventTemplate,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import APIError
-from gateway.structured import _check_schema, closed
+from gateway.generation.structured import _check_schema, closed
 
 
 def test_objects_that_list_properties_are_closed_everywhere_unless_they_say_otherwise():
@@ -46,7 +46,7 @@ def test_a_valid_schema_passes():
 
 def test_an_integer_without_bounds_ends_within_the_safe_range():
     from engine.constraint import TokenizerAdapter, json_schema_grammar
-    from gateway.structured import SAFE_INTEGER
+    from gateway.generation.structured import SAFE_INTEGER
     from tests.support.fake_vocab import ByteVocabulary
 
     schema = {"type": "object", "properties": {"n": {"type": "integer"},

@@ -1,5 +1,5 @@
 """A chat template cannot stall the server: time budget and output cap (engine/template_budget.py),
-and rendering off the event loop (gateway/serving.py)."""
+and rendering off the event loop (gateway/generation/serving.py)."""
 from __future__ import annotations
 
 import threading

@@ -26,7 +26,7 @@ from engine.tool_formats import (
     ToolFormat,
     detect,
 )
-from gateway.tool_stream import ReplyReader
+from gateway.generation.tool_stream import ReplyReader
 from tests.support.fake_vocab import ByteVocabulary
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"

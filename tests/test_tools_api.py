@@ -57,7 +57,7 @@ def test_json_schema_outputs_validate_100_of_100(server):
         r = server.client.chat.completions.create(
             model="smol", messages=ask("Give me an example as JSON."), n=10, seed=i,
             # the whole distribution, as OpenAI samples: unset, top_k/top_p/min_p would take
-            # llama.cpp's defaults (gateway/defaults.py), under which SmolLM2 can loop on digits
+            # llama.cpp's defaults (gateway/generation/defaults.py), under which SmolLM2 can loop on digits
             temperature=1.0, top_p=1.0, extra_body={"top_k": 0, "min_p": 0.0}, max_tokens=200,
             response_format={"type": "json_schema",
                              "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}})

@@ -220,7 +220,7 @@ def test_a_request_failing_before_the_first_byte_is_retried_on_another_backend(
     try:
         # the first probe found `dead` down; mark it healthy again so the pool tries it first
         async def mark_healthy() -> None:
-            pool = app_state(server.app).registry.route("pool")
+            pool = app_state(server.app).router.route("pool")
             pool.members[0].health.probe_ok(time.monotonic())
 
         server.on_loop(mark_healthy())

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-import gateway.watch as watch_module
+import gateway.fleet.watch as watch_module
 from gateway.config import Config, load_config
+from gateway.fleet.registry import Registry
+from gateway.fleet.watch import ConfigWatcher, Reloader, WatchOptions
 from gateway.metrics import Metrics
-from gateway.registry import Registry
-from gateway.watch import ConfigWatcher, Reloader, WatchOptions
 from tests.support.fakes import MB, RecordingLoader, run
 from tests.support.ggufgen import write_servable
 

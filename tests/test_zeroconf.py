@@ -16,9 +16,9 @@ import pytest
 
 from gateway.app import create_app
 from gateway.config import ConfigError, load_config
+from gateway.fleet.watch import WatchOptions
+from gateway.fleet.zeroconf import config_for_dir, config_for_files, dir_loader
 from gateway.scan import main as scan_main
-from gateway.watch import WatchOptions
-from gateway.zeroconf import config_for_dir, config_for_files, dir_loader
 from tests.support.ggufgen import write_tiny_llama
 from tests.support.servers import ThreadedServer
 

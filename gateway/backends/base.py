@@ -17,9 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.backends.health import Failure, Health, Stats
 from gateway.errors import APIError
-
-from .health import Failure, Health, Stats
 
 BackendKind = Literal["local", "upstream"]
 BACKEND_HEADER = "X-Modelyard-Backend"  # which member served a pooled request
@@ -34,10 +33,12 @@ class Call:
     """One request for a pool: where it goes, what it carries, and the local path to use."""
 
     request: Request
-    endpoint: str                 # "/chat/completions", "/completions", "/embeddings"
+    endpoint: str                 # "/chat/completions", "/completions", "/embeddings", ...
     body: bytes                   # as received: fields modelyard does not parse reach upstream
     alias: str                    # the alias the client asked for
     local: LocalHandler
+    at_root: bool = False         # the endpoint is under the server's root, not its base URL
+                                  # (llama.cpp's /completion beside OpenAI's /v1)
 
 
 class Retryable(Exception):

@@ -12,27 +12,30 @@ from collections.abc import Iterable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import auth
 from gateway import protocol as p
-from gateway.registry import Registry
+from gateway.backends.base import Call, LocalHandler
+from gateway.backends.upstreams import UpstreamRow
+from gateway.fleet.router import Router
+from gateway.http import auth
 from gateway.state import app_state
 
-from .base import Call, LocalHandler
-from .upstreams import UpstreamRow
 
-
-async def serve(request: Request, endpoint: str, local: LocalHandler) -> Response:
-    registry = app_state(request.app).registry
+async def serve(request: Request, endpoint: str, local: LocalHandler, *,
+                at_root: bool = False) -> Response:
+    """`endpoint` is under the servers' base URL (OpenAI's /v1), or with `at_root` under their
+    root (llama.cpp's /completion)."""
+    router = app_state(request.app).router
     body = await request.body()
-    if not registry.upstreams.configured():
+    if not router.upstreams.configured():
         return await local(request, body, None, None)
-    pool = registry.route(_model_of(body))
+    pool = router.route(_model_of(body))
     if pool is None:
         return await local(request, body, None, None)
     auth.check_named(request, pool.alias)
     request.state.model = pool.alias  # a configured or discovered alias: a bounded label
-    call = Call(request=request, endpoint=endpoint, body=body, alias=pool.alias, local=local)
-    return await pool.serve(call, wait=registry.config.registry.load_timeout)
+    call = Call(request=request, endpoint=endpoint, body=body, alias=pool.alias, local=local,
+                at_root=at_root)
+    return await pool.serve(call, wait=router.config.registry.load_timeout)
 
 
 def _model_of(body: bytes) -> str | None:
@@ -46,14 +49,14 @@ def _model_of(body: bytes) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def upstream_cards(registry: Registry, created: int,
+def upstream_cards(router: Router, created: int,
                    visible: Iterable[str] | None) -> list[p.ModelCard]:
     """Cards of the aliases served upstream: configured ones, then discovered ones."""
     wanted = None if visible is None else set(visible)
-    rows = registry.upstream_rows()
-    aliases = [a for e in registry.config.upstreams for a in e.aliases]
-    aliases += [a for a in registry.upstreams.discovered_aliases()
-                if a not in aliases and not registry.config.is_local(a)]
+    rows = router.upstream_rows()
+    aliases = [a for e in router.config.upstreams for a in e.aliases]
+    aliases += [a for a in router.discovered_aliases()
+                if a not in aliases and not router.config.is_local(a)]
     return [p.ModelCard(id=alias, created=created, owned_by=_owners(rows, alias))
             for alias in aliases if wanted is None or alias in wanted]
 

@@ -20,7 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .upstreams import UpstreamRow
+from gateway.backends.upstreams import UpstreamRow
 
 
 class UpstreamCollector(Collector):

@@ -15,13 +15,21 @@ from collections.abc import Callable, Sequence
 
 from starlette.responses import Response
 
+from gateway.backends.base import (
+    BACKEND_HEADER,
+    Backend,
+    BackendKind,
+    Call,
+    Measured,
+    Retryable,
+    Tracked,
+    now,
+)
+from gateway.backends.health import Failure, Health, Stats
 from gateway.config.upstream import Balance
 from gateway.errors import APIError
-from gateway.generation import QueueFullError
-from gateway.registry.errors import RegistryBusyError
-
-from .base import BACKEND_HEADER, Backend, BackendKind, Call, Measured, Retryable, Tracked, now
-from .health import Failure, Health, Stats
+from gateway.fleet.registry.errors import RegistryBusyError
+from gateway.generation.events import QueueFullError
 
 log = logging.getLogger("modelyard.upstream")
 

@@ -24,11 +24,10 @@ import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from gateway.backends.base import BACKEND_HEADER, BackendKind, Call, Measured, Retryable, now
+from gateway.backends.health import Failure, Health
 from gateway.config.upstream import UpstreamServer
 from gateway.errors import APIError
-
-from .base import BACKEND_HEADER, BackendKind, Call, Measured, Retryable, now
-from .health import Failure, Health
 
 log = logging.getLogger("modelyard.upstream")
 
@@ -75,7 +74,8 @@ class UpstreamBackend(Measured):
     async def serve(self, call: Call) -> Response:
         """The upstream's response, once its first bytes are in; Retryable before that."""
         body = _with_model(call.body, self.server.model)
-        request = self.client.build_request("POST", self.server.url + call.endpoint,
+        base = self.server.server_root if call.at_root else self.server.url
+        request = self.client.build_request("POST", base + call.endpoint,
                                             content=body, headers=self._headers(),
                                             timeout=self._timeout())
         started = time.perf_counter()

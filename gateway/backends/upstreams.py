@@ -19,11 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Literal, TypedDict
 
+from gateway.backends.base import Backend
+from gateway.backends.pool import LocalBackend, Pool
+from gateway.backends.upstream import UpstreamBackend
 from gateway.config.upstream import LocalMember, ProbeSettings, UpstreamEntry
-
-from .base import Backend
-from .pool import LocalBackend, Pool
-from .upstream import UpstreamBackend
 
 log = logging.getLogger("modelyard.upstream")
 

@@ -19,19 +19,19 @@ One concern a module:
 """
 from __future__ import annotations
 
-from .loader import load_config
-from .problems import ConfigError
-from .reload import restart_needed
-from .schema import (
-                     ApiKey,
-                     AuthSettings,
-                     Config,
-                     CorsSettings,
-                     LimitSettings,
-                     ModelEntry,
-                     ModelNotFoundError,
-                     RegistrySettings,
-                     default_config,
+from gateway.config.loader import load_config
+from gateway.config.problems import ConfigError
+from gateway.config.reload import restart_needed
+from gateway.config.schema import (
+           ApiKey,
+           AuthSettings,
+           Config,
+           CorsSettings,
+           LimitSettings,
+           ModelEntry,
+           ModelNotFoundError,
+           RegistrySettings,
+           default_config,
 )
 
 __all__ = ["ApiKey", "AuthSettings", "Config", "ConfigError", "CorsSettings", "LimitSettings",

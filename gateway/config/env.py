@@ -5,7 +5,7 @@ import os
 import re
 from typing import Any
 
-from .problems import Loc, Problems
+from gateway.config.problems import Loc, Problems
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what may follow `${`
 

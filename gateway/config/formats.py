@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .problems import Loc
+from gateway.config.problems import Loc
 
 FORMATS = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}  # suffix -> format
 

@@ -24,12 +24,11 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from gateway.config import llama_cpp
+from gateway.config.env import ENV_NAME
+from gateway.config.reload import RELOAD, RESTART, Applies, applies, is_internal, sections_in
+from gateway.config.schema import PER_MODEL_ONLY, SCHEMA_KEY, Config
 from gateway.units import DURATION_UNITS, NUMBER, SIZE_UNITS, parse_duration, parse_size
-
-from . import llama_cpp
-from .env import ENV_NAME
-from .reload import RELOAD, RESTART, Applies, applies, is_internal, sections_in
-from .schema import PER_MODEL_ONLY, SCHEMA_KEY, Config
 
 # Draft 7: what the YAML language server and most editors read. pydantic's `$defs` and the
 # `deprecated` annotation (2019-09) are understood by them too.

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .env import expand_env
-from .formats import FORMATS, ParseError, format_of, parse
-from .llama_cpp import (
+from gateway.config.env import expand_env
+from gateway.config.formats import FORMATS, ParseError, format_of, parse
+from gateway.config.llama_cpp import (
     API_KEY,
     LLAMA_CPP_MODEL_KEYS,
     LLAMA_CPP_SERVER_KEYS,
@@ -25,9 +25,9 @@ from .llama_cpp import (
     UNUSED,
     server_key_note,
 )
-from .problems import ConfigError, Loc, Problems, pydantic_message, render, unknown_key
-from .reload import file_keys, sections_in
-from .schema import (
+from gateway.config.problems import ConfigError, Loc, Problems, pydantic_message, render, unknown_key
+from gateway.config.reload import file_keys, sections_in
+from gateway.config.schema import (
     ENTRY_KEYS,
     PER_MODEL_ONLY,
     SCHEMA_KEY,
@@ -42,7 +42,7 @@ from .schema import (
     ServerSettings,
     check_across_entries,
 )
-from .upstream import MEMBER_TAGS, UpstreamEntry, prepare_upstream
+from gateway.config.upstream import MEMBER_TAGS, UpstreamEntry, prepare_upstream
 
 log = logging.getLogger("modelyard.config")
 

@@ -27,12 +27,11 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.config.llama_cpp import MODEL_ALIAS
+from gateway.config.problems import Loc, Problems, dotted
+from gateway.config.reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
+from gateway.config.upstream import UpstreamEntry, check_pool_members
 from gateway.units import parse_duration, parse_size
-
-from .llama_cpp import MODEL_ALIAS
-from .problems import Loc, Problems, dotted
-from .reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
-from .upstream import UpstreamEntry, check_pool_members
 
 GiB = 1024**3
 
@@ -68,7 +67,7 @@ class RegistrySettings(BaseModel):
 
 
 class LimitSettings(BaseModel):
-    """What one request may cost before it is refused (gateway/limits.py enforces them)."""
+    """What one request may cost before it is refused (gateway/http/limits.py enforces them)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -107,7 +106,7 @@ class EntrySettings(BaseModel):
                           "(engine/chat_formats.py)")
     pinned: Annotated[bool, LIVE] = Field(
         False, description="load at start-up; never evicted or unloaded for idleness")
-    # Sampling defaults for requests that leave a field out (gateway/defaults.py); None = the
+    # Sampling defaults for requests that leave a field out (gateway/generation/defaults.py); None = the
     # GGUF's general.sampling.* value, else llama.cpp's.
     temperature: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=2.0, description=_SAMPLING)
     top_p: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=1.0, description=_SAMPLING)
@@ -211,7 +210,7 @@ class ApiKey(BaseModel):
 
 
 class AuthSettings(BaseModel):
-    """`auth:` API keys for the API and a separate admin key (gateway/auth.py)."""
+    """`auth:` API keys for the API and a separate admin key (gateway/http/auth.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -39,10 +39,9 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.config.problems import Loc, Problems
+from gateway.config.reload import LIVE
 from gateway.units import parse_duration
-
-from .problems import Loc, Problems
-from .reload import LIVE
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]  # seconds
 

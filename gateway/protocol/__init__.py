@@ -11,48 +11,48 @@ parse_request and sampling_params. Import from here: `from gateway import protoc
 """
 from __future__ import annotations
 
-from .base import (
-                   COMPLETION_DEFAULT_MAX_TOKENS,
-                   MAX_N,
-                   MAX_STOP,
-                   MAX_TOP_LOGPROBS,
-                   Bias,
-                   ErrorInfo,
-                   ErrorResponse,
-                   FinishReason,
-                   KeepAlive,
-                   Penalty,
-                   PromptProgress,
-                   PromptTokensDetails,
-                   StreamOptions,
-                   Usage,
-                   keep_alive_seconds,
+from gateway.protocol.base import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    MAX_N,
+    MAX_STOP,
+    MAX_TOP_LOGPROBS,
+    Bias,
+    ErrorInfo,
+    ErrorResponse,
+    FinishReason,
+    KeepAlive,
+    Penalty,
+    PromptProgress,
+    PromptTokensDetails,
+    StreamOptions,
+    Usage,
+    keep_alive_seconds,
 )
-from .chat import (
-                   AssistantMessage,
-                   ChatChoice,
-                   ChatCompletion,
-                   ChatCompletionChunk,
-                   ChatCompletionRequest,
-                   ChatMessage,
-                   ChoiceDelta,
-                   ChoiceLogprobs,
-                   ChunkChoice,
-                   TextContentPart,
-                   TokenLogprob,
-                   TopLogprob,
+from gateway.protocol.chat import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    ChunkChoice,
+    TextContentPart,
+    TokenLogprob,
+    TopLogprob,
 )
-from .completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
-from .embeddings import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
-from .models import ModelCard, ModelExtras, ModelList
-from .parsing import (
-                   GenerationRequestBody,
-                   RequestValidationError,
-                   new_id,
-                   now,
-                   param_path,
-                   parse_request,
-                   sampling_params,
+from gateway.protocol.completions import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from gateway.protocol.embeddings import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
+from gateway.protocol.models import ModelCard, ModelExtras, ModelList
+from gateway.protocol.parsing import (
+    GenerationRequestBody,
+    RequestValidationError,
+    new_id,
+    now,
+    param_path,
+    parse_request,
+    sampling_params,
 )
 
 __all__ = [

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from .tools import ResponseFormat
+from gateway.protocol.tools import ResponseFormat
 
 MAX_N = 16           # choices per request; they run side by side in the batch
 MAX_STOP = 16        # OpenAI allows 4; more costs us nothing
@@ -71,7 +71,7 @@ KeepAlive = str | int | float | None  # Ollama's: a duration ("5m", 300), 0 = un
 
 def keep_alive_seconds(value: KeepAlive) -> float | None:
     """A keep_alive value in seconds: None (not given), 0, a duration, or inf (negative)."""
-    from ..units import parse_duration
+    from gateway.units import parse_duration
 
     if value is None:
         return None

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_serializer
 
-from .base import (
+from gateway.protocol.base import (
     MAX_TOP_LOGPROBS,
     FinishReason,
     PromptProgress,
@@ -16,7 +16,7 @@ from .base import (
     _Response,
     without_unset,
 )
-from .tools import ToolCall, ToolCallDelta, ToolCallIn, ToolChoice, ToolDefinition
+from gateway.protocol.tools import ToolCall, ToolCallDelta, ToolCallIn, ToolChoice, ToolDefinition
 
 
 class TextContentPart(_Request):
@@ -43,7 +43,7 @@ class ChatMessage(_Request):
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
-        if self.tool_calls:  # gateway/structured.py turns the arguments into objects
+        if self.tool_calls:  # gateway/generation/structured.py turns the arguments into objects
             message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import (
+from gateway.protocol.base import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     FinishReason,
     PromptProgress,

@@ -5,7 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from .base import KeepAlive, _check_keep_alive, _prompt_batch, _Request, _Response
+from gateway.protocol.base import KeepAlive, _check_keep_alive, _prompt_batch, _Request, _Response
 
 
 class EmbeddingRequest(_Request):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .base import _Response
+from gateway.protocol.base import _Response
 
 
 class ModelExtras(_Response):

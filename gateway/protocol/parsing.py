@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .chat import ChatCompletionRequest
-from .completions import CompletionRequest
+from gateway.protocol.chat import ChatCompletionRequest
+from gateway.protocol.completions import CompletionRequest
 
 if TYPE_CHECKING:
     import engine

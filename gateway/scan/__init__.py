@@ -22,13 +22,13 @@ FoundModel | Skipped), naming.py (aliases), render.py (entries, YAML/TOML/JSON),
 (`--update`), cli.py (arguments, checking with load_config, writing).
 """
 
-from ..config.formats import FORMATS
-from .cli import EXIT_NOTHING, EXIT_OK, EXIT_USAGE, add_scan_arguments, main, run_scan
-from .discover import ScanResult, examine_file, scan_dir
-from .judge import NOT_GGUF, FoundModel, Skipped, format_count, quantization
-from .naming import assign_aliases, clean_name, family_name, preferred_name
-from .render import DEFAULT_N_CTX, HEADER, Entry, build_entries, render
-from .update import Existing, ScanError, read_existing, updated_text
+from gateway.config.formats import FORMATS
+from gateway.scan.cli import EXIT_NOTHING, EXIT_OK, EXIT_USAGE, add_scan_arguments, main, run_scan
+from gateway.scan.discover import ScanResult, examine_file, scan_dir
+from gateway.scan.judge import NOT_GGUF, FoundModel, Skipped, format_count, quantization
+from gateway.scan.naming import assign_aliases, clean_name, family_name, preferred_name
+from gateway.scan.render import DEFAULT_N_CTX, HEADER, Entry, build_entries, render
+from gateway.scan.update import Existing, ScanError, read_existing, updated_text
 
 __all__ = [
     "DEFAULT_N_CTX", "EXIT_NOTHING", "EXIT_OK", "EXIT_USAGE", "FORMATS", "HEADER", "NOT_GGUF",

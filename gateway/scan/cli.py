@@ -7,13 +7,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..config import ConfigError, load_config
-from ..config.formats import FORMATS
-from .discover import scan_dir
-from .judge import NOT_GGUF, Skipped
-from .naming import assign_aliases
-from .render import DEFAULT_N_CTX, build_entries, render
-from .update import ScanError, read_existing, updated_text
+from gateway.config import ConfigError, load_config
+from gateway.config.formats import FORMATS
+from gateway.scan.discover import scan_dir
+from gateway.scan.judge import NOT_GGUF, Skipped
+from gateway.scan.naming import assign_aliases
+from gateway.scan.render import DEFAULT_N_CTX, build_entries, render
+from gateway.scan.update import ScanError, read_existing, updated_text
 
 SUFFIX = {"yaml": ".yaml", "toml": ".toml", "json": ".json"}
 

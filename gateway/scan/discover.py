@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.gguf import SPLIT_NAME
-
-from .judge import FoundModel, Skipped, examine_parts
+from gateway.scan.judge import FoundModel, Skipped, examine_parts
 
 
 @dataclass

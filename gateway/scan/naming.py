@@ -5,7 +5,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from .judge import FoundModel
+from gateway.scan.judge import FoundModel
 
 _QUANT_SUFFIX = re.compile(r"[-._ ](?:i?q\d[a-z0-9_]*|bf16|fp16|fp32|f16|f32)$", re.I)
 

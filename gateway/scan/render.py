@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from ..config import ModelEntry
-from .judge import FoundModel
+from gateway.config import ModelEntry
+from gateway.scan.judge import FoundModel
 
 HEADER = ("Written by `modelyard scan`. Edit freely: `modelyard scan DIR --update FILE` "
           "keeps your edits and adds new models.")

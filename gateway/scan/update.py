@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError, load_config
-from ..config.formats import FORMATS, ParseError, parse
-from .render import DEFAULT_N_CTX, Entry, render, toml_items, yaml_items
+from gateway.config import ConfigError, load_config
+from gateway.config.formats import FORMATS, ParseError, parse
+from gateway.scan.render import DEFAULT_N_CTX, Entry, render, toml_items, yaml_items
 
 
 class ScanError(Exception):

@@ -1,6 +1,6 @@
 """Stand-ins for loaded models: the registry's tests and the admin endpoints' tests load these
 instantly instead of a GGUF. FakeModel has every member of what the registry reads of a served
-model (gateway/registry/slots.py's Loaded); a test sets the ones it is about."""
+model (gateway/fleet/registry/slots.py's Loaded); a test sets the ones it is about."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from gateway.config import ModelEntry
-from gateway.registry import Registry
+from gateway.fleet.registry import Registry
 
 T = TypeVar("T")
 MB = 1 << 20

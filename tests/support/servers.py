@@ -19,7 +19,7 @@ import yaml
 
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.served_model import load_served_model
+from gateway.local.served_model import load_served_model
 from gateway.state import app_state
 
 

@@ -1,0 +1,1 @@
+"""The HTTP surface, one module per API: OpenAI's, llama.cpp's, the operators', the web console."""

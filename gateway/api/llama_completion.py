@@ -1,0 +1,276 @@
+"""llama.cpp's POST /completion as a wire of the one pipeline (gateway/api/pipeline.py).
+
+    plan     prompt (text, token ids, or a mix; several prompts -> several generations),
+             n_predict (-1: the chat budget, gateway/generation/defaults.py; 0: evaluate only),
+             sampling fields over the entry's and the GGUF's, logit_bias, ignore_eos
+    whole    one object per prompt (an array for several): content, tokens, timings,
+             completion_probabilities, generation_settings; cut to response_fields
+    chunks   one prompt: a chunk per delta, then the final object
+
+Names and shapes are llama.cpp's (tools/server/README.md).
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import engine
+from gateway.api import llama_protocol as lp
+from gateway.config import LimitSettings
+from gateway.errors import APIError, context_length_exceeded, invalid_request
+from gateway.fleet.registry import Lease
+from gateway.generation import defaults, serving
+from gateway.generation.choices import ChoiceResult
+from gateway.generation.events import Finished, GenerationRequest, TextDelta, TokenInfo
+from gateway.generation.model import GenerativeModel
+from gateway.generation.serving import Plan
+from gateway.http.streaming import openai_error
+
+BANNED = -1e9          # a logit bias that no sampler gets past (llama.cpp's `false`)
+SEED_RANDOM = 4294967295  # how llama.cpp shows seed -1
+
+
+# --------------------------------------------------------------------------------- planning
+
+def _sampling(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel) -> dict[str, Any]:
+    """The request's sampling values, what it left out from the entry/GGUF/llama.cpp defaults."""
+    base = defaults.effective(lease.entry, served.sampling_defaults).as_dict()
+    sent = {k: getattr(req, k) for k in defaults.SAMPLING_FIELDS if getattr(req, k) is not None}
+    return {**base, **sent}
+
+
+def _logit_bias(req: lp.CompletionRequest, served: GenerativeModel) -> dict[int, float]:
+    n_vocab = served.n_vocab
+    pairs: list[tuple[Any, Any]] = []
+    if isinstance(req.logit_bias, dict):
+        pairs = [(int(k) if k.isdigit() else k, v) for k, v in req.logit_bias.items()]
+    elif req.logit_bias is not None:
+        for item in req.logit_bias:
+            if len(item) != 2:
+                raise invalid_request("logit_bias items must be [token, bias] pairs", "logit_bias")
+            pairs.append((item[0], item[1]))
+    out: dict[int, float] = {}
+    for token, bias in pairs:
+        if bias is False:
+            value = BANNED
+        elif isinstance(bias, int | float) and not isinstance(bias, bool):
+            value = float(bias)
+        else:
+            raise invalid_request(f"logit_bias: the bias of {token!r} must be a number or false",
+                                  "logit_bias")
+        if isinstance(token, str):  # every token of the text, as llama.cpp does
+            ids = served.tokenizer.encode(token, add_special=False, parse_special=False)
+        elif isinstance(token, int) and not isinstance(token, bool) and 0 <= token < n_vocab:
+            ids = [token]
+        else:
+            raise invalid_request(f"logit_bias token {token!r} is outside the vocabulary "
+                                  f"(0..{n_vocab - 1})", "logit_bias")
+        for t in ids:
+            out[t] = value
+    if req.ignore_eos:
+        out.update(dict.fromkeys(served.tokenizer.eog_ids, BANNED))
+    return out
+
+
+def _prompt_ids(served: GenerativeModel, parts: list[int | str], limits: LimitSettings) -> list[int]:
+    """A prompt of texts and ids as token ids; BOS (if the model wants it) before a leading text.
+    Texts pass the same size checks as the OpenAI routes' prompts (serving.check_prompt_size)."""
+    n_vocab = served.n_vocab
+    ids: list[int] = []
+    for i, part in enumerate(parts):
+        if isinstance(part, str):
+            serving.check_prompt_size(served, part, limits, "prompt")
+            ids += (served.text_prompt(part) if i == 0 else
+                    served.tokenizer.encode(part, add_special=False, parse_special=True))
+        elif 0 <= part < n_vocab:
+            ids.append(part)
+        else:
+            raise invalid_request(f"prompt token ids must be in 0..{n_vocab - 1}", "prompt")
+    return ids
+
+
+def _seed(req: lp.CompletionRequest, lease: Lease) -> int | None:
+    """The request's seed; -1 (random) takes the entry's seed when it has one."""
+    return req.seed if req.seed >= 0 else lease.entry.seed
+
+
+def _settings(values: dict[str, Any], req: lp.CompletionRequest, n_ctx: int, n_predict: int,
+              alias: str, seed: int | None) -> dict[str, Any]:
+    """llama.cpp's `generation_settings` (also /props' and /slots' `params`)."""
+    return {"n_ctx": n_ctx, "model": alias, "n_predict": n_predict, "max_tokens": n_predict,
+            "seed": SEED_RANDOM if seed is None else seed, **values, "stop": list(req.stop),
+            "n_probs": req.n_probs, "stream": req.stream, "ignore_eos": req.ignore_eos,
+            "cache_prompt": req.cache_prompt}
+
+
+@dataclass
+class LlamaPlan(Plan):
+    """A Plan with what llama.cpp's replies echo: each prompt's ids and text, the settings."""
+    prompts: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # llama.cpp's generation_settings
+
+
+def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limits: LimitSettings
+          ) -> LlamaPlan:
+    """Runs in the model's prep threads (tokenizing is CPU work): the prompts' ids and texts,
+    one generation per prompt (none for n_predict 0), and llama.cpp's generation_settings."""
+    values = _sampling(req, lease, served)
+    greedy = values["temperature"] <= 0 or values["top_p"] == 0
+    budget = (defaults.chat_max_tokens(lease.entry, served.n_ctx) if req.n_predict < 0
+              else req.n_predict)
+    params = engine.SamplingParams(
+        temperature=0.0 if greedy else values["temperature"], top_k=max(0, values["top_k"]),
+        top_p=1.0 if greedy else values["top_p"], min_p=values["min_p"],
+        repeat_penalty=values["repeat_penalty"], presence_penalty=values["presence_penalty"],
+        frequency_penalty=values["frequency_penalty"], logit_bias=_logit_bias(req, served),
+        seed=_seed(req, lease), top_logprobs=req.n_probs,
+        logprobs=bool(req.n_probs))
+    prompts = [_prompt_ids(served, parts, limits) for parts in req.prompts()]
+    requests = []
+    for ids in prompts:
+        if not ids:
+            raise invalid_request("prompt is empty after tokenizing", "prompt")
+        if len(ids) >= served.n_ctx:
+            raise context_length_exceeded(len(ids), served.n_ctx, "prompt")
+        requests.append(GenerationRequest(
+            prompt_ids=ids, params=params, max_tokens=min(budget, served.n_ctx - len(ids)),
+            stop=tuple(s for s in req.stop if s), logprobs=True))  # token ids come with logprobs
+    if req.stream and len(requests) > 1:
+        raise invalid_request("stream takes one prompt; send several prompts without stream",
+                              "prompt")
+    texts = [served.tokenizer.decode(ids) for ids in prompts]
+    settings = _settings(values, req, served.n_ctx, budget, lease.alias, _seed(req, lease))
+    return LlamaPlan(requests if req.n_predict != 0 else [],  # n_predict 0: only evaluated
+                     sum(len(ids) for ids in prompts), prompt_of=list(range(len(prompts))),
+                     prompts=prompts, texts=texts, settings=settings)
+
+# --------------------------------------------------------------------------------- responses
+
+def _probs(tokens: list[TokenInfo]) -> list[dict[str, Any]]:
+    return [{"id": t.token, "token": t.text, "bytes": list(t.bytes), "logprob": t.logprob,
+             "top_logprobs": [{"id": i, "token": text, "bytes": list(raw), "logprob": lp}
+                              for i, (text, raw, lp) in zip(t.top_ids, t.top)]}
+            for t in tokens]
+
+
+def _timings(done: Finished) -> dict[str, Any]:
+    prompt_n = done.prompt_tokens - done.cached_tokens
+    prompt_ms, predicted_ms = done.prompt_seconds * 1000, done.predicted_seconds * 1000
+    n = done.completion_tokens
+    return {"cache_n": done.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / done.prompt_seconds if done.prompt_seconds else 0.0,
+            "predicted_n": n, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / n if n else 0.0,
+            "predicted_per_second": n / done.predicted_seconds if done.predicted_seconds else 0.0}
+
+
+def _final(index: int, text: str, ids: list[int], tokens: list[TokenInfo], done: Finished,
+           req: lp.CompletionRequest, settings: dict[str, Any], prompt: str, n_ctx: int,
+           streamed: bool) -> dict[str, Any]:
+    stop_type = "word" if done.stop_word else "limit" if done.finish_reason == "length" else "eos"
+    out: dict[str, Any] = {
+        "index": index, "content": "" if streamed else text,
+        "tokens": ids if req.return_tokens and not streamed else [], "id_slot": -1, "stop": True,
+        "model": settings["model"], "tokens_predicted": done.completion_tokens,
+        "tokens_evaluated": done.prompt_tokens, "generation_settings": settings,
+        "prompt": prompt, "has_new_line": "\n" in text,
+        "truncated": done.prompt_tokens + done.completion_tokens >= n_ctx,
+        "stop_type": stop_type, "stopping_word": done.stop_word,
+        "tokens_cached": done.cached_tokens, "timings": _timings(done),
+    }
+    if req.n_probs and not streamed:
+        out["completion_probabilities"] = _probs(tokens)
+    return out
+
+
+def _only_fields(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """llama.cpp's `response_fields`: keep these; "a/b" moves a["b"] to the top as "a/b"."""
+    if not fields:
+        return body
+    out: dict[str, Any] = {}
+    for name in fields:
+        value: Any = body
+        for part in name.split("/"):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            out[name] = value
+    return out
+
+
+def _evaluated_only(index: int, ids: list[int], req: lp.CompletionRequest,
+                    settings: dict[str, Any], prompt: str, n_ctx: int) -> dict[str, Any]:
+    """n_predict 0: nothing generated (llama.cpp then only fills the cache)."""
+    return _final(index, "", [], [], Finished("length", len(ids), 0), req, settings, prompt,
+                  n_ctx, streamed=False)
+
+
+
+def whole(served: GenerativeModel, alias: str, req: lp.CompletionRequest, plan: LlamaPlan,
+          results: list[ChoiceResult]) -> Any:
+    """One object per prompt (an array for several), cut to `response_fields`."""
+    n_ctx = served.n_ctx
+    if not plan.requests:  # n_predict 0
+        bodies = [_evaluated_only(i, ids, req, plan.settings, plan.texts[i], n_ctx)
+                  for i, ids in enumerate(plan.prompts)]
+    else:
+        bodies = [_final(i, r.text, [t.token for t in r.tokens], r.tokens, _finished(r), req,
+                         plan.settings, plan.texts[i], n_ctx, streamed=False)
+                  for i, r in enumerate(results)]
+    out = [_only_fields(body, req.response_fields) for body in bodies]
+    return out[0] if len(out) == 1 else out
+
+
+def _finished(result: ChoiceResult) -> Finished:
+    if result.finished is None:  # the scheduler always finishes what it runs
+        raise RuntimeError("a generation ended without finishing")
+    return result.finished
+
+
+async def chunks(served: GenerativeModel, alias: str, req: lp.CompletionRequest,
+                 plan: LlamaPlan) -> AsyncIterator[dict[str, Any]]:
+    """The stream of its one prompt: a chunk per delta, then the final object."""
+    generation = plan.submitted[0]
+    settings, prompt, n_ctx = plan.settings, plan.texts[0], served.n_ctx
+    count = 0
+    tokens: list[TokenInfo] = []
+    text: list[str] = []
+    try:
+        async for event in generation:
+            if isinstance(event, TextDelta):
+                count += len(event.tokens)
+                tokens += event.tokens
+                text.append(event.text)
+                chunk: dict[str, Any] = {
+                    "index": 0, "content": event.text, "tokens": [t.token for t in event.tokens],
+                    "stop": False, "id_slot": -1, "model": settings["model"],
+                    "tokens_predicted": count, "tokens_evaluated": len(plan.requests[0].prompt_ids)}
+                if req.n_probs:
+                    chunk["completion_probabilities"] = _probs(event.tokens)
+                yield chunk
+            elif isinstance(event, Finished):
+                yield _final(0, "".join(text), [], tokens, event, req, settings, prompt, n_ctx,
+                             streamed=True)
+    finally:
+        plan.cancel()  # the client left early: the slot is freed at the next step
+
+
+class CompletionWire:
+    """POST /completion as a wire of the one pipeline."""
+
+    async def plan(self, model: GenerativeModel, lease: Lease, req: lp.CompletionRequest,
+                   limits: LimitSettings) -> LlamaPlan:
+        return await model.prepare(_plan, req, lease, model, limits)
+
+    whole = staticmethod(whole)
+    chunks = staticmethod(chunks)
+
+    def error(self, error: APIError) -> dict[str, Any]:
+        return openai_error(error)  # llama.cpp's server sends OpenAI's shape too
+
+
+COMPLETION = CompletionWire()

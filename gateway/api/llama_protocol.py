@@ -1,0 +1,82 @@
+"""llama.cpp server API request bodies (tools/server/README.md), beside OpenAI's in protocol/.
+
+Field names and meanings are llama.cpp's. Unknown fields (grammar, mirostat, samplers, ...) are
+ignored, as llama.cpp ignores what it does not know; wrong types are a 400 naming the field.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gateway.protocol import ChatMessage, KeepAlive
+from gateway.protocol.base import _check_keep_alive
+
+MAX_N_PROBS = 20
+
+Prompt = str | list[int | str] | list[str | list[int | str]]
+
+
+class _LlamaRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class CompletionRequest(_LlamaRequest):
+    """POST /completion."""
+    prompt: Prompt
+    model: str | None = None
+    n_predict: int = Field(-1, ge=-1)  # -1: the default budget (see gateway/generation/defaults.py)
+    stream: bool = False
+    temperature: float | None = None   # <= 0: greedy
+    top_k: int | None = None           # <= 0: off
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int = -1                     # -1: random
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    n_probs: int = Field(0, ge=0, le=MAX_N_PROBS)
+    cache_prompt: bool = True          # the prompt cache is always on; accepted for clients
+    return_tokens: bool = False
+    response_fields: list[str] = Field(default_factory=list)  # only these ("a/b": nested)
+    ignore_eos: bool = False
+    logit_bias: list[list[Any]] | dict[str, float | bool] | None = None
+    keep_alive: KeepAlive = None       # modelyard extra, as on /v1 requests
+
+    _check_keep = field_validator("keep_alive")(_check_keep_alive)
+
+    def prompts(self) -> list[list[int | str]]:
+        """The prompts, each a list of token ids and texts (llama.cpp's shapes: one string, one
+        list of ids and strings, or an array of those / of strings = several prompts)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [[p]]
+        if p and all(isinstance(x, str) for x in p):
+            return [[x] for x in p]  # type: ignore[list-item]
+        if any(isinstance(x, list) for x in p):
+            return [x if isinstance(x, list) else [x] for x in p]
+        return [list(p)]  # type: ignore[arg-type]
+
+
+class TokenizeRequest(_LlamaRequest):
+    content: str
+    model: str | None = None
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(_LlamaRequest):
+    tokens: list[int] = Field(default_factory=list)
+    model: str | None = None
+
+
+class ApplyTemplateRequest(_LlamaRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = None
+
+
+class RouterModelRequest(_LlamaRequest):
+    """POST /models/load and /models/unload."""
+    model: str

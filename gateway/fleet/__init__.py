@@ -1,0 +1,1 @@
+"""The models' lives: the registry, eviction, lifecycle, config reloads."""

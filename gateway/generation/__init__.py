@@ -1,0 +1,1 @@
+"""The generation core: requests and events, planning, structured output, tool calls."""

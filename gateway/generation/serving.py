@@ -1,0 +1,224 @@
+"""One validated request -> a Plan: its generation requests, submitted together; and embeddings.
+
+Planning (template, tokenizing, context check) happens before anything is sent, so its errors are
+proper 400s. It is CPU work, so it runs in the model's `prep` threads, never on the event loop,
+within `limits`: the template has a time budget and an output cap, and a prompt too long to
+fit the context is refused before it is tokenized. Choices (`n`, several prompts) are submitted
+together and run side by side in the model's batch; the n choices of a prompt share its token
+list, so the scheduler reads the prompt once. Running them is gateway/generation/choices.py's,
+rendering them the wire's (gateway/api/openai_wire.py, llama_completion.py).
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from gateway import protocol as p
+from gateway.config import LimitSettings
+from gateway.errors import APIError, context_length_exceeded, invalid_request
+from gateway.generation.events import (
+    GenerationObserver,
+    GenerationRequest,
+)
+from gateway.generation.model import Generation, GenerativeModel
+from gateway.generation.structured import Output, chat_output, completion_output
+from gateway.generation.tool_stream import ReplyReader
+from gateway.metrics import RequestMetrics
+
+T = TypeVar("T")
+DEFAULT_LIMITS = LimitSettings()
+
+
+@dataclass
+class Plan:
+    """Generation requests in choice order and the prompt tokens they bill once."""
+    requests: list[GenerationRequest]
+    prompt_tokens: int
+    echo: list[str] = field(default_factory=list)  # completions with echo: text before each choice
+    prompt_of: list[int] = field(default_factory=list)  # per choice: which prompt it continues
+    submitted: list[Generation] = field(default_factory=list)  # the generations, once submitted
+    output: Output = field(default_factory=Output)       # the grammar, the tool-call format
+
+    async def prepare(self, served: GenerativeModel) -> None:
+        """Compile the grammar (on a worker thread; a 400 if it does not compile) and give each
+        choice its own copy. Call before submit()."""
+        constraint = await self.output.compile(served.tokenizer)
+        if constraint is None:
+            return
+        keep = self.output.tool_format is not None and (
+            self.output.tool_format.special(self.output.tool_format.marker) is not None)
+        self.requests = [dataclasses.replace(r, constraint=constraint.copy(), keep_special=keep)
+                         for r in self.requests]
+
+    def observe(self, observer: GenerationObserver) -> None:
+        """Have `observer` told every event of every choice (the request's metrics)."""
+        self.requests = [dataclasses.replace(r, observer=observer) for r in self.requests]
+
+    def reader(self) -> ReplyReader | None:
+        """A fresh reader for one choice's reply when it may hold tool calls."""
+        fmt = self.output.tool_format
+        return ReplyReader(fmt) if fmt is not None else None
+
+    def submit(self, served: GenerativeModel) -> None:
+        """Queue every choice at once (they share the batch); all or none. Streams call it before
+        the headers go out, so a full queue is a 503; cancel() undoes it if the stream never runs."""
+        generations: list[Generation] = []
+        try:
+            for request in self.requests:
+                generations.append(served.submit(request))
+        except BaseException:
+            for generation in generations:
+                generation.cancel()
+            raise
+        self.submitted = generations
+
+    def cancel(self) -> None:
+        for generation in self.submitted:
+            generation.cancel()
+
+
+
+def _check_logit_bias(served: GenerativeModel, bias: dict[str, float] | None) -> None:
+    n_vocab = served.n_vocab
+    for key in bias or {}:
+        if int(key) >= n_vocab:
+            raise invalid_request(f"logit_bias token {key} is outside the vocabulary (0..{n_vocab - 1})",
+                                  "logit_bias")
+
+
+def _generation(served: GenerativeModel, req: p.GenerationRequestBody, ids: list[int], choice: int,
+                param: str) -> GenerationRequest:
+    if len(ids) >= served.n_ctx:
+        raise context_length_exceeded(len(ids), served.n_ctx, param)
+    room = served.n_ctx - len(ids)
+    budget = req.token_budget()
+    return GenerationRequest(
+        prompt_ids=ids,
+        params=p.sampling_params(req, choice),
+        max_tokens=room if budget is None else min(budget, room),
+        stop=tuple(req.stop_list()),
+        logprobs=req.wants_logprobs(),
+    )
+
+
+async def off_loop(served: GenerativeModel, fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn` in the model's prep threads (template rendering and tokenizing are CPU work)."""
+    return await served.prepare(fn, *args)
+
+
+def check_prompt_size(served: GenerativeModel, text: str, limits: LimitSettings, param: str,
+                      fits_context: bool = True) -> None:
+    """Refuse text that cannot fit before spending time on it: over limits.max_prompt is a 413;
+    with `fits_context`, more bytes than n_ctx of the model's longest token could hold cannot
+    fit the context (a 400, as the tokenized prompt would get)."""
+    if len(text) > limits.max_prompt:
+        raise APIError(413, f"The prompt has {len(text)} characters; this server accepts at most "
+                            f"{limits.max_prompt} (limits.max_prompt)", param=param,
+                       code="prompt_too_large")
+    if fits_context:
+        n_bytes = len(text.encode("utf-8", errors="surrogatepass"))
+        at_least = -(-n_bytes // served.max_token_bytes)  # tokens: none holds more bytes
+        if at_least > served.n_ctx:
+            raise context_length_exceeded(at_least, served.n_ctx, param)
+
+
+def tokenize_prompt(served: GenerativeModel, text: str, limits: LimitSettings, param: str) -> list[int]:
+    """A prompt's tokens, after check_prompt_size."""
+    check_prompt_size(served, text, limits, param)
+    return served.text_prompt(text)
+
+
+def _chat_ids(served: GenerativeModel, output: Output, limits: LimitSettings) -> list[int]:
+    text = served.chat_template.render(output.messages, add_generation_prompt=True,
+                                       tools=output.template_tools,
+                                       time_budget=limits.template_timeout,
+                                       max_chars=limits.max_prompt)
+    return tokenize_prompt(served, text, limits, "messages")
+
+
+async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
+                    limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
+    _check_logit_bias(served, req.logit_bias)
+    output = chat_output(req, served.tool_format)
+    ids = await off_loop(served, _chat_ids, served, output, limits)
+    return Plan([_generation(served, req, ids, i, "messages") for i in range(req.n)], len(ids),
+                prompt_of=[0] * req.n, output=output)
+
+
+async def plan_completion(served: GenerativeModel, req: p.CompletionRequest,
+                          limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
+    _check_logit_bias(served, req.logit_bias)
+    return await off_loop(served, _plan_completion, served, req, limits)
+
+
+def _plan_completion(served: GenerativeModel, req: p.CompletionRequest, limits: LimitSettings) -> Plan:
+    if req.echo and req.logprobs is not None:
+        raise invalid_request("echo together with logprobs is not supported", "echo")
+    n_vocab = served.n_vocab
+    requests: list[GenerationRequest] = []
+    echo: list[str] = []
+    prompt_of: list[int] = []
+    total = 0
+    for number, prompt in enumerate(req.prompts()):
+        if isinstance(prompt, str):
+            ids = tokenize_prompt(served, prompt, limits, "prompt")
+            text = prompt
+        else:
+            if any(not 0 <= t < n_vocab for t in prompt):
+                raise invalid_request(f"prompt token ids must be in 0..{n_vocab - 1}", "prompt")
+            ids = list(prompt)
+            text = served.tokenizer.decode(ids)
+        if not ids:
+            raise invalid_request("prompt is empty after tokenizing", "prompt")
+        total += len(ids)
+        for i in range(req.n):
+            requests.append(_generation(served, req, ids, i, "prompt"))
+            echo.append(text if req.echo else "")
+            prompt_of.append(number)
+    return Plan(requests, total, echo, prompt_of, output=completion_output(req))
+
+
+# --------------------------------------------------------------------------------- embeddings
+
+async def embeddings(served: GenerativeModel, alias: str, req: p.EmbeddingRequest,
+                     limits: LimitSettings = DEFAULT_LIMITS,
+                     metrics: RequestMetrics | None = None) -> p.EmbeddingList:
+    n_embd = served.n_embd
+    if req.dimensions is not None and req.dimensions != n_embd:
+        raise invalid_request(f"this model's embeddings have {n_embd} dimensions", "dimensions")
+    prompts = await off_loop(served, _embedding_inputs, served, req, limits)
+    data = []
+    for index, ids in enumerate(prompts):
+        vector = await served.embed(ids)  # float32 [n_embd]
+        if metrics is not None:
+            metrics.embedded(len(ids))
+        value: list[float] | str
+        if req.encoding_format == "base64":
+            value = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+        else:
+            value = [float(x) for x in vector]
+        data.append(p.Embedding(index=index, embedding=value))
+    total = sum(len(ids) for ids in prompts)
+    return p.EmbeddingList(data=data, model=alias,
+                           usage=p.EmbeddingUsage(prompt_tokens=total, total_tokens=total))
+
+
+def _embedding_inputs(served: GenerativeModel, req: p.EmbeddingRequest,
+                      limits: LimitSettings) -> list[list[int]]:
+    n_vocab = served.n_vocab
+    prompts: list[list[int]] = []
+    for item in req.inputs():
+        ids = tokenize_prompt(served, item, limits, "input") if isinstance(item, str) else list(item)
+        if not ids:
+            raise invalid_request("input is empty after tokenizing", "input")
+        if any(not 0 <= t < n_vocab for t in ids):
+            raise invalid_request(f"input token ids must be in 0..{n_vocab - 1}", "input")
+        if len(ids) > served.n_ctx:
+            raise context_length_exceeded(len(ids), served.n_ctx, "input")
+        prompts.append(ids)
+    return prompts

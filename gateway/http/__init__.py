@@ -1,0 +1,1 @@
+"""HTTP plumbing every API shares: middlewares (body limits, CORS, API keys), SSE streams."""

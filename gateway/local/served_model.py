@@ -1,0 +1,208 @@
+"""The served model: what the registry holds for a loaded model, and the loader that makes it.
+
+    load_served_model(entry) -> engine.load (kernels compile, KV slots) -> chat template
+                             -> ServedModel(model, template) -> its Scheduler thread starts
+
+A load that fails after the weights are mapped closes the model again, so nothing leaks.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+import engine
+from engine.chat import ChatTemplate, ChatTemplateError
+from engine.chat_formats import TemplateChoice, choose_template
+from engine.loaded import LoadedModel
+from engine.tool_formats import ToolFormat
+from engine.tool_formats import detect as detect_tool_format
+from gateway.generation import defaults
+from gateway.generation.events import GenerationRequest
+from gateway.local.scheduler import Generation, Scheduler
+from gateway.metrics import NULL_METRICS, MetricsSink
+from gateway.version import version
+
+if TYPE_CHECKING:
+    from gateway.config import ModelEntry
+    from gateway.fleet.registry import Servable
+
+log = logging.getLogger("modelyard.scheduler")
+T = TypeVar("T")
+
+
+class ServedModel:
+    """What the registry holds for a loaded model: engine model + scheduler + chat template.
+    The APIs see it as a GenerativeModel (gateway/generation/model.py), the registry as Loaded."""
+
+    chat_format: str | None = None  # which template and why (chat_formats.TemplateChoice)
+
+    def __init__(self, model: LoadedModel, template: ChatTemplate, *, name: str, max_queue: int,
+                 metrics: MetricsSink = NULL_METRICS) -> None:
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.n_ctx: int = model.n_ctx
+        self.chat_template = template
+        # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
+        self.sampling_defaults = defaults.from_metadata(model.metadata)
+        self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics)
+        # Request preparation (template, tokenizing) is CPU work that must not block the event
+        # loop; two threads per model, so one model's slow prompts never delay another's.
+        self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"modelyard-{name}-prep")
+        self._max_token_bytes: int | None = None
+        self.fingerprint = _fingerprint(model, template)
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self.model.n_vocab)
+
+    @property
+    def n_embd(self) -> int:
+        return int(self.model.n_embd)
+
+    async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` on this model's prep threads (template rendering, tokenizing)."""
+        return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
+
+    def submit(self, request: GenerationRequest) -> Generation:
+        return self.scheduler.submit(request)
+
+    async def embed(self, ids: list[int]) -> np.ndarray:
+        return await self.scheduler.embed(ids)
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The longest token's text in bytes: a prompt of more than n_ctx times this many bytes
+        cannot fit the context, whatever it tokenizes to (computed once)."""
+        if self._max_token_bytes is None:
+            tok = self.tokenizer
+            texts = self.model.metadata.get("tokenizer.ggml.tokens") or []
+            longest = max((len(tok.token_bytes(i)) for i in range(self.model.n_vocab)), default=1)
+            longest = max([longest, *(len(str(t).encode()) for t in texts)])
+            self._max_token_bytes = max(1, longest)
+        return self._max_token_bytes
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.model.memory_bytes)
+
+    @property
+    def broken(self) -> str | None:
+        """Why this model must stop serving, or None (the registry unloads a broken model): its
+        scheduler stopped it (non-finite logits, a file change seen mid-step), or the file
+        changed under the mapping while it was idle (a stat per call)."""
+        if (why := self.scheduler.broken) is not None:
+            return why
+        return self.file_changed()
+
+    def abort(self, error: BaseException) -> None:
+        """End every request this model runs or queues with `error` (shutdown deadline)."""
+        self.scheduler.abort(error)
+
+    def file_changed(self) -> str | None:
+        """Why the model file is no longer what is mapped (a stat), or None."""
+        return self.model.file_changed()
+
+    @property
+    def mapped_bytes(self) -> int:
+        """The part of memory_bytes another load of the same file shares (its mapping)."""
+        return int(self.model.mapped_bytes)
+
+    def occupancy(self) -> tuple[int, int]:
+        """Requests waiting for a slot and requests generating in one (the registry's rows)."""
+        return self.scheduler.queued, self.scheduler.active
+
+    def chat_prompt(self, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None, *, time_budget: float = 2.0,
+                    max_chars: int = 64 * 1024 * 1024) -> list[int]:
+        """Render the chat template (within its budget, engine/template_budget.py) and tokenize
+        it, special tokens parsed as such. Call it on `prep`, not on the event loop."""
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools,
+                                         time_budget=time_budget, max_chars=max_chars)
+        return self.text_prompt(text)
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model's template writes tool calls (engine/tool_formats.py), found once."""
+        fmt = self.__dict__.get("_tool_format")
+        if fmt is None:
+            tok = self.tokenizer
+
+            def control_token(text: str) -> int | None:
+                token = tok.token_id(text)
+                return token if token is not None and tok.is_special(token) else None
+
+            fmt = self.__dict__["_tool_format"] = detect_tool_format(self.chat_template.source,
+                                                                     control_token)
+        return fmt
+
+    def text_prompt(self, text: str) -> list[int]:
+        """Tokenize a prompt; BOS is added when the model wants it and the text lacks it."""
+        tok = self.tokenizer
+        bos = self.chat_template.bos_token
+        add_bos = bool(tok.add_bos) and not (bos and text.startswith(bos))
+        return list(tok.encode(text, add_special=add_bos, parse_special=True))
+
+    def close(self) -> None:
+        self.prep.shutdown(wait=True, cancel_futures=True)
+        self.scheduler.close()
+        self.model.close()
+
+
+def _fingerprint(model: LoadedModel, template: ChatTemplate) -> str:
+    """OpenAI's `system_fingerprint`: changes when what shapes the outputs does (the weights
+    file, the context, the template, the engine's version), so clients can tell."""
+    ours = version()
+    path = model.path
+    stat = path.stat() if path is not None and path.exists() else None
+    parts = (ours, str(path), stat.st_size if stat else 0, stat.st_mtime_ns if stat else 0,
+             model.n_ctx, getattr(template, "source", ""))
+    return "fp_" + hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
+
+
+def _template_for(model: LoadedModel, entry: ModelEntry) -> tuple[ChatTemplate, TemplateChoice]:
+    """The entry's template (engine/chat_formats.py says which wins); a file template that does
+    not compile falls back to the built-in its vocabulary suggests."""
+    tok = model.tokenizer
+    tokens = model.metadata.get("tokenizer.ggml.tokens") or []
+    choice = choose_template(model.metadata, config_template=entry.chat_template,
+                             chat_format=entry.chat_format)
+    try:
+        template = ChatTemplate.for_model(choice.source, tokens, tok.bos_id, tok.eos_id)
+    except ChatTemplateError as exc:
+        if choice.origin != "gguf":
+            raise  # the config loader compiled it already: only the file's own can fail here
+        meta = {k: v for k, v in model.metadata.items() if k != "tokenizer.chat_template"}
+        fallback = choose_template(meta)
+        choice = TemplateChoice(fallback.source, "built-in", fallback.name,
+                                f"the file's chat template does not compile ({exc})")
+        log.warning("%s: %s; using %s instead", model.path, exc, choice.describe())
+        template = ChatTemplate.for_model(choice.source, tokens, tok.bos_id, tok.eos_id)
+    return template, choice
+
+
+def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) -> ServedModel:
+    """The registry's loader: load the GGUF (compiling kernels) with `n_parallel` KV-cache slots
+    and start its scheduler."""
+    model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
+                        n_slots=entry.n_parallel)
+    try:
+        template, choice = _template_for(model, entry)
+        log.info("%s: chat template: %s", entry.name, choice.describe())
+        served = ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
+                             metrics=metrics)
+        served.chat_format = choice.describe()
+        return served
+    except BaseException:
+        model.close()
+        raise
+
+
+if TYPE_CHECKING:
+    def _served_model_meets_the_registry_protocol(served: ServedModel) -> Servable:
+        return served
