@@ -10,15 +10,17 @@ chunks never stalls the others for more than one step.
 A sequence's life (one writer: the runner, on its caller's single thread):
 
     waiting --admit: a free slot--> prefilling --last prompt chunk--> decoding --+
-       |                              |  ^  copy_prefix from another slot         | eog, max_tokens
-       |                              +--+  (or wait for an earlier sequence      | or the slot is
-       |                                     still reading the same prefix)      | full (n_ctx)
-       |                                                                         v
+       |                              |  ^  ^                            |  ^     | eog, max_tokens
+       |                              +--+  +-- rollback(all generated) -+  |     | or the slot is
+       |         copy_prefix from another slot, or wait for an   rollback(n)|     | full (n_ctx)
+       |         earlier sequence still reading the same prefix         +---+     v
        +------------- end(): cancelled, stop string, error -------------------> finished
 
-Slots keep their tokens when a sequence leaves: that is the prompt cache. A new sequence takes the
-free slot whose cached tokens share the longest prefix with its prompt (ties: least recently used)
-and evaluates only the rest. While prefilling it also copies the longest matching prefix that ANY
+Slots keep what they hold when a sequence leaves: that is the prompt cache. A prompt is an
+engine.prompt.Prompt (token ids and embedding rows); slots and prompts are compared by position
+keys, so an image's rows match only the same image's. A new sequence takes the free slot whose
+cached keys share the longest prefix with its prompt (ties: least recently used) and evaluates
+only the rest. While prefilling it also copies the longest matching prefix that ANY
 other slot holds (the n choices of one prompt, a shared system prompt), and rather than compute a
 prefix twice it waits for an earlier sequence that is still reading it.
 
@@ -211,6 +213,35 @@ class BatchRunner:
             occupant.state, occupant.finish_reason = State.FINISHED, reason
         elif occupant.state is not State.FINISHED:
             self._release(occupant, reason)
+
+    def rollback(self, seq: Sequence, n: int) -> None:
+        """Take back seq's last n generated tokens (a draft's rejected ones, a regeneration).
+
+        Its slot is truncated to before the last kept token, which becomes `pending` again (or,
+        when all are taken back, to before the prompt's last token, read again as a prompt
+        chunk), so the next step recomputes the logits the next token is sampled from. A
+        greedy sequence then generates what a fresh run does; a random one draws on from its
+        RNG's state. The caller owns what it already streamed of the taken-back tokens.
+        Raises ValueError for a sequence not decoding in its slot, one under a grammar (a
+        grammar cannot give tokens back), or n outside 1..len(generated); RollbackError (from
+        KVCache.truncate) when a sliding-window ring no longer holds the window, and then
+        nothing has changed."""
+        if seq.state is not State.DECODING or self.slots[seq.slot] is not seq:
+            raise ValueError(f"only a decoding sequence can roll back (this one is {seq.state.value})")
+        if seq.constraint is not None:
+            raise ValueError("a grammar-constrained sequence cannot roll back")
+        if not 0 < n <= len(seq.generated):
+            raise ValueError(f"cannot take back {n} of {len(seq.generated)} generated tokens")
+        kept = len(seq.generated) - n
+        pos = len(seq.prompt) + kept - 1  # the last kept position is evaluated again
+        self.cache.truncate(seq.slot, pos)
+        seq.sampler.forget(seq.generated[kept:])
+        del seq.generated[kept:]
+        seq.pos = pos
+        if kept:
+            seq.pending = seq.generated[-1]
+        else:
+            seq.pending, seq.state = None, State.PREFILLING
 
     def close(self) -> None:
         if self._pool is not None:
