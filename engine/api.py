@@ -98,12 +98,12 @@ class Model:
 
     def logits(self, prompt: Prompt | list[int]) -> np.ndarray:
         """float32 [len(prompt), n_vocab]: logits at every position, evaluated in a fresh context."""
-        self.transformer.cache.tokens[0] = []
+        self.transformer.cache.truncate(0, 0)
         return np.concatenate(self._prefill(as_prompt(prompt), 0, "all"), axis=0)
 
     def embed(self, prompt: Prompt | list[int]) -> np.ndarray:
         """float32 [n_embd]: mean of the final normed hidden states, L2-normalised."""
-        self.transformer.cache.tokens[0] = []
+        self.transformer.cache.truncate(0, 0)
         return pooled_embedding(np.concatenate(self._prefill(as_prompt(prompt), 0, "hidden"), axis=0))
 
     def stream(self, prompt: Prompt | list[int], params: SamplingParams | None = None,

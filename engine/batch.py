@@ -350,7 +350,7 @@ class BatchRunner:
                 reuse, _, slot = max(scored)
             else:  # embeddings need every position's hidden state: nothing to reuse
                 reuse, slot = 0, min(free, key=lambda s: self._released_at[s])
-            self.cache.tokens[slot] = self.cache.tokens[slot][:reuse]
+            self.cache.truncate(slot, reuse)  # reusable: a ring still holds the window
             occ.slot, occ.pos = slot, reuse
             occ.state = State.PREFILLING
             self.slots[slot] = occ

@@ -22,7 +22,8 @@ it); KVCache owns the arrays and what each slot holds: per position a key (engin
 token's id, an embedding row's (span key, index)), which prefix reuse compares.
 
 A ring forgets: a slot whose ring has seen positions up to `written` (its high-water mark,
-which truncating the slot does not lower: the rows stay overwritten) can resume at position n
+which truncating the slot does not lower: the rows stay overwritten; only going back to 0,
+where no old row is read again, resets it) can resume at position n
 only while the ring still has the window before n (`resumable`); prefix reuse, copy_prefix and
 truncate ask first. The ring row of position p is overwritten by p + ring, so a slot written
 up to W can roll back to any n >= W - (ring - window + 1), i.e. by up to ring - window + 1
@@ -168,7 +169,8 @@ class KVCache:
         held = self.tokens[slot]
         del held[pos0:]
         held.extend(keys)
-        self.written[slot] = max(self.written[slot], pos0 + len(keys))
+        self.written[slot] = pos0 + len(keys) if pos0 == 0 else max(self.written[slot],
+                                                                    pos0 + len(keys))
 
     def truncate(self, slot: int, n: int) -> None:
         """Roll the slot back to its first n positions (draft tokens rejected, a regeneration):
@@ -180,6 +182,8 @@ class KVCache:
         if not self.layout.resumable(self.written[slot], n):
             raise RollbackError(slot, n, self.layout.earliest_resume(self.written[slot]))
         del held[n:]
+        if n == 0:
+            self.written[slot] = 0
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Give slot `dst` the first `n` cached tokens of slot `src` (shared prompts, n > 1).
