@@ -244,7 +244,7 @@ class Transformer:
         spans = []
         start = 0
         max_chunk = cache.layout.max_chunk()
-        ids: list[np.ndarray] = []
+        ids: list[int] = []
         embedded: list[tuple[int, np.ndarray]] = []
         for c in chunks:
             n = len(c.prompt)
@@ -269,19 +269,19 @@ class Transformer:
             at = start
             for span in c.prompt.spans:
                 if isinstance(span, TokenSpan):
-                    ids.append(np.array(span.ids, np.int64))
+                    ids.extend(span.ids)
                 else:
                     if span.n_embd != hp.n_embd:
                         raise ValueError(f"embedding span {span.key!r} has rows of {span.n_embd}, "
                                          f"the model {hp.n_embd}")
-                    ids.append(np.zeros(len(span), np.int64))  # not looked up
+                    ids.extend([0] * len(span))  # not looked up
                     embedded.append((at, span.rows))
                 at += len(span)
             spans.append((start, start + n))
             start += n
         if len({c.slot for c in chunks}) != len(chunks):
             raise ValueError("two chunks for the same slot in one call")
-        tokens = np.concatenate(ids)                                        # [T]
+        tokens = np.array(ids, np.int64)                                    # [T]
         bad = (tokens < 0) | (tokens >= hp.n_vocab)
         if bad.any():
             raise ValueError(f"token id {int(tokens[bad][0])} is outside the vocabulary "
