@@ -76,9 +76,10 @@ class Model:
         return self._file.file_size + self.transformer.cache.nbytes + self.transformer.repacked_bytes
 
     # -- evaluation --------------------------------------------------------------------------
-    def _prefill(self, prompt: Prompt, slot: int, output: str) -> list[np.ndarray]:
+    def _prefill(self, prompt: Prompt | list[int], slot: int, output: str) -> list[np.ndarray]:
         """Evaluate `prompt` in `slot`, reusing the cached prefix; returns per-chunk outputs
         (for `last`, only the final chunk has logits)."""
+        prompt = as_prompt(prompt)
         n = len(prompt)
         if not n:
             raise ValueError("no tokens to evaluate")

@@ -108,6 +108,13 @@ class Chunk:
     def __len__(self) -> int:
         return len(self.prompt)
 
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids of a chunk of tokens only (what a Chunk held before spans)."""
+        if self.prompt.has_embeddings:
+            raise ValueError("this chunk holds embedding rows: read its prompt's spans")
+        return self.prompt.token_ids()
+
     def __repr__(self) -> str:
         return f"Chunk(slot={self.slot}, {self.prompt!r}, pos0={self.pos0}, logits={self.logits})"
 

@@ -63,6 +63,13 @@ def test_a_prompt_counts_positions_and_keys_them_by_token_or_span_row() -> None:
     assert Prompt.of_tokens([1, 2]).position_keys() == [1, 2]
 
 
+def test_a_chunk_takes_a_prompt_or_token_ids() -> None:
+    assert Chunk(0, [1, 2], 0).tokens == [1, 2] == Chunk(0, Prompt.of_tokens([1, 2]), 0).tokens
+    assert len(Chunk(0, [1, 2], 0)) == 2 and Chunk(0, [1], 0, logits=False).logits == 0
+    with pytest.raises(ValueError, match="embedding rows"):
+        _ = Chunk(0, Prompt([EmbeddingSpan(np.ones((1, 4), np.float32), "k")]), 0).tokens
+
+
 def test_span_keys_match_only_the_same_content_key() -> None:
     rows = np.ones((3, 4), np.float32)
     a = Prompt([TokenSpan((1, 2)), EmbeddingSpan(rows, "a"), TokenSpan((3,))]).position_keys()
