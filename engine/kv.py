@@ -23,12 +23,12 @@ token's id, an embedding row's (span key, index)), which prefix reuse compares.
 
 A ring forgets: a slot whose ring has seen positions up to `written` (its high-water mark,
 which truncating the slot does not lower: the rows stay overwritten; only going back to 0,
-where no old row is read again, resets it) can resume at position n
-only while the ring still has the window before n (`resumable`); prefix reuse, copy_prefix and
-truncate ask first. The ring row of position p is overwritten by p + ring, so a slot written
-up to W can roll back to any n >= W - (ring - window + 1), i.e. by up to ring - window + 1
-positions (MAX_CHUNK: the ring's spare rows and one), which a draft's rollback never exceeds;
-further back only to 0 (re-reading the prompt), and `truncate` says so by raising.
+where no old row is read again, resets it) can resume at position n only while the ring still
+has the window before n (`resumable`); prefix reuse, copy_prefix and truncate ask first. The
+ring row of position p is overwritten by p + ring, so a slot written up to W can roll back to
+any n >= W - (ring - window + 1) = W - MAX_CHUNK (the ring's spare rows and one), more than a
+draft's rollback needs; further back only to 0 (re-reading the prompt), and `truncate` says so
+by raising.
 """
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ class KVCache:
     def truncate(self, slot: int, n: int) -> None:
         """Roll the slot back to its first n positions (draft tokens rejected, a regeneration):
         the next write goes at n. Raises RollbackError when a ring no longer holds the window
-        before n (see the module docstring: rolling back by up to MAX_CHUNK always works)."""
+        before n (see the module docstring: back to `written` - MAX_CHUNK or later always works)."""
         held = self.tokens[slot]
         if not 0 <= n <= len(held):
             raise ValueError(f"slot {slot} holds {len(held)} positions; cannot truncate to {n}")
