@@ -1,4 +1,6 @@
-"""The engine's public face: load a GGUF model, then tokenize, evaluate, generate, embed."""
+"""The engine's public face: load a GGUF model, then tokenize, evaluate, generate, embed.
+
+Prompts are token ids or an engine.prompt.Prompt (spans of ids and of embedding rows)."""
 from __future__ import annotations
 
 import os
@@ -16,6 +18,7 @@ from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
+from .prompt import Prompt, as_prompt, common_prefix
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -73,51 +76,52 @@ class Model:
         return self._file.file_size + self.transformer.cache.nbytes + self.transformer.repacked_bytes
 
     # -- evaluation --------------------------------------------------------------------------
-    def _prefill(self, ids: list[int], slot: int, output: str) -> list[np.ndarray]:
-        """Evaluate `ids` in `slot`, reusing the cached prefix; returns per-chunk outputs (for
-        `last`, only the final chunk has logits)."""
-        if not ids:
+    def _prefill(self, prompt: Prompt | list[int], slot: int, output: str) -> list[np.ndarray]:
+        """Evaluate `prompt` in `slot`, reusing the cached prefix; returns per-chunk outputs
+        (for `last`, only the final chunk has logits)."""
+        prompt = as_prompt(prompt)
+        n = len(prompt)
+        if not n:
             raise ValueError("no tokens to evaluate")
-        if len(ids) > self.n_ctx:
-            raise ContextOverflowError(len(ids), self.n_ctx)
-        held = self.transformer.cache.tokens[slot]
+        if n > self.n_ctx:
+            raise ContextOverflowError(n, self.n_ctx)
         reuse = 0
-        if output == "last":
-            limit = min(len(held), len(ids) - 1)  # evaluate at least one token to get logits
-            while reuse < limit and held[reuse] == ids[reuse]:
-                reuse += 1
+        if output == "last":  # evaluate at least one position to get logits
+            held = self.transformer.cache.tokens[slot]
+            reuse = min(common_prefix(held, prompt.position_keys()), n - 1)
             reuse = self.transformer.cache.reusable(slot, reuse)  # a ring may have moved on
         outs = []
-        for start in range(reuse, len(ids), PREFILL_CHUNK):
-            part = ids[start:start + PREFILL_CHUNK]
-            final = start + len(part) == len(ids)  # `last` needs only the final chunk's logits
+        for start in range(reuse, n, PREFILL_CHUNK):
+            part = prompt[start:start + PREFILL_CHUNK]
+            final = start + len(part) == n  # `last` needs only the final chunk's logits
             outs.append(self.transformer.forward([Chunk(slot, part, start, logits=final)], output)[0])
         return outs
 
-    def logits(self, ids: list[int]) -> np.ndarray:
-        """float32 [len(ids), n_vocab]: logits at every position, evaluated in a fresh context."""
-        self.transformer.cache.tokens[0] = []
-        return np.concatenate(self._prefill(list(ids), 0, "all"), axis=0)
+    def logits(self, prompt: Prompt | list[int]) -> np.ndarray:
+        """float32 [len(prompt), n_vocab]: logits at every position, evaluated in a fresh context."""
+        self.transformer.cache.truncate(0, 0)
+        return np.concatenate(self._prefill(as_prompt(prompt), 0, "all"), axis=0)
 
-    def embed(self, ids: list[int]) -> np.ndarray:
+    def embed(self, prompt: Prompt | list[int]) -> np.ndarray:
         """float32 [n_embd]: mean of the final normed hidden states, L2-normalised."""
-        self.transformer.cache.tokens[0] = []
-        return pooled_embedding(np.concatenate(self._prefill(list(ids), 0, "hidden"), axis=0))
+        self.transformer.cache.truncate(0, 0)
+        return pooled_embedding(np.concatenate(self._prefill(as_prompt(prompt), 0, "hidden"), axis=0))
 
-    def stream(self, ids: list[int], params: SamplingParams | None = None, max_tokens: int = 256,
-               stop_at_eog: bool = True, constraint: Constraint | None = None) -> Iterator[Sampled]:
-        """Prefill `ids`, then sample up to `max_tokens` tokens one by one.
+    def stream(self, prompt: Prompt | list[int], params: SamplingParams | None = None,
+               max_tokens: int = 256, stop_at_eog: bool = True,
+               constraint: Constraint | None = None) -> Iterator[Sampled]:
+        """Prefill `prompt`, then sample up to `max_tokens` tokens one by one.
 
         Stops before yielding an end-of-generation token when `stop_at_eog`, when the context
         is full, and after the token that completes `constraint` (a grammar every token follows,
         engine/constraint.py). Raises ContextOverflowError when the prompt alone fills the context.
         """
-        ids = list(ids)
-        if len(ids) >= self.n_ctx:
-            raise ContextOverflowError(len(ids), self.n_ctx)
-        sampler = Sampler(params or SamplingParams(), ids)
-        logits = self._prefill(ids, 0, "last")[-1]
-        pos = len(ids)
+        prompt = as_prompt(prompt)
+        if len(prompt) >= self.n_ctx:
+            raise ContextOverflowError(len(prompt), self.n_ctx)
+        sampler = Sampler(params or SamplingParams(), prompt.token_ids())
+        logits = self._prefill(prompt, 0, "last")[-1]
+        pos = len(prompt)
         eog = self.tokenizer.eog_ids
         for _ in range(max_tokens):
             s = sampler.sample(logits, constraint.allowed() if constraint is not None else None)
@@ -131,10 +135,10 @@ class Model:
             logits = self.transformer.forward([Chunk(0, [s.token], pos)], "last")[0]
             pos += 1
 
-    def generate(self, ids: list[int], max_tokens: int = 64, temperature: float = 0.0,
+    def generate(self, prompt: Prompt | list[int], max_tokens: int = 64, temperature: float = 0.0,
                  stop_at_eog: bool = True, **sampling: Any) -> Iterator[int]:
         params = SamplingParams(temperature=temperature, **sampling)
-        for s in self.stream(ids, params, max_tokens, stop_at_eog):
+        for s in self.stream(prompt, params, max_tokens, stop_at_eog):
             yield s.token
 
     def close(self) -> None:

@@ -10,15 +10,17 @@ chunks never stalls the others for more than one step.
 A sequence's life (one writer: the runner, on its caller's single thread):
 
     waiting --admit: a free slot--> prefilling --last prompt chunk--> decoding --+
-       |                              |  ^  copy_prefix from another slot         | eog, max_tokens
-       |                              +--+  (or wait for an earlier sequence      | or the slot is
-       |                                     still reading the same prefix)      | full (n_ctx)
-       |                                                                         v
+       |                              |  ^  ^                            |  ^     | eog, max_tokens
+       |                              +--+  +-- rollback(all generated) -+  |     | or the slot is
+       |         copy_prefix from another slot, or wait for an   rollback(n)|     | full (n_ctx)
+       |         earlier sequence still reading the same prefix         +---+     v
        +------------- end(): cancelled, stop string, error -------------------> finished
 
-Slots keep their tokens when a sequence leaves: that is the prompt cache. A new sequence takes the
-free slot whose cached tokens share the longest prefix with its prompt (ties: least recently used)
-and evaluates only the rest. While prefilling it also copies the longest matching prefix that ANY
+Slots keep what they hold when a sequence leaves: that is the prompt cache. A prompt is an
+engine.prompt.Prompt (token ids and embedding rows); slots and prompts are compared by position
+keys, so an image's rows match only the same image's. A new sequence takes the free slot whose
+cached keys share the longest prefix with its prompt (ties: least recently used) and evaluates
+only the rest. While prefilling it also copies the longest matching prefix that ANY
 other slot holds (the n choices of one prompt, a shared system prompt), and rather than compute a
 prefix twice it waits for an earlier sequence that is still reading it.
 
@@ -31,7 +33,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -40,6 +42,7 @@ import numpy as np
 from .constraint import Constraint, MaskFiller
 from .loaded import LoadedModel
 from .model import Chunk, ContextOverflowError, pooled_embedding
+from .prompt import Prompt, as_prompt, common_prefix
 from .sampling import Sampled, Sampler, SamplingParams
 
 # Prompt tokens per step. A step of 128 tokens takes ~0.2 s on 2 cores, so a request arriving
@@ -57,31 +60,21 @@ class State(Enum):
     FINISHED = "finished"
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists (slice compares run in C)."""
-    hi = min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    lo = 0  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 @dataclass(eq=False)
 class _Occupant:
-    """Something that holds a slot: its tokens, where it is, and why it ended."""
-    prompt: list[int]
+    """Something that holds a slot: its prompt (a Prompt, or a plain list of token ids), where
+    it is, and why it ended."""
+    source: InitVar[Prompt | list[int]]
+    prompt: Prompt = field(init=False)
     state: State = field(default=State.WAITING, init=False)
     slot: int = field(default=-1, init=False)
     pos: int = field(default=0, init=False)             # tokens of it held in its slot
     order: int = field(default=-1, init=False)          # admission order
     finish_reason: str | None = field(default=None, init=False)
     tag: Any = field(default=None, init=False)          # the caller's own (e.g. its job)
+
+    def __post_init__(self, source: Prompt | list[int]) -> None:
+        self.prompt = as_prompt(source)
 
 
 @dataclass(eq=False)
@@ -101,8 +94,9 @@ class Sequence(_Occupant):
     generated: list[int] = field(default_factory=list, init=False)
     pending: int | None = field(default=None, init=False)  # sampled, not yet evaluated
 
-    def __post_init__(self) -> None:
-        self.sampler = Sampler(self.params, self.prompt)
+    def __post_init__(self, source: Prompt | list[int]) -> None:
+        super().__post_init__(source)
+        self.sampler = Sampler(self.params, self.prompt.token_ids())
 
     @property
     def prefilling(self) -> bool:
@@ -152,6 +146,7 @@ class BatchRunner:
         self.n_slots: int = model.n_slots
         self.n_ctx: int = model.n_ctx
         self.n_vocab: int = model.n_vocab
+        self.n_embd: int = model.n_embd
         self.eog: frozenset[int] = frozenset(model.tokenizer.eog_ids)
         self.prefill_budget = prefill_budget
         self.waiting: deque[Occupant] = deque()
@@ -187,17 +182,21 @@ class BatchRunner:
 
     def check(self, occupant: Occupant) -> None:
         """Raise ValueError (ContextOverflowError) for what could never run; any thread."""
-        ids = occupant.prompt
-        if not ids:
+        prompt = occupant.prompt
+        if not len(prompt):
             raise ValueError("no tokens to evaluate")
         limit = self.n_ctx if isinstance(occupant, Embedding) else self.n_ctx - 1
-        if len(ids) > limit:
-            raise ContextOverflowError(len(ids), self.n_ctx)
+        if len(prompt) > limit:
+            raise ContextOverflowError(len(prompt), self.n_ctx)
         if isinstance(occupant, Sequence) and occupant.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
-        bad = next((t for t in ids if not 0 <= t < self.n_vocab), None)
+        bad = next((t for t in prompt.token_ids() if not 0 <= t < self.n_vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
+        for _, span in prompt.embedding_spans():
+            if span.n_embd != self.n_embd:
+                raise ValueError(f"embedding span {span.key!r} has rows of {span.n_embd}, "
+                                 f"the model {self.n_embd}")
 
     def submit(self, occupant: Occupant) -> None:
         """Queue it (FIFO) for a free slot."""
@@ -214,6 +213,35 @@ class BatchRunner:
             occupant.state, occupant.finish_reason = State.FINISHED, reason
         elif occupant.state is not State.FINISHED:
             self._release(occupant, reason)
+
+    def rollback(self, seq: Sequence, n: int) -> None:
+        """Take back seq's last n generated tokens (a draft's rejected ones, a regeneration).
+
+        Its slot is truncated to before the last kept token, which becomes `pending` again (or,
+        when all are taken back, to before the prompt's last token, read again as a prompt
+        chunk), so the next step recomputes the logits the next token is sampled from. A
+        greedy sequence then generates what a fresh run does; a random one draws on from its
+        RNG's state. The caller owns what it already streamed of the taken-back tokens.
+        Raises ValueError for a sequence not decoding in its slot, one under a grammar (a
+        grammar cannot give tokens back), or n outside 1..len(generated); RollbackError (from
+        KVCache.truncate) when a sliding-window ring no longer holds the window, and then
+        nothing has changed."""
+        if seq.state is not State.DECODING or self.slots[seq.slot] is not seq:
+            raise ValueError(f"only a decoding sequence can roll back (this one is {seq.state.value})")
+        if seq.constraint is not None:
+            raise ValueError("a grammar-constrained sequence cannot roll back")
+        if not 0 < n <= len(seq.generated):
+            raise ValueError(f"cannot take back {n} of {len(seq.generated)} generated tokens")
+        kept = len(seq.generated) - n
+        pos = len(seq.prompt) + kept - 1  # the last kept position is evaluated again
+        self.cache.truncate(seq.slot, pos)
+        seq.sampler.forget(seq.generated[kept:])
+        del seq.generated[kept:]
+        seq.pos = pos
+        if kept:
+            seq.pending = seq.generated[-1]
+        else:
+            seq.pending, seq.state = None, State.PREFILLING
 
     def close(self) -> None:
         if self._pool is not None:
@@ -271,11 +299,11 @@ class BatchRunner:
                 self._release(occ, "error")
             raise StepError(failed, exc) from exc
         result.n_sequences = len(chunks) + len(e_chunks)
-        result.n_tokens = sum(len(c.tokens) for c in chunks) + sum(len(c.tokens) for c in e_chunks)
+        result.n_tokens = sum(len(c) for c in chunks) + sum(len(c) for c in e_chunks)
 
         to_sample: list[tuple[Sequence, np.ndarray]] = []
         for seq, chunk, row in zip(owners, chunks, logits):
-            seq.pos += len(chunk.tokens)
+            seq.pos += len(chunk)
             if seq.state is State.DECODING:
                 seq.pending = None
                 to_sample.append((seq, row))
@@ -297,7 +325,7 @@ class BatchRunner:
 
         for emb, chunk, h in zip(e_owners, e_chunks, hidden):
             emb.parts.append(h)
-            emb.pos += len(chunk.tokens)
+            emb.pos += len(chunk)
             if emb.pos == len(emb.prompt):
                 emb.vector = pooled_embedding(np.concatenate(emb.parts, axis=0))
                 emb.parts = []
@@ -315,13 +343,14 @@ class BatchRunner:
             occ = self.waiting.popleft()
             if isinstance(occ, Sequence):
                 limit = len(occ.prompt) - 1  # evaluate at least one token: its logits come next
-                scored = [(self.cache.reusable(s, min(common_prefix(self.cache.tokens[s], occ.prompt),
+                keys = occ.prompt.position_keys()
+                scored = [(self.cache.reusable(s, min(common_prefix(self.cache.tokens[s], keys),
                                                          limit)), -self._released_at[s], s)
                           for s in free]
                 reuse, _, slot = max(scored)
             else:  # embeddings need every position's hidden state: nothing to reuse
                 reuse, slot = 0, min(free, key=lambda s: self._released_at[s])
-            self.cache.tokens[slot] = self.cache.tokens[slot][:reuse]
+            self.cache.truncate(slot, reuse)  # reusable: a ring still holds the window
             occ.slot, occ.pos = slot, reuse
             occ.state = State.PREFILLING
             self.slots[slot] = occ
@@ -334,16 +363,17 @@ class BatchRunner:
         """Copy the longest prefix of seq's prompt that another slot holds, unless seq should
         wait (True) for an earlier sequence still reading a longer common prefix."""
         limit = len(seq.prompt) - 1
+        keys = seq.prompt.position_keys()
         for other in self.slots:
             if (isinstance(other, Sequence) and other is not seq and other.prefilling
                     and other.order < seq.order):
-                shared = min(common_prefix(other.prompt, seq.prompt), limit)
+                shared = min(common_prefix(other.prompt.position_keys(), keys), limit)
                 if shared >= seq.pos + MIN_SHARE and other.pos < shared:
                     return True  # copy once it is all there, not piece by piece
         best, source = seq.pos, -1
         for s, held in enumerate(self.cache.tokens):
             if s != seq.slot and len(held) > best:
-                n = self.cache.reusable(s, min(common_prefix(held, seq.prompt), limit))
+                n = self.cache.reusable(s, min(common_prefix(held, keys), limit))
                 if n > best:
                     best, source = n, s
         if source >= 0:

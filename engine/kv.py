@@ -18,10 +18,17 @@ global ones.
                                        and + ring(g) too when p % ring(g) < window - 1
 
 KVLayout owns this arithmetic (the forward pass, its tasks and the attention kernel all follow
-it); KVCache owns the arrays and what each slot holds. A ring forgets: a slot whose ring has
-seen positions up to `written` (its high-water mark, which truncating the slot's tokens does
-not lower: the rows stay overwritten) can resume at position n only while the ring still has
-the window before n (`resumable`); prefix reuse and copy_prefix ask first.
+it); KVCache owns the arrays and what each slot holds: per position a key (engine.prompt: a
+token's id, an embedding row's (span key, index)), which prefix reuse compares.
+
+A ring forgets: a slot whose ring has seen positions up to `written` (its high-water mark,
+which truncating the slot does not lower: the rows stay overwritten; only going back to 0,
+where no old row is read again, resets it) can resume at position n only while the ring still
+has the window before n (`resumable`); prefix reuse, copy_prefix and truncate ask first. The
+ring row of position p is overwritten by p + ring, so a slot written up to W can roll back to
+any n >= W - (ring - window + 1) = W - MAX_CHUNK (the ring's spare rows and one), more than a
+draft's rollback needs; further back only to 0 (re-reading the prompt), and `truncate` says so
+by raising.
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .hparams import HParams
+from .prompt import PositionKey
 
 # Most tokens one chunk of a forward call may hold when a model has ring layers (api's prefill
 # chunk; the batch runner's per-step budget is below it).
@@ -75,11 +83,16 @@ class KVLayout:
         rings = [g.ring - g.window + 1 for g in self.groups if g.is_ring]
         return min(rings) if rings else self.n_ctx
 
+    def earliest_resume(self, written: int) -> int:
+        """The first position > 0 a slot whose rings have seen positions [0, written) can
+        continue at: a ring keeps only the last `ring` positions written, and position n needs
+        the window before it, [n - window + 1, n)."""
+        return max([written - g.ring + g.window - 1 for g in self.groups
+                    if g.is_ring and written > g.ring], default=0)
+
     def resumable(self, written: int, n: int) -> bool:
-        """Can a slot whose ring has seen positions [0, written) continue at position n? A ring
-        keeps only the last `ring` positions written, and position n needs the window before it."""
-        return n == 0 or all(written - g.ring <= max(0, n - g.window + 1)
-                             for g in self.groups if g.is_ring)
+        """Can a slot whose rings have seen positions [0, written) continue at position n?"""
+        return n == 0 or n >= self.earliest_resume(written)
 
     def step_tables(self, slots: list[int], pos0s: list[int], counts: list[int],
                     positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -102,11 +115,24 @@ class KVLayout:
         return kv_rows, mirror, chunks
 
 
+class RollbackError(ValueError):
+    """A slot cannot go back to position n: its sliding-window rings overwrote the window
+    before it. It can go back to `earliest` or later, or to 0 (and read its prompt again)."""
+
+    def __init__(self, slot: int, n: int, earliest: int) -> None:
+        self.slot, self.n, self.earliest = slot, n, earliest
+        super().__init__(f"slot {slot} cannot roll back to position {n}: its sliding-window "
+                         f"layers have overwritten the window before it (the earliest it can "
+                         f"resume at is {earliest}, or 0)")
+
+
 class KVCache:
     """f16 keys and values for `n_slots` independent sequences, laid out by a KVLayout.
 
     Allocated zeroed, so the kernel hands out pages lazily: memory is committed as it is used.
-    `tokens[slot]` is what the slot holds, so a request that continues it can skip the prefix.
+    `tokens[slot]` is the key of every position the slot holds (engine.prompt.PositionKey: a
+    token's id), so a request that continues it can skip the prefix. The cache extends these
+    lists in place: replace one by assigning a list of its own, never a Prompt's keys().
     """
 
     def __init__(self, hp: HParams, n_slots: int, n_ctx: int) -> None:
@@ -118,7 +144,7 @@ class KVCache:
             self.k.append(np.zeros(shape, dtype=np.float16))
             self.v.append(np.zeros(shape, dtype=np.float16))
         self.n_ctx = n_ctx
-        self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        self.tokens: list[list[PositionKey]] = [[] for _ in range(n_slots)]
         self.written = [0] * n_slots  # per slot: 1 + the furthest position ever stored
 
     @property
@@ -137,10 +163,27 @@ class KVCache:
         """n if the slot's first n cached tokens can be continued from, else 0 (a ring forgot)."""
         return n if self.layout.resumable(self.written[slot], n) else 0
 
-    def stored(self, slot: int, tokens: list[int], pos0: int) -> None:
-        """Record a forward pass's write: the slot now holds its tokens to pos0, then these."""
-        self.tokens[slot] = self.tokens[slot][:pos0] + list(tokens)
-        self.written[slot] = max(self.written[slot], pos0 + len(tokens))
+    def stored(self, slot: int, keys: list[PositionKey], pos0: int) -> None:
+        """Record a forward pass's write: the slot now holds its positions to pos0, then these
+        (in place: a decode step appends one key, it does not copy the slot's list)."""
+        held = self.tokens[slot]
+        del held[pos0:]
+        held.extend(keys)
+        self.written[slot] = pos0 + len(keys) if pos0 == 0 else max(self.written[slot],
+                                                                    pos0 + len(keys))
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Roll the slot back to its first n positions (draft tokens rejected, a regeneration):
+        the next write goes at n. Raises RollbackError when a ring no longer holds the window
+        before n (see the module docstring: back to `written` - MAX_CHUNK or later always works)."""
+        held = self.tokens[slot]
+        if not 0 <= n <= len(held):
+            raise ValueError(f"slot {slot} holds {len(held)} positions; cannot truncate to {n}")
+        if not self.layout.resumable(self.written[slot], n):
+            raise RollbackError(slot, n, self.layout.earliest_resume(self.written[slot]))
+        del held[n:]
+        if n == 0:
+            self.written[slot] = 0
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Give slot `dst` the first `n` cached tokens of slot `src` (shared prompts, n > 1).

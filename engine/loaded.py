@@ -3,7 +3,7 @@
     LoadedModel      facts (context, slots, vocabulary, memory), the tokenizer, the forward pass
                      over KV-cache slots, the file check and close()
       .tokenizer     ModelTokenizer: ids <-> text, special tokens, incremental decoding
-      .transformer   Forward: forward(chunks) over a SlotCache (the tokens each slot holds)
+      .transformer   Forward: forward(chunks) over a SlotCache (the position keys each slot holds)
 
 engine.Model meets it (mypy checks that below); so does the scripted stand-in the scheduler
 tests use (tests/support/scripted_model.py). engine/batch.py's BatchRunner, gateway/scheduler.py's
@@ -23,6 +23,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .api import Model
     from .model import Chunk
+    from .prompt import PositionKey
 
 
 class TokenDecoder(Protocol):
@@ -65,13 +66,16 @@ class ModelTokenizer(Protocol):
 
 
 class SlotCache(Protocol):
-    """The KV cache as the batch runner sees it: which tokens each slot holds."""
+    """The KV cache as the batch runner sees it: the key of every position each slot holds
+    (engine.prompt: a token's id, an embedding row's (span key, index))."""
 
-    tokens: list[list[int]]                   # [n_slots][held]: the runner trims these
+    tokens: list[list[PositionKey]]           # [n_slots][held]: the runner trims these
 
     def reusable(self, slot: int, n: int) -> int: ...  # of the first n held, how many go on
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None: ...
+
+    def truncate(self, slot: int, n: int) -> None: ...  # roll back to n (RollbackError)
 
 
 class Forward(Protocol):

@@ -3,7 +3,8 @@
 Each family's block lives in engine.arch (llama.py, qwen.py, phi3.py, gemma.py), written once
 against a builder; here is what every family shares:
 
-    x = embed(tokens) * embed_scale                     # [T, n_embd]
+    x = embed(prompt) * embed_scale                     # [T, n_embd]: token rows, or an
+                                                        # embedding span's (engine.prompt)
     for each layer:  block(x)                           # e.g. llama:
         h = rms_norm(x) * attn_norm
         q, k, v = h @ Wq, h @ Wk, h @ Wv; rope(q, k)     # [T, n_head|n_head_kv, head_dim]
@@ -30,8 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
 from .kernels.pool import Graph, Pool
 from .kv import KVCache
+from .prompt import Prompt, TokenSpan, as_prompt
 from .weights import Weights, load_weights
 
 
@@ -56,12 +58,24 @@ def pooled_embedding(hidden: np.ndarray) -> np.ndarray:
     return (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
 
 
+def _out_rows(chunks: list[Chunk], spans: list[tuple[int, int]]) -> np.ndarray:
+    """int64 [n_out]: the rows whose logits a `last` forward computes, each chunk's last k."""
+    rows: list[int] = []
+    for c, (_, b) in zip(chunks, spans):
+        rows.extend(range(b - c.logits, b))
+    return np.array(rows, np.int64)
+
+
 def _by_chunk(logits: np.ndarray, chunks: list[Chunk]) -> list[np.ndarray]:
-    """[n_out, n_vocab] rows of the chunks that asked for logits -> one entry per chunk (an
-    empty array for the others)."""
-    rows = iter(logits)
-    none = np.empty(0, np.float32)
-    return [next(rows) if c.logits else none for c in chunks]
+    """[n_out, n_vocab] rows of the chunks that asked for logits -> one entry per chunk: an
+    empty array (k = 0), the last row's [n_vocab] (k = 1) or the last k rows' [k, n_vocab]."""
+    out, at = [], 0
+    for c in chunks:
+        k = c.logits
+        out.append(np.empty(0, np.float32) if k == 0 else logits[at] if k == 1
+                   else logits[at:at + k])
+        at += k
+    return out
 
 
 class ContextOverflowError(ValueError):
@@ -73,17 +87,43 @@ class ContextOverflowError(ValueError):
         super().__init__(f"{n_tokens} tokens do not fit in a context of {n_ctx}")
 
 
-@dataclass
 class Chunk:
-    """Tokens for one slot, appended at position `len(cache.tokens[slot])` after truncating to pos0.
+    """Positions for one slot (a Prompt, or a plain list of token ids), written at pos0 after
+    the slot is truncated to pos0 (pos0 <= what the slot holds).
 
-    `logits`: whether a `last` forward computes this chunk's last logits (a prompt read in
-    several chunks needs only its final chunk's: each row saves a pass over the output matrix,
-    178 MB for Gemma 3 270M); without, its entry in the result is an empty array."""
-    slot: int
-    tokens: list[int]
-    pos0: int
-    logits: bool = True
+    `logits`: how many of this chunk's last rows a `last` forward returns logits for: 0 (a
+    prompt read in several chunks needs only its final chunk's: each row saves a pass over the
+    output matrix, 178 MB for Gemma 3 270M), 1 (True: the last row, [n_vocab]) or k (the last
+    k rows, [k, n_vocab]: a draft's verification)."""
+
+    __slots__ = ("logits", "pos0", "prompt", "slot")
+
+    def __init__(self, slot: int, prompt: Prompt | Sequence[int], pos0: int,
+                 logits: int = 1) -> None:
+        self.slot = slot
+        self.prompt = as_prompt(prompt)
+        self.pos0 = pos0
+        self.logits = int(logits)
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The token ids of a chunk of tokens only (what a Chunk held before spans)."""
+        if self.prompt.has_embeddings:
+            raise ValueError("this chunk holds embedding rows: read its prompt's spans")
+        return self.prompt.token_ids()
+
+    def __repr__(self) -> str:
+        return f"Chunk(slot={self.slot}, {self.prompt!r}, pos0={self.pos0}, logits={self.logits})"
+
+
+class _Inputs(NamedTuple):
+    """What a forward call reads: ids int64 [T] (0 at embedded positions, not looked up) and
+    (first row, float32 [n, n_embd]) of every embedding span."""
+    ids: np.ndarray
+    embedded: list[tuple[int, np.ndarray]]
 
 
 class _Activations:
@@ -172,9 +212,25 @@ class Transformer:
         return sum(m.nbytes - (0 if m.source is te else m.source.nbytes)
                    for m in self.weights.matrices() if isinstance(m, RepackedMatrix))
 
-    def embed(self, tokens: np.ndarray) -> np.ndarray:
+    def token_rows(self, ids: np.ndarray) -> np.ndarray:
+        """float32 [n, n_embd]: the token-embedding rows of ids, before the embedding scale
+        (what an EmbeddingSpan stands in for)."""
         te = self.weights.token_embd
-        x = quants.dequantize(te.raw[tokens], te.qtype, te.n_cols)  # [T, n_embd]
+        return quants.dequantize(te.raw[ids], te.qtype, te.n_cols)
+
+    def embed(self, inputs: _Inputs) -> np.ndarray:
+        """float32 [T, n_embd]: the chunks' input rows, token lookups and embedding spans' rows,
+        times the family's embedding scale."""
+        if not inputs.embedded:
+            x = self.token_rows(inputs.ids)
+        else:
+            x = np.empty((inputs.ids.shape[0], self.hp.n_embd), np.float32)
+            looked_up = np.ones(inputs.ids.shape[0], bool)
+            for row, rows in inputs.embedded:
+                x[row:row + rows.shape[0]] = rows
+                looked_up[row:row + rows.shape[0]] = False
+            if looked_up.any():
+                x[looked_up] = self.token_rows(inputs.ids[looked_up])
         if self.hp.embed_scale != 1.0:
             x *= np.float32(self.hp.embed_scale)
         return x
@@ -184,20 +240,23 @@ class Transformer:
             ops.softcap(logits, self.hp.final_softcap, out=logits)
         return logits
 
-    def _check(self, chunks: list[Chunk]) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """Validate the chunks; returns (token ids int64 [T], per-chunk row spans [a, b))."""
+    def _check(self, chunks: list[Chunk]) -> tuple[_Inputs, list[tuple[int, int]]]:
+        """Validate the chunks; returns their inputs and per-chunk row spans [a, b)."""
         hp, cache = self.hp, self.cache
         if not chunks:
             raise ValueError("no chunks to evaluate")
         spans = []
         start = 0
         max_chunk = cache.layout.max_chunk()
+        ids: list[int] = []
+        embedded: list[tuple[int, np.ndarray]] = []
         for c in chunks:
-            if not c.tokens:
+            n = len(c.prompt)
+            if not n:
                 raise ValueError("empty chunk")
             if not 0 <= c.slot < len(cache.tokens):
                 raise ValueError(f"slot {c.slot} does not exist (0..{len(cache.tokens) - 1})")
-            end_pos = c.pos0 + len(c.tokens)
+            end_pos = c.pos0 + n
             if end_pos > cache.n_ctx:
                 raise ContextOverflowError(end_pos, cache.n_ctx)
             held = len(cache.tokens[c.slot])
@@ -206,35 +265,48 @@ class Transformer:
             if not cache.layout.resumable(cache.written[c.slot], c.pos0):
                 raise ValueError(f"slot {c.slot} no longer holds the window before position "
                                  f"{c.pos0} (its sliding-window layers moved on)")
-            if len(c.tokens) > max_chunk:
-                raise ValueError(f"a chunk of {len(c.tokens)} tokens is longer than this model's "
+            if n > max_chunk:
+                raise ValueError(f"a chunk of {n} tokens is longer than this model's "
                                  f"sliding-window cache allows ({max_chunk})")
-            spans.append((start, start + len(c.tokens)))
-            start += len(c.tokens)
+            if not 0 <= c.logits <= n:
+                raise ValueError(f"a chunk of {n} rows cannot give the logits of its last {c.logits}")
+            at = start
+            for span in c.prompt.spans:
+                if isinstance(span, TokenSpan):
+                    ids.extend(span.ids)
+                else:
+                    if span.n_embd != hp.n_embd:
+                        raise ValueError(f"embedding span {span.key!r} has rows of {span.n_embd}, "
+                                         f"the model {hp.n_embd}")
+                    ids.extend([0] * len(span))  # not looked up
+                    embedded.append((at, span.rows))
+                at += len(span)
+            spans.append((start, start + n))
+            start += n
         if len({c.slot for c in chunks}) != len(chunks):
             raise ValueError("two chunks for the same slot in one call")
-        tokens = np.fromiter((t for c in chunks for t in c.tokens), dtype=np.int64, count=start)
+        tokens = np.array(ids, np.int64)                                    # [T]
         bad = (tokens < 0) | (tokens >= hp.n_vocab)
         if bad.any():
             raise ValueError(f"token id {int(tokens[bad][0])} is outside the vocabulary "
                              f"(0..{hp.n_vocab - 1})")
-        return tokens, spans
+        return _Inputs(tokens, embedded), spans
 
     # -- the fused path --------------------------------------------------------------------------
     def forward(self, chunks: list[Chunk], output: str = "last") -> list[np.ndarray]:
-        """Run all chunks through the model; per chunk return logits (`last`: [n_vocab], or
-        empty for a chunk without `logits`; `all`: [n, n_vocab]) or the final normed hidden
-        states (`hidden`: [n, n_embd])."""
+        """Run all chunks through the model; per chunk return logits (`last`: of its last
+        `logits` rows, see Chunk; `all`: [n, n_vocab]) or the final normed hidden states
+        (`hidden`: [n, n_embd])."""
         if output not in ("last", "all", "hidden"):
             raise ValueError(f"unknown output kind {output!r}")
-        tokens, spans = self._check(chunks)
-        T = tokens.shape[0]
+        inputs, spans = self._check(chunks)
+        T = inputs.ids.shape[0]
         acts = self._activations_for(T)
         graph, out_args = self._graph(output)
-        acts.x[:T] = self.embed(tokens)
+        acts.x[:T] = self.embed(inputs)
 
         counts = [b - a for a, b in spans]
-        positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c.tokens), dtype=np.int64)
+        positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c), dtype=np.int64)
                                     for c in chunks])                              # [T]
         kv_rows, kv_mirror, chunk_tables = self.cache.layout.step_tables(
             [c.slot for c in chunks], [c.pos0 for c in chunks], counts, positions)
@@ -242,9 +314,8 @@ class Transformer:
         threads = self.governor.choose(kind)
         seg_start, segs = tasks.split_attention([(b - a, c.pos0) for c, (a, b) in zip(chunks, spans)],
                                                 self.hp.n_head, threads)
-        wanted = [i for i, c in enumerate(chunks) if c.logits]
-        out_rows = np.array([spans[i][1] - 1 for i in wanted], np.int64)           # [n_out]
-        n_out = len(wanted) if output == "last" else T
+        out_rows = _out_rows(chunks, spans)                                        # [n_out]
+        n_out = out_rows.shape[0] if output == "last" else T
         result = None
         if out_args is not None:
             result = np.empty((n_out, self.hp.n_vocab), np.float32)                # logits
@@ -259,7 +330,7 @@ class Transformer:
         self.governor.record(kind, threads, time.perf_counter() - started)
 
         for c in chunks:
-            self.cache.stored(c.slot, c.tokens, c.pos0)
+            self.cache.stored(c.slot, c.prompt.position_keys(), c.pos0)
         if output == "hidden":
             return [acts.h[a:b].copy() for a, b in spans]
         assert result is not None
@@ -319,20 +390,20 @@ class Transformer:
         if output not in ("last", "all", "hidden"):
             raise ValueError(f"unknown output kind {output!r}")
         hp, cache, mm = self.hp, self.cache, self.matmul_kernels.matmul
-        tokens, spans = self._check(chunks)
-        positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c.tokens)) for c in chunks])
-        b = EagerBuilder(self, self.embed(tokens), chunks, spans, positions)
+        inputs, spans = self._check(chunks)
+        positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c)) for c in chunks])
+        b = EagerBuilder(self, self.embed(inputs), chunks, spans, positions)
         for li, layer in enumerate(self.weights.layers):
             self.block(b, layer, li)
         x = b.residual()                                                    # [T, n_embd]
         for c in chunks:
-            cache.stored(c.slot, c.tokens, c.pos0)
+            cache.stored(c.slot, c.prompt.position_keys(), c.pos0)
 
         if output == "hidden":
             hn = ops.rms_norm(x, self.weights.output_norm, hp.rms_eps)
             return [hn[a:b] for a, b in spans]
         if output == "last":
-            rows = np.array([b - 1 for c, (_, b) in zip(chunks, spans) if c.logits], np.int64)
+            rows = _out_rows(chunks, spans)
             if rows.size == 0:
                 return _by_chunk(np.empty((0, hp.n_vocab), np.float32), chunks)
             hn = ops.rms_norm(np.ascontiguousarray(x[rows]), self.weights.output_norm, hp.rms_eps)
@@ -355,4 +426,4 @@ class Transformer:
         self.cache = None  # type: ignore[assignment]
 
 
-__all__ = ["Chunk", "ContextOverflowError", "KVCache", "Transformer"]
+__all__ = ["Chunk", "ContextOverflowError", "KVCache", "Prompt", "Transformer"]

@@ -70,6 +70,11 @@ class Sampler:
     def accept(self, token: int) -> None:
         self.generated[token] += 1
 
+    def forget(self, tokens: list[int]) -> None:
+        """Take back accepted tokens (a rollback): penalties no longer count them."""
+        self.generated.subtract(tokens)
+        self.generated = +self.generated  # drop zero counts: presence penalties read the keys
+
     def _adjusted(self, logits: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
         p = self.params
         x = logits.astype(np.float32, copy=True)  # [n_vocab]

@@ -87,7 +87,7 @@ def _fused_and_eager(model, calls: list[tuple[list[Chunk], str]]) -> None:
     half = model.n_slots // 2
     for chunks, output in calls:
         fused = tr.forward(chunks, output)
-        eager = tr.forward_eager([Chunk(c.slot + half, c.tokens, c.pos0) for c in chunks], output)
+        eager = tr.forward_eager([Chunk(c.slot + half, c.prompt, c.pos0, c.logits) for c in chunks], output)
         assert len(fused) == len(eager) == len(chunks)
         for a, b in zip(fused, eager):
             np.testing.assert_array_equal(a, b)

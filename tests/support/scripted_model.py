@@ -13,11 +13,12 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from engine.model import Chunk, ContextOverflowError
+from engine.prompt import PositionKey
 
 SEP = 99
 FAIL = 98
@@ -80,7 +81,7 @@ class _Decoder:
 class ScriptedCache:
     def __init__(self, n_slots: int, n_ctx: int) -> None:
         self.n_ctx = n_ctx
-        self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        self.tokens: list[list[PositionKey]] = [[] for _ in range(n_slots)]
         self.copies: list[tuple[int, int, int]] = []   # (src, dst, n)
 
     def reusable(self, slot: int, n: int) -> int:
@@ -90,6 +91,10 @@ class ScriptedCache:
         assert n <= len(self.tokens[src])
         self.copies.append((src, dst, n))
         self.tokens[dst] = self.tokens[src][:n]
+
+    def truncate(self, slot: int, n: int) -> None:
+        assert n <= len(self.tokens[slot])
+        del self.tokens[slot][n:]
 
 
 @dataclass
@@ -109,22 +114,24 @@ class ScriptedTransformer:
             self.gate.acquire()
         cache = self.cache
         for c in chunks:
-            if not c.tokens:
+            if not len(c):
                 raise ValueError("empty chunk")
-            if c.pos0 + len(c.tokens) > cache.n_ctx:
-                raise ContextOverflowError(c.pos0 + len(c.tokens), cache.n_ctx)
+            if c.pos0 + len(c) > cache.n_ctx:
+                raise ContextOverflowError(c.pos0 + len(c), cache.n_ctx)
             if c.pos0 > len(cache.tokens[c.slot]):
                 raise ValueError(f"slot {c.slot} holds {len(cache.tokens[c.slot])}; "
                                  f"cannot append at {c.pos0}")
-            if FAIL in c.tokens:
+            if FAIL in c.prompt.token_ids():
                 raise RuntimeError("scripted failure")
-        self.calls.append(Call(output, [(c.slot, list(c.tokens), c.pos0) for c in chunks]))
+        self.calls.append(Call(output, [(c.slot, list(c.prompt.token_ids()), c.pos0) for c in chunks]))
         out = []
         for c in chunks:
-            held = cache.tokens[c.slot][:c.pos0] + list(c.tokens)
-            cache.tokens[c.slot] = held
+            # a scripted prompt is all tokens: every key is a token id
+            held = cast(list[int], cache.tokens[c.slot][:c.pos0]) + c.prompt.token_ids()
+            cache.tokens[c.slot] = [*held]
             if output == "hidden":
-                out.append(np.repeat(np.array(c.tokens, np.float32)[:, None], N_EMBD, axis=1))
+                out.append(np.repeat(np.array(c.prompt.token_ids(), np.float32)[:, None], N_EMBD,
+                                     axis=1))
                 continue
             logits = np.full(N_VOCAB, -1e4, dtype=np.float32)  # [n_vocab]
             logits[self._next(held)] = 0.0
