@@ -9,7 +9,9 @@ from .api import Model, estimate_memory, load
 from .constraint import Constraint, ConstraintError, TokenizerAdapter
 from .gguf import ModelLoadError
 from .model import ContextOverflowError
+from .prompt import EmbeddingSpan, Prompt, TokenSpan
 from .sampling import Sampled, SamplingParams
 
-__all__ = ["Constraint", "ConstraintError", "ContextOverflowError", "Model", "ModelLoadError", "Sampled",
-           "SamplingParams", "TokenizerAdapter", "estimate_memory", "load"]
+__all__ = ["Constraint", "ConstraintError", "ContextOverflowError", "EmbeddingSpan", "Model",
+           "ModelLoadError", "Prompt", "Sampled", "SamplingParams", "TokenSpan", "TokenizerAdapter",
+           "estimate_memory", "load"]

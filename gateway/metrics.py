@@ -252,8 +252,8 @@ class RequestMetrics:
             self._first_seen = True
             self._metrics.first_token(self._model, time.perf_counter() - self._started)
         if isinstance(event, Finished):
-            # The n choices of one prompt share its token list, and usage bills the prompt once.
-            key = id(request.prompt_ids)
+            # The n choices of one prompt share its Prompt, and usage bills the prompt once.
+            key = id(request.prompt)
             prompt = 0 if key in self._billed_prompts else event.prompt_tokens
             self._billed_prompts.add(key)
             self._metrics.tokens(self._model, prompt, event.completion_tokens)

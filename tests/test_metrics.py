@@ -12,6 +12,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from engine.prompt import Prompt
 from gateway.app import create_app
 from gateway.config import Config, ModelEntry, RegistrySettings, load_config
 from gateway.fleet.registry import Registry
@@ -161,18 +162,18 @@ def test_the_loader_gets_metrics_only_when_it_asks_for_them() -> None:
 
 
 class Request:
-    def __init__(self, ids: list[int]) -> None:
-        self.prompt_ids = ids
+    def __init__(self, prompt: Prompt) -> None:
+        self.prompt = prompt
 
 
 def test_request_metrics_count_tokens_like_usage_and_time_the_first_token() -> None:
     metrics = Metrics()
     observed = RequestMetrics(metrics, "alias", started=0.0)
-    first, second = [1, 2, 3], [4, 5]
-    # three choices of the first prompt (they share its list), one of the second
+    first, second = Prompt.of_tokens([1, 2, 3]), Prompt.of_tokens([4, 5])
+    # three choices of the first prompt (they share its Prompt), one of the second
     requests = [Request(first), Request(first), Request(first), Request(second)]
     for request in requests:
-        n = len(request.prompt_ids)
+        n = len(request.prompt)
         for event in [TextDelta("", []), TextDelta("he", []), TextDelta("llo", []),
                       Finished("length", n, 4)]:
             observed.event(request, event)  # type: ignore[arg-type]

@@ -196,7 +196,8 @@ def test_non_finite_logits_fail_the_requests_and_mark_the_model_broken() -> None
     scheduler = Scheduler(model, name="corrupt")
 
     async def scenario() -> None:
-        request = GenerationRequest(script(letters("abc")), engine.SamplingParams(), 8)
+        prompt = engine.Prompt.of_tokens(script(letters("abc")))
+        request = GenerationRequest(prompt, engine.SamplingParams(), 8)
         with pytest.raises(ModelBrokenError, match="non-finite logits"):
             async for _ in scheduler.submit(request):
                 pass

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from engine.prompt import Prompt
 from engine.sampling import SamplingParams
 from gateway.generation.events import (
     Finished,
@@ -82,8 +83,8 @@ def test_released_text_is_the_text_before_the_first_stop(seed):
 def request(text, max_tokens=100, stop=(), logprobs=False, extra=()):
     """Ask the scripted model to write `text` (then end), with extra raw tokens before the end."""
     ids = script(letters(text) + list(extra))
-    return GenerationRequest(ids, SamplingParams(temperature=1.0, seed=1), max_tokens, tuple(stop),
-                             logprobs)
+    return GenerationRequest(Prompt.of_tokens(ids), SamplingParams(temperature=1.0, seed=1),
+                             max_tokens, tuple(stop), logprobs)
 
 
 async def drain(generation):
@@ -185,7 +186,7 @@ def test_requests_beyond_the_slots_wait_in_order():
     model, results = run(main, n_slots=1)
     assert [r[0] for r in results] == ["cc", "aa", "bb"]
     prefills = [c.chunks[0][1] for c in model.calls if len(c.chunks[0][1]) > 1]
-    assert prefills == [request(t).prompt_ids for t in ("cc", "aa", "bb")]
+    assert prefills == [request(t).prompt.token_ids() for t in ("cc", "aa", "bb")]
 
 
 def test_cancelled_generation_leaves_the_batch_and_frees_its_slot():
@@ -231,7 +232,8 @@ def test_leaving_the_context_early_cancels():
 def test_model_errors_reach_the_request_and_the_scheduler_survives():
     async def main(sched, model):
         with pytest.raises(RuntimeError, match="scripted failure"):
-            await drain(sched.submit(GenerationRequest([1, FAIL, 99], SamplingParams(), 10)))
+            failing = GenerationRequest(Prompt.of_tokens([1, FAIL, 99]), SamplingParams(), 10)
+            await drain(sched.submit(failing))
         return await drain(sched.submit(request("b"))), sched.active, sched.queued
 
     (text, _, _), active, queued = run(main)
@@ -241,9 +243,9 @@ def test_model_errors_reach_the_request_and_the_scheduler_survives():
 def test_invalid_requests_are_refused_before_queueing():
     async def main(sched, model):
         with pytest.raises(ValueError, match="vocabulary"):
-            sched.submit(GenerationRequest([1, 500, 99], SamplingParams(), 10))
+            sched.submit(GenerationRequest(Prompt.of_tokens([1, 500, 99]), SamplingParams(), 10))
         with pytest.raises(ValueError, match="context"):
-            sched.submit(GenerationRequest([1] * 64, SamplingParams(), 10))
+            sched.submit(GenerationRequest(Prompt.of_tokens([1] * 64), SamplingParams(), 10))
         return sched.queued
 
     assert run(main) == 0
@@ -431,7 +433,7 @@ def test_handoff_ends_once_every_stream_took_its_event(rounds, complete):
     from gateway.generation.choices import choice_events as _events
     from gateway.local.scheduler import _deliver_all, _GenerationJob
 
-    request = GenerationRequest([1, SEP], SamplingParams(), max_tokens=4)
+    request = GenerationRequest(Prompt.of_tokens([1, SEP]), SamplingParams(), max_tokens=4)
 
     async def main():
         loop = asyncio.get_running_loop()

@@ -135,7 +135,8 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
         if len(ids) >= served.n_ctx:
             raise context_length_exceeded(len(ids), served.n_ctx, "prompt")
         requests.append(GenerationRequest(
-            prompt_ids=ids, params=params, max_tokens=min(budget, served.n_ctx - len(ids)),
+            prompt=engine.Prompt.of_tokens(ids), params=params,
+            max_tokens=min(budget, served.n_ctx - len(ids)),
             stop=tuple(s for s in req.stop if s), logprobs=True))  # token ids come with logprobs
     if req.stream and len(requests) > 1:
         raise invalid_request("stream takes one prompt; send several prompts without stream",
@@ -248,7 +249,7 @@ async def chunks(served: GenerativeModel, alias: str, req: lp.CompletionRequest,
                 chunk: dict[str, Any] = {
                     "index": 0, "content": event.text, "tokens": [t.token for t in event.tokens],
                     "stop": False, "id_slot": -1, "model": settings["model"],
-                    "tokens_predicted": count, "tokens_evaluated": len(plan.requests[0].prompt_ids)}
+                    "tokens_predicted": count, "tokens_evaluated": len(plan.requests[0].prompt)}
                 if req.n_probs:
                     chunk["completion_probabilities"] = _probs(event.tokens)
                 yield chunk

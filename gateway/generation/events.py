@@ -21,7 +21,7 @@ class GenerationObserver(Protocol):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    prompt_ids: list[int]
+    prompt: engine.Prompt                # token and embedding spans (engine/prompt.py)
     params: engine.SamplingParams
     max_tokens: int                      # already capped to what the context leaves
     stop: tuple[str, ...] = ()

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+import engine
 from gateway import protocol as p
 from gateway.config import LimitSettings
 from gateway.errors import APIError, context_length_exceeded, invalid_request
@@ -91,14 +92,15 @@ def _check_logit_bias(served: GenerativeModel, bias: dict[str, float] | None) ->
                                   "logit_bias")
 
 
-def _generation(served: GenerativeModel, req: p.GenerationRequestBody, ids: list[int], choice: int,
-                param: str) -> GenerationRequest:
-    if len(ids) >= served.n_ctx:
-        raise context_length_exceeded(len(ids), served.n_ctx, param)
-    room = served.n_ctx - len(ids)
+def _generation(served: GenerativeModel, req: p.GenerationRequestBody, prompt: engine.Prompt,
+                choice: int, param: str) -> GenerationRequest:
+    """One choice's request; the n choices of a prompt share its Prompt (usage bills it once)."""
+    if len(prompt) >= served.n_ctx:
+        raise context_length_exceeded(len(prompt), served.n_ctx, param)
+    room = served.n_ctx - len(prompt)
     budget = req.token_budget()
     return GenerationRequest(
-        prompt_ids=ids,
+        prompt=prompt,
         params=p.sampling_params(req, choice),
         max_tokens=room if budget is None else min(budget, room),
         stop=tuple(req.stop_list()),
@@ -146,7 +148,8 @@ async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
     _check_logit_bias(served, req.logit_bias)
     output = chat_output(req, served.tool_format)
     ids = await off_loop(served, _chat_ids, served, output, limits)
-    return Plan([_generation(served, req, ids, i, "messages") for i in range(req.n)], len(ids),
+    prompt = engine.Prompt.of_tokens(ids)
+    return Plan([_generation(served, req, prompt, i, "messages") for i in range(req.n)], len(ids),
                 prompt_of=[0] * req.n, output=output)
 
 
@@ -176,8 +179,9 @@ def _plan_completion(served: GenerativeModel, req: p.CompletionRequest, limits: 
         if not ids:
             raise invalid_request("prompt is empty after tokenizing", "prompt")
         total += len(ids)
+        tokens = engine.Prompt.of_tokens(ids)
         for i in range(req.n):
-            requests.append(_generation(served, req, ids, i, "prompt"))
+            requests.append(_generation(served, req, tokens, i, "prompt"))
             echo.append(text if req.echo else "")
             prompt_of.append(number)
     return Plan(requests, total, echo, prompt_of, output=completion_output(req))

@@ -95,7 +95,7 @@ class _GenerationJob(_Job):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, request: GenerationRequest,
                  tokenizer: ModelTokenizer) -> None:
-        super().__init__(loop, batch.Sequence(request.prompt_ids, params=request.params,
+        super().__init__(loop, batch.Sequence(request.prompt, params=request.params,
                                               max_tokens=request.max_tokens,
                                               constraint=request.constraint))
         self.request = request
