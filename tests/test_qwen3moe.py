@@ -129,6 +129,17 @@ def test_header_checks_and_scan_accept_the_files(tmp_path: Path) -> None:
     assert {m.quantization for m in found.found} == {"F32", "Q8_0"}
 
 
+@pytest.mark.parametrize("name", list(ENTRIES))
+def test_the_memory_estimate_is_the_whole_file_and_its_cache(name: str) -> None:
+    """Every expert is mapped (any may be chosen next step), so the estimate counts the whole
+    file; the experts stay in the file's layout, so nothing repacked is added for them."""
+    path = SYNTH3_DIR / f"{name}.gguf"
+    with _load(name, n_slots=2) as model:
+        assert engine.estimate_memory(path, 128, n_slots=2) == model.memory_bytes
+        assert model.memory_bytes == path.stat().st_size + model.transformer.cache.nbytes + \
+            model.transformer.repacked_bytes
+
+
 def test_a_file_missing_an_expert_tensor_is_refused_from_its_header(tmp_path: Path) -> None:
     from gguf import GGUFReader, GGUFWriter
 
