@@ -11,12 +11,14 @@ final norm's gather the last row of each chunk).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .formats import quants
-from .kernels import ops, rotary, tasks
+from .formats.activations import packed_activation_bytes
+from .kernels import moe, moe_tasks, ops, rotary, tasks
 from .kernels.pool import Graph
 
 if TYPE_CHECKING:
@@ -29,6 +31,19 @@ def _addr(a: np.ndarray) -> int:
     return int(a.ctypes.data)
 
 
+@dataclass
+class _Routing:
+    """route's tables for the next expert_ffn (engine.kernels.moe's shapes; P = tokens * k)."""
+    k: int
+    n_expert: int
+    ids: np.ndarray        # int64 [T, k] each token's experts
+    weights: np.ndarray    # float32 [T, k] their weights
+    offsets: np.ndarray    # int64 [E + 1] expert e's run of grouped rows
+    padded: np.ndarray     # int64 [E + 1] where its packed activations start, in rows
+    rows: np.ndarray       # int64 [P] the token of each grouped row
+    pos: np.ndarray        # int64 [T, k] the grouped row of each (token, choice)
+
+
 class GraphBuilder:
     """Appends one forward pass's task nodes to a Graph, naming each task's arguments."""
 
@@ -39,6 +54,7 @@ class GraphBuilder:
         self.op = tr.ops.address
         self.o_pending = False  # o holds a sublayer's output not yet added to x
         self.q_scaled = False   # q already carries the attention scale
+        self.routing: _Routing  # set by route, read by the expert_ffn after it
 
     def _node(self, task: str, layout: tasks.Layout, **fields: int | float) -> np.ndarray:
         args = layout.pack(**fields)
@@ -110,6 +126,89 @@ class GraphBuilder:
         self._node("task_glu", tasks.GLU, fn=self.op[_ACT_OPS[act]], gate=_addr(a.g),
                    up=_addr(a.u), n=a.g.shape[1], m_at=tasks.M_TOKENS)
 
+    def route(self, router: quants.QuantMatrix, k: int) -> None:
+        a, T, E = self.a, self.a.capacity, router.n_rows
+        logits = a.scratch("moe_logits", (T, E), np.float32)
+        r = self.routing = _Routing(
+            k, E, a.scratch("moe_ids", (T, k), np.int64), a.scratch("moe_w", (T, k), np.float32),
+            a.scratch("moe_offsets", (E + 1,), np.int64), a.scratch("moe_padded", (E + 1,), np.int64),
+            a.scratch("moe_rows", (T * k,), np.int64), a.scratch("moe_pos", (T, k), np.int64))
+        fn = moe.load_moe().address
+        self.matmuls(a.h, a.h.shape[1], [(router, logits)])         # logits = h @ router.T
+        self._moe_node("task_moe_route", moe_tasks.ROUTE, fn=fn["moe_route"], logits=_addr(logits),
+                       ids=_addr(r.ids), weights=_addr(r.weights), n_expert=E, k=k)
+        self.graph.barrier()
+        self._moe_node("task_moe_group", moe_tasks.GROUP, fn=fn["moe_group"], ids=_addr(r.ids),
+                       n_expert=E, k=k, offsets=_addr(r.offsets), padded=_addr(r.padded),
+                       rows=_addr(r.rows), pos=_addr(r.pos))
+        self.graph.barrier()
+
+    def expert_ffn(self, gate: quants.StackedMatrix, up: quants.StackedMatrix,
+                   down: quants.StackedMatrix, act: str) -> None:
+        a, r = self.a, self.routing
+        P, n_ff = a.capacity * r.k, gate.n_rows
+        x = a.scratch("moe_x", (P, a.h.shape[1]), np.float32)      # h rows grouped by expert
+        g = a.scratch("moe_g", (P, n_ff), np.float32)
+        u = a.scratch("moe_u", (P, n_ff), np.float32)
+        eo = a.scratch("moe_eo", (P, down.n_rows), np.float32)      # each pair's expert output
+        inputs = self._pack(a.h, x, [gate, up])                     # x = h[rows], quantized per run
+        self._expert_matmul(gate, inputs, g)
+        self._expert_matmul(up, inputs, u)
+        self.graph.barrier()
+        self._node("task_glu", tasks.GLU, fn=self.op[_ACT_OPS[act]], gate=_addr(g), up=_addr(u),
+                   n=r.k * n_ff, m_at=tasks.M_TOKENS)               # a token's k rows at once
+        self.graph.barrier()
+        self._expert_matmul(down, self._pack(None, g, [down]), eo)
+        self.graph.barrier()
+        self._moe_node("task_moe_combine", moe_tasks.COMBINE, fn=moe.load_moe().address["moe_combine"],
+                       eo=_addr(eo), pos=_addr(r.pos), weights=_addr(r.weights), out=_addr(a.o),
+                       n=down.n_rows, k=r.k)                        # same rows as the next norm
+        self.o_pending = True
+
+    def _moe_node(self, task: str, layout: tasks.Layout, **fields: int | float) -> None:
+        self.graph.add(moe_tasks.task_addresses()[task], layout.pack(**fields))
+
+    def _pack(self, src: np.ndarray | None, dst: np.ndarray,
+              stacks: list[quants.StackedMatrix]) -> dict[str | None, tuple[int, int]]:
+        """dst = src[rows] (src None: dst is filled already), then dst quantized per run for each
+        activation format the stacks' kernels take. Returns act -> (input address, row bytes)."""
+        a, r, n = self.a, self.routing, dst.shape[1]
+        inputs: dict[str | None, tuple[int, int]] = {None: (_addr(dst), 4 * n)}
+        gather = 0 if src is None else moe.load_moe().address["moe_gather"]
+        for stack in stacks:
+            k = self.tr.matmul_kernels.kernels_for(stack.matrix(0))
+            if k.act is None or k.act in inputs:
+                continue
+            row_bytes = packed_activation_bytes(k.act, n, moe.PAD_ROWS) // moe.PAD_ROWS
+            xq = a.scratch(f"moe_xq_{k.act}_{n}", ((dst.shape[0] + (moe.PAD_ROWS - 1) * r.n_expert)
+                                                   * row_bytes,), np.uint8)
+            inputs[k.act] = (_addr(xq), row_bytes)
+            self._pack_node(src, dst, gather, k.quantize_address, _addr(xq), n // k.block_elems,
+                            row_bytes)
+            gather = 0  # the first node gathered
+        if gather:
+            self._pack_node(src, dst, gather, 0, 0, 0, 0)
+        self.graph.barrier()
+        return inputs
+
+    def _pack_node(self, src: np.ndarray | None, dst: np.ndarray, gather: int, quantize: int,
+                   xq: int, nb: int, row_bytes: int) -> None:
+        r = self.routing
+        self._moe_node("task_moe_pack", moe_tasks.PACK, gather=gather,
+                       src=0 if src is None else _addr(src), rows=_addr(r.rows), dst=_addr(dst),
+                       quantize=quantize, xq=xq, n=dst.shape[1], nb=nb, packed_row_bytes=row_bytes,
+                       offsets=_addr(r.offsets), padded=_addr(r.padded), n_expert=r.n_expert, k=r.k)
+
+    def _expert_matmul(self, w: quants.StackedMatrix, inputs: dict[str | None, tuple[int, int]],
+                       out: np.ndarray) -> None:
+        r, k = self.routing, self.tr.matmul_kernels.kernels_for(w.matrix(0))
+        x, row_bytes = inputs[k.act]
+        self._moe_node("task_moe_matmul", moe_tasks.EXPERT_MATMUL, fn=k.rows_address, w=w.address,
+                       expert_bytes=w.matrix_bytes, x=x, x_row_bytes=row_bytes,
+                       packed=int(k.act is not None), out=_addr(out),
+                       nb=w.n_cols // k.block_elems, n_rows=w.n_rows, offsets=_addr(r.offsets),
+                       padded=_addr(r.padded), n_expert=r.n_expert)
+
     # -- the nodes ---------------------------------------------------------------------------------
     def norm_rows(self, x: np.ndarray, residual: np.ndarray | None, weight: np.ndarray,
                   out: np.ndarray, m_at: int = tasks.M_TOKENS, gather: bool = False) -> None:
@@ -163,6 +262,7 @@ class EagerBuilder:
         self.bufs: dict[str, np.ndarray] = {"x": x}
         self.o_pending = False
         self.q_scaled = False
+        self.routing: _Routing  # set by route, read by the expert_ffn after it
 
     def add_norm(self, weight: np.ndarray) -> None:
         x = self.bufs["x"]
@@ -227,6 +327,25 @@ class EagerBuilder:
     def glu(self, act: str) -> None:
         fn = ops.silu_mul if act == "silu" else ops.gelu_mul
         self.bufs["g"] = fn(self.bufs["g"], self.bufs["u"])
+
+    def route(self, router: quants.QuantMatrix, k: int) -> None:
+        ids, weights = moe.route(self.mm(router, self.bufs["h"]), k)
+        self.routing = _Routing(k, router.n_rows, ids, weights, *moe.group(ids, router.n_rows))
+
+    def expert_ffn(self, gate: quants.StackedMatrix, up: quants.StackedMatrix,
+                   down: quants.StackedMatrix, act: str) -> None:
+        h, r = self.bufs["h"], self.routing
+        eo = np.empty((r.rows.size, down.n_rows), np.float32)     # each pair's expert output
+        glu = ops.silu_mul if act == "silu" else ops.gelu_mul
+        for e in range(r.n_expert):
+            a, b = int(r.offsets[e]), int(r.offsets[e + 1])
+            if a == b:
+                continue                                          # nobody chose e: not read
+            x = moe.gather(h, r.rows[a:b])                        # e's tokens, [M_e, n_embd]
+            g = glu(self.mm(gate.matrix(e), x), self.mm(up.matrix(e), x))
+            eo[a:b] = self.mm(down.matrix(e), g)
+        self.bufs["o"] = moe.combine(eo, r.pos, r.weights)
+        self.o_pending = True
 
     def residual(self) -> np.ndarray:
         """x with the last sublayer's output added."""

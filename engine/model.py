@@ -142,6 +142,18 @@ class _Activations:
         self.u = np.empty((T, F), np.float32)            # up
         # activations quantized for the matmuls, one buffer per block format (quants.pack_activations)
         self.xq = {act: quants.empty_packed(n) for act, n in xq_bytes.items()}
+        self._named: dict[str, np.ndarray] = {}
+
+    def scratch(self, name: str, shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
+        """A family's own buffer (a mixture's routing tables and expert rows), made 64-byte
+        aligned at the first ask for `name` and kept, like the rows above, for this capacity."""
+        buf = self._named.get(name)
+        if buf is None:
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            buf = self._named[name] = quants.empty_packed(nbytes).view(dtype).reshape(shape)
+        elif buf.shape != shape or buf.dtype != dtype:  # graphs point into the first one
+            raise ValueError(f"scratch {name} is {buf.dtype} {buf.shape}, asked {dtype} {shape}")
+        return buf
 
 
 def _addr(a: np.ndarray) -> int:

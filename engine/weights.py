@@ -7,7 +7,8 @@ Every tensor the file holds must be used: one the engine does not know (a bias l
 add, an extra norm) is refused at load rather than silently left out of the computation. A
 required tensor the file lacks is named; an optional one leaves its field None. Fused tensors
 (phi3's attn_qkv and [gate; up] ffn_up) are served as row ranges of the one matrix, views into
-the mapping, so the block and the kernels see ordinary matrices.
+the mapping, so the block and the kernels see ordinary matrices. A 3-D tensor (a mixture of
+experts' stacked ffn_*_exps) is a quants.StackedMatrix whose matrices are views too.
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ class _TensorReader:
                     out[field] = row_range(whole, int(start), n)
             elif len(t.dims) == 1:
                 out[t.name] = self.vector(name, self.hp.dim(t.dims[0]))
+            elif len(t.dims) == 3:
+                out[t.name] = self.stacked(name, *(self.hp.dim(d) for d in t.dims))
             else:
                 n_cols, n_rows = t.dims
                 out[t.name] = self.matrix(name, self.hp.dim(n_cols), self.hp.dim(n_rows))
@@ -98,6 +101,11 @@ class _TensorReader:
         t = self.info(name, (n_cols, n_rows))
         raw = self.f.tensor_data(name).reshape(n_rows, -1)  # uint8 [n_rows, row_bytes]
         return quants.QuantMatrix(raw, t.qtype, n_rows, n_cols)
+
+    def stacked(self, name: str, n_cols: int, n_rows: int, n_mat: int) -> quants.StackedMatrix:
+        t = self.info(name, (n_cols, n_rows, n_mat))
+        raw = self.f.tensor_data(name).reshape(n_mat, n_rows, -1)  # uint8 [n_mat, n_rows, row_bytes]
+        return quants.StackedMatrix(raw, t.qtype, n_mat, n_rows, n_cols)
 
     def vector(self, name: str, n: int) -> np.ndarray:
         t = self.info(name, (n,))

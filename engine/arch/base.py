@@ -13,6 +13,8 @@ Builder works on the forward pass's named activation rows, all [T, ...] float32:
     x  residual stream [n_embd]        h  normed x [n_embd]        o  a sublayer's output [n_embd]
     q  queries, then the attention output [q_dim]    k, v  keys and values [kv_dim]
     g  FFN gate, then act(gate) * up [n_ff]          u  FFN up [n_ff]
+A mixture of experts routes h first (route: each token's k experts and their weights, tokens
+grouped by expert) and then runs the chosen experts' FFNs into o (expert_ffn).
 The residual add rides on the next norm: add_norm(w) is x += o (when o holds a sublayer's
 output), h = rms_norm(x) * w, so a block reads like pre-norm transformer algebra.
 
@@ -31,12 +33,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar, cast
 
 import numpy as np
 
 from ..formats import quants
 from .declare import Declared, Key, KeyValues, declared_names
+
+if TYPE_CHECKING:
+    from ..hparams import HParams
 
 
 @dataclass(kw_only=True)
@@ -45,12 +50,19 @@ class Layer:
     (matrices quants.QuantMatrix, vectors float32 np.ndarray, optional ones `| None = None`)."""
 
     def matrices(self) -> list[quants.QuantMatrix]:
-        """The layer's weight matrices, in field order."""
-        return [cast(quants.QuantMatrix, v) for f in dataclasses.fields(self)
-                if isinstance(v := getattr(self, f.name), quants.HostMatrix)]
+        """The layer's weight matrices, in field order (a stack's, expert by expert)."""
+        out: list[quants.QuantMatrix] = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, quants.HostMatrix):
+                out.append(cast(quants.QuantMatrix, v))
+            elif isinstance(v, quants.StackedMatrix):
+                out += v.matrices
+        return out
 
     def with_matrices(self, prepare: Callable[[quants.QuantMatrix], Any]) -> Self:
-        """A copy with every matrix replaced by prepare(it) (engine.formats.repack's layouts)."""
+        """A copy with every matrix replaced by prepare(it) (engine.formats.repack's layouts).
+        Stacked experts stay in the file's layout: their kernels take a view per expert."""
         return dataclasses.replace(self, **{
             f.name: prepare(cast(quants.QuantMatrix, v)) for f in dataclasses.fields(self)
             if isinstance(v := getattr(self, f.name), quants.HostMatrix)})
@@ -58,6 +70,8 @@ class Layer:
 
 class Builder(Protocol):
     """The operations a block is written in (see the module docstring for the buffers)."""
+
+    hp: HParams  # the model's hyperparameters (a family's own keys: hp.dim(name))
 
     def add_norm(self, weight: np.ndarray) -> None:
         """x += o (if a sublayer wrote o); h = rms_norm(x) * weight."""
@@ -86,6 +100,15 @@ class Builder(Protocol):
 
     def glu(self, act: str) -> None:
         """g = act(g) * u, act "silu" or "gelu_tanh"."""
+
+    def route(self, router: quants.QuantMatrix, k: int) -> None:
+        """Each token of h picks k experts: p = softmax(h @ router.T) over all of them, the k
+        largest p, their weights renormalised to sum 1 (llama.cpp's softmax gating, norm_w)."""
+
+    def expert_ffn(self, gate: quants.StackedMatrix, up: quants.StackedMatrix,
+                   down: quants.StackedMatrix, act: str) -> None:
+        """o = sum over the routed experts e of weight_e * (act(h @ gate_e) * (h @ up_e)) @ down_e;
+        each expert's matrices run once over all of its tokens, unchosen ones not at all."""
 
 
 L = TypeVar("L", bound=Layer)

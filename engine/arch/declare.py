@@ -6,7 +6,8 @@
     Fused(gguf, cols, parts)               one blk.{i}.<gguf> whose row ranges are layer fields
     fuse(tensors, gguf, *names)            llama's separate tensors declared as one fused tensor
 
-Dims are hyperparameter names in ggml's order: (n_cols, n_rows) for a matrix, (n,) for a vector;
+Dims are hyperparameter names in ggml's order: (n_cols, n_rows) for a matrix, (n,) for a vector,
+(n_cols, n_rows, n_mat) for a stack of matrices (a mixture's experts: quants.StackedMatrix);
 each is an HParams field or property (n_embd, q_dim, kv_dim, n_ff, head_dim...) or a key the
 family declared (hp.extra). engine/hparams.py walks the keys, engine/weights.py the tensors: no
 family is named there, so a new family is its module, not an edit of the loaders.
@@ -49,7 +50,8 @@ class Tensor:
     """One tensor of a layer: blk.{i}.<gguf>, shaped `dims`, served as the layer's `name`."""
     name: str
     gguf: str               # e.g. "attn_q.weight"
-    dims: tuple[str, ...]   # ggml order: (n_cols, n_rows) a matrix, (n,) a float32 vector
+    dims: tuple[str, ...]   # ggml order: (n_cols, n_rows) a matrix, (n,) a float32 vector,
+    #                         (n_cols, n_rows, n_mat) a StackedMatrix
     required: bool = True   # optional: the layer field stays None when the file lacks it
 
 

@@ -62,17 +62,15 @@ def finish(v: KeyValues) -> None:
 
 
 @dataclass(kw_only=True)
-class LlamaLayer(Layer):
-    """One block's tensors; the optional ones are there when the family declares them."""
+class AttentionLayer(Layer):
+    """The attention sublayer's tensors and the FFN's norm, whatever the FFN (a mixture of
+    experts keeps these); the optional ones are there when the family declares them."""
     attn_norm: np.ndarray               # float32 [n_embd]
     wq: quants.QuantMatrix              # [q_dim rows, n_embd cols] (a row range of attn_qkv when fused)
     wk: quants.QuantMatrix              # [kv_dim, n_embd]
     wv: quants.QuantMatrix              # [kv_dim, n_embd]
     wo: quants.QuantMatrix              # [n_embd, q_dim]
     ffn_norm: np.ndarray                # float32 [n_embd]
-    w_gate: quants.QuantMatrix          # [n_ff, n_embd] (the first half of ffn_up when fused)
-    w_up: quants.QuantMatrix            # [n_ff, n_embd]
-    w_down: quants.QuantMatrix          # [n_embd, n_ff]
     bq: np.ndarray | None = None        # float32 [q_dim]   QKV_BIAS
     bk: np.ndarray | None = None        # float32 [kv_dim]
     bv: np.ndarray | None = None        # float32 [kv_dim]
@@ -80,13 +78,23 @@ class LlamaLayer(Layer):
     k_norm: np.ndarray | None = None    # float32 [head_dim]
 
 
-TENSORS = (
+@dataclass(kw_only=True)
+class LlamaLayer(AttentionLayer):
+    """One block's tensors: attention's and the dense FFN's."""
+    w_gate: quants.QuantMatrix          # [n_ff, n_embd] (the first half of ffn_up when fused)
+    w_up: quants.QuantMatrix            # [n_ff, n_embd]
+    w_down: quants.QuantMatrix          # [n_embd, n_ff]
+
+
+ATTENTION_TENSORS = (
     Tensor("attn_norm", "attn_norm.weight", ("n_embd",)),
     Tensor("wq", "attn_q.weight", ("n_embd", "q_dim")),
     Tensor("wk", "attn_k.weight", ("n_embd", "kv_dim")),
     Tensor("wv", "attn_v.weight", ("n_embd", "kv_dim")),
     Tensor("wo", "attn_output.weight", ("q_dim", "n_embd")),
     Tensor("ffn_norm", "ffn_norm.weight", ("n_embd",)),
+)
+TENSORS = ATTENTION_TENSORS + (
     Tensor("w_gate", "ffn_gate.weight", ("n_embd", "n_ff")),
     Tensor("w_up", "ffn_up.weight", ("n_embd", "n_ff")),
     Tensor("w_down", "ffn_down.weight", ("n_ff", "n_embd")),
@@ -102,7 +110,7 @@ QK_NORM = (
 )
 
 
-def attention(b: Builder, w: LlamaLayer, layer: int, scale_q_first: bool = False) -> None:
+def attention(b: Builder, w: AttentionLayer, layer: int, scale_q_first: bool = False) -> None:
     """o = attention(h) @ Wo, with the optional biases and per-head q/k norms of the family."""
     b.project("h", [(w.wq, "q"), (w.wk, "k"), (w.wv, "v")])  # q, k, v = h @ Wq, Wk, Wv
     if w.bq is not None and w.bk is not None and w.bv is not None:

@@ -220,6 +220,44 @@ class QuantMatrix(HostMatrix):
         return self.raw
 
 
+@dataclass(frozen=True, eq=False)
+class StackedMatrix:
+    """n_mat matrices of one shape and type in one array: llama.cpp's 3-D ffn_*_exps, one
+    matrix per expert. matrix(e) is expert e as a QuantMatrix, a view (no copy), so the matmul
+    kernels take it as any other matrix; its bytes start at address + e * matrix_bytes."""
+
+    raw: np.ndarray  # uint8 [n_mat, n_rows, row_bytes], C-contiguous (a view into the mmap)
+    qtype: GGMLQuantizationType
+    n_mat: int
+    n_rows: int
+    n_cols: int
+
+    def __post_init__(self) -> None:
+        expected = (self.n_mat, self.n_rows, row_bytes(self.qtype, self.n_cols))
+        if not isinstance(self.raw, np.ndarray) or self.raw.dtype != np.uint8:
+            raise ValueError("StackedMatrix.raw must be a uint8 numpy array")
+        if self.raw.shape != expected or not self.raw.flags.c_contiguous:
+            raise ValueError(f"{self.qtype.name} {self.n_mat}x{self.n_rows}x{self.n_cols} needs "
+                             f"C-contiguous raw of shape {expected}, got {self.raw.shape}")
+
+    @functools.cached_property
+    def matrices(self) -> tuple[QuantMatrix, ...]:
+        return tuple(QuantMatrix(self.raw[e], self.qtype, self.n_rows, self.n_cols)
+                     for e in range(self.n_mat))
+
+    def matrix(self, e: int) -> QuantMatrix:
+        return self.matrices[e]
+
+    @functools.cached_property
+    def address(self) -> int:
+        return int(self.raw.ctypes.data)
+
+    @property
+    def matrix_bytes(self) -> int:
+        """The stride from one matrix to the next."""
+        return int(self.raw[0].nbytes)
+
+
 def blocks(raw: np.ndarray, qtype: GGMLQuantizationType, n_cols: int) -> np.ndarray:
     """uint8 [rows, row_bytes] -> structured [rows, n_blocks] in the type's layout."""
     t = quant_type(qtype)
