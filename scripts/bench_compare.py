@@ -241,8 +241,9 @@ def main() -> None:
         results.setdefault(("lazy", threads, "ours"), []).append(first_request_ms(model, threads))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
-    peer_name = str(args.vs_tree) if args.vs_tree else "llama.cpp"
-    print(f"model: {model.name} ({arch}); {args.rounds} rounds, medians; ratio = ours / {peer_name}")
+    peer_name = args.vs_tree.name if args.vs_tree else "llama.cpp"
+    print(f"model: {model.name} ({arch}); {args.rounds} rounds, medians; ratio = ours / "
+          f"{args.vs_tree or peer_name}")
     print(f"{'figure':36s} {'threads':>7s} {'modelyard':>10s} {peer_name[-10:]:>10s} {'ratio':>7s}")
     rows = [("decode tok/s (128 after 8)", "main", "decode"),
             ("prefill tok/s (512 prompt)", "main", "prefill"),
