@@ -58,7 +58,7 @@ def test_the_stream_is_ndjson_one_object_per_line(server):
     with httpx.stream("POST", server.url + "/api/chat", timeout=60, json={
             "model": "smol", "messages": ASK, "options": GREEDY}) as r:
         assert r.headers["content-type"].startswith("application/x-ndjson")
-        lines = [line for line in r.iter_lines()]
+        lines = list(r.iter_lines())
     objects = [json.loads(line) for line in lines]
     assert objects[-1]["done"] is True and all(not o["done"] for o in objects[:-1])
     assert all(o["message"]["role"] == "assistant" for o in objects)
