@@ -2,13 +2,16 @@
 
 `to_api_error` is the single mapping from anything raised while serving to a status and body;
 `error_response` renders it. The app installs `handle_exception` for every exception type, so a
-handler never builds an error body itself.
+handler never builds an error body itself. An API with its own error body (Ollama's
+`{"error": "..."}` under /api/) names its path prefix in ROUTE_SHAPES; the status and headers
+stay the one mapping's, and the middlewares' refusals (keys, limits, body size) follow it too.
 """
 from __future__ import annotations
 
 import logging
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -121,13 +124,35 @@ HANDLED: tuple[type[Exception], ...] = (
 )
 
 
-def error_response(exc: BaseException) -> JSONResponse:
+ErrorShape = Callable[[APIError], dict[str, Any]]
+
+
+def openai_body(error: APIError) -> dict[str, Any]:
+    return error.body()
+
+
+def ollama_body(error: APIError) -> dict[str, Any]:
+    """Ollama's error body: the message alone (its clients raise it as ResponseError)."""
+    return {"error": error.message}
+
+
+# Path prefixes whose API has its own error body; every other path answers in OpenAI's.
+ROUTE_SHAPES: tuple[tuple[str, ErrorShape], ...] = (("/api/", ollama_body),)
+
+
+def shape_for(path: str) -> ErrorShape:
+    return next((shape for prefix, shape in ROUTE_SHAPES if path.startswith(prefix)),
+                openai_body)
+
+
+def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+    """The response for `exc` on a request to `path` (its body in that route's shape)."""
     err = to_api_error(exc)
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    return JSONResponse(shape_for(path)(err), status_code=err.status, headers=err.headers)
 
 
 async def handle_exception(request: Request, exc: Exception) -> JSONResponse:
-    response = error_response(exc)
+    response = error_response(exc, request.url.path)
     if response.status_code >= 500 and not isinstance(exc, APIError):
         log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
     return response

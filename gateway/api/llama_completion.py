@@ -25,7 +25,7 @@ from gateway.generation.choices import ChoiceResult
 from gateway.generation.events import Finished, GenerationRequest, TextDelta, TokenInfo
 from gateway.generation.model import GenerativeModel
 from gateway.generation.serving import Plan
-from gateway.http.streaming import openai_error
+from gateway.http.streaming import SSE, openai_error
 
 BANNED = -1e9          # a logit bias that no sampler gets past (llama.cpp's `false`)
 SEED_RANDOM = 4294967295  # how llama.cpp shows seed -1
@@ -267,6 +267,7 @@ class CompletionWire:
                    limits: LimitSettings) -> LlamaPlan:
         return await model.prepare(_plan, req, lease, model, limits)
 
+    framing = SSE
     whole = staticmethod(whole)
     chunks = staticmethod(chunks)
 

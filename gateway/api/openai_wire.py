@@ -20,7 +20,7 @@ from gateway.generation.events import Finished, PromptProgress, TextDelta, Token
 from gateway.generation.model import GenerativeModel
 from gateway.generation.serving import Plan
 from gateway.generation.tool_stream import finish_reason
-from gateway.http.streaming import TextEventTemplate, openai_error
+from gateway.http.streaming import SSE, TextEventTemplate, openai_error
 
 R = TypeVar("R", p.ChatCompletionRequest, p.CompletionRequest)
 
@@ -211,6 +211,7 @@ class ChatWire:
                    limits: LimitSettings) -> Plan:
         return await serving.plan_chat(model, with_defaults(req, lease, model), limits)
 
+    framing = SSE
     whole = staticmethod(chat_completion)
     chunks = staticmethod(chat_chunks)
 
@@ -225,6 +226,7 @@ class CompletionWire:
                    limits: LimitSettings) -> Plan:
         return await serving.plan_completion(model, with_defaults(req, lease, model), limits)
 
+    framing = SSE
     whole = staticmethod(completion)
     chunks = staticmethod(completion_chunks)
 

@@ -5,11 +5,13 @@
         -> stream: render chunks as events arrive; release when the stream ends or the client
            leaves (EventStreamResponse's on_close)
 
-A `Wire` is what one API adds: its request's plan (sampling defaults, prompts) and its renderers
+A `Wire` is what one API adds: its request's plan (sampling defaults, prompts), its renderers
 (a whole reply from the collected choices, stream chunks from the submitted generations, the
-error event a stream ends with). OpenAI's chat and completions (gateway/api/openai_wire.py) and
-llama.cpp's /completion (gateway/api/llama_completion.py) are wires; Anthropic's /v1/messages or
-Ollama's /api/chat would be one more each, never another copy of the lifecycle.
+error event a stream ends with) and its stream's framing (SSE, or Ollama's NDJSON). OpenAI's
+chat and completions (gateway/api/openai_wire.py), llama.cpp's /completion
+(gateway/api/llama_completion.py) and Ollama's /api/chat and /api/generate
+(gateway/api/ollama_wire.py) are wires; Anthropic's /v1/messages would be one more, never another
+copy of the lifecycle.
 
 A lease counts the request as in flight, so its model cannot be evicted or unloaded under it.
 Each request's RequestMetrics rides on its plan's generation requests and records time to first
@@ -34,7 +36,7 @@ from gateway.generation.choices import ChoiceResult, collect
 from gateway.generation.model import GenerativeModel
 from gateway.generation.serving import Plan
 from gateway.http import auth
-from gateway.http.streaming import EventStreamResponse, cancel_on_disconnect
+from gateway.http.streaming import EventStreamResponse, Framing, cancel_on_disconnect
 from gateway.metrics import RequestMetrics
 from gateway.state import app_state
 
@@ -59,6 +61,9 @@ P = TypeVar("P", bound=Plan)
 
 class Wire(Protocol, Generic[ReqIn, P]):
     """One API's wire format for generations (see the module docstring)."""
+
+    @property
+    def framing(self) -> Framing: ...
 
     async def plan(self, model: GenerativeModel, lease: Lease, req: ReqIn,
                    limits: LimitSettings) -> P: ...
@@ -107,7 +112,8 @@ async def generate(request: Request, wire: Wire[Req, P], req: Req,
                 registry.release(lease)
 
             response = EventStreamResponse(wire.chunks(model, lease.alias, req, plan),
-                                           on_close=close, error_event=wire.error)
+                                           on_close=close, error_event=wire.error,
+                                           framing=wire.framing)
             handed_off = True
             return response
         try:

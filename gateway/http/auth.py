@@ -25,12 +25,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.console import is_console_path
 from gateway.config import AuthSettings, Config
-from gateway.errors import APIError
+from gateway.errors import APIError, error_response
 from gateway.http.asgi import HttpMiddleware, StatusNotingSend
 from gateway.state import app_state
 
@@ -79,9 +78,8 @@ def identify(settings: AuthSettings, presented: str) -> KeyInfo | None:
 
 
 def _error(status: int, message: str, code: str | None, *, type: str = "invalid_request_error",
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    err = APIError(status, message, type=type, code=code, headers=headers)
-    return JSONResponse(err.body(), status_code=status, headers=err.headers)
+           headers: dict[str, str] | None = None) -> APIError:
+    return APIError(status, message, type=type, code=code, headers=headers)
 
 
 class _Limits:
@@ -92,7 +90,7 @@ class _Limits:
         self.recent: dict[str, deque[float]] = {}
 
     def admit(self, name: str, max_concurrent: int | None, per_minute: int | None,
-              now: float) -> JSONResponse | None:
+              now: float) -> APIError | None:
         if max_concurrent is not None and self.in_flight.get(name, 0) >= max_concurrent:
             return _error(429, f"Key '{name}' has {max_concurrent} requests running already "
                                "(max_concurrent); retry when one is done", "rate_limit_exceeded",
@@ -141,8 +139,8 @@ class AuthMiddleware(HttpMiddleware):
                                     "key (auth.admin_key)", "permission_denied")
         metrics = state.metrics
         if rejection is not None:
-            metrics.key_request(info.name if info else "-", rejection.status_code)
-            await rejection(scope, receive, send)
+            metrics.key_request(info.name if info else "-", rejection.status)
+            await error_response(rejection, path)(scope, receive, send)
             return
         assert info is not None
         key = next((k for k in settings.keys if k.name == info.name), None)
@@ -150,7 +148,7 @@ class AuthMiddleware(HttpMiddleware):
                                     key.requests_per_minute if key else None, time.monotonic())
         if limited is not None:
             metrics.key_request(info.name, 429)
-            await limited(scope, receive, send)
+            await error_response(limited, path)(scope, receive, send)
             return
         scope.setdefault("state", {})["api_key"] = info
         noting = StatusNotingSend(send)

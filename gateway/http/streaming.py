@@ -1,4 +1,8 @@
-"""Server-sent events, and tying a request's resources to its connection.
+"""Stream framing (server-sent events, NDJSON), and tying a request's resources to its connection.
+
+A wire chooses its framing (`SSE` for OpenAI and llama.cpp, `NDJSON` for Ollama's /api/*): how a
+chunk becomes bytes, the media type, and what ends a stream. Everything else below - the error
+event, the release in `finally` - is the same for every framing.
 
 Under Hypercorn a client disconnect cancels the task that is sending the stream. The response
 below therefore releases what the request holds (its model lease) in `finally` around the whole
@@ -13,6 +17,7 @@ import inspect
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any, TypeVar
 
@@ -48,6 +53,27 @@ def sse(payload: BaseModel | dict[str, Any]) -> bytes:
     else:
         text = json.dumps(payload, ensure_ascii=False)
     return b"data: " + _escape_line_breaks(text).encode() + b"\n\n"
+
+
+def ndjson(payload: BaseModel | dict[str, Any]) -> bytes:
+    """One JSON object on its own line (Ollama's streams)."""
+    if isinstance(payload, BaseModel):
+        text = payload.model_dump_json()
+    else:
+        text = json.dumps(payload, ensure_ascii=False)
+    return _escape_line_breaks(text).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How one wire frames its stream: a chunk's bytes, the media type, the end marker."""
+    media_type: str
+    frame: Callable[[BaseModel | dict[str, Any]], bytes]
+    end: bytes  # sent after the last chunk (and after an error event at shutdown); b"": none
+
+
+SSE = Framing("text/event-stream", sse, DONE)
+NDJSON = Framing("application/x-ndjson", ndjson, b"")
 
 
 # json's string encoder agrees with pydantic's on every code point (non-ASCII kept, control
@@ -88,9 +114,10 @@ def openai_error(error: APIError) -> dict[str, Any]:
 
 
 async def sse_body(chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
-                   error_event: Callable[[APIError], dict[str, Any]] = openai_error
-                   ) -> AsyncIterator[bytes]:
-    """Encode chunks as events (bytes are events already) and end with `data: [DONE]`.
+                   error_event: Callable[[APIError], dict[str, Any]] = openai_error,
+                   framing: Framing = SSE) -> AsyncIterator[bytes]:
+    """Encode chunks in `framing` (bytes are framed already) and end with its end marker
+    (SSE: `data: [DONE]`).
 
     An error after the headers went out cannot change the status any more; it is sent as an
     error event in the wire's shape (`error_event`; OpenAI's, which the openai client raises)
@@ -98,20 +125,22 @@ async def sse_body(chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
     except when the server's shutdown deadline ended it: the stream was fine, so it closes
     properly, with [DONE] after the error event.
     """
+    frame = framing.frame
     try:
         async for chunk in chunks:
-            yield chunk if isinstance(chunk, bytes) else sse(chunk)
+            yield chunk if isinstance(chunk, bytes) else frame(chunk)
     except Exception as exc:
         error = to_api_error(exc)
         if error.status >= 500:
             log.error("stream failed: %s", error.message, exc_info=exc)
-        yield sse(error_event(error))
-        if isinstance(exc, ServerStoppingError):
-            yield DONE
+        yield frame(error_event(error))
+        if isinstance(exc, ServerStoppingError) and framing.end:
+            yield framing.end
         return
     finally:
         await _aclose(chunks)
-    yield DONE
+    if framing.end:
+        yield framing.end
 
 
 async def _aclose(it: object) -> None:
@@ -123,13 +152,15 @@ async def _aclose(it: object) -> None:
 
 
 class EventStreamResponse(StreamingResponse):
-    """A `text/event-stream` response whose `on_close` runs exactly once, however it ends."""
+    """A streamed response (SSE unless `framing` says otherwise) whose `on_close` runs exactly
+    once, however it ends."""
 
     def __init__(self, chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
                  on_close: Callable[[], None],
-                 error_event: Callable[[APIError], dict[str, Any]] = openai_error) -> None:
-        self._body = sse_body(chunks, error_event)
-        super().__init__(self._body, media_type="text/event-stream",
+                 error_event: Callable[[APIError], dict[str, Any]] = openai_error,
+                 framing: Framing = SSE) -> None:
+        self._body = sse_body(chunks, error_event, framing)
+        super().__init__(self._body, media_type=framing.media_type,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._on_close = on_close
 
