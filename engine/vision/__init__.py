@@ -5,6 +5,7 @@
     preprocess.py  bytes -> RGB -> per projector resize/tile -> normalised [3, S, S] tiles
     encoder.py     the ViT (SigLIP or CLIP)
     projectors.py  gemma3, idefics3, mlp heads: ViT rows -> the text model's embedding rows
+    layout.py      mtmd's marker tokens around each image chunk: text + images -> a Prompt
     model.py       VisionModel: one image -> its chunks (rows + markers), content-keyed
 """
 from engine.vision.mmproj import PROJECTORS, Projector, VisionParams, check_header
