@@ -1,0 +1,16 @@
+"""Images in: llama.cpp's mmproj projector files, run on the engine's kernels.
+
+    mmproj.py      the file: VisionParams from the header (check_header, shared with config
+                   checks), the tensors as QuantMatrix / float32
+    preprocess.py  bytes -> RGB -> per projector resize/tile -> normalised [3, S, S] tiles
+    encoder.py     the ViT (SigLIP or CLIP)
+    projectors.py  gemma3, idefics3, mlp heads: ViT rows -> the text model's embedding rows
+    layout.py      mtmd's marker tokens around each image chunk: text + images -> a Prompt
+    model.py       VisionModel: one image -> its chunks (rows + markers), content-keyed
+"""
+from engine.vision.mmproj import PROJECTORS, Projector, VisionParams, check_header
+from engine.vision.model import ImageChunk, VisionModel
+from engine.vision.preprocess import ImageError
+
+__all__ = ["PROJECTORS", "ImageChunk", "ImageError", "Projector", "VisionModel", "VisionParams",
+           "check_header"]
