@@ -1,14 +1,20 @@
 """Exceptions -> OpenAI-shaped error bodies `{"error": {"message", "type", "param", "code"}}`.
 
-`to_api_error` is the single mapping from anything raised while serving to a status and body;
+`to_api_error` is the single mapping from anything raised while serving to an APIError;
 `error_response` renders it. The app installs `handle_exception` for every exception type, so a
 handler never builds an error body itself.
+
+A route family whose clients expect another shape (Anthropic's /v1/messages, Ollama's /api/)
+names its own `ErrorShape` for its paths with `shape_errors`: APIError -> the status and body
+its clients read. The mapping stays the one above; only the rendering differs, and it follows
+the path, so the middlewares' errors (keys, body limits) take the route's shape too.
 """
 from __future__ import annotations
 
 import logging
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -121,13 +127,36 @@ HANDLED: tuple[type[Exception], ...] = (
 )
 
 
-def error_response(exc: BaseException) -> JSONResponse:
+ErrorShape = Callable[[APIError], tuple[int, dict[str, Any]]]  # -> the status and the body
+
+
+def openai_shape(err: APIError) -> tuple[int, dict[str, Any]]:
+    return err.status, err.body()
+
+
+_SHAPES: dict[str, ErrorShape] = {}  # path prefix -> the shape of its errors
+
+
+def shape_errors(path_prefix: str, shape: ErrorShape) -> None:
+    """Render the errors of requests under `path_prefix` with `shape` (see the docstring)."""
+    _SHAPES[path_prefix] = shape
+
+
+def shape_for(path: str) -> ErrorShape:
+    """The error shape of `path`: the longest registered prefix's, else OpenAI's."""
+    best = max((prefix for prefix in _SHAPES if path.startswith(prefix)), key=len, default=None)
+    return openai_shape if best is None else _SHAPES[best]
+
+
+def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+    """`exc` as the error response a request for `path` gets."""
     err = to_api_error(exc)
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    status, body = shape_for(path)(err)
+    return JSONResponse(body, status_code=status, headers=err.headers)
 
 
 async def handle_exception(request: Request, exc: Exception) -> JSONResponse:
-    response = error_response(exc)
+    response = error_response(exc, request.url.path)
     if response.status_code >= 500 and not isinstance(exc, APIError):
         log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
     return response

@@ -25,7 +25,7 @@ from gateway.generation.choices import ChoiceResult
 from gateway.generation.events import Finished, GenerationRequest, TextDelta, TokenInfo
 from gateway.generation.model import GenerativeModel
 from gateway.generation.serving import Plan
-from gateway.http.streaming import openai_error
+from gateway.http.streaming import DONE, openai_error
 
 BANNED = -1e9          # a logit bias that no sampler gets past (llama.cpp's `false`)
 SEED_RANDOM = 4294967295  # how llama.cpp shows seed -1
@@ -268,6 +268,8 @@ class CompletionWire:
 
     whole = staticmethod(whole)
     chunks = staticmethod(chunks)
+
+    done: bytes | None = DONE
 
     def error(self, error: APIError) -> dict[str, Any]:
         return openai_error(error)  # llama.cpp's server sends OpenAI's shape too

@@ -20,7 +20,7 @@ from gateway.generation.events import Finished, PromptProgress, TextDelta, Token
 from gateway.generation.model import GenerativeModel
 from gateway.generation.serving import Plan
 from gateway.generation.tool_stream import finish_reason
-from gateway.http.streaming import TextEventTemplate, openai_error
+from gateway.http.streaming import DONE, TextEventTemplate, openai_error
 
 R = TypeVar("R", p.ChatCompletionRequest, p.CompletionRequest)
 
@@ -214,6 +214,8 @@ class ChatWire:
     whole = staticmethod(chat_completion)
     chunks = staticmethod(chat_chunks)
 
+    done: bytes | None = DONE
+
     def error(self, error: APIError) -> dict[str, Any]:
         return openai_error(error)
 
@@ -227,6 +229,8 @@ class CompletionWire:
 
     whole = staticmethod(completion)
     chunks = staticmethod(completion_chunks)
+
+    done: bytes | None = DONE
 
     def error(self, error: APIError) -> dict[str, Any]:
         return openai_error(error)

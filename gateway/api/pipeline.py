@@ -7,9 +7,11 @@
 
 A `Wire` is what one API adds: its request's plan (sampling defaults, prompts) and its renderers
 (a whole reply from the collected choices, stream chunks from the submitted generations, the
-error event a stream ends with). OpenAI's chat and completions (gateway/api/openai_wire.py) and
-llama.cpp's /completion (gateway/api/llama_completion.py) are wires; Anthropic's /v1/messages or
-Ollama's /api/chat would be one more each, never another copy of the lifecycle.
+error event a stream ends with) and the bytes that end a stream (OpenAI's `data: [DONE]`; None
+where the last event says so itself). OpenAI's chat and completions (gateway/api/openai_wire.py),
+llama.cpp's /completion (gateway/api/llama_completion.py) and Anthropic's /v1/messages
+(gateway/api/anthropic_wire.py) are wires; Ollama's /api/chat would be one more, never another
+copy of the lifecycle.
 
 A lease counts the request as in flight, so its model cannot be evicted or unloaded under it.
 Each request's RequestMetrics rides on its plan's generation requests and records time to first
@@ -69,7 +71,10 @@ class Wire(Protocol, Generic[ReqIn, P]):
     def chunks(self, model: GenerativeModel, alias: str, req: ReqIn,
                plan: P) -> AsyncIterator[BaseModel | bytes | dict[str, Any]]: ...
 
-    def error(self, error: APIError) -> dict[str, Any]: ...
+    def error(self, error: APIError) -> dict[str, Any] | bytes: ...  # bytes: a whole event
+
+    @property
+    def done(self) -> bytes | None: ...  # what ends a stream (OpenAI's `data: [DONE]`)
 
 
 async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive = None,
@@ -107,7 +112,8 @@ async def generate(request: Request, wire: Wire[Req, P], req: Req,
                 registry.release(lease)
 
             response = EventStreamResponse(wire.chunks(model, lease.alias, req, plan),
-                                           on_close=close, error_event=wire.error)
+                                           on_close=close, error_event=wire.error,
+                                           done=wire.done)
             handed_off = True
             return response
         try:

@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.console import is_console_path
 from gateway.config import AuthSettings, Config
-from gateway.errors import APIError
+from gateway.errors import APIError, error_response
 from gateway.http.asgi import HttpMiddleware, StatusNotingSend
 from gateway.state import app_state
 
@@ -78,10 +78,11 @@ def identify(settings: AuthSettings, presented: str) -> KeyInfo | None:
     return found
 
 
-def _error(status: int, message: str, code: str | None, *, type: str = "invalid_request_error",
+def _error(path: str, status: int, message: str, code: str | None, *,
+           type: str = "invalid_request_error",
            headers: dict[str, str] | None = None) -> JSONResponse:
-    err = APIError(status, message, type=type, code=code, headers=headers)
-    return JSONResponse(err.body(), status_code=status, headers=err.headers)
+    """The refusal in the shape of `path`'s API (gateway/errors.py shape_for)."""
+    return error_response(APIError(status, message, type=type, code=code, headers=headers), path)
 
 
 class _Limits:
@@ -92,9 +93,9 @@ class _Limits:
         self.recent: dict[str, deque[float]] = {}
 
     def admit(self, name: str, max_concurrent: int | None, per_minute: int | None,
-              now: float) -> JSONResponse | None:
+              now: float, path: str = "") -> JSONResponse | None:
         if max_concurrent is not None and self.in_flight.get(name, 0) >= max_concurrent:
-            return _error(429, f"Key '{name}' has {max_concurrent} requests running already "
+            return _error(path, 429, f"Key '{name}' has {max_concurrent} requests running already "
                                "(max_concurrent); retry when one is done", "rate_limit_exceeded",
                           type="requests", headers={"Retry-After": "1"})
         recent = self.recent.setdefault(name, deque())
@@ -102,7 +103,7 @@ class _Limits:
             recent.popleft()
         if per_minute is not None and len(recent) >= per_minute:
             wait = max(1, math.ceil(recent[0] + WINDOW - now))
-            return _error(429, f"Rate limit reached for key '{name}': {per_minute} requests per "
+            return _error(path, 429, f"Rate limit reached for key '{name}': {per_minute} requests per "
                                f"minute; retry in {wait}s", "rate_limit_exceeded",
                           type="requests", headers={"Retry-After": str(wait)})
         recent.append(now)
@@ -132,12 +133,12 @@ class AuthMiddleware(HttpMiddleware):
         info = identify(settings, presented) if presented else None
         rejection = None
         if presented is None:
-            rejection = _error(401, "You didn't provide an API key: send it as `Authorization: "
+            rejection = _error(path, 401, "You didn't provide an API key: send it as `Authorization: "
                                     "Bearer KEY` or `X-Api-Key: KEY`.", None)
         elif info is None:
-            rejection = _error(401, "Incorrect API key provided.", "invalid_api_key")
+            rejection = _error(path, 401, "Incorrect API key provided.", "invalid_api_key")
         elif is_admin_path(method, path) and not info.admin:
-            rejection = _error(403, f"Key '{info.name}' may not use {path}: it needs the admin "
+            rejection = _error(path, 403, f"Key '{info.name}' may not use {path}: it needs the admin "
                                     "key (auth.admin_key)", "permission_denied")
         metrics = state.metrics
         if rejection is not None:
@@ -147,7 +148,8 @@ class AuthMiddleware(HttpMiddleware):
         assert info is not None
         key = next((k for k in settings.keys if k.name == info.name), None)
         limited = self.limits.admit(info.name, key.max_concurrent if key else None,
-                                    key.requests_per_minute if key else None, time.monotonic())
+                                    key.requests_per_minute if key else None, time.monotonic(),
+                                    path)
         if limited is not None:
             metrics.key_request(info.name, 429)
             await limited(scope, receive, send)

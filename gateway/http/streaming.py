@@ -87,16 +87,20 @@ def openai_error(error: APIError) -> dict[str, Any]:
     return error.body()
 
 
+ErrorEvent = Callable[[APIError], dict[str, Any] | bytes]  # a data payload, or a whole event
+
+
 async def sse_body(chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
-                   error_event: Callable[[APIError], dict[str, Any]] = openai_error
-                   ) -> AsyncIterator[bytes]:
-    """Encode chunks as events (bytes are events already) and end with `data: [DONE]`.
+                   error_event: ErrorEvent = openai_error,
+                   done: bytes | None = DONE) -> AsyncIterator[bytes]:
+    """Encode chunks as events (bytes are events already) and end with `done` (OpenAI's
+    `data: [DONE]`; None for wires whose streams end with an event of their own).
 
     An error after the headers went out cannot change the status any more; it is sent as an
     error event in the wire's shape (`error_event`; OpenAI's, which the openai client raises)
-    and the stream ends without [DONE] -
+    and the stream ends without `done` -
     except when the server's shutdown deadline ended it: the stream was fine, so it closes
-    properly, with [DONE] after the error event.
+    properly, with `done` after the error event.
     """
     try:
         async for chunk in chunks:
@@ -105,13 +109,15 @@ async def sse_body(chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
         error = to_api_error(exc)
         if error.status >= 500:
             log.error("stream failed: %s", error.message, exc_info=exc)
-        yield sse(error_event(error))
-        if isinstance(exc, ServerStoppingError):
-            yield DONE
+        event = error_event(error)
+        yield event if isinstance(event, bytes) else sse(event)
+        if isinstance(exc, ServerStoppingError) and done is not None:
+            yield done
         return
     finally:
         await _aclose(chunks)
-    yield DONE
+    if done is not None:
+        yield done
 
 
 async def _aclose(it: object) -> None:
@@ -126,9 +132,9 @@ class EventStreamResponse(StreamingResponse):
     """A `text/event-stream` response whose `on_close` runs exactly once, however it ends."""
 
     def __init__(self, chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
-                 on_close: Callable[[], None],
-                 error_event: Callable[[APIError], dict[str, Any]] = openai_error) -> None:
-        self._body = sse_body(chunks, error_event)
+                 on_close: Callable[[], None], error_event: ErrorEvent = openai_error,
+                 done: bytes | None = DONE) -> None:
+        self._body = sse_body(chunks, error_event, done)
         super().__init__(self._body, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._on_close = on_close
