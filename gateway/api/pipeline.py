@@ -89,9 +89,10 @@ async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive =
     lease = await state.router.acquire(alias)  # its 404 lists upstream aliases too
     if shown is not None:
         lease.alias = shown
-    request.state.model = lease.alias  # for the request log and metrics
+    label = state.config.configured_alias(lease.alias)  # a glob's name, not the client's
+    request.state.model = label  # for the request log and metrics
     state.registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
-    return lease, RequestMetrics(state.metrics, lease.alias, started)
+    return lease, RequestMetrics(state.metrics, label, started)
 
 
 async def generate(request: Request, wire: Wire[Req, P], req: Req,

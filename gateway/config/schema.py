@@ -11,6 +11,7 @@ diff and the JSON Schema follow. Then `modelyard config-schema -o examples/confi
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.config.aliases import is_glob
 from gateway.config.llama_cpp import MODEL_ALIAS
 from gateway.config.problems import Loc, Problems, dotted
 from gateway.config.reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
@@ -161,7 +163,9 @@ class ModelEntry(EntrySettings):
     model: Annotated[Path, RELOAD] = Field(  # absolute once loaded
         description="path of a GGUF file, relative to the config file's folder")
     aliases: Annotated[list[str], LIVE] = Field(
-        min_length=1, description="the names clients use in \"model\"; unique across entries")
+        min_length=1, description="the names clients use in \"model\"; unique across entries; "
+                                  "a glob (\"claude-*\") answers every name it matches, an "
+                                  "exact alias of any entry winning over it")
     # llama-cpp-python keys, not used yet
     extra: Annotated[dict[str, Any], INTERNAL] = Field(default_factory=dict)
 
@@ -265,6 +269,7 @@ class Config(ServerSettings):
     warnings: Annotated[list[str], INTERNAL] = Field(default_factory=list)  # accepted, unused keys
 
     _by_alias: dict[str, ModelEntry] = PrivateAttr(default_factory=dict)
+    _globs: list[tuple[str, ModelEntry]] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -284,15 +289,30 @@ class Config(ServerSettings):
 
     def model_post_init(self, context: Any, /) -> None:
         self._by_alias = {a: e for e in self.models for a in e.aliases}
+        self._globs = [(a, e) for e in self.models for a in e.aliases if is_glob(a)]
+
+    def _match(self, alias: str) -> tuple[str, ModelEntry] | None:
+        """The configured alias `alias` answers to and its entry: the alias itself, else the
+        first glob alias (in file order) that matches it. An exact alias always wins."""
+        entry = self._by_alias.get(alias)
+        if entry is not None:
+            return alias, entry
+        return next(((g, e) for g, e in self._globs if fnmatch.fnmatchcase(alias, g)), None)
 
     def resolve(self, alias: str | None) -> ModelEntry:
         """The local entry serving `alias`; None means the default alias (default_alias())."""
         if alias is None:
             alias = self.default_alias()
-        try:
-            return self._by_alias[alias]
-        except KeyError:
-            raise ModelNotFoundError(alias, self.aliases()) from None
+        found = self._match(alias)
+        if found is None:
+            raise ModelNotFoundError(alias, self.aliases())
+        return found[1]
+
+    def configured_alias(self, alias: str) -> str:
+        """The alias as the config names it: the glob a name matched (`claude-*` for
+        `claude-sonnet-4-6`), so logs and metric labels stay a bounded set."""
+        found = self._match(alias)
+        return alias if found is None else found[0]
 
     def default_alias(self) -> str:
         """What a request naming no model gets: default_model, or else the first entry's."""
@@ -300,8 +320,10 @@ class Config(ServerSettings):
             return self.default_model
         return self.models[0].name if self.models else self.upstreams[0].name
 
-    def is_local(self, alias: str) -> bool:
-        return alias in self._by_alias
+    def is_local(self, alias: str, exact: bool = False) -> bool:
+        """Whether a model file answers to `alias`; with `exact`, by that very alias (not by
+        a glob, which an upstream's exact alias goes before)."""
+        return alias in self._by_alias if exact else self._match(alias) is not None
 
     def aliases(self) -> list[str]:
         """Every configured alias: local entries first, then upstream entries."""
