@@ -11,6 +11,8 @@ An alias served upstream is forwarded as received (gateway/backends/dispatch.py)
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
@@ -35,19 +37,26 @@ async def count_tokens(request: Request) -> Response:
     return await dispatch.serve(request, "/messages/count_tokens", _local_count_tokens)
 
 
+R = TypeVar("R", a.MessageCreateRequest, a.CountTokensRequest)
+
+
+def _served_by(request: Request, req: R, local: str | None) -> R:
+    """`req` naming the alias that serves it: a pool's local member (served under the pool's
+    alias), or the API's default model (`default_models.anthropic`) for a name nobody serves."""
+    model = local if local is not None else app_state(request.app).config.alias_for(
+        "anthropic", req.model)
+    return req if model == req.model else req.model_copy(update={"model": model})
+
+
 async def _local_messages(request: Request, body: bytes, local: str | None,
                           shown: str | None) -> Response:
-    req = parse_request(a.MessageCreateRequest, body)
-    if local is not None:  # a pool's local member serves it under the pool's alias
-        req = req.model_copy(update={"model": local})
+    req = _served_by(request, parse_request(a.MessageCreateRequest, body), local)
     return await pipeline.generate(request, anthropic_wire.MESSAGES, req, shown)
 
 
 async def _local_count_tokens(request: Request, body: bytes, local: str | None,
                               shown: str | None) -> Response:
-    req = parse_request(a.CountTokensRequest, body)
-    if local is not None:
-        req = req.model_copy(update={"model": local})
+    req = _served_by(request, parse_request(a.CountTokensRequest, body), local)
     chat = anthropic_request.chat_request(req)  # a 400 before any model loads
     lease, _ = await pipeline.acquire(request, req.model, req.keep_alive, shown)
     try:

@@ -15,7 +15,7 @@ import fnmatch
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -239,6 +239,9 @@ class CorsSettings(BaseModel):
         default_factory=list, description="browser origins that may call the API; [\"*\"]: any")
 
 
+ApiName = Literal["anthropic"]  # the APIs that may name a default model of their own
+
+
 class ServerSettings(BaseModel):
     """The top-level keys that are not sections."""
 
@@ -250,6 +253,10 @@ class ServerSettings(BaseModel):
         8080, ge=0, le=65535, description="the port to listen on; 0: any free port")
     default_model: Annotated[str | None, LIVE] = Field(
         None, description="the alias a request without \"model\" gets; default: the first entry")
+    default_models: Annotated[dict[ApiName, str], LIVE] = Field(
+        default_factory=dict,
+        description="per API, the alias its requests get when they name no model or one no "
+                    "entry answers to (anthropic: whatever Claude Code asks for)")
     shutdown_timeout: Annotated[Duration, LIVE] = Field(
         60.0, ge=0, description="on SIGTERM/SIGINT, how long running requests may go on")
 
@@ -282,6 +289,11 @@ class Config(ServerSettings):
         entries += [(len(self.models) + i, [(a, ("upstreams", i, "aliases")) for a in e.aliases])
                     for i, e in enumerate(self.upstreams)]
         check_across_entries(entries, self.default_model, problems)
+        local = set(self._local_aliases())
+        for api, alias in self.default_models.items():
+            if alias not in local:
+                problems.add(("default_models", api), f"no model file answers to {alias!r}; "
+                                                      f"aliases: {', '.join(sorted(local))}")
         check_pool_members(set(self._local_aliases()), self.upstreams, problems)
         if problems.items:
             raise ValueError("; ".join(f"{dotted(loc)}: {msg}" for loc, msg in problems.items))
@@ -313,6 +325,18 @@ class Config(ServerSettings):
         `claude-sonnet-4-6`), so logs and metric labels stay a bounded set."""
         found = self._match(alias)
         return alias if found is None else found[0]
+
+    def alias_for(self, api: ApiName, alias: str | None) -> str | None:
+        """The alias a request of `api` naming `alias` is served by: `alias` itself, or the
+        API's default model (default_models) when it names none or one nobody serves."""
+        default = self.default_models.get(api)
+        if default is None or (alias is not None and self.aliases_include(alias)):
+            return alias
+        return default
+
+    def aliases_include(self, alias: str) -> bool:
+        """Whether any entry (a model file, by glob too, or an upstream) answers to `alias`."""
+        return self.is_local(alias) or any(alias in e.aliases for e in self.upstreams)
 
     def default_alias(self) -> str:
         """What a request naming no model gets: default_model, or else the first entry's."""
