@@ -339,3 +339,23 @@ def test_stop_reasons(finished: Finished, reason: str, sequence: str | None) -> 
     delta = next(d for n, d in stream(req, [*pieces("some text"), finished], None)
                  if n == "message_delta")
     assert delta["delta"] == {"stop_reason": reason, "stop_sequence": sequence}
+
+
+def test_a_stream_that_fails_ends_with_the_error_event_and_no_done() -> None:
+    from gateway.http.streaming import sse_body
+
+    async def failing() -> AsyncIterator[bytes]:
+        yield anthropic_wire.event({"type": "message_start", "message": {}})
+        raise QueueFullError("m", 1)
+
+    async def ok() -> AsyncIterator[bytes]:
+        yield anthropic_wire.event({"type": "message_stop"})
+
+    async def run(chunks: AsyncIterator[bytes]) -> bytes:
+        body = sse_body(chunks, anthropic_wire.MESSAGES.error, anthropic_wire.MESSAGES.done)
+        return b"".join([e async for e in body])
+
+    failed = parse_events(asyncio.run(run(failing())))
+    assert [n for n, _ in failed] == ["message_start", "error"]
+    assert failed[1][1]["error"]["type"] == "overloaded_error"
+    assert asyncio.run(run(ok())) == b'event: message_stop\ndata: {"type": "message_stop"}\n\n'
