@@ -92,18 +92,18 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None, time_budget: float = DEFAULT_SECONDS,
-               max_chars: int = DEFAULT_MAX_CHARS) -> str:
+               max_chars: int = DEFAULT_MAX_CHARS,
+               variables: Mapping[str, Any] | None = None) -> str:
         """The prompt text for `messages` (dicts with at least `role` and `content`); stops
-        after `time_budget` seconds or at `max_chars` characters of output."""
+        after `time_budget` seconds or at `max_chars` characters of output. `variables` are
+        further names the template may read (llama.cpp's chat_template_kwargs, such as
+        `enable_thinking`); they cannot replace the ones set here."""
         try:
             with budget(time_budget, max_chars):
-                return self._template.render(
-                    messages=[dict(m) for m in messages],
-                    add_generation_prompt=add_generation_prompt,
-                    bos_token=self.bos_token,
-                    eos_token=self.eos_token,
-                    tools=tools,
-                )
+                fixed = dict(messages=[dict(m) for m in messages],
+                             add_generation_prompt=add_generation_prompt,
+                             bos_token=self.bos_token, eos_token=self.eos_token, tools=tools)
+                return self._template.render({**(variables or {}), **fixed})
         except ChatTemplateError:
             raise
         except TemplateBudgetExceeded as exc:

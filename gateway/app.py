@@ -12,7 +12,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
-from gateway.api import admin, console, events
+from gateway.api import admin, anthropic, console, events
 from gateway.api import llama as llama_api
 from gateway.api import ollama as ollama_api
 from gateway.api.openai import routes
@@ -106,8 +106,8 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
             await router.close()
 
     app = Starlette(
-        routes=(routes() + admin.routes() + llama_api.routes() + ollama_api.routes() + events.routes()
-                + console.routes()),
+        routes=(routes() + anthropic.routes() + admin.routes() + llama_api.routes()
+                + ollama_api.routes() + events.routes() + console.routes()),
         lifespan=lifespan,
         exception_handlers=dict.fromkeys(HANDLED, handle_exception),
     )

@@ -1,10 +1,13 @@
 """Exceptions -> OpenAI-shaped error bodies `{"error": {"message", "type", "param", "code"}}`.
 
-`to_api_error` is the single mapping from anything raised while serving to a status and body;
+`to_api_error` is the single mapping from anything raised while serving to an APIError;
 `error_response` renders it. The app installs `handle_exception` for every exception type, so a
-handler never builds an error body itself. An API with its own error body (Ollama's
-`{"error": "..."}` under /api/) names its path prefix in ROUTE_SHAPES; the status and headers
-stay the one mapping's, and the middlewares' refusals (keys, limits, body size) follow it too.
+handler never builds an error body itself.
+
+A route family whose clients expect another shape (Anthropic's /v1/messages, Ollama's /api/)
+names its own `ErrorShape` for its paths with `shape_errors`: APIError -> the status and body
+its clients read. The mapping stays the one above; only the rendering differs, and it follows
+the path, so the middlewares' errors (keys, body limits) take the route's shape too.
 """
 from __future__ import annotations
 
@@ -124,31 +127,32 @@ HANDLED: tuple[type[Exception], ...] = (
 )
 
 
-ErrorShape = Callable[[APIError], dict[str, Any]]
+ErrorShape = Callable[[APIError], tuple[int, dict[str, Any]]]  # -> the status and the body
 
 
-def openai_body(error: APIError) -> dict[str, Any]:
-    return error.body()
+def openai_shape(err: APIError) -> tuple[int, dict[str, Any]]:
+    return err.status, err.body()
 
 
-def ollama_body(error: APIError) -> dict[str, Any]:
-    """Ollama's error body: the message alone (its clients raise it as ResponseError)."""
-    return {"error": error.message}
+_SHAPES: dict[str, ErrorShape] = {}  # path prefix -> the shape of its errors
 
 
-# Path prefixes whose API has its own error body; every other path answers in OpenAI's.
-ROUTE_SHAPES: tuple[tuple[str, ErrorShape], ...] = (("/api/", ollama_body),)
+def shape_errors(path_prefix: str, shape: ErrorShape) -> None:
+    """Render the errors of requests under `path_prefix` with `shape` (see the docstring)."""
+    _SHAPES[path_prefix] = shape
 
 
 def shape_for(path: str) -> ErrorShape:
-    return next((shape for prefix, shape in ROUTE_SHAPES if path.startswith(prefix)),
-                openai_body)
+    """The error shape of `path`: the longest registered prefix's, else OpenAI's."""
+    best = max((prefix for prefix in _SHAPES if path.startswith(prefix)), key=len, default=None)
+    return openai_shape if best is None else _SHAPES[best]
 
 
 def error_response(exc: BaseException, path: str = "") -> JSONResponse:
-    """The response for `exc` on a request to `path` (its body in that route's shape)."""
+    """`exc` as the error response a request for `path` gets."""
     err = to_api_error(exc)
-    return JSONResponse(shape_for(path)(err), status_code=err.status, headers=err.headers)
+    status, body = shape_for(path)(err)
+    return JSONResponse(body, status_code=status, headers=err.headers)
 
 
 async def handle_exception(request: Request, exc: Exception) -> JSONResponse:

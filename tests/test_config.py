@@ -426,7 +426,8 @@ def test_unknown_top_level_key_is_rejected(folder: Path) -> None:
         model = "models/small.gguf"
     """)
     assert errors_of(path) == [f"{path}: listen: unknown key (known: host, port, "
-                               "default_model, shutdown_timeout, registry, limits, auth, "
+                               "default_model, default_models, shutdown_timeout, registry, "
+                               "limits, auth, "
                                "cors, defaults, models)"]
 
 

@@ -11,11 +11,14 @@ import pytest
 import yaml
 from starlette.testclient import TestClient
 
-from gateway.api.ollama import resolve_name
-from gateway.api.ollama_wire import _messages, _sampling, ollama_name
+from gateway.api.ollama import (
+    PREFIX,  # importing the routes registers the error shape
+    resolve_name,
+)
+from gateway.api.ollama_wire import _messages, _sampling, ollama_body, ollama_name
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.errors import APIError, ollama_body, openai_body, shape_for
+from gateway.errors import APIError, openai_shape, shape_for
 from gateway.http.streaming import NDJSON, sse_body
 from gateway.protocol import RequestValidationError
 from gateway.protocol import ollama as o
@@ -50,9 +53,10 @@ def test_a_failed_ndjson_stream_ends_with_an_error_line():
 
 def test_error_shape_follows_the_path():
     err = APIError(404, "no such model")
-    assert shape_for("/api/chat")(err) == {"error": "no such model"}
-    assert shape_for("/v1/chat/completions") is openai_body
-    assert shape_for("/apiary") is openai_body
+    assert PREFIX == "/api/"
+    assert shape_for("/api/chat")(err) == (404, {"error": "no such model"})
+    assert shape_for("/v1/chat/completions") is openai_shape
+    assert shape_for("/apiary") is openai_shape
 
 
 def test_names_with_the_default_tag():

@@ -271,6 +271,7 @@ class CompletionWire:
     whole = staticmethod(whole)
     chunks = staticmethod(chunks)
 
+
     def error(self, error: APIError) -> dict[str, Any]:
         return openai_error(error)  # llama.cpp's server sends OpenAI's shape too
 

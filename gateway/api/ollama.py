@@ -11,8 +11,8 @@
     GET  /api/version      the Ollama release whose API this follows
     pull, push, create, copy, delete, blobs: a 501 saying the config file manages models
 
-Errors are Ollama's `{"error": "..."}` (gateway/errors.py ROUTE_SHAPES). A name may carry
-`:latest` (Ollama's default tag): `smol:latest` is the alias `smol` unless an alias says
+Errors are Ollama's `{"error": "..."}` (registered below with gateway/errors.py shape_errors).
+A name may carry `:latest` (Ollama's default tag): `smol:latest` is the alias `smol` unless an alias says
 otherwise. Keys, per-key models and limits apply as on every route (gateway/http/auth.py).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from gateway import protocol as p
 from gateway.api import admin, endpoints, model_info, ollama_wire, pipeline
 from gateway.api.ollama_wire import created_at, ollama_name
 from gateway.config import Config, LimitSettings, ModelEntry
-from gateway.errors import APIError, context_length_exceeded
+from gateway.errors import APIError, context_length_exceeded, shape_errors
 from gateway.generation import defaults, serving
 from gateway.generation.model import GenerativeModel
 from gateway.http import auth
@@ -46,6 +46,9 @@ from gateway.state import app_state
 
 OLLAMA_VERSION = "0.12.0"  # the release whose API this follows; clients gate features on it
 FOREVER = datetime(2318, 1, 1, tzinfo=UTC)  # Ollama's expires_at for keep_alive -1
+
+PREFIX = "/api/"
+shape_errors(PREFIX, ollama_wire.error_shape)
 
 
 def resolve_name(config: Config, name: str) -> str:

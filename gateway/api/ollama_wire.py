@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from gateway import protocol as p
 from gateway.config import LimitSettings
-from gateway.errors import APIError, invalid_request, ollama_body
+from gateway.errors import APIError, invalid_request
 from gateway.fleet.registry import Lease
 from gateway.generation import defaults, serving
 from gateway.generation.choices import ChoiceResult, choice_events
@@ -290,6 +290,16 @@ def _pieces(plan: OllamaPlan, alias: str, deltas: list[p.ChoiceDelta]) -> list[d
 
 
 # --------------------------------------------------------------------------------- the wires
+
+def ollama_body(error: APIError) -> dict[str, Any]:
+    """Ollama's error body: the message alone (its clients raise it as ResponseError)."""
+    return {"error": error.message}
+
+
+def error_shape(error: APIError) -> tuple[int, dict[str, Any]]:
+    """Ollama's errors keep the one mapping's status (gateway/errors.py shape_errors)."""
+    return error.status, ollama_body(error)
+
 
 class ChatWire:
     """POST /api/chat."""

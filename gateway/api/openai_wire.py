@@ -215,6 +215,7 @@ class ChatWire:
     whole = staticmethod(chat_completion)
     chunks = staticmethod(chat_chunks)
 
+
     def error(self, error: APIError) -> dict[str, Any]:
         return openai_error(error)
 
@@ -229,6 +230,7 @@ class CompletionWire:
     framing = SSE
     whole = staticmethod(completion)
     chunks = staticmethod(completion_chunks)
+
 
     def error(self, error: APIError) -> dict[str, Any]:
         return openai_error(error)

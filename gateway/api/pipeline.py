@@ -7,10 +7,11 @@
 
 A `Wire` is what one API adds: its request's plan (sampling defaults, prompts), its renderers
 (a whole reply from the collected choices, stream chunks from the submitted generations, the
-error event a stream ends with) and its stream's framing (SSE, or Ollama's NDJSON). OpenAI's
-chat and completions (gateway/api/openai_wire.py), llama.cpp's /completion
-(gateway/api/llama_completion.py) and Ollama's /api/chat and /api/generate
-(gateway/api/ollama_wire.py) are wires; Anthropic's /v1/messages would be one more, never another
+error event a stream ends with) and its stream's framing (SSE, Anthropic's named events, or
+Ollama's NDJSON). OpenAI's chat and completions (gateway/api/openai_wire.py), llama.cpp's
+/completion (gateway/api/llama_completion.py), Anthropic's /v1/messages
+(gateway/api/anthropic_wire.py) and Ollama's /api/chat and /api/generate
+(gateway/api/ollama_wire.py) are wires; OpenAI's /v1/responses would be one more, never another
 copy of the lifecycle.
 
 A lease counts the request as in flight, so its model cannot be evicted or unloaded under it.
@@ -74,7 +75,7 @@ class Wire(Protocol, Generic[ReqIn, P]):
     def chunks(self, model: GenerativeModel, alias: str, req: ReqIn,
                plan: P) -> AsyncIterator[BaseModel | bytes | dict[str, Any]]: ...
 
-    def error(self, error: APIError) -> dict[str, Any]: ...
+    def error(self, error: APIError) -> dict[str, Any] | bytes: ...  # bytes: a whole event
 
 
 async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive = None,
@@ -89,9 +90,10 @@ async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive =
     lease = await state.router.acquire(alias)  # its 404 lists upstream aliases too
     if shown is not None:
         lease.alias = shown
-    request.state.model = lease.alias  # for the request log and metrics
+    label = state.config.configured_alias(lease.alias)  # a glob's name, not the client's
+    request.state.model = label  # for the request log and metrics
     state.registry.keep_alive(lease, p.keep_alive_seconds(keep_alive))
-    return lease, RequestMetrics(state.metrics, lease.alias, started)
+    return lease, RequestMetrics(state.metrics, label, started)
 
 
 async def generate(request: Request, wire: Wire[Req, P], req: Req,

@@ -56,7 +56,7 @@ def upstream_cards(router: Router, created: int,
     rows = router.upstream_rows()
     aliases = [a for e in router.config.upstreams for a in e.aliases]
     aliases += [a for a in router.discovered_aliases()
-                if a not in aliases and not router.config.is_local(a)]
+                if a not in aliases and not router.config.is_local(a, exact=True)]
     return [p.ModelCard(id=alias, created=created, owned_by=_owners(rows, alias))
             for alias in aliases if wanted is None or alias in wanted]
 

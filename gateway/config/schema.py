@@ -11,10 +11,11 @@ diff and the JSON Schema follow. Then `modelyard config-schema -o examples/confi
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -27,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.config.aliases import is_glob
 from gateway.config.llama_cpp import MODEL_ALIAS
 from gateway.config.problems import Loc, Problems, dotted
 from gateway.config.reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
@@ -161,7 +163,9 @@ class ModelEntry(EntrySettings):
     model: Annotated[Path, RELOAD] = Field(  # absolute once loaded
         description="path of a GGUF file, relative to the config file's folder")
     aliases: Annotated[list[str], LIVE] = Field(
-        min_length=1, description="the names clients use in \"model\"; unique across entries")
+        min_length=1, description="the names clients use in \"model\"; unique across entries; "
+                                  "a glob (\"claude-*\") answers every name it matches, an "
+                                  "exact alias of any entry winning over it")
     # llama-cpp-python keys, not used yet
     extra: Annotated[dict[str, Any], INTERNAL] = Field(default_factory=dict)
 
@@ -235,6 +239,9 @@ class CorsSettings(BaseModel):
         default_factory=list, description="browser origins that may call the API; [\"*\"]: any")
 
 
+ApiName = Literal["anthropic"]  # the APIs that may name a default model of their own
+
+
 class ServerSettings(BaseModel):
     """The top-level keys that are not sections."""
 
@@ -246,6 +253,10 @@ class ServerSettings(BaseModel):
         8080, ge=0, le=65535, description="the port to listen on; 0: any free port")
     default_model: Annotated[str | None, LIVE] = Field(
         None, description="the alias a request without \"model\" gets; default: the first entry")
+    default_models: Annotated[dict[ApiName, str], LIVE] = Field(
+        default_factory=dict,
+        description="per API, the alias its requests get when they name no model or one no "
+                    "entry answers to (anthropic: whatever Claude Code asks for)")
     shutdown_timeout: Annotated[Duration, LIVE] = Field(
         60.0, ge=0, description="on SIGTERM/SIGINT, how long running requests may go on")
 
@@ -265,6 +276,7 @@ class Config(ServerSettings):
     warnings: Annotated[list[str], INTERNAL] = Field(default_factory=list)  # accepted, unused keys
 
     _by_alias: dict[str, ModelEntry] = PrivateAttr(default_factory=dict)
+    _globs: list[tuple[str, ModelEntry]] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -277,6 +289,11 @@ class Config(ServerSettings):
         entries += [(len(self.models) + i, [(a, ("upstreams", i, "aliases")) for a in e.aliases])
                     for i, e in enumerate(self.upstreams)]
         check_across_entries(entries, self.default_model, problems)
+        local = set(self._local_aliases())
+        for api, alias in self.default_models.items():
+            if alias not in local:
+                problems.add(("default_models", api), f"no model file answers to {alias!r}; "
+                                                      f"aliases: {', '.join(sorted(local))}")
         check_pool_members(set(self._local_aliases()), self.upstreams, problems)
         if problems.items:
             raise ValueError("; ".join(f"{dotted(loc)}: {msg}" for loc, msg in problems.items))
@@ -284,15 +301,42 @@ class Config(ServerSettings):
 
     def model_post_init(self, context: Any, /) -> None:
         self._by_alias = {a: e for e in self.models for a in e.aliases}
+        self._globs = [(a, e) for e in self.models for a in e.aliases if is_glob(a)]
+
+    def _match(self, alias: str) -> tuple[str, ModelEntry] | None:
+        """The configured alias `alias` answers to and its entry: the alias itself, else the
+        first glob alias (in file order) that matches it. An exact alias always wins."""
+        entry = self._by_alias.get(alias)
+        if entry is not None:
+            return alias, entry
+        return next(((g, e) for g, e in self._globs if fnmatch.fnmatchcase(alias, g)), None)
 
     def resolve(self, alias: str | None) -> ModelEntry:
         """The local entry serving `alias`; None means the default alias (default_alias())."""
         if alias is None:
             alias = self.default_alias()
-        try:
-            return self._by_alias[alias]
-        except KeyError:
-            raise ModelNotFoundError(alias, self.aliases()) from None
+        found = self._match(alias)
+        if found is None:
+            raise ModelNotFoundError(alias, self.aliases())
+        return found[1]
+
+    def configured_alias(self, alias: str) -> str:
+        """The alias as the config names it: the glob a name matched (`claude-*` for
+        `claude-sonnet-4-6`), so logs and metric labels stay a bounded set."""
+        found = self._match(alias)
+        return alias if found is None else found[0]
+
+    def alias_for(self, api: ApiName, alias: str | None) -> str | None:
+        """The alias a request of `api` naming `alias` is served by: `alias` itself, or the
+        API's default model (default_models) when it names none or one nobody serves."""
+        default = self.default_models.get(api)
+        if default is None or (alias is not None and self.aliases_include(alias)):
+            return alias
+        return default
+
+    def aliases_include(self, alias: str) -> bool:
+        """Whether any entry (a model file, by glob too, or an upstream) answers to `alias`."""
+        return self.is_local(alias) or any(alias in e.aliases for e in self.upstreams)
 
     def default_alias(self) -> str:
         """What a request naming no model gets: default_model, or else the first entry's."""
@@ -300,8 +344,10 @@ class Config(ServerSettings):
             return self.default_model
         return self.models[0].name if self.models else self.upstreams[0].name
 
-    def is_local(self, alias: str) -> bool:
-        return alias in self._by_alias
+    def is_local(self, alias: str, exact: bool = False) -> bool:
+        """Whether a model file answers to `alias`; with `exact`, by that very alias (not by
+        a glob, which an upstream's exact alias goes before)."""
+        return alias in self._by_alias if exact else self._match(alias) is not None
 
     def aliases(self) -> list[str]:
         """Every configured alias: local entries first, then upstream entries."""

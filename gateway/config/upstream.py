@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.config.aliases import is_glob
 from gateway.config.problems import Loc, Problems
 from gateway.config.reload import LIVE
 from gateway.units import parse_duration
@@ -162,6 +163,8 @@ class UpstreamEntry(BaseModel):
             raise ValueError("an alias must not be empty")
         if len(set(v)) != len(v):
             raise ValueError(f"an alias is listed twice: {v}")
+        if any(is_glob(a) for a in v):
+            raise ValueError("only model files answer to glob aliases")
         return v
 
     @model_validator(mode="after")
@@ -215,7 +218,10 @@ def prepare_upstream(raw: dict[str, Any], loc: Loc, problems: Problems,
     names = raw.get("aliases", [])
     for j, name in enumerate([names] if isinstance(names, str) else
                              names if isinstance(names, list) else []):
-        if isinstance(name, str) and name.strip():
+        if isinstance(name, str) and is_glob(name):
+            problems.add(loc + ("aliases", j), f"{name!r} is a glob: only model files answer to "
+                                               "globs; an upstream's aliases are sent as named")
+        elif isinstance(name, str) and name.strip():
             alias_locs.append((name, loc + ("aliases", j)))
         else:
             problems.add(loc + ("aliases", j), f"an alias must be a non-empty string, got {name!r}")

@@ -37,9 +37,9 @@ class Router:
         if not self.registry.accepting:
             raise RegistryBusyError("the server is shutting down")
         name = self.config.default_alias() if alias is None else alias
-        if self.config.is_local(name):
+        if self.config.is_local(name, exact=True):
             return None
-        return self.upstreams.route(name)
+        return self.upstreams.route(name)  # None: a local glob alias, or nobody (the 404)
 
     async def acquire(self, alias: str | None) -> Lease:
         try:

@@ -139,18 +139,31 @@ def _chat_ids(served: GenerativeModel, output: Output, limits: LimitSettings) ->
     text = served.chat_template.render(output.messages, add_generation_prompt=True,
                                        tools=output.template_tools,
                                        time_budget=limits.template_timeout,
-                                       max_chars=limits.max_prompt)
+                                       max_chars=limits.max_prompt,
+                                       variables=output.template_vars)
     return tokenize_prompt(served, text, limits, "messages")
 
 
 async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
-                    limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
+                    limits: LimitSettings = DEFAULT_LIMITS,
+                    template_vars: dict[str, Any] | None = None) -> Plan:
+    """`template_vars`: names the chat template reads beside the messages (enable_thinking)."""
     _check_logit_bias(served, req.logit_bias)
     output = chat_output(req, served.tool_format)
+    output.template_vars = dict(template_vars or {})
     ids = await off_loop(served, _chat_ids, served, output, limits)
     prompt = engine.Prompt.of_tokens(ids)
     return Plan([_generation(served, req, prompt, i, "messages") for i in range(req.n)], len(ids),
                 prompt_of=[0] * req.n, output=output)
+
+
+async def count_chat_tokens(served: GenerativeModel, req: p.ChatCompletionRequest,
+                            limits: LimitSettings = DEFAULT_LIMITS,
+                            template_vars: dict[str, Any] | None = None) -> int:
+    """The prompt tokens `req` would be planned with (its messages and tools, templated)."""
+    output = chat_output(req, served.tool_format)
+    output.template_vars = dict(template_vars or {})
+    return len(await off_loop(served, _chat_ids, served, output, limits))
 
 
 async def plan_completion(served: GenerativeModel, req: p.CompletionRequest,

@@ -41,6 +41,7 @@ class Output:
     tool_format: ToolFormat | None = None     # replies are read for tool calls
     messages: list[dict[str, Any]] = field(default_factory=list)   # chat: for the template
     template_tools: list[dict[str, Any]] | None = None
+    template_vars: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking
     json: dict[str, Any] | bool | None = None  # the schema the reply follows (closed), if any
     gbnf: str | None = None                   # a GBNF grammar, converted when compiled
 

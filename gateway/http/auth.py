@@ -201,5 +201,6 @@ def visible_aliases(request: Request, aliases: Iterable[str]) -> list[str] | Non
         return None
     config = app_state(request.app).config
     files = _allowed_entries(config, info)
-    return [a for a in aliases if (str(config.resolve(a).model) in files if config.is_local(a)
-                                   else a in info.models)]
+    return [a for a in aliases
+            if (str(config.resolve(a).model) in files if config.is_local(a, exact=True)
+                else a in info.models)]

@@ -52,7 +52,8 @@ class BodyLimits(HttpMiddleware):
         limits = app_state(scope["app"]).config.limits if "app" in scope else LimitSettings()
         length = _content_length(scope)
         if length is not None and length > limits.max_body:
-            await error_response(body_too_large(limits.max_body), scope["path"])(scope, receive, send)
+            refusal = error_response(body_too_large(limits.max_body), scope["path"])
+            await refusal(scope, receive, send)
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limits.body_timeout

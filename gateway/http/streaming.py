@@ -1,6 +1,7 @@
 """Stream framing (server-sent events, NDJSON), and tying a request's resources to its connection.
 
-A wire chooses its framing (`SSE` for OpenAI and llama.cpp, `NDJSON` for Ollama's /api/*): how a
+A wire chooses its framing (`SSE` for OpenAI and llama.cpp, `SSE_EVENTS` for Anthropic's named
+events, `NDJSON` for Ollama's /api/*): how a
 chunk becomes bytes, the media type, and what ends a stream. Everything else below - the error
 event, the release in `finally` - is the same for every framing.
 
@@ -73,7 +74,10 @@ class Framing:
 
 
 SSE = Framing("text/event-stream", sse, DONE)
+SSE_EVENTS = Framing("text/event-stream", sse, b"")  # named events; the last one ends the stream
 NDJSON = Framing("application/x-ndjson", ndjson, b"")
+
+ErrorEvent = Callable[[APIError], dict[str, Any] | bytes]  # a payload, or a whole framed event
 
 
 # json's string encoder agrees with pydantic's on every code point (non-ASCII kept, control
@@ -114,16 +118,16 @@ def openai_error(error: APIError) -> dict[str, Any]:
 
 
 async def sse_body(chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
-                   error_event: Callable[[APIError], dict[str, Any]] = openai_error,
+                   error_event: ErrorEvent = openai_error,
                    framing: Framing = SSE) -> AsyncIterator[bytes]:
     """Encode chunks in `framing` (bytes are framed already) and end with its end marker
     (SSE: `data: [DONE]`).
 
     An error after the headers went out cannot change the status any more; it is sent as an
     error event in the wire's shape (`error_event`; OpenAI's, which the openai client raises)
-    and the stream ends without [DONE] -
+    and the stream ends without `done` -
     except when the server's shutdown deadline ended it: the stream was fine, so it closes
-    properly, with [DONE] after the error event.
+    properly, with `done` after the error event.
     """
     frame = framing.frame
     try:
@@ -133,7 +137,8 @@ async def sse_body(chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
         error = to_api_error(exc)
         if error.status >= 500:
             log.error("stream failed: %s", error.message, exc_info=exc)
-        yield frame(error_event(error))
+        event = error_event(error)
+        yield event if isinstance(event, bytes) else frame(event)
         if isinstance(exc, ServerStoppingError) and framing.end:
             yield framing.end
         return
@@ -157,7 +162,7 @@ class EventStreamResponse(StreamingResponse):
 
     def __init__(self, chunks: AsyncIterator[BaseModel | bytes | dict[str, Any]],
                  on_close: Callable[[], None],
-                 error_event: Callable[[APIError], dict[str, Any]] = openai_error,
+                 error_event: ErrorEvent = openai_error,
                  framing: Framing = SSE) -> None:
         self._body = sse_body(chunks, error_event, framing)
         super().__init__(self._body, media_type=framing.media_type,

@@ -8,6 +8,8 @@ engine sampling parameters.
 One module per part of the reference: base.py (what the bodies share, errors), models.py,
 chat.py, completions.py, embeddings.py, tools.py (tools and response_format); parsing.py holds
 parse_request and sampling_params. Import from here: `from gateway import protocol as p`.
+Anthropic's Messages API has its own module beside them (anthropic.py), imported by name:
+`from gateway.protocol import anthropic as a`.
 """
 from __future__ import annotations
 

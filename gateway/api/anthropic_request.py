@@ -1,0 +1,158 @@
+"""An Anthropic Messages request as the chat request our planning already serves.
+
+    system (string or text blocks)    -> one system message (Claude Code's billing line dropped)
+    user: tool_result blocks, text    -> a tool message per result, then the user's text
+    assistant: text, tool_use blocks  -> one assistant message with content and tool_calls
+    tools (input_schema)              -> function tools; server tools (web_search_*, bash_*,
+                                         ...) have no schema we could run: skipped and logged
+    tool_choice any/tool/none/auto    -> required / the named function / none / auto;
+                                         disable_parallel_tool_use -> parallel_tool_calls false
+    thinking enabled/disabled         -> the template's `enable_thinking`
+    max_tokens, stop_sequences, temperature, top_p, top_k, metadata.user_id -> their OpenAI twins
+
+Going through p.ChatCompletionRequest keeps one planning path (entry defaults, the chat
+template, tool grammars, history checks: gateway/generation/) for both APIs. Only the fields the
+request sent are set, so the entry's sampling defaults fill the rest as they do for chat.
+
+Claude Code puts `x-anthropic-billing-header: cc_version=...; cch=<nonce>;` at the start of
+`system`, and the nonce changes on every request: left in, no two prompts would share a prefix
+and the prompt cache would never hit. The line carries nothing for the model, so it goes.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from gateway import protocol as p
+from gateway.errors import invalid_request
+from gateway.protocol import anthropic as a
+
+log = logging.getLogger("modelyard.anthropic")
+
+_BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n|$)", re.MULTILINE)
+
+
+def system_prompt(texts: list[str]) -> str:
+    """The system blocks as one text, without Claude Code's per-request billing line."""
+    kept = [_BILLING_LINE.sub("", text) for text in texts]
+    return "\n\n".join(text for text in kept if text.strip())
+
+
+def _no_media(block: a.ContentBlockParam, where: str) -> None:
+    if isinstance(block, a.ImageBlockParam | a.DocumentBlockParam):
+        raise invalid_request(f"{where}: '{block.type}' blocks need a model that takes images "
+                              "or documents; this server's models take text only", where)
+
+
+def _result_text(block: a.ToolResultBlockParam, where: str) -> str:
+    if isinstance(block.content, str):
+        text = block.content
+    else:
+        for j, part in enumerate(block.content):
+            _no_media(part, f"{where}.content[{j}]")
+        text = "\n".join(part.text for part in block.content
+                         if isinstance(part, a.TextBlockParam))
+    # templates know no failed results; the model still needs to be told
+    return f"Error: {text}" if block.is_error else text
+
+
+def _messages(req: a.CountTokensRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    system = system_prompt(req.system_texts())
+    if system:
+        out.append({"role": "system", "content": system})
+    calls: set[str] = set()
+    for i, message in enumerate(req.messages):
+        texts: list[str] = []
+        tool_calls: list[dict[str, Any]] = []
+        for j, block in enumerate(message.blocks()):
+            where = f"messages[{i}].content[{j}]"
+            _no_media(block, where)
+            if isinstance(block, a.TextBlockParam):
+                texts.append(block.text)
+            elif isinstance(block, a.ToolUseBlockParam):
+                if message.role != "assistant":
+                    raise invalid_request(f"{where}: only assistant messages hold tool_use "
+                                          "blocks", where)
+                calls.add(block.id)
+                tool_calls.append({"id": block.id, "type": "function", "function": {
+                    "name": block.name, "arguments": json.dumps(block.input)}})
+            elif isinstance(block, a.ToolResultBlockParam):
+                if message.role != "user":
+                    raise invalid_request(f"{where}: only user messages hold tool_result "
+                                          "blocks", where)
+                if block.tool_use_id not in calls:
+                    raise invalid_request(f"{where}: tool_use_id '{block.tool_use_id}' answers "
+                                          "no earlier tool_use block", where)
+                out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                            "content": _result_text(block, where)})
+            # thinking and redacted_thinking: earlier turns' reasoning, which chat templates
+            # leave out of the prompt too
+        if message.role == "assistant":
+            turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+            if tool_calls:
+                turn["tool_calls"] = tool_calls
+            out.append(turn)
+        elif texts or not any(isinstance(b, a.ToolResultBlockParam) for b in message.blocks()):
+            out.append({"role": "user", "content": "\n".join(texts)})
+    if req.messages[-1].role == "assistant":
+        where = f"messages[{len(req.messages) - 1}]"
+        raise invalid_request(f"{where}: a final assistant message (a prefill to continue) is "
+                              "not supported; end with a user message", where)
+    return out
+
+
+def _tools(req: a.CountTokensRequest) -> list[dict[str, Any]]:
+    tools = req.tools or []
+    skipped = [t.name for t in tools if not t.is_client_tool]
+    if skipped:
+        log.info("skipping tools the server would run (%s): modelyard offers client tools only",
+                 ", ".join(skipped))
+    return [{"type": "function", "function": {
+        "name": t.name, **({"description": t.description} if t.description else {}),
+        "parameters": t.input_schema}} for t in tools if t.is_client_tool]
+
+
+def _tool_choice(choice: a.ToolChoice, where: str) -> str | dict[str, Any]:
+    if choice.type == "tool":
+        if not choice.name:
+            raise invalid_request(f"{where}: type 'tool' needs a 'name'", f"{where}.name")
+        return {"type": "function", "function": {"name": choice.name}}
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def template_variables(req: a.CountTokensRequest) -> dict[str, Any]:
+    """What the chat template is told beside the messages: `enable_thinking` (Qwen3's name,
+    which other thinking templates read too) when the request says whether to think."""
+    if req.thinking is None:
+        return {}
+    return {"enable_thinking": req.thinking.type != "disabled"}
+
+
+def chat_request(req: a.CountTokensRequest) -> p.ChatCompletionRequest:
+    """The chat request that plans like `req` (see the module docstring)."""
+    body: dict[str, Any] = {"messages": _messages(req)}
+    if req.model is not None:
+        body["model"] = req.model
+    tools = _tools(req)
+    if tools:
+        body["tools"] = tools
+        if req.tool_choice is not None:
+            body["tool_choice"] = _tool_choice(req.tool_choice, "tool_choice")
+            if req.tool_choice.disable_parallel_tool_use:
+                body["parallel_tool_calls"] = False
+    if isinstance(req, a.MessageCreateRequest):
+        body["max_tokens"] = req.max_tokens
+        body["stream"] = req.stream
+        if req.stop_sequences:
+            body["stop"] = req.stop_sequences
+        for name in ("temperature", "top_p", "top_k"):
+            if (value := getattr(req, name)) is not None:
+                body[name] = value
+        if req.metadata is not None and req.metadata.user_id is not None:
+            body["user"] = req.metadata.user_id
+    chat = p.parse_request(p.ChatCompletionRequest, json.dumps(body).encode())
+    return chat if req.keep_alive is None else chat.model_copy(
+        update={"keep_alive": req.keep_alive})
