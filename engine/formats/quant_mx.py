@@ -29,7 +29,8 @@ def e8m0_half(e: np.ndarray) -> np.ndarray:
     subnormals, written as their bits as ggml does)."""
     e32 = e.astype(np.uint32)
     bits = np.where(e32 < 2, np.uint32(0x00200000) << e32, (e32 - 1) << 23).astype(np.uint32)
-    return bits.view(np.float32)
+    values: np.ndarray = bits.view(np.float32)
+    return values
 
 
 def dequantize_mxfp4(b: np.ndarray) -> np.ndarray:

@@ -128,11 +128,11 @@ class AttentionKernel:
         lib = compile_cached("attention", params,
                              lambda: str(build_attention_module(self.f16c, registers, sinks)))
         p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-        sig = (None, p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f) + ((p,) if sinks else ())
+        args: tuple[type, ...] = (p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f) + ((p,) if sinks else ())
         # the functions for many queries (exact) and for few (f16acc); both rounded without FA
         many, few = (FUNCTION_EXACT, FUNCTION_F16ACC) if flash_attn else (FUNCTION_ROUNDED,) * 2
-        self._exact = lib.function(many, *sig)
-        self._f16acc = lib.function(few, *sig)
+        self._exact = lib.function(many, None, *args)
+        self._f16acc = lib.function(few, None, *args)
         self.exact_address = lib.address(many)
         self.f16acc_address = lib.address(few)
         self._own_pool = pool is None and n_threads > 1
