@@ -34,7 +34,8 @@ def e8m0_half(e: np.ndarray) -> np.ndarray:
 
 
 def dequantize_mxfp4(b: np.ndarray) -> np.ndarray:
-    return e8m0_half(b["e"])[..., None] * _CODES[nibbles(b["qs"])].astype(np.float32)
+    values: np.ndarray = e8m0_half(b["e"])[..., None] * _CODES[nibbles(b["qs"])].astype(np.float32)
+    return values
 
 
 def random_mxfp4_scales(b: np.ndarray, rng: np.random.Generator) -> None:
