@@ -18,10 +18,11 @@ import numpy as np
 
 from .formats import quants
 from .formats.activations import packed_activation_bytes
-from .kernels import moe, moe_tasks, ops, rotary, tasks
+from .kernels import moe, moe_oai, moe_tasks, ops, rotary, tasks
 from .kernels.pool import Graph
 
 if TYPE_CHECKING:
+    from .arch.base import ExpertBiases
     from .model import Chunk, Transformer, _Activations
 
 _ACT_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_mul"}
@@ -42,6 +43,15 @@ class _Routing:
     padded: np.ndarray     # int64 [E + 1] where its packed activations start, in rows
     rows: np.ndarray       # int64 [P] the token of each grouped row
     pos: np.ndarray        # int64 [T, k] the grouped row of each (token, choice)
+
+
+def _route_fn(gating: str) -> int:
+    """The routing kernel of a gating (engine.arch.base.Builder.route)."""
+    if gating == "softmax":
+        return moe.load_moe().address["moe_route"]
+    if gating == "softmax_topk":
+        return moe_oai.load_moe_oai().address["moe_route_topk"]
+    raise ValueError(f"unknown gating {gating!r}")
 
 
 class GraphBuilder:
@@ -106,18 +116,23 @@ class GraphBuilder:
                    c=self.hp.scale(), m_at=tasks.M_TOKENS)
         self.q_scaled = True
 
-    def attention(self, layer: int) -> None:
+    def attention(self, layer: int, sinks: np.ndarray | None = None) -> None:
         tr, a, hp = self.tr, self.a, self.hp
         k_cache, v_cache, group = tr.cache.layer(layer)
         scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
         self.graph.barrier()  # every thread's cache rows and q rows (rope_store, scale_q) are in
-        self._node("task_attention", tasks.ATTENTION, f16acc=tr.attention.f16acc_address,
-                   exact=tr.attention.exact_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
-                   v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
-                   scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
-                   n_kv_head=hp.n_head_kv, head_dim=hp.head_dim, scale=scale, group=group,
-                   window=hp.layer_window(layer), ring=tr.cache.group(layer).ring,
-                   softcap=hp.attn_softcap)
+        fields = dict(f16acc=tr.attention.f16acc_address,
+                      exact=tr.attention.exact_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
+                      v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
+                      scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
+                      n_kv_head=hp.n_head_kv, head_dim=hp.head_dim, scale=scale, group=group,
+                      window=hp.layer_window(layer), ring=tr.cache.group(layer).ring,
+                      softcap=hp.attn_softcap)
+        if sinks is None:
+            self._node("task_attention", tasks.ATTENTION, **fields)
+        else:  # gpt-oss: the sinks' own task and kernel (engine.kernels.attention)
+            self.graph.add(tasks.attention_sinks_task(),
+                           tasks.ATTENTION_SINKS.pack(**fields, sinks=_addr(sinks)))
         self.graph.barrier()
 
     def glu(self, act: str) -> None:
@@ -126,7 +141,8 @@ class GraphBuilder:
         self._node("task_glu", tasks.GLU, fn=self.op[_ACT_OPS[act]], gate=_addr(a.g),
                    up=_addr(a.u), n=a.g.shape[1], m_at=tasks.M_TOKENS)
 
-    def route(self, router: quants.QuantMatrix, k: int) -> None:
+    def route(self, router: quants.QuantMatrix, k: int, bias: np.ndarray | None = None,
+              gating: str = "softmax") -> None:
         a, T, E = self.a, self.a.capacity, router.n_rows
         logits = a.scratch("moe_logits", (T, E), np.float32)
         r = self.routing = _Routing(
@@ -135,7 +151,12 @@ class GraphBuilder:
             a.scratch("moe_rows", (T * k,), np.int64), a.scratch("moe_pos", (T, k), np.int64))
         fn = moe.load_moe().address
         self.matmuls(a.h, a.h.shape[1], [(router, logits)])         # logits = h @ router.T
-        self._moe_node("task_moe_route", moe_tasks.ROUTE, fn=fn["moe_route"], logits=_addr(logits),
+        if bias is not None:
+            self._node("task_bias", tasks.BIAS, fn=self.op["add_bias"], x=_addr(logits),
+                       bias=_addr(bias), n=E, m_at=tasks.M_TOKENS)  # + the router bias
+            self.graph.barrier()
+        route_fn = _route_fn(gating)
+        self._moe_node("task_moe_route", moe_tasks.ROUTE, fn=route_fn, logits=_addr(logits),
                        ids=_addr(r.ids), weights=_addr(r.weights), n_expert=E, k=k)
         self.graph.barrier()
         self._moe_node("task_moe_group", moe_tasks.GROUP, fn=fn["moe_group"], ids=_addr(r.ids),
@@ -144,7 +165,8 @@ class GraphBuilder:
         self.graph.barrier()
 
     def expert_ffn(self, gate: quants.StackedMatrix, up: quants.StackedMatrix,
-                   down: quants.StackedMatrix, act: str) -> None:
+                   down: quants.StackedMatrix, act: str,
+                   biases: ExpertBiases | None = None) -> None:
         a, r = self.a, self.routing
         P, n_ff = a.capacity * r.k, gate.n_rows
         x = a.scratch("moe_x", (P, a.h.shape[1]), np.float32)      # h rows grouped by expert
@@ -155,15 +177,30 @@ class GraphBuilder:
         self._expert_matmul(gate, inputs, g)
         self._expert_matmul(up, inputs, u)
         self.graph.barrier()
-        self._node("task_glu", tasks.GLU, fn=self.op[_ACT_OPS[act]], gate=_addr(g), up=_addr(u),
+        if biases is not None:
+            self._expert_bias(g, biases.gate)
+            self._expert_bias(u, biases.up)
+        glu = moe_oai.load_moe_oai().address["swiglu_oai"] if act == "swiglu_oai" \
+            else self.op[_ACT_OPS[act]]
+        self._node("task_glu", tasks.GLU, fn=glu, gate=_addr(g), up=_addr(u),
                    n=r.k * n_ff, m_at=tasks.M_TOKENS)               # a token's k rows at once
         self.graph.barrier()
         self._expert_matmul(down, self._pack(None, g, [down]), eo)
         self.graph.barrier()
+        if biases is not None:
+            self._expert_bias(eo, biases.down)
         self._moe_node("task_moe_combine", moe_tasks.COMBINE, fn=moe.load_moe().address["moe_combine"],
                        eo=_addr(eo), pos=_addr(r.pos), weights=_addr(r.weights), out=_addr(a.o),
                        n=down.n_rows, k=r.k)                        # same rows as the next norm
         self.o_pending = True
+
+    def _expert_bias(self, rows: np.ndarray, bias: np.ndarray) -> None:
+        """Each grouped row of rows += its expert's row of bias [n_expert, n], then a barrier."""
+        r = self.routing
+        self.graph.add(moe_oai.load_moe_oai().address["task_moe_bias"], moe_oai.EXPERT_BIAS.pack(
+            fn=self.op["add_bias"], x=_addr(rows), bias=_addr(bias), n=rows.shape[1],
+            offsets=_addr(r.offsets), n_expert=r.n_expert, k=r.k))
+        self.graph.barrier()
 
     def _moe_node(self, task: str, layout: tasks.Layout, **fields: int | float) -> None:
         self.graph.add(moe_tasks.task_addresses()[task], layout.pack(**fields))
@@ -311,7 +348,7 @@ class EagerBuilder:
         ops.scale(self.bufs["q"], self.hp.scale(), out=self.bufs["q"])
         self.q_scaled = True
 
-    def attention(self, layer: int) -> None:
+    def attention(self, layer: int, sinks: np.ndarray | None = None) -> None:
         hp, tr, T = self.hp, self.tr, self.positions.shape[0]
         k_cache, v_cache, _ = tr.cache.layer(layer)
         ring = tr.cache.group(layer).ring
@@ -321,29 +358,40 @@ class EagerBuilder:
         for c, (a, b) in zip(self.chunks, self.spans):
             tr.attention(q[a:b], k_cache[c.slot], v_cache[c.slot], c.pos0, out=out[a:b],
                          scale=scale, window=hp.layer_window(layer), ring=ring,
-                         softcap=hp.attn_softcap)
+                         softcap=hp.attn_softcap, sinks=sinks)
         self.bufs["q"] = out.reshape(T, hp.q_dim)
 
     def glu(self, act: str) -> None:
         fn = ops.silu_mul if act == "silu" else ops.gelu_mul
         self.bufs["g"] = fn(self.bufs["g"], self.bufs["u"])
 
-    def route(self, router: quants.QuantMatrix, k: int) -> None:
-        ids, weights = moe.route(self.mm(router, self.bufs["h"]), k)
+    def route(self, router: quants.QuantMatrix, k: int, bias: np.ndarray | None = None,
+              gating: str = "softmax") -> None:
+        logits = self.mm(router, self.bufs["h"])                  # [T, n_expert]
+        if bias is not None:
+            ops.add_bias(logits, bias, out=logits)
+        ids, weights = (moe_oai.route_topk if gating == "softmax_topk" else moe.route)(logits, k)
         self.routing = _Routing(k, router.n_rows, ids, weights, *moe.group(ids, router.n_rows))
 
     def expert_ffn(self, gate: quants.StackedMatrix, up: quants.StackedMatrix,
-                   down: quants.StackedMatrix, act: str) -> None:
+                   down: quants.StackedMatrix, act: str,
+                   biases: ExpertBiases | None = None) -> None:
         h, r = self.bufs["h"], self.routing
         eo = np.empty((r.rows.size, down.n_rows), np.float32)     # each pair's expert output
-        glu = ops.silu_mul if act == "silu" else ops.gelu_mul
+        glu = {"silu": ops.silu_mul, "gelu_tanh": ops.gelu_mul, "swiglu_oai": moe_oai.swiglu_oai}[act]
+
+        def biased(y: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+            return y if bias is None else ops.add_bias(y, bias, out=y)
+
         for e in range(r.n_expert):
             a, b = int(r.offsets[e]), int(r.offsets[e + 1])
             if a == b:
                 continue                                          # nobody chose e: not read
             x = moe.gather(h, r.rows[a:b])                        # e's tokens, [M_e, n_embd]
-            g = glu(self.mm(gate.matrix(e), x), self.mm(up.matrix(e), x))
-            eo[a:b] = self.mm(down.matrix(e), g)
+            g = biased(self.mm(gate.matrix(e), x), None if biases is None else biases.gate[e])
+            u = biased(self.mm(up.matrix(e), x), None if biases is None else biases.up[e])
+            eo[a:b] = biased(self.mm(down.matrix(e), glu(g, u)),
+                             None if biases is None else biases.down[e])
         self.bufs["o"] = moe.combine(eo, r.pos, r.weights)
         self.o_pending = True
 

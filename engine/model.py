@@ -196,7 +196,8 @@ class Transformer:
             qtypes = {m.qtype for m in self.weights.matrices()}
             self.matmul_kernels = MatmulKernels(qtypes, pool=self.pool)
             self.weights = _prepared(self.weights, self.matmul_kernels)
-            self.attention = AttentionKernel(pool=self.pool, flash_attn=flash_attn)
+            self.attention = AttentionKernel(pool=self.pool, flash_attn=flash_attn,
+                                             sinks=hp.spec.attn_sinks)
             self.tasks = tasks.load_tasks(self.attention.f16c)
             self.ops = ops.load_ops()
             self.cache = KVCache(hp, n_slots, n_ctx)

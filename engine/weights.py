@@ -75,6 +75,8 @@ class _TensorReader:
                 whole = self.matrix(name, self.hp.dim(t.cols), sum(rows))
                 for (field, _), start, n in zip(t.parts, np.cumsum([0] + rows), rows):
                     out[field] = row_range(whole, int(start), n)
+            elif t.floats:
+                out[t.name] = self.floats(name, tuple(self.hp.dim(d) for d in t.dims))
             elif len(t.dims) == 1:
                 out[t.name] = self.vector(name, self.hp.dim(t.dims[0]))
             elif len(t.dims) == 3:
@@ -106,6 +108,13 @@ class _TensorReader:
         t = self.info(name, (n_cols, n_rows, n_mat))
         raw = self.f.tensor_data(name).reshape(n_mat, n_rows, -1)  # uint8 [n_mat, n_rows, row_bytes]
         return quants.StackedMatrix(raw, t.qtype, n_mat, n_rows, n_cols)
+
+    def floats(self, name: str, dims: tuple[int, ...]) -> np.ndarray:
+        """float32 [dims reversed] (ggml order in): a vector, or a table of rows of dims[0]."""
+        t = self.info(name, dims)
+        raw = self.f.tensor_data(name).reshape(int(np.prod(dims[1:], dtype=np.int64)), -1)
+        values = quants.dequantize(raw, t.qtype, dims[0]).reshape(dims[::-1])
+        return np.ascontiguousarray(values, dtype=np.float32)
 
     def vector(self, name: str, n: int) -> np.ndarray:
         t = self.info(name, (n,))

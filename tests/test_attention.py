@@ -360,3 +360,30 @@ def test_softcap_matches_the_twin_and_bites(kernels, n_q, pos0):
     np.testing.assert_allclose(got, attention_reference(q, k, v, pos0, softcap=5.0),
                                rtol=RTOL, atol=ATOL)
     assert np.abs(got - kernels[1](q, k, v, pos0)).max() > 0.1
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+@pytest.mark.parametrize(("n_q", "pos0"), [(1, 50), (9, 0), (70, 3)])
+def test_sinks_match_the_twin_and_take_their_share(flash_attn, n_q, pos0):
+    """gpt-oss's sinks: one more logit per head in the softmax (value 0), on every path."""
+    rng = np.random.default_rng(28)
+    q, k, v = make_case(rng, n_q, pos0, 4, 2, 32, pos0 + n_q + 8)
+    sinks = rng.normal(1.0, 1.5, 4).astype(np.float32)
+    sinks[0] = 30.0  # a sink above every score: head 0's output nearly vanishes
+    plain_kernel = AttentionKernel(1, flash_attn=flash_attn)
+    with_sinks = [AttentionKernel(1, flash_attn=flash_attn, sinks=True),
+                  AttentionKernel(2, flash_attn=flash_attn, sinks=True)]
+    with_sinks[1].parallel_min_work = 0
+    try:
+        expected = attention_reference(q, k, v, pos0, flash_attn=flash_attn, sinks=sinks)
+        got = [kern(q, k, v, pos0, sinks=sinks) for kern in with_sinks]
+        plain = plain_kernel(q, k, v, pos0)
+        with pytest.raises(ValueError, match="sinks"):
+            plain_kernel(q, k, v, pos0, sinks=sinks)
+    finally:
+        for kern in (plain_kernel, *with_sinks):
+            kern.close()
+    np.testing.assert_allclose(got[0], expected, rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(got[0], got[1])
+    assert np.abs(got[0][:, 0]).max() < 1e-6 < np.abs(plain[:, 0]).max()
+    assert np.abs(got[0][:, 1:] - plain[:, 1:]).mean() > 2e-3  # the other sinks move their heads too

@@ -95,20 +95,35 @@ class Builder(Protocol):
         """q *= the attention scale, and the next attention scales by 1 (gemma's order: llama.cpp
         scales q before q . k, so q's f16 rounding sees the scaled values)."""
 
-    def attention(self, layer: int) -> None:
-        """q = attention(q, this layer's cache): causal, its window, softcap and scale."""
+    def attention(self, layer: int, sinks: np.ndarray | None = None) -> None:
+        """q = attention(q, this layer's cache): causal, its window, softcap and scale; sinks
+        (float32 [n_head], a family with ArchSpec.attn_sinks): one more logit per head."""
 
     def glu(self, act: str) -> None:
         """g = act(g) * u, act "silu" or "gelu_tanh"."""
 
-    def route(self, router: quants.QuantMatrix, k: int) -> None:
-        """Each token of h picks k experts: p = softmax(h @ router.T) over all of them, the k
-        largest p, their weights renormalised to sum 1 (llama.cpp's softmax gating, norm_w)."""
+    def route(self, router: quants.QuantMatrix, k: int, bias: np.ndarray | None = None,
+              gating: str = "softmax") -> None:
+        """Each token of h picks k experts from logits = h @ router.T (+ bias). gating "softmax":
+        p = softmax(logits) over all of them, the k largest p, their weights renormalised to sum
+        1 (llama.cpp's softmax gating, norm_w); "softmax_topk": the k largest logits, their
+        weights the softmax over those k (SOFTMAX_WEIGHT, gpt-oss)."""
 
     def expert_ffn(self, gate: quants.StackedMatrix, up: quants.StackedMatrix,
-                   down: quants.StackedMatrix, act: str) -> None:
+                   down: quants.StackedMatrix, act: str,
+                   biases: ExpertBiases | None = None) -> None:
         """o = sum over the routed experts e of weight_e * (act(h @ gate_e) * (h @ up_e)) @ down_e;
-        each expert's matrices run once over all of its tokens, unchosen ones not at all."""
+        each expert's matrices run once over all of its tokens, unchosen ones not at all. act
+        "silu", "gelu_tanh" or "swiglu_oai" (act(g, u) as a whole: engine.kernels.moe_oai);
+        biases: each expert's, added to its gate, up and down outputs (gpt-oss)."""
+
+
+@dataclass(frozen=True)
+class ExpertBiases:
+    """Per-expert biases of a mixture's matrices, float32 [n_expert, rows of that matrix]."""
+    gate: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
 
 
 L = TypeVar("L", bound=Layer)
@@ -125,6 +140,7 @@ class ArchSpec(Generic[L]):
     tensors: tuple[Declared, ...]       # per layer: blk.{i}.<gguf>
     block: Callable[[Builder, L, int], None]  # its layer, written against Builder
     rope_neox: bool = False             # rope pairs (i, i + n_rot/2) rather than (2i, 2i+1)
+    attn_sinks: bool = False            # its attention takes per-head sinks (a kernel built so)
 
     def __post_init__(self) -> None:
         """The declaration and the layer type agree: every declared tensor is a field, every

@@ -53,6 +53,8 @@ class Tensor:
     dims: tuple[str, ...]   # ggml order: (n_cols, n_rows) a matrix, (n,) a float32 vector,
     #                         (n_cols, n_rows, n_mat) a StackedMatrix
     required: bool = True   # optional: the layer field stays None when the file lacks it
+    floats: bool = False    # a float32 array of any rank, not a matrix for the kernels
+    #                         (gpt-oss's per-expert biases, [n_expert, n])
 
 
 @dataclass(frozen=True)

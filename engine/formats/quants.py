@@ -6,7 +6,7 @@ activation format the matmul kernels quantize x to, its numpy dequantization (th
 checked against gguf-py), how to make realistic random blocks, and which kernel tile family of
 engine/kernels/matmul/ computes with it. Adding a type is one record here (plus its family's
 code if no existing family fits). Layouts and dequantizers live per family in quant_legacy.py,
-quant_k.py, quant_iq.py; the activation formats in activations.py.
+quant_k.py, quant_iq.py, quant_mx.py; the activation formats in activations.py.
 
 The matmul kernels never dequantize weights: they quantize the activations to 8-bit blocks
 (q8_0 / q8_1 / q8_k, ggml's scheme, engine.formats.activations) and take integer dot products.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.formats import quant_iq, quant_k, quant_legacy
+from engine.formats import quant_iq, quant_k, quant_legacy, quant_mx
 
 # re-exported (`X as X`): the activation half of the format
 from engine.formats.activations import (
@@ -68,8 +68,9 @@ class QuantType:
 
     kernel names the tile family that engine.kernels.matmul.build.FAMILIES builds the matmul
     with: "float" (f32 activations, FMA), "legacy" (32-value blocks against packed q8_0/q8_1),
-    "q2_k", "q3_k", "q4_5_k", "q6_k", "iq4_xs" (super-blocks against q8_k). IQ4_NL is a legacy
-    type with a codebook: the Q8_0 path after one lookup.
+    "q2_k", "q3_k", "q4_5_k", "q6_k", "iq4_xs" (super-blocks against q8_k). IQ4_NL and MXFP4
+    are legacy types with a codebook: the Q8_0 path after one lookup (MXFP4's scale an E8M0
+    byte rather than an f16).
     """
     qtype: GGMLQuantizationType
     layout: np.dtype        # one block (float types: one value)
@@ -79,7 +80,9 @@ class QuantType:
     kernel: str             # tile family in engine.kernels.matmul.build.FAMILIES
     group: int = 1          # blocks the kernel folds in per loop step
     zero: int = 0           # legacy 4/5-bit without a min: value = d * (q + zero)
-    codebook: tuple[int, ...] | None = None  # 4-bit index -> signed 8-bit value (IQ4_*)
+    codebook: tuple[int, ...] | None = None  # 4-bit index -> signed 8-bit value (IQ4_*, MXFP4)
+    scale: str = "f16"      # how a block's scale is stored: "f16" d at offset 0, or
+    #                         quant_mx.SCALE_E8M0_HALF (MXFP4's e: 2^(e - 128))
 
     @property
     def name(self) -> str:
@@ -131,6 +134,9 @@ _TYPES = [
               quant_legacy.random_scales(127), "legacy", group=2),
     QuantType(T.IQ4_NL, quant_iq.IQ4_NL, "q8_0", quant_iq.dequantize_iq4_nl,
               quant_iq.random_iq4_nl_scales, "legacy", group=2, codebook=quant_iq.CODEBOOK),
+    QuantType(T.MXFP4, quant_mx.MXFP4, "q8_0", quant_mx.dequantize_mxfp4,
+              quant_mx.random_mxfp4_scales, "legacy", group=2, codebook=quant_mx.CODEBOOK,
+              scale=quant_mx.SCALE_E8M0_HALF),
     QuantType(T.Q2_K, quant_k.Q2_K, "q8_k", quant_k.dequantize_q2_k,
               quant_k.random_q2_k_scales, "q2_k"),
     QuantType(T.Q3_K, quant_k.Q3_K, "q8_k", quant_k.dequantize_q3_k,

@@ -38,6 +38,11 @@ One work item is one (query, head) pair, w = query * n_head + head, over the key
 row, so threads never share writes; tasks.split_attention cuts the ranges by cost (later
 queries see more keys). attention_f16acc takes a range in runs of heads sharing a kv head; a run
 ends where the group, the range or GROUP_MAX does.
+
+Attention sinks (gpt-oss; AttentionKernel(sinks=True), a module of its own): each head has one
+more logit, sinks[head], in its softmax's denominator, with a value row of 0. The exact
+functions take it into the max and the sum (ggml's soft_max with sinks); attention_f16acc
+applies it after the last key as one more key (ggml's flash-attention sink step).
 """
 from __future__ import annotations
 
@@ -106,25 +111,28 @@ class AttentionKernel:
 
     def __init__(self, n_threads: int = 1, *, f16c: bool | None = None,
                  pool: Pool | None = None, flash_attn: bool = True,
-                 registers: int | None = None) -> None:
+                 registers: int | None = None, sinks: bool = False) -> None:
         """flash_attn: follow llama.cpp's flash-attention paths (f16acc below TILED_MIN_QUERIES
         queries, exact from there); False: its non-flash path, attention_rounded, at every size.
         registers: the vector registers the code plans for (default: 32 with AVX-512, else 16);
-        it changes the speed only, never a bit."""
+        it changes the speed only, never a bit. sinks: the functions take each head's sink
+        logit (every call passes `sinks`)."""
         if n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
         self.flash_attn = flash_attn
         self.f16c = host_has("f16c") if f16c is None else f16c
         if registers is None:
             registers = 32 if host_has("avx512f") else 16
-        lib = compile_cached("attention", (self.f16c, registers),
-                             lambda: str(build_attention_module(self.f16c, registers)))
+        self.sinks = sinks
+        params: tuple[object, ...] = (self.f16c, registers) + (("sinks",) if sinks else ())
+        lib = compile_cached("attention", params,
+                             lambda: str(build_attention_module(self.f16c, registers, sinks)))
         p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-        sig = (None, p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f)
+        args: tuple[type, ...] = (p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f) + ((p,) if sinks else ())
         # the functions for many queries (exact) and for few (f16acc); both rounded without FA
         many, few = (FUNCTION_EXACT, FUNCTION_F16ACC) if flash_attn else (FUNCTION_ROUNDED,) * 2
-        self._exact = lib.function(many, *sig)
-        self._f16acc = lib.function(few, *sig)
+        self._exact = lib.function(many, None, *args)
+        self._f16acc = lib.function(few, None, *args)
         self.exact_address = lib.address(many)
         self.f16acc_address = lib.address(few)
         self._own_pool = pool is None and n_threads > 1
@@ -138,7 +146,8 @@ class AttentionKernel:
 
     def __call__(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                  out: np.ndarray | None = None, *, scale: float | None = None, window: int = 0,
-                 ring: int | None = None, softcap: float = 0.0) -> np.ndarray:
+                 ring: int | None = None, softcap: float = 0.0,
+                 sinks: np.ndarray | None = None) -> np.ndarray:
         """q [n_q, n_head, head_dim] f32 at positions pos0.. -> [n_q, n_head, head_dim] f32.
 
         Query i sees the keys at positions 0 .. pos0 + i (the last `window` of them when window
@@ -146,7 +155,8 @@ class AttentionKernel:
         a ring shorter than the cache mirrors its first window - 1 rows past its end, as
         engine.kv stores it. Head h reads kv head h // (n_head // n_kv_head). out may be q itself
         (but not overlap it partially). scale defaults to 1/sqrt(head_dim); softcap > 0 caps
-        the scaled scores to softcap * tanh(s / softcap) (gemma 2).
+        the scaled scores to softcap * tanh(s / softcap) (gemma 2). sinks: float32 [n_head], each
+        head's sink logit, given exactly when the kernel was built with sinks.
         """
         pos0 = operator.index(pos0)  # an int; a float position is a caller bug
         window = operator.index(window)
@@ -154,6 +164,12 @@ class AttentionKernel:
         _check(q, k_cache, v_cache, pos0, window, ring)
         n_q, n_head, head_dim = q.shape
         n_kv_head = k_cache.shape[1]
+        if (sinks is not None) != self.sinks:
+            raise ValueError("sinks are given exactly to a kernel built with sinks=True")
+        if sinks is not None and not (isinstance(sinks, np.ndarray) and sinks.dtype == np.float32
+                                      and sinks.shape == (n_head,) and sinks.flags.c_contiguous):
+            raise ValueError(f"sinks must be a C-contiguous float32 array of shape ({n_head},)")
+        extra = () if sinks is None else (builder.address(sinks),)
         if out is None:
             out = np.empty_like(q)
         elif not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == q.shape
@@ -174,14 +190,14 @@ class AttentionKernel:
             scores = np.empty(stride, np.float32)
             fn(builder.address(q), builder.address(k_cache), builder.address(v_cache), builder.address(out),
                builder.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items,
-               window, ring, softcap)
+               window, ring, softcap, *extra)
             return out
-        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, ring, softcap)
+        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, ring, softcap, sinks)
         return out
 
     def _run_split(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                    out: np.ndarray, pos0: int, scale: float, stride: int, window: int,
-                   ring: int, softcap: float) -> None:
+                   ring: int, softcap: float, sinks: np.ndarray | None) -> None:
         """One chunk's items split by cost over the pool, through the graph's attention task."""
         from engine.kernels import tasks  # noqa: PLC0415 - tasks builds on this module
 
@@ -193,11 +209,16 @@ class AttentionKernel:
         step = tasks.STEP.pack(n_tokens=n_q, n_out=0, n_chunks=1, positions=0, kv_rows=0,
                                kv_mirror=0, chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
                                segs=segs.ctypes.data, out_rows=0)
-        args = tasks.ATTENTION.pack(
+        fields = dict(
             f16acc=self.f16acc_address, exact=self.exact_address, q=builder.address(q),
             k_cache=builder.address(k_cache), v_cache=builder.address(v_cache), out=builder.address(out),
             scratch=scratch.ctypes.data, scratch_bytes=4 * stride, n_head=n_head,
             n_kv_head=k_cache.shape[1], head_dim=head_dim, scale=scale, group=0,
             window=window, ring=ring, softcap=softcap)
-        t = tasks.load_tasks(host_has("f16c"))
-        self._pool.run_task(t.address["task_attention"], args, int(step.ctypes.data))
+        if sinks is None:
+            args = tasks.ATTENTION.pack(**fields)
+            task = tasks.load_tasks(host_has("f16c")).address["task_attention"]
+        else:
+            args = tasks.ATTENTION_SINKS.pack(**fields, sinks=builder.address(sinks))
+            task = tasks.attention_sinks_task()
+        self._pool.run_task(task, args, int(step.ctypes.data))

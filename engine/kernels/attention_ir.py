@@ -85,8 +85,10 @@ def round_half(b: ir.IRBuilder, x: ir.Value, f16c: bool) -> ir.Value:
     return b.select(b.fcmp_ordered("ord", r, r), r, x)  # inf stays inf (the split gives NaN)
 
 
-def _define(module: ir.Module, name: str, scratch: str) -> tuple[ir.IRBuilder, list[ir.Value]]:
-    """Both functions' signature; `scratch` names the per-thread scratch row."""
+def _define(module: ir.Module, name: str, scratch: str,
+            sinks: bool = False) -> tuple[ir.IRBuilder, list[ir.Value]]:
+    """Both functions' signature; `scratch` names the per-thread scratch row; sinks adds a last
+    argument, float* sinks [n_head]: each head's sink logit (gpt-oss)."""
     return builder.define(module, name, ir.VoidType(), [
         ("q", F32P),               # [n_q, n_head, head_dim]
         ("k", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
@@ -98,7 +100,17 @@ def _define(module: ir.Module, name: str, scratch: str) -> tuple[ir.IRBuilder, l
         ("window", I64),           # keys a query sees, itself included (0: all before it)
         ("ring", I64),             # the key at position p is row p % ring (and, for p % ring <
         #                            window - 1, also row p % ring + ring: engine.kv's mirror)
-        ("softcap", F32)])         # scores become softcap * tanh(s / softcap) (0: off)
+        ("softcap", F32)]          # scores become softcap * tanh(s / softcap) (0: off)
+        + ([("sinks", F32P)] if sinks else []))
+
+
+def _sink(b: ir.IRBuilder, sinks: ir.Value | None, w: ir.Value, j: int,
+          n_head: ir.Value) -> ir.Value | None:
+    """Head j of the run starting at item w: its sink logit (None without sinks). A sink is one
+    more logit in the softmax's denominator whose value row is 0 (llama.cpp's attn_sinks)."""
+    if sinks is None:
+        return None
+    return load(b, sinks, b.add(b.srem(w, n_head), i64(j)))
 
 
 @dataclass(frozen=True)
@@ -131,13 +143,16 @@ def _item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, o
                  gep(b, out, b.mul(w, head_dim)), gep(b, k, first), gep(b, v, first), row_stride)
 
 
-def _define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool = False) -> None:
+def _define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool = False,
+                  sinks: bool = False) -> None:
     """attention_exact, or (rounded) attention_rounded: llama.cpp without flash attention,
-    which takes q as f16 for q . k and the normalised probabilities as f16 for p . v."""
+    which takes q as f16 for q . k and the normalised probabilities as f16 for p . v. With
+    sinks, ggml's soft_max with sinks: the max takes the sink in, the sum adds e^(sink - max)."""
     name = FUNCTION_ROUNDED if rounded else FUNCTION_EXACT
-    b, args = _define(module, name, "scores")  # scores: [run heads, round_up(n_keys, 8)]
+    b, args = _define(module, name, "scores", sinks)  # scores: [run heads, round_up(n_keys, 8)]
     (q, k, v, out, scores, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
-     window, ring, softcap) = args
+     window, ring, softcap) = args[:16]
+    sink_logits = args[16] if sinks else None
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
 
@@ -186,7 +201,9 @@ def _define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool =
         for j, phi in enumerate(phis):
             phi.add_incoming(mx1[j], pre_cap)
             phi.add_incoming(capped_mx[j], cap_block)
-        mx = [builder.splat(b, phi) for phi in phis]
+        sink = [_sink(b, sink_logits, w, j, n_head) for j in range(n)]
+        mx_s = [phi if sj is None else builder.maxnum(b, phi, sj) for phi, sj in zip(phis, sink)]
+        mx = [builder.splat(b, m) for m in mx_s]
 
         # -- pass 2: p = exp(s - max) in place, l = sum p ---------------------------------
         keys = builder.splat(b, b.trunc(n_keys, I32))
@@ -199,7 +216,10 @@ def _define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool =
                 p = b.select(b.icmp_signed("<", lane, keys), p, const(V8F32, 0.0))  # lanes past the last key
                 store(b, p, score_rows[j], t)
                 b.store(b.fadd(b.load(total), p), total)
-            inv_l.append(builder.splat(b, b.fdiv(const(F32, 1.0), builder.hsum(b, b.load(total)))))
+            l_sum = builder.hsum(b, b.load(total))
+            if sink[j] is not None:
+                l_sum = b.fadd(l_sum, builder.exp(b, b.fsub(sink[j], mx_s[j])))
+            inv_l.append(builder.splat(b, b.fdiv(const(F32, 1.0), l_sum)))
 
         def prob(j: int, t: ir.Value) -> ir.Value:
             """Head j's p[t] splat, as pass 3 multiplies it into v (rounded: f16(p[t] / l))."""
@@ -354,10 +374,11 @@ def f16acc_scratch_floats(n_head: int, n_kv_head: int, head_dim: int) -> int:
     return _run_heads(n_head, n_kv_head) * (head_dim + 3 * BLOCK_KEYS)
 
 
-def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
-    b, args = _define(module, FUNCTION_F16ACC, "scratch")  # see f16acc_scratch_floats
+def _define_f16acc(module: ir.Module, f16c: bool, registers: int, sinks: bool = False) -> None:
+    b, args = _define(module, FUNCTION_F16ACC, "scratch", sinks)  # see f16acc_scratch_floats
     (q, k, v, out, scratch, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
-     window, ring, softcap) = args
+     window, ring, softcap) = args[:16]
+    sink_logits = args[16] if sinks else None
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
     wide = b.icmp_signed("==", b.and_(head_dim, i64(2 * VEC - 1)), i64(0))  # 16-lane passes fit
@@ -499,9 +520,22 @@ def _define_f16acc(module: ir.Module, f16c: bool, registers: int) -> None:
                     block_accumulate(t0, count, VEC, new_keys)
 
         for j in range(n):  # l >= 1: the max key adds 1
-            inv_l = builder.splat(b, b.fdiv(const(F32, 1.0), b.load(l_run[j])))
+            sink = _sink(b, sink_logits, w, j, n_head)
+            l_end, rescale = b.load(l_run[j]), None
+            if sink is not None:  # ggml's sink step on the f32 accumulator: one more key, v = 0
+                m = b.load(m_run[j])
+                new_max = b.fcmp_ordered(">", sink, m)
+                e = builder.exp(b, b.select(new_max, b.fsub(m, sink), b.fsub(sink, m)))
+                one = const(F32, 1.0)
+                ms = b.select(new_max, e, one)
+                l_end = fmuladd(b, l_end, ms, b.select(new_max, one, e))
+                rescale = builder.splat(b, ms)
+            inv_l = builder.splat(b, b.fdiv(const(F32, 1.0), l_end))
             with counted_loop(b, i64(0), head_dim, VEC, "n") as c:
-                store(b, b.fmul(load(b, out_rows[j], c, V8F32), inv_l), out_rows[j], c)
+                o = load(b, out_rows[j], c, V8F32)
+                if rescale is not None:
+                    o = b.fmul(o, rescale)
+                store(b, b.fmul(o, inv_l), out_rows[j], c)
 
     _runs_of_heads(b, w_begin, w_end, n_head, group, heads)
 
@@ -515,15 +549,17 @@ def _vectors_per_pass(n: int, lanes: int, registers: int) -> int:
     return min(4, 1 << (fit.bit_length() - 1))
 
 
-def build_attention_module(f16c: bool, registers: int = 16) -> ir.Module:
+def build_attention_module(f16c: bool, registers: int = 16, sinks: bool = False) -> ir.Module:
     """The attention functions, same signature:
     void f(q, k, v, out, scratch, n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end)
     over items w_begin <= w < w_end; head_dim % 8 == 0. scratch: the exact kernels' scores rows
     (exact_scratch_floats: round_up(pos0 + n_q, 8) floats per head of a run), the
     f16-accumulator kernel's q16 rows and block factors (f16acc_scratch_floats). registers: the
-    vector registers the code may plan for (16, or 32 with AVX-512); no result depends on it."""
+    vector registers the code may plan for (16, or 32 with AVX-512); no result depends on it.
+    sinks: every function takes a last argument, float* sinks [n_head], one extra logit per head
+    in the softmax's denominator (gpt-oss); without it the module is what it always was."""
     module = builder.new_module("attention")
-    _define_exact(module, f16c, registers)
-    _define_exact(module, f16c, registers, rounded=True)
-    _define_f16acc(module, f16c, registers)
+    _define_exact(module, f16c, registers, sinks=sinks)
+    _define_exact(module, f16c, registers, rounded=True, sinks=sinks)
+    _define_f16acc(module, f16c, registers, sinks=sinks)
     return module

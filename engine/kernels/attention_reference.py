@@ -2,7 +2,8 @@
 
 attention_reference picks between them as AttentionKernel picks its functions: the exact f32
 softmax from TILED_MIN_QUERIES queries, the f16-accumulator online softmax below, and
-llama.cpp's non-flash path (q and p rounded to f16) when flash attention is off.
+llama.cpp's non-flash path (q and p rounded to f16) when flash attention is off. `sinks`
+(float32 [n_head], gpt-oss) is one more logit per head in the softmax, with a value of 0.
 """
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from engine.kernels.attention_ir import TILED_MIN_QUERIES
 def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                         scale: float | None = None, window: int = 0,
                         softcap: float = 0.0, flash_attn: bool = True,
-                        ring: int | None = None) -> np.ndarray:
+                        ring: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     """The numpy twin of AttentionKernel: the same switch between its functions."""
     if not flash_attn:
-        return attention_rounded_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring)
+        return attention_rounded_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring,
+                                           sinks)
     if q.shape[0] >= TILED_MIN_QUERIES:
-        return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap, ring)
-    return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring)
+        return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap, ring, sinks)
+    return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring,
+                                      sinks)
 
 
 def _visible_keys(n_q: int, pos0: int, n_rows: int, window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +48,7 @@ def _cap(s: np.ndarray, softcap: float) -> np.ndarray:
 def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                                pos0: int, scale: float | None = None, window: int = 0,
                                softcap: float = 0.0,
-    ring: int | None = None) -> np.ndarray:
+    ring: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     """Twin of the f16-accumulator function: online softmax with its f16 roundings, key by key.
 
     Vectorised over (query, head) items; float32 like the kernel, so the two agree to float
@@ -75,13 +78,20 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
         l = l * ms + vs
         acc = (acc * ms[..., None]).astype(np.float16).astype(np.float32)
         acc = (acc + v[None] * vs[..., None]).astype(np.float16).astype(np.float32)
+    if sinks is not None:  # one more key after the last, value 0, on the f32 accumulator
+        s = np.broadcast_to(sinks.astype(np.float32)[None, :], m.shape)
+        new_max = s > m
+        e = np.exp(np.where(new_max, m - s, s - m)).astype(np.float32)
+        ms = np.where(new_max, e, np.float32(1))
+        l = l * ms + np.where(new_max, np.float32(1), e)
+        acc = acc * ms[..., None]
     return (acc * (np.float32(1) / l)[..., None]).astype(np.float32)
 
 
 def attention_exact(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                     scale: float | None = None, window: int = 0,
                     softcap: float = 0.0,
-    ring: int | None = None) -> np.ndarray:
+    ring: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     """Exact softmax attention in float64: softmax(cap(q k^T * scale) + mask) v per head (the
     mask: causal, and the window when given)."""
     n_q, n_head, head_dim = q.shape
@@ -95,15 +105,28 @@ def attention_exact(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos
     kv_of_head = np.arange(n_head) // group
     s = np.einsum("qhd,khd->hqk", q.astype(np.float64), keys[:, kv_of_head]) * scale  # [n_head, n_q, n_keys]
     s = np.where(visible[None], _cap(s, softcap), -np.inf)
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
+    p = _softmax(s, sinks)
     return np.einsum("hqk,khd->qhd", p, values[:, kv_of_head]).astype(np.float32)
+
+
+def _softmax(s: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+    """softmax over the last axis of s [n_head, n_q, n_keys]; a head's sink is one more logit
+    in the denominator (its probability goes to a value of 0)."""
+    if sinks is None:
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        out: np.ndarray = p / p.sum(axis=-1, keepdims=True)
+        return out
+    sink = np.broadcast_to(sinks.astype(np.float64)[:, None, None], s.shape[:2] + (1,))
+    full = np.concatenate([s, sink], axis=-1)
+    p = np.exp(full - full.max(axis=-1, keepdims=True))
+    out = (p / p.sum(axis=-1, keepdims=True))[..., :-1]
+    return out
 
 
 def attention_rounded_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                                 pos0: int, scale: float | None = None, window: int = 0,
                                 softcap: float = 0.0,
-    ring: int | None = None) -> np.ndarray:
+    ring: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     """Twin of attention_rounded (llama.cpp without flash attention): attention_exact with q
     rounded to f16 before q . k and the normalised probabilities rounded to f16 before p . v."""
     n_q, n_head, head_dim = q.shape
@@ -116,6 +139,5 @@ def attention_rounded_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.
     q16 = q.astype(np.float16).astype(np.float64)
     s = np.einsum("qhd,khd->hqk", q16, keys) * scale               # [n_head, n_q, n_keys]
     s = np.where(visible[None], _cap(s, softcap), -np.inf)
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    p = (p / p.sum(axis=-1, keepdims=True)).astype(np.float16).astype(np.float64)
+    p = _softmax(s, sinks).astype(np.float16).astype(np.float64)
     return np.einsum("hqk,khd->qhd", p, values).astype(np.float32)

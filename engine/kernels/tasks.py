@@ -95,6 +95,7 @@ ATTENTION = _layout("f16acc:ptr", "exact:ptr", "q:ptr", "k_cache:ptr", "v_cache:
                     "scratch:ptr", "scratch_bytes:i64", "n_head:i64", "n_kv_head:i64",
                     "head_dim:i64", "scale:float", "group:i64", "window:i64", "ring:i64",
                     "softcap:float")
+ATTENTION_SINKS = Layout(ATTENTION.fields + (("sinks", "ptr"),))  # gpt-oss: + float* [n_head]
 
 M_TOKENS = STEP.offset("n_tokens")  # m_at values: which STEP count a task's rows follow
 M_OUT = STEP.offset("n_out")
@@ -372,12 +373,14 @@ def _task_rope_store(f16c: bool) -> str:
     return f.text()
 
 
-def _task_attention() -> str:
+def _task_attention(sinks: bool = False) -> str:
     """My segments (chunk c, items [w0, w1)) of STEP.segs[seg_start[tid] .. seg_start[tid+1]]:
     attention (engine.kernels.attention) of chunk c's queries against its slot's cache rows, the
-    exact function when the chunk has >= TILED_MIN_QUERIES queries, else the f16-accumulator one."""
-    f = IRFunction(f"void @task_attention{_SIG}")
-    a = ATTENTION.load(f, "%args")
+    exact function when the chunk has >= TILED_MIN_QUERIES queries, else the f16-accumulator one.
+    sinks: task_attention_sinks, whose functions take ATTENTION_SINKS' sinks last."""
+    f = IRFunction(f"void @task_attention{'_sinks' if sinks else ''}{_SIG}")
+    a = (ATTENTION_SINKS if sinks else ATTENTION).load(f, "%args")
+    sink_arg = f", ptr {a['sinks']}" if sinks else ""
     seg_start = f.load("ptr", "%step", STEP.offset("seg_start"), align=8)
     segs = f.load("ptr", "%step", STEP.offset("segs"), align=8)
     chunks = f.load("ptr", "%step", STEP.offset("chunks"), align=8)
@@ -403,7 +406,7 @@ def _task_attention() -> str:
              f"ptr {f.gep(a['v_cache'], kv_off)}, ptr {out}, ptr {scratch}, i64 {n_q}, "
              f"i64 {a['n_head']}, i64 {a['n_kv_head']}, i64 {a['head_dim']}, i64 {pos0}, "
              f"float {a['scale']}, i64 {w0}, i64 {w1}, i64 {a['window']}, i64 {a['ring']}, "
-             f"float {a['softcap']})")
+             f"float {a['softcap']}{sink_arg})")
 
     f.loop_range(s0, s1, segment)
     f.do("ret void")
@@ -435,6 +438,19 @@ class Tasks:
         out = np.empty(x.size, np.float16)
         self._to_f16(x.ctypes.data, out.ctypes.data, x.size)
         return out
+
+
+_sinks_task: list[int] = []
+
+
+def attention_sinks_task() -> int:
+    """The address of task_attention_sinks (ATTENTION_SINKS args), compiled once, in a module
+    of its own: the other families' tasks module stays as it was."""
+    with _tasks_lock:
+        if not _sinks_task:
+            lib = jit.compile_cached("tasks_attention_sinks", (), lambda: _task_attention(sinks=True))
+            _sinks_task.append(lib.address("task_attention_sinks"))
+        return _sinks_task[0]
 
 
 _tasks: dict[bool, Tasks] = {}

@@ -1,6 +1,8 @@
-"""The legacy types' tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL: 32-value blocks) against
-packed q8_0 / q8_1 activations. IQ4_NL is Q8_0 once its 4-bit indices are looked up in the
-codebook (one vpshufb), with q8_0 activations as llama.cpp pairs them.
+"""The legacy types' tiles (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL, MXFP4: 32-value blocks)
+against packed q8_0 / q8_1 activations. IQ4_NL and MXFP4 are Q8_0 once their 4-bit indices are
+looked up in their codebooks (one vpshufb), with q8_0 activations as llama.cpp pairs them;
+MXFP4's block scale is an E8M0 byte (2^(e - 128), ggml's GGML_E8M0_TO_FP32_HALF) where the
+others hold an f16 d, and its dot product is ggml_vec_dot_mxfp4_q8_0's, IQ4_NL's loop.
 
 Legacy types accumulate in llama.cpp's order (ggml_vec_dot_q4_1_q8_1 and friends on x86):
 per block one FMA into a single <8 x float> accumulator, the block-offset products summed
@@ -10,6 +12,7 @@ type (field offsets, zero point, activation format) come from its record, engine
 """
 from __future__ import annotations
 
+from engine.formats.quant_mx import SCALE_E8M0_HALF
 from engine.formats.quants import QuantType
 from engine.kernels.ir.consts import V8F, shuffle_mask
 from engine.kernels.ir.intdot import IntOps
@@ -20,6 +23,16 @@ from engine.kernels.matmul.quantizer import Packed
 # Tiles of at least this many rows compute a weight row's block scales in a pass of their own
 # (see LegacyTiles); smaller ones inline them (a pass costs more than it saves for one row).
 SCALE_BUFFER_ROWS = 4
+
+
+def e8m0_half(f: KernelFn, base: str, offset: int | str) -> str:
+    """The float 2^(e - 128) of the E8M0 byte at base + offset: (e - 1) << 23 as float bits, and
+    for e < 2 the subnormals 0x00200000 << e, as ggml's GGML_E8M0_TO_FP32_HALF."""
+    e = f.let(f"zext i8 {f.load('i8', base, offset)} to i32")
+    small = f.let(f"icmp ult i32 {e}, 2")
+    subnormal = f.let(f"shl i32 2097152, {e}")
+    normal = f.let(f"shl i32 {f.let(f'sub i32 {e}, 1')}, 23")
+    return f.let(f"bitcast i32 {f.let(f'select i1 {small}, i32 {subnormal}, i32 {normal}')} to float")
 
 
 class LegacyTiles:
@@ -59,6 +72,7 @@ class LegacyTiles:
         self.qs_at = t.offset("qs")
         self.qh_at = t.offset("qh") if t.has("qh") else None
         self.packed = Packed(f, t.act)
+        self.block_scale = e8m0_half if t.scale == SCALE_E8M0_HALF else KernelFn.f16_scalar
         self.scales = f.let(f"alloca float, i64 {f.mul('%nb', max_rows)}, align 32")  # [nb, rows]
 
     def _pairs(self, rows: int) -> int:
@@ -76,7 +90,7 @@ class LegacyTiles:
             return
 
         def per_block(b: str, _: list[str]) -> list[str]:
-            d = f.f16_scalar(w_row, f.mul(b, self.w_block_bytes))
+            d = self.block_scale(f, w_row, f.mul(b, self.w_block_bytes))
             dx = f.load(vn, self.packed.scale(tile.m0, b, 0), 0, 4)
             f.store(vn, f.let(f"fmul {vn} {f.splat_float(d, n)}, {dx}"), self.scales, f.mul(b, 4 * n), 4)
             return []
@@ -115,7 +129,7 @@ class LegacyTiles:
             scale_row = f.gep(self.scales, f.mul(b, 4 * n))
             if n < SCALE_BUFFER_ROWS:  # few rows: the scales in a register, splat by shuffles
                 if self.signed:
-                    d = f.f16_scalar(w, 0)
+                    d = self.block_scale(f, w, 0)
                 dx = f.load(vn, self.packed.scale(tile.m0, b, 0), 0, 4)
                 scales = f.let(f"fmul {vn} {f.splat_float(d, n)}, {dx}")
             else:
