@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.api import admin, anthropic, console, events
 from gateway.api import llama as llama_api
 from gateway.api import ollama as ollama_api
+from gateway.api import responses as responses_api
 from gateway.api.openai import routes
 from gateway.backends.metrics import UpstreamCollector
 from gateway.config import Config
@@ -107,7 +108,7 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
 
     app = Starlette(
         routes=(routes() + anthropic.routes() + admin.routes() + llama_api.routes()
-                + ollama_api.routes() + events.routes() + console.routes()),
+                + ollama_api.routes() + events.routes() + console.routes() + responses_api.routes()),
         lifespan=lifespan,
         exception_handlers=dict.fromkeys(HANDLED, handle_exception),
     )

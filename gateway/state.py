@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from starlette.applications import Starlette
 
 if TYPE_CHECKING:
+    from gateway.api.response_store import ResponseStore
     from gateway.config import Config
     from gateway.fleet.registry import Registry
     from gateway.fleet.router import Router
@@ -45,6 +46,7 @@ class GatewayState:
     stopping: bool = False            # shutdown began: /health answers 503
     startup_error: str | None = None  # why start-up failed (`modelyard serve` prints it)
     running: Running | None = None    # set by the lifespan
+    responses: ResponseStore | None = None  # previous_response_id's store, made on first use
 
     @property
     def registry(self) -> Registry:

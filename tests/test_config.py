@@ -427,8 +427,7 @@ def test_unknown_top_level_key_is_rejected(folder: Path) -> None:
     """)
     assert errors_of(path) == [f"{path}: listen: unknown key (known: host, port, "
                                "default_model, default_models, shutdown_timeout, registry, "
-                               "limits, auth, "
-                               "cors, defaults, models)"]
+                               "limits, auth, cors, responses, defaults, models)"]
 
 
 def test_unknown_model_key_is_rejected_but_llama_cpp_python_keys_warn(folder: Path) -> None:

@@ -31,9 +31,10 @@ from gateway.config.schema import (
            ModelEntry,
            ModelNotFoundError,
            RegistrySettings,
+           ResponsesSettings,
            default_config,
 )
 
 __all__ = ["ApiKey", "AuthSettings", "Config", "ConfigError", "CorsSettings", "LimitSettings",
-           "ModelEntry", "ModelNotFoundError", "RegistrySettings", "default_config",
+           "ModelEntry", "ModelNotFoundError", "RegistrySettings", "ResponsesSettings", "default_config",
            "load_config", "restart_needed"]

@@ -39,6 +39,7 @@ from gateway.config.schema import (
     LimitSettings,
     ModelEntry,
     RegistrySettings,
+    ResponsesSettings,
     ServerSettings,
     check_across_entries,
 )
@@ -110,6 +111,8 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
     auth = _validate(AuthSettings, _auth_section(data, base_dir, problems), ("auth",), problems)
     cors = _validate(CorsSettings, _section(data, "cors"), ("cors",), problems)
     limits = _validate(LimitSettings, _section(data, "limits"), ("limits",), problems)
+    responses = _validate(ResponsesSettings, _section(data, "responses"), ("responses",),
+                          problems)
     defaults = _prepare_defaults(_section(data, "defaults"), base_dir, problems)
 
     raw_models = data.get("models")
@@ -141,11 +144,11 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
     check_across_entries(
         seen, default_model if isinstance(default_model, str) and all_prepared else None, problems)
     if (problems.items or server is None or registry is None or auth is None or cors is None
-            or limits is None or None in entries or None in upstreams):
+            or limits is None or responses is None or None in entries or None in upstreams):
         return None
     try:
         return Config(**server.model_dump(), registry=registry, auth=auth, cors=cors,
-                      limits=limits,
+                      limits=limits, responses=responses,
                       models=[e for e in entries if e is not None],
                       upstreams=[e for e in upstreams if e is not None], source=source)
     except ValidationError as e:  # a check above missed something; still report, never crash

@@ -83,6 +83,19 @@ class LimitSettings(BaseModel):
         64 * 1024 * 1024, ge=1, description="most characters of prompt text; then 413")
 
 
+class ResponsesSettings(BaseModel):
+    """The store behind /v1/responses' previous_response_id (gateway/api/response_store.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store_entries: Annotated[int, LIVE] = Field(
+        256, ge=0, description="responses kept for previous_response_id; 0: stateless (a 400)")
+    store_bytes: Annotated[Size, LIVE] = Field(
+        64 * 1024 * 1024, ge=0, description="most bytes of conversation kept; oldest go first")
+    store_ttl: Annotated[Duration, LIVE] = Field(
+        3600.0, gt=0, description="how long a stored response can be continued")
+
+
 class EntrySettings(BaseModel):
     """The per-model keys that may also be given once under `defaults`."""
 
@@ -268,6 +281,7 @@ class Config(ServerSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     cors: CorsSettings = Field(default_factory=CorsSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     models: list[ModelEntry] = Field(default_factory=list, description="the models to serve")
     # entries with `upstream:` (gateway/config/upstream.py); the loader takes them from `models`
     upstreams: Annotated[list[UpstreamEntry], INTERNAL] = Field(default_factory=list)
