@@ -1,5 +1,5 @@
-"""Checks shared by the batching tests (tests/test_batching.py, tests/test_serve_gemma3.py): run a
-BatchRunner dry, the engine's one-sequence path as the expectation, and a tolerance for ties."""
+"""Checks shared by the batching tests (test_batching.py, test_serve_gemma3.py): run a BatchRunner
+dry, the engine's one-sequence path as the expectation, and a tolerance for ties."""
 from __future__ import annotations
 
 from typing import Any

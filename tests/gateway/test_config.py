@@ -13,8 +13,9 @@ from gateway.config import Config, ConfigError, ModelEntry, ModelNotFoundError, 
 from gateway.config.reload import RELOAD, RESTART, marked, unmarked
 from gateway.units import format_duration, format_size, parse_duration, parse_size
 from tests.support.ggufgen import write_servable
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 GiB, MiB = 1 << 30, 1 << 20
 
 

@@ -15,8 +15,9 @@ from gateway.api import admin
 from gateway.cli import _parser
 from gateway.config import load_config
 from tests.support.ggufgen import write_tiny_llama
+from tests.support.paths import REPO
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "kubernetes"
 
 

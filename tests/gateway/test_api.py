@@ -28,6 +28,7 @@ from gguf import GGMLQuantizationType
 
 from gateway.local.served_model import load_served_model
 from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
+from tests.support.paths import REPO
 from tests.support.refs import REFS_DIR
 from tests.support.servers import Server, free_port, rss_bytes, write_config
 
@@ -431,7 +432,7 @@ class TestIdleServer:
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=Path(__file__).parent.parent)
+                          timeout=timeout, cwd=REPO)
 
 
 def test_broken_config_lists_every_problem_and_exits_2(tmp_path, tiny_models):
@@ -458,7 +459,7 @@ def test_serve_command_answers_and_stops_on_sigterm(tmp_path, tiny_models):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config),
                              "--host", "127.0.0.1", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -481,7 +482,7 @@ def test_serve_command_answers_and_stops_on_sigterm(tmp_path, tiny_models):
 def test_serve_without_config_serves_smollm2(smollm2_path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -7,12 +7,12 @@ and LangChain's parsers. Errors are checked against OpenAI's error shape and sta
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import jsonschema
 import pytest
 
+from tests.support.paths import DATA
 from tests.support.schemas import SCHEMAS
 from tests.support.servers import Server, write_config
 
@@ -277,13 +277,13 @@ def test_langchain_with_structured_output_parses(chat_model, method):
 @pytest.fixture(scope="module")
 def qwen_server(tmp_path_factory):
     """A tiny random model served with Qwen2.5's template: the hermes family. (Qwen3's would let
-    a random model think forever: the <think> span is free; tests/test_tool_formats.py covers
+    a random model think forever: the <think> span is free; tests/gateway/test_tool_formats.py covers
     it.)"""
     from tests.support.ggufgen import write_tiny_llama
 
     d = tmp_path_factory.mktemp("qwen")
     model = write_tiny_llama(d / "tiny.gguf", seed=5)
-    template = Path(__file__).parent / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    template = DATA / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
     config = write_config(d / "modelyard.yaml", {"models": [
         {"model": str(model), "aliases": ["q"], "n_ctx": 2048, "chat_template": str(template)}]})
     srv = Server(config).start()

@@ -20,8 +20,9 @@ from gateway.config import ConfigError, load_config
 from gateway.config.json_schema import config_schema, schema_text
 from gateway.units import parse_duration, parse_size
 from tests.support.ggufgen import write_servable
+from tests.support.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 COMMITTED = ROOT / "examples" / "config.schema.json"
 
 

@@ -20,9 +20,8 @@ from gateway.fleet.watch import WatchOptions
 from gateway.fleet.zeroconf import config_for_dir, config_for_files, dir_loader
 from gateway.scan import main as scan_main
 from tests.support.ggufgen import write_tiny_llama
+from tests.support.paths import REPO
 from tests.support.servers import ThreadedServer
-
-REPO = Path(__file__).parent.parent
 
 
 @pytest.fixture(scope="module")

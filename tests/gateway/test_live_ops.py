@@ -31,11 +31,12 @@ from gateway.fleet.watch import WatchOptions
 from gateway.local.served_model import load_served_model
 from gateway.metrics import NULL_METRICS, MetricsSink, loader_with_metrics
 from tests.support.ggufgen import write_tiny_llama
+from tests.support.paths import REPO
 from tests.support.servers import ThreadedServer, free_port
 
 HOLD_TOKENS = 17
 TINY_SPECIAL = {"0": -100, "1": -100, "2": -100}  # the tiny models' special tokens, banned
-ROOT = Path(__file__).parent.parent
+ROOT = REPO
 
 
 # ------------------------------------------------------------------ models, loader, server

@@ -24,13 +24,14 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.fleet.watch import WatchOptions
 from tests.support.ggufgen import write_tiny_llama
+from tests.support.paths import REPO
 from tests.support.servers import ThreadedServer
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 CHROMIUM = next((p for p in (shutil.which("chromium"), "/usr/bin/chromium") if p and Path(p).exists()),
                 None)
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "console"
+ARTIFACTS = REPO / "test-artifacts" / "console"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

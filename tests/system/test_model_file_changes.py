@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
+from tests.support.paths import REPO
 from tests.support.servers import ServerProcess
 
 
@@ -35,7 +36,7 @@ def _mapped_megabyte(path: Path) -> str:
 
 def _run_child(script: str) -> subprocess.CompletedProcess[str]:
     """Run a script in a fresh interpreter that imports this checkout's engine."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, timeout=120)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +27,9 @@ from engine.tool_formats import (
 )
 from gateway.generation.tool_stream import ReplyReader
 from tests.support.fake_vocab import ByteVocabulary
+from tests.support.paths import DATA
 
-TEMPLATES = Path(__file__).parent / "data" / "templates"
+TEMPLATES = DATA / "templates"
 SPECIALS = ["<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "[TOOL_CALLS]",
             "[ARGS]", "<|start_header_id|>", "<|end_header_id|>", "<end_of_turn>"]
 VOCAB = ByteVocabulary(SPECIALS)
