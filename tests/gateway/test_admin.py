@@ -3,7 +3,6 @@ fake loader: models load instantly and report a queue, so every field can be che
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +10,9 @@ import pytest
 import yaml
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.config import Config, ModelEntry, load_config
+from gateway.config import Config, ModelEntry
 from gateway.state import app_state
+from tests.support.apps import Apps
 from tests.support.fakes import MB, Loader
 from tests.support.ggufgen import write_servable
 
@@ -29,10 +28,8 @@ def loader() -> Loader:
 
 
 @pytest.fixture
-def client(config_path: Path, loader: Loader) -> Iterator[TestClient]:
-    app = create_app(load_config(config_path), loader=loader)
-    with TestClient(app) as client:
-        yield client
+def client(apps: Apps, config_path: Path, loader: Loader) -> TestClient:
+    return apps.client(config_path, loader=loader)
 
 
 def rows(client: TestClient) -> dict[str, dict[str, Any]]:
@@ -169,10 +166,11 @@ def test_a_broken_file_keeps_the_running_config_and_status_shows_why(
     assert client.post("/admin/models/b/load").status_code == 200
 
 
-def test_a_config_built_in_code_cannot_be_reloaded(tmp_path: Path, loader: Loader) -> None:
+def test_a_config_built_in_code_cannot_be_reloaded(apps: Apps, tmp_path: Path,
+                                                   loader: Loader) -> None:
     write_servable(tmp_path / "a.gguf")
     config = Config(models=[ModelEntry(model=tmp_path / "a.gguf", aliases=["a"])])
-    with TestClient(create_app(config, loader=loader)) as client:
-        r = client.post("/admin/reload")
-        assert r.status_code == 422 and "no config file" in r.json()["errors"][0]
-        assert client.get("/admin/status").json()["config"] is None
+    client = apps.client(config, loader=loader)
+    r = client.post("/admin/reload")
+    assert r.status_code == 422 and "no config file" in r.json()["errors"][0]
+    assert client.get("/admin/status").json()["config"] is None

@@ -16,18 +16,15 @@ import pytest
 from starlette.testclient import TestClient
 
 from gateway.api import console
-from gateway.app import create_app
-from gateway.config import load_config
+from tests.support.apps import Apps
 from tests.support.fakes import Loader
-from tests.support.servers import ThreadedServer
 
 STATIC = Path(console.__file__).with_name("static")
 
 
 @pytest.fixture
-def client(config_path: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(load_config(config_path), loader=Loader())) as c:
-        yield c
+def client(apps: Apps, config_path: Path) -> TestClient:
+    return apps.client(config_path, loader=Loader())
 
 
 def test_the_page_is_served_at_root_and_ui_with_the_files_bytes(client: TestClient) -> None:
@@ -83,32 +80,28 @@ def _events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
             data.append(line[5:].lstrip())
 
 
-def test_events_send_models_and_status_then_every_change(config_path: Path) -> None:  # noqa: F811
-    server = ThreadedServer(create_app(load_config(config_path), loader=Loader()))
-    server.start_serving()
-    try:
-        with httpx.stream("GET", server.url + "/admin/events", timeout=10) as r:
-            assert r.headers["content-type"].startswith("text/event-stream")
-            events = _events(r)
-            first = dict(next(events) for _ in range(2))
-            assert first["models"] == httpx.get(server.url + "/admin/models").json()["data"]
-            status = httpx.get(server.url + "/admin/status").json()
-            status.pop("uptime_seconds")
-            assert first["status"] == status
-            assert [row["state"] for row in first["models"]] == ["unloaded", "unloaded"]
+def test_events_send_models_and_status_then_every_change(apps: Apps, config_path: Path) -> None:
+    server = apps.serve(config_path, loader=Loader())
+    with httpx.stream("GET", server.url + "/admin/events", timeout=10) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r)
+        first = dict(next(events) for _ in range(2))
+        assert first["models"] == httpx.get(server.url + "/admin/models").json()["data"]
+        status = httpx.get(server.url + "/admin/status").json()
+        status.pop("uptime_seconds")
+        assert first["status"] == status
+        assert [row["state"] for row in first["models"]] == ["unloaded", "unloaded"]
 
-            started = time.monotonic()
-            assert httpx.post(server.url + "/admin/models/b/load").status_code == 200
+        started = time.monotonic()
+        assert httpx.post(server.url + "/admin/models/b/load").status_code == 200
+        name, rows = next(events)
+        while not (name == "models" and rows[1]["state"] == "ready"):
             name, rows = next(events)
-            while not (name == "models" and rows[1]["state"] == "ready"):
-                name, rows = next(events)
-            assert time.monotonic() - started < 5
-            assert rows[1]["memory_bytes"] > 0 and rows[0]["state"] == "unloaded"
+        assert time.monotonic() - started < 5
+        assert rows[1]["memory_bytes"] > 0 and rows[0]["state"] == "unloaded"
 
-            httpx.post(server.url + "/admin/reload")
+        httpx.post(server.url + "/admin/reload")
+        name, data = next(events)
+        while not (name == "status" and data["last_reload"]):  # "loaded" changed first
             name, data = next(events)
-            while not (name == "status" and data["last_reload"]):  # "loaded" changed first
-                name, data = next(events)
-            assert data["last_reload"]["trigger"] == "admin" and data["last_reload"]["ok"]
-    finally:
-        server.stop()
+        assert data["last_reload"]["trigger"] == "admin" and data["last_reload"]["ok"]

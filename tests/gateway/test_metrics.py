@@ -8,12 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.config import Config, ModelEntry, RegistrySettings, load_config
+from gateway.config import Config, ModelEntry, RegistrySettings
 from gateway.fleet.registry import Registry
 from gateway.generation.events import Finished, TextDelta
 from gateway.metrics import (
@@ -24,6 +21,7 @@ from gateway.metrics import (
     RequestMetrics,
     loader_with_metrics,
 )
+from tests.support.apps import Apps
 from tests.support.fakes import FakeModel
 from tests.support.ggufgen import write_servable
 
@@ -227,19 +225,16 @@ def test_the_registry_counts_loads_failures_evictions_and_idle_unloads(tmp_path:
 
 # -------------------------------------------------------------------------------- the app
 
-def test_the_app_counts_requests_by_alias_route_and_status(tmp_path: Path) -> None:
+def test_the_app_counts_requests_by_alias_route_and_status(apps: Apps, tmp_path: Path) -> None:
     write_servable(tmp_path / "a.gguf")
-    path = tmp_path / "modelyard.yaml"
-    path.write_text(yaml.safe_dump({"models": [{"model": "a.gguf", "aliases": ["a", "a2"]}]}))
-    app = create_app(load_config(path), loader=FakeModel)
-    with TestClient(app) as client:
-        client.post("/admin/models/a2/load")
-        client.post("/admin/models/a2/load")
-        client.post("/v1/chat/completions", json={"model": "gpt-4", "messages": [
-            {"role": "user", "content": "hi"}]})
-        client.get("/no/such/page")
-        client.get("/v1/models")
-        r = client.get("/metrics")
+    client = apps.client({"models": [{"model": "a.gguf", "aliases": ["a", "a2"]}]}, loader=FakeModel)
+    client.post("/admin/models/a2/load")
+    client.post("/admin/models/a2/load")
+    client.post("/v1/chat/completions", json={"model": "gpt-4", "messages": [
+        {"role": "user", "content": "hi"}]})
+    client.get("/no/such/page")
+    client.get("/v1/models")
+    r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"] == CONTENT_TYPE_LATEST
     s = parse(r.text)
     assert value(s, "modelyard_requests_total", model="a2", status="200",

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 import yaml
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-from starlette.testclient import TestClient
 
 from engine.gguf import ModelLoadError, read_header
-from gateway.app import create_app
 from gateway.config import load_config
 from gateway.scan import FoundModel, assign_aliases, clean_name, format_count, main, scan_dir
+from tests.support.apps import Apps
 from tests.support.ggufgen import write_tiny_llama
 
 Q = GGMLQuantizationType
@@ -268,23 +267,23 @@ def test_yaml_and_toml_entries_carry_a_comment(written: Path, model_dir: Path) -
     assert any("Q8_0, split in 3 parts, chat template: yes" in line for line in lines)
 
 
-def test_written_config_serves_every_model(written: Path, model_dir: Path) -> None:
+def test_written_config_serves_every_model(apps: Apps, written: Path, model_dir: Path) -> None:
     config = load_config(written)
     served = config.models
     assert len(served) == 3  # both models and the split one
     assert (model_dir / SPLIT_PARTS[0]).resolve() in {e.model for e in served}
-    with TestClient(create_app(config)) as client:
-        listed = [m["id"] for m in client.get("/v1/models").json()["data"]]
-        assert listed == config.aliases()
-        for entry in served:
-            for alias in entry.aliases:
-                r = client.post("/v1/chat/completions", json={
-                    "model": alias, "max_tokens": 3, "temperature": 0,
-                    "messages": [{"role": "user", "content": "hello there"}]})
-                assert r.status_code == 200, r.text
-                body = r.json()
-                assert body["model"] == alias
-                assert body["usage"]["completion_tokens"] >= 1
+    client = apps.client(config)
+    listed = [m["id"] for m in client.get("/v1/models").json()["data"]]
+    assert listed == config.aliases()
+    for entry in served:
+        for alias in entry.aliases:
+            r = client.post("/v1/chat/completions", json={
+                "model": alias, "max_tokens": 3, "temperature": 0,
+                "messages": [{"role": "user", "content": "hello there"}]})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["model"] == alias
+            assert body["usage"]["completion_tokens"] >= 1
 
 
 def test_stdout_config_has_absolute_paths(model_dir: Path, tmp_path: Path,
