@@ -14,13 +14,12 @@ import openai
 import pytest
 import yaml
 
-from gateway.app import create_app
-from gateway.config import load_config
 from tests.support.ggufgen import write_tiny_llama
-from tests.support.servers import ThreadedServer
+from tests.support.servers import Server
 
 ALICE, BOB, ADMIN = "sk-alice-0123456789", "sk-bob-abcdefghij", "sk-admin-zyxwvut"
 NO_EOG = {"0": -100, "1": -100, "2": -100}  # the tiny model's special tokens, banned
+READY = "/health"  # the one path that needs no key
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +28,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_tiny_llama(d / "a.gguf", seed=1), write_tiny_llama(d / "b.gguf", seed=2)
 
 
-def serve(config_path: Path) -> ThreadedServer:
-    srv = ThreadedServer(create_app(load_config(config_path)))
-    srv.ready_path = "/health"
-    srv.start_serving()
-    return srv
-
-
 @pytest.fixture(scope="module")
-def server(models, tmp_path_factory, monkeypatch_module) -> Any:
+def server(models, module_apps, tmp_path_factory, monkeypatch_module) -> Any:
     a, b = models
     d = tmp_path_factory.mktemp("cfg")
     (d / "bob.key").write_text(BOB + "\n")
@@ -52,9 +44,7 @@ def server(models, tmp_path_factory, monkeypatch_module) -> Any:
         "cors": {"allow_origins": ["http://app.example"]},
         "models": [{"model": str(a), "aliases": ["a", "a-too"], "n_ctx": 128},
                    {"model": str(b), "aliases": ["b"], "n_ctx": 128}]}))
-    srv = serve(config)
-    yield srv
-    srv.stop()
+    return module_apps.serve(config, ready_path=READY)
 
 
 @pytest.fixture(scope="module")
@@ -125,22 +115,19 @@ def test_health_and_metrics_stay_public_and_metrics_name_keys_never_values(serve
         assert secret not in text
 
 
-def test_requests_per_minute_is_429_with_retry_after(models, tmp_path):
+def test_requests_per_minute_is_429_with_retry_after(apps, models, tmp_path):
     a, _ = models
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"auth": {"keys": [
         {"name": "carol", "key": "sk-carol", "requests_per_minute": 2}]},
         "models": [{"model": str(a), "aliases": ["a"], "n_ctx": 64}]}))
-    srv = serve(config)
-    try:
-        carol = client(srv, "sk-carol")
-        chat(carol), chat(carol)
-        with pytest.raises(openai.RateLimitError) as err:
-            chat(carol)
-        assert err.value.body["code"] == "rate_limit_exceeded"
-        assert 1 <= int(err.value.response.headers["Retry-After"]) <= 60
-    finally:
-        srv.stop()
+    srv = apps.serve(config, ready_path=READY)
+    carol = client(srv, "sk-carol")
+    chat(carol), chat(carol)
+    with pytest.raises(openai.RateLimitError) as err:
+        chat(carol)
+    assert err.value.body["code"] == "rate_limit_exceeded"
+    assert 1 <= int(err.value.response.headers["Retry-After"]) <= 60
 
 
 def test_max_concurrent_is_429_while_the_keys_other_request_runs(server):
@@ -176,17 +163,14 @@ def test_keys_are_never_logged(server, caplog):
     assert ALICE not in logged and "sk-guess" not in logged
 
 
-def test_llama_cpp_pythons_api_key_is_enforced(models, tmp_path):
+def test_llama_cpp_pythons_api_key_is_enforced(apps, models, tmp_path):
     a, _ = models
     config = tmp_path / "llama.json"
     config.write_text(f'{{"api_key": "sk-one", "models": [{{"model": "{a}", "model_alias": "a"}}]}}')
-    srv = serve(config)
-    try:
-        with pytest.raises(openai.AuthenticationError):
-            chat(client(srv, "wrong"))
-        assert chat(client(srv, "sk-one")).model == "a"
-    finally:
-        srv.stop()
+    srv = apps.serve(config, ready_path=READY)
+    with pytest.raises(openai.AuthenticationError):
+        chat(client(srv, "wrong"))
+    assert chat(client(srv, "sk-one")).model == "a"
 
 
 # ------------------------------------------------------------------ CORS
@@ -206,57 +190,51 @@ def test_cors_preflight_and_responses_for_allowed_origins_only(server):
     assert r.headers["access-control-allow-origin"] == "http://app.example"
 
 
-def test_no_cors_headers_without_cors_config(models, tmp_path):
+def test_no_cors_headers_without_cors_config(apps, models, tmp_path):
     a, _ = models
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"models": [{"model": str(a), "aliases": ["a"]}]}))
-    srv = serve(config)
-    try:
-        r = httpx.get(srv.url + "/v1/models", headers={"Origin": "http://app.example"})
-        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
-        pre = httpx.options(srv.url + "/v1/models", headers={
-            "Origin": "http://app.example", "Access-Control-Request-Method": "GET"})
-        assert "access-control-allow-origin" not in pre.headers
-    finally:
-        srv.stop()
+    srv = apps.serve(config, ready_path=READY)
+    r = httpx.get(srv.url + "/v1/models", headers={"Origin": "http://app.example"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    pre = httpx.options(srv.url + "/v1/models", headers={
+        "Origin": "http://app.example", "Access-Control-Request-Method": "GET"})
+    assert "access-control-allow-origin" not in pre.headers
 
 
 # ------------------------------------------------------------------ keep_alive
 
-def state_of(srv: ThreadedServer, alias: str) -> dict[str, Any]:
+def state_of(srv: Server, alias: str) -> dict[str, Any]:
     rows = httpx.get(srv.url + "/admin/models").json()["data"]
     return next(r for r in rows if alias in r["aliases"])
 
 
-def wait_state(srv: ThreadedServer, alias: str, state: str, timeout: float = 10) -> None:
+def wait_state(srv: Server, alias: str, state: str, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while state_of(srv, alias)["state"] != state:
         assert time.monotonic() < deadline, state_of(srv, alias)
         time.sleep(0.05)
 
 
-def test_keep_alive_0_unloads_after_the_request_and_minus_1_keeps_it(models, tmp_path):
+def test_keep_alive_0_unloads_after_the_request_and_minus_1_keeps_it(apps, models, tmp_path):
     a, _ = models
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"registry": {"idle_timeout": "1s"},
                                       "models": [{"model": str(a), "aliases": ["a"], "n_ctx": 64}]}))
-    srv = serve(config)
+    srv = apps.serve(config, ready_path=READY)
     c = client(srv, "x")
-    try:
-        chat(c, extra_body={"keep_alive": 0})
-        wait_state(srv, "a", "unloaded", timeout=5)
-        chat(c, extra_body={"keep_alive": -1})
-        time.sleep(2.0)  # twice the idle timeout
-        assert state_of(srv, "a")["state"] == "ready" and state_of(srv, "a")["keep_alive"] == -1
-        chat(c, extra_body={"keep_alive": "300ms"})  # a duration, as Ollama takes it
-        wait_state(srv, "a", "unloaded", timeout=5)
-        chat(c)  # none: the config's idle_timeout again
-        assert state_of(srv, "a")["keep_alive"] is None
-        with pytest.raises(openai.BadRequestError) as err:
-            chat(c, extra_body={"keep_alive": "soon"})
-        assert err.value.body["param"] == "keep_alive"
-    finally:
-        srv.stop()
+    chat(c, extra_body={"keep_alive": 0})
+    wait_state(srv, "a", "unloaded", timeout=5)
+    chat(c, extra_body={"keep_alive": -1})
+    time.sleep(2.0)  # twice the idle timeout
+    assert state_of(srv, "a")["state"] == "ready" and state_of(srv, "a")["keep_alive"] == -1
+    chat(c, extra_body={"keep_alive": "300ms"})  # a duration, as Ollama takes it
+    wait_state(srv, "a", "unloaded", timeout=5)
+    chat(c)  # none: the config's idle_timeout again
+    assert state_of(srv, "a")["keep_alive"] is None
+    with pytest.raises(openai.BadRequestError) as err:
+        chat(c, extra_body={"keep_alive": "soon"})
+    assert err.value.body["param"] == "keep_alive"
 
 
 def test_the_console_page_loads_without_a_key_but_its_admin_calls_need_one(server):

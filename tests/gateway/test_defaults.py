@@ -5,16 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import yaml
 
-from gateway.app import create_app
 from gateway.config import load_config
 from gateway.generation import defaults
 from gateway.local.served_model import load_served_model
+from tests.support.apps import Apps
 from tests.support.ggufgen import write_tiny_llama
-from tests.support.servers import ThreadedServer
 
 
 def test_gguf_sampling_keys_are_read_and_nonsense_is_ignored() -> None:
@@ -42,7 +40,7 @@ def recording_loader(seen: list[Any]) -> Any:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def server(module_apps: Apps, tmp_path_factory: pytest.TempPathFactory) -> Any:
     d = tmp_path_factory.mktemp("defaults")
     hinted = write_tiny_llama(d / "hinted.gguf", seed=3, metadata={
         "general.sampling.temp": 0.3, "general.sampling.top_k": 7})
@@ -56,12 +54,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
              "temperature": 0.0, "seed": 42},
         ]}))
     seen: list[Any] = []
-    srv = ThreadedServer(create_app(load_config(config), loader=recording_loader(seen)))
-    srv.start_serving()
+    srv = module_apps.serve(config, loader=recording_loader(seen))
     srv.seen = seen  # type: ignore[attr-defined]
-    srv.client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+    return srv
 
 
 def last_request(server: Any) -> Any:

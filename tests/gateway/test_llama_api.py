@@ -11,12 +11,9 @@ from typing import Any
 import openai
 import pytest
 import requests
-import yaml
 
-from gateway.app import create_app
-from gateway.config import load_config
+from tests.support.apps import Apps
 from tests.support.refs import REFS_DIR
-from tests.support.servers import ThreadedServer
 
 pytestmark = pytest.mark.real_model
 
@@ -47,17 +44,13 @@ class LlamaClient:
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    path = tmp_path_factory.mktemp("llama") / "modelyard.yaml"
-    path.write_text(yaml.safe_dump({"models": [{
+def server(smollm2_path: Path, module_apps: Apps) -> Any:
+    srv = module_apps.serve({"models": [{
         "model": str(smollm2_path), "aliases": ["smollm2", "smol"], "n_ctx": 1024,
-        "n_parallel": N_PARALLEL}]}))
-    srv = ThreadedServer(create_app(load_config(path)))
-    srv.start_serving()
+        "n_parallel": N_PARALLEL}]})
     srv.llama = LlamaClient(srv.url)  # type: ignore[attr-defined]
     srv.openai = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)  # type: ignore[attr-defined]
-    yield srv
-    srv.stop()
+    return srv
 
 
 GREEDY_BODY = {"temperature": 0, "repeat_penalty": 1.0, "n_predict": 64, "return_tokens": True}

@@ -6,7 +6,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.app import create_app
 from gateway.backends.health import Failure, Health, HealthState, Stats
 from gateway.backends.pool import Pool
 from gateway.config import Config, ConfigError, load_config
 from gateway.config.upstream import UpstreamEntry
+from tests.support.apps import Apps
 from tests.support.servers import ThreadedServer, free_port
 
 KEY = "sk-upstream-secret-123"
@@ -74,27 +74,14 @@ class Scripted:
 
 
 @pytest.fixture
-def upstreams() -> Iterator[list[tuple[Scripted, ThreadedServer]]]:
-    started = []
-    for name in ("a", "b"):
-        scripted = Scripted(name)
-        server = ThreadedServer(scripted.app)
-        server.start_serving()
-        started.append((scripted, server))
-    try:
-        yield started
-    finally:
-        for _, server in started:
-            server.stop()
+def upstreams(apps: Apps) -> list[tuple[Scripted, ThreadedServer]]:
+    """Two scripted servers; opened before any front, so `apps` stops them after it."""
+    return [(scripted, apps.host(scripted.app)) for scripted in (Scripted("a"), Scripted("b"))]
 
 
-def _front(tmp_path: Path, models: list[dict[str, Any]], **top: Any) -> ThreadedServer:
-    path = tmp_path / "front.yaml"
-    path.write_text(yaml.safe_dump({**top, "models": models}))
-    server = ThreadedServer(create_app(load_config(path)))
-    server.ready_path = "/health"  # public with auth configured too
-    server.start_serving()
-    return server
+def _front(apps: Apps, models: list[dict[str, Any]], **top: Any) -> ThreadedServer:
+    return apps.serve({**top, "models": models},
+                      ready_path="/health")  # public with auth configured too
 
 
 def _chat(url: str, model: str, **extra: Any) -> httpx.Response:
@@ -165,196 +152,165 @@ def test_an_upstream_alias_must_not_repeat_a_local_one(tmp_path: Path) -> None:
 # -- forwarding ------------------------------------------------------------------------------
 
 def test_the_body_goes_upstream_as_received_with_the_configured_key_and_headers(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (a, server), _ = upstreams
-    front = _front(tmp_path, [{"aliases": ["chat"], "upstream": {
+    front = _front(apps, [{"aliases": ["chat"], "upstream": {
         "url": server.url, "api_key": KEY, "headers": {"X-Team": "search"}}}])
-    try:
-        raw = (b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}], '
-               b'"vendor_field": {"beam": 4},   "temperature": 0.5}')
-        r = httpx.post(front.url + "/v1/chat/completions", content=raw,
-                       headers={"Content-Type": "application/json",
-                                "Authorization": "Bearer client-key"})
-        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "from a"
-        headers, body = a.received[-1]
-        assert body == raw  # byte for byte: fields modelyard does not parse arrive
-        assert headers["authorization"] == f"Bearer {KEY}"  # ours, not the client's
-        assert headers["x-team"] == "search"
-    finally:
-        front.stop()
+    raw = (b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}], '
+           b'"vendor_field": {"beam": 4},   "temperature": 0.5}')
+    r = httpx.post(front.url + "/v1/chat/completions", content=raw,
+                   headers={"Content-Type": "application/json",
+                            "Authorization": "Bearer client-key"})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "from a"
+    headers, body = a.received[-1]
+    assert body == raw  # byte for byte: fields modelyard does not parse arrive
+    assert headers["authorization"] == f"Bearer {KEY}"  # ours, not the client's
+    assert headers["x-team"] == "search"
 
 
 def test_a_configured_upstream_model_replaces_only_the_model_field(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (a, server), _ = upstreams
-    front = _front(tmp_path, [{"aliases": ["chat"], "upstream": {
+    front = _front(apps, [{"aliases": ["chat"], "upstream": {
         "url": server.url, "model": "meta/llama-3"}}])
-    try:
-        assert _chat(front.url, "chat", seed=7, vendor={"x": [1, 2]}).status_code == 200
-        sent = json.loads(a.received[-1][1])
-        assert sent == {"model": "meta/llama-3", "messages": [{"role": "user", "content": "hi"}],
-                        "seed": 7, "vendor": {"x": [1, 2]}}
-    finally:
-        front.stop()
+    assert _chat(front.url, "chat", seed=7, vendor={"x": [1, 2]}).status_code == 200
+    sent = json.loads(a.received[-1][1])
+    assert sent == {"model": "meta/llama-3", "messages": [{"role": "user", "content": "hi"}],
+                    "seed": 7, "vendor": {"x": [1, 2]}}
 
 
 def test_upstream_errors_keep_openai_shape_name_the_backend_and_mask_its_key(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (a, server), _ = upstreams
     a.status = 400
     a.error_body = {"error": {"message": f"bad key {KEY} or bad request", "type":
                               "invalid_request_error", "param": "messages", "code": "bad"}}
-    front = _front(tmp_path, [{"aliases": ["chat"], "upstream": {
+    front = _front(apps, [{"aliases": ["chat"], "upstream": {
         "url": server.url, "api_key": KEY, "name": "gpu-a"}}])
-    try:
-        r = _chat(front.url, "chat")
-        assert r.status_code == 400 and len(a.received) == 1  # a 400 is not retried
-        error = r.json()["error"]
-        assert error["message"] == "upstream gpu-a answered 400: bad key *** or bad request"
-        assert (error["type"], error["param"], error["code"]) == (
-            "invalid_request_error", "messages", "bad")
-        assert KEY not in r.text
-    finally:
-        front.stop()
+    r = _chat(front.url, "chat")
+    assert r.status_code == 400 and len(a.received) == 1  # a 400 is not retried
+    error = r.json()["error"]
+    assert error["message"] == "upstream gpu-a answered 400: bad key *** or bad request"
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error", "messages", "bad")
+    assert KEY not in r.text
 
 
 def test_a_503_before_any_byte_is_retried_on_the_other_server(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (a, server_a), (b, server_b) = upstreams
     a.status = 503
-    front = _front(tmp_path, [{"aliases": ["chat"], "balance": "round_robin",
+    front = _front(apps, [{"aliases": ["chat"], "balance": "round_robin",
                                "upstream": [{"url": server_a.url, "name": "a"},
                                             {"url": server_b.url, "name": "b"}]}])
-    try:
-        r = _chat(front.url, "chat", stream=True)
-        assert r.status_code == 200 and r.headers["x-modelyard-backend"] == "b"
-        assert r.text.endswith("data: [DONE]\n\n") and len(a.received) == 1
-        # a was marked unhealthy: the next requests skip it
-        for _ in range(3):
-            assert _chat(front.url, "chat").headers["x-modelyard-backend"] == "b"
-        assert len(a.received) == 1
-        b.status = 503  # both down: the one retry, then the error names the last one tried
-        r = _chat(front.url, "chat")
-        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
-        assert r.json()["error"]["message"].startswith("upstream ")
-    finally:
-        front.stop()
+    r = _chat(front.url, "chat", stream=True)
+    assert r.status_code == 200 and r.headers["x-modelyard-backend"] == "b"
+    assert r.text.endswith("data: [DONE]\n\n") and len(a.received) == 1
+    # a was marked unhealthy: the next requests skip it
+    for _ in range(3):
+        assert _chat(front.url, "chat").headers["x-modelyard-backend"] == "b"
+    assert len(a.received) == 1
+    b.status = 503  # both down: the one retry, then the error names the last one tried
+    r = _chat(front.url, "chat")
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+    assert r.json()["error"]["message"].startswith("upstream ")
 
 
-def test_an_unreachable_server_is_a_502_naming_it(tmp_path: Path) -> None:
-    front = _front(tmp_path, [{"aliases": ["chat"], "upstream": {
+def test_an_unreachable_server_is_a_502_naming_it(apps: Apps) -> None:
+    front = _front(apps, [{"aliases": ["chat"], "upstream": {
         "url": f"http://127.0.0.1:{free_port()}", "name": "gone", "api_key": KEY}}])
-    try:
-        r = _chat(front.url, "chat")
-        error = r.json()["error"]
-        assert r.status_code == 502 and error["code"] == "upstream_unavailable"
-        assert error["message"].startswith("upstream gone: cannot connect")
-        assert KEY not in r.text
-    finally:
-        front.stop()
+    r = _chat(front.url, "chat")
+    error = r.json()["error"]
+    assert r.status_code == 502 and error["code"] == "upstream_unavailable"
+    assert error["message"].startswith("upstream gone: cannot connect")
+    assert KEY not in r.text
 
 
 def test_a_client_leaving_mid_stream_closes_the_upstream_stream(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (a, server), _ = upstreams
     a.stream_delay = 0.2  # 50 chunks: 10 s if nobody stops it
-    front = _front(tmp_path, [{"aliases": ["chat"], "upstream": {"url": server.url}}])
-    try:
-        with httpx.stream("POST", front.url + "/v1/chat/completions", json={
-                "model": "chat", "stream": True, "messages": []}) as r:
-            assert next(r.iter_lines()).startswith("data: ")
-        started = time.monotonic()
-        assert a.stream_ended.wait(5)
-        assert time.monotonic() - started < 3  # ended by the disconnect, not by running out
-        rows = httpx.get(front.url + "/admin/models").json()["data"]
-        assert rows[0]["in_flight"] == 0
-    finally:
-        front.stop()
+    front = _front(apps, [{"aliases": ["chat"], "upstream": {"url": server.url}}])
+    with httpx.stream("POST", front.url + "/v1/chat/completions", json={
+            "model": "chat", "stream": True, "messages": []}) as r:
+        assert next(r.iter_lines()).startswith("data: ")
+    started = time.monotonic()
+    assert a.stream_ended.wait(5)
+    assert time.monotonic() - started < 3  # ended by the disconnect, not by running out
+    rows = httpx.get(front.url + "/admin/models").json()["data"]
+    assert rows[0]["in_flight"] == 0
 
 
 def test_discovered_aliases_are_listed_and_served(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (a, server), _ = upstreams
-    front = _front(tmp_path, [{"upstream": {"url": server.url, "discover": True, "name": "a"}}])
-    try:
-        ids = [m["id"] for m in httpx.get(front.url + "/v1/models").json()["data"]]
-        assert ids == ["a-model"]
-        r = _chat(front.url, "a-model")
-        assert r.status_code == 200 and json.loads(a.received[-1][1])["model"] == "a-model"
-        assert httpx.get(front.url + "/v1/models/a-model").json()["owned_by"] == "upstream a"
-        missing = _chat(front.url, "nothing")
-        assert missing.status_code == 404 and "a-model" in missing.json()["error"]["message"]
-    finally:
-        front.stop()
+    front = _front(apps, [{"upstream": {"url": server.url, "discover": True, "name": "a"}}])
+    ids = [m["id"] for m in httpx.get(front.url + "/v1/models").json()["data"]]
+    assert ids == ["a-model"]
+    r = _chat(front.url, "a-model")
+    assert r.status_code == 200 and json.loads(a.received[-1][1])["model"] == "a-model"
+    assert httpx.get(front.url + "/v1/models/a-model").json()["owned_by"] == "upstream a"
+    missing = _chat(front.url, "nothing")
+    assert missing.status_code == 404 and "a-model" in missing.json()["error"]["message"]
 
 
 def test_a_key_limited_to_some_models_may_not_use_other_upstream_aliases(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (_, server), _ = upstreams
-    front = _front(tmp_path, [{"aliases": ["chat"], "upstream": {"url": server.url}},
+    front = _front(apps, [{"aliases": ["chat"], "upstream": {"url": server.url}},
                               {"aliases": ["other"], "upstream": {"url": server.url}}],
                    auth={"keys": [{"name": "k", "key": "sk-client", "models": ["chat"]}]})
-    try:
-        auth = {"Authorization": "Bearer sk-client"}
-        body = {"messages": [{"role": "user", "content": "hi"}]}
-        ok = httpx.post(front.url + "/v1/chat/completions", headers=auth,
-                        json={**body, "model": "chat"})
-        refused = httpx.post(front.url + "/v1/chat/completions", headers=auth,
-                             json={**body, "model": "other"})
-        assert ok.status_code == 200
-        assert refused.status_code == 403 and refused.json()["error"]["code"] == (
-            "model_not_allowed")
-        listed = httpx.get(front.url + "/v1/models", headers=auth).json()["data"]
-        assert [m["id"] for m in listed] == ["chat"]
-    finally:
-        front.stop()
+    auth = {"Authorization": "Bearer sk-client"}
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    ok = httpx.post(front.url + "/v1/chat/completions", headers=auth,
+                    json={**body, "model": "chat"})
+    refused = httpx.post(front.url + "/v1/chat/completions", headers=auth,
+                         json={**body, "model": "other"})
+    assert ok.status_code == 200
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == (
+        "model_not_allowed")
+    listed = httpx.get(front.url + "/v1/models", headers=auth).json()["data"]
+    assert [m["id"] for m in listed] == ["chat"]
 
 
 def test_metrics_show_each_upstream_server(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (_, server), _ = upstreams
-    front = _front(tmp_path, [{"aliases": ["chat"], "upstream": {"url": server.url,
+    front = _front(apps, [{"aliases": ["chat"], "upstream": {"url": server.url,
                                                                  "name": "a"}}])
-    try:
-        _chat(front.url, "chat")
-        text = httpx.get(front.url + "/metrics").text
-        assert 'modelyard_upstream_healthy{backend="a"} 1.0' in text
-        assert 'modelyard_upstream_requests_total{backend="a"} 1.0' in text
-        assert 'modelyard_upstream_first_byte_seconds_count{backend="a"} 1.0' in text
-        assert 'modelyard_upstream_errors_total{backend="a",kind="connect"} 0.0' in text
-    finally:
-        front.stop()
+    _chat(front.url, "chat")
+    text = httpx.get(front.url + "/metrics").text
+    assert 'modelyard_upstream_healthy{backend="a"} 1.0' in text
+    assert 'modelyard_upstream_requests_total{backend="a"} 1.0' in text
+    assert 'modelyard_upstream_first_byte_seconds_count{backend="a"} 1.0' in text
+    assert 'modelyard_upstream_errors_total{backend="a",kind="connect"} 0.0' in text
 
 
 # -- hot reload ------------------------------------------------------------------------------
 
 def test_a_reload_moves_new_requests_while_running_ones_finish_on_the_old_server(
-        tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
+        apps: Apps, tmp_path: Path, upstreams: list[tuple[Scripted, ThreadedServer]]) -> None:
     (a, server_a), (_, server_b) = upstreams
     a.stream_delay = 0.02  # about a second
     path = tmp_path / "front.yaml"
     path.write_text(yaml.safe_dump({"models": [
         {"aliases": ["chat"], "upstream": {"url": server_a.url, "name": "a"}}]}))
-    front = ThreadedServer(create_app(load_config(path)))
-    front.start_serving()
-    try:
-        with httpx.stream("POST", front.url + "/v1/chat/completions", timeout=10, json={
-                "model": "chat", "stream": True, "messages": []}) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
-            path.write_text(yaml.safe_dump({"models": [
-                {"aliases": ["chat"], "upstream": {"url": server_b.url, "name": "b"}}]}))
-            assert httpx.post(front.url + "/admin/reload").status_code == 200
-            assert _chat(front.url, "chat").headers["x-modelyard-backend"] == "b"
-            rest = [line for line in lines if line]
-        assert rest[-1] == "data: [DONE]" and '"a49 "' in rest[-2]  # all of it, from a
-        deadline = time.monotonic() + 5
-        while any(row["name"] == "a" for row in httpx.get(front.url + "/admin/models").json()[
-                "data"]):  # retired once its request is done
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    finally:
-        front.stop()
+    front = apps.serve(path)
+    with httpx.stream("POST", front.url + "/v1/chat/completions", timeout=10, json={
+            "model": "chat", "stream": True, "messages": []}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        path.write_text(yaml.safe_dump({"models": [
+            {"aliases": ["chat"], "upstream": {"url": server_b.url, "name": "b"}}]}))
+        assert httpx.post(front.url + "/admin/reload").status_code == 200
+        assert _chat(front.url, "chat").headers["x-modelyard-backend"] == "b"
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]" and '"a49 "' in rest[-2]  # all of it, from a
+    deadline = time.monotonic() + 5
+    while any(row["name"] == "a" for row in httpx.get(front.url + "/admin/models").json()[
+            "data"]):  # retired once its request is done
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 # -- pools and health (no I/O) ------------------------------------------------------------------

@@ -8,54 +8,37 @@ and X-Modelyard-Backend says which member served.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from gateway.app import create_app
-from gateway.config import load_config
+from tests.support.apps import Apps
 from tests.support.ggufgen import write_tiny_llama
-from tests.support.servers import ThreadedServer
 
 GREEDY = {"n_predict": 12, "temperature": 0, "ignore_eos": True, "prompt": "The quick brown"}
 
 
 class Servers:
-    def __init__(self, tmp: Path) -> None:
-        model = write_tiny_llama(tmp / "tiny.gguf", seed=8, n_ctx_train=1024)
-        backend = tmp / "backend.yaml"
-        backend.write_text(yaml.safe_dump({"models": [
-            {"model": str(model), "aliases": ["tiny"], "n_ctx": 512}]}))
-        self.backend = ThreadedServer(create_app(load_config(backend)))
-        self.backend.start_serving()
-        front = tmp / "front.yaml"
-        front.write_text(yaml.safe_dump({"models": [
+    """A backend gateway and a front one routing to it; `apps` stops them, the front first."""
+
+    def __init__(self, apps: Apps) -> None:
+        model = write_tiny_llama(apps.folder / "tiny.gguf", seed=8, n_ctx_train=1024)
+        self.backend = apps.serve({"models": [
+            {"model": str(model), "aliases": ["tiny"], "n_ctx": 512}]})
+        self.front = apps.serve({"models": [
             {"model": str(model), "aliases": ["tiny-local"], "n_ctx": 512},
             {"aliases": ["direct"], "upstream": {"url": self.backend.url + "/v1", "model": "tiny",
                                                  "name": "b1"}},
             {"aliases": ["pool"], "balance": "round_robin",
              "upstream": [{"url": self.backend.url + "/v1", "model": "tiny", "name": "b1-pool"},
                           {"local": "tiny-local"}]},
-        ]}))
-        self.front = ThreadedServer(create_app(load_config(front)))
-        self.front.start_serving()
-
-    def close(self) -> None:
-        self.front.stop()
-        self.backend.stop()
+        ]})
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    s = Servers(tmp_path_factory.mktemp("completion"))
-    try:
-        yield s
-    finally:
-        s.close()
+def servers(module_apps: Apps) -> Servers:
+    return Servers(module_apps)
 
 
 def _completion(url: str, **body: Any) -> httpx.Response:

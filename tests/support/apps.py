@@ -1,5 +1,6 @@
 """The gateway for a config, one way for every test: as an app, behind Starlette's TestClient
-(in process, lifespan run) or served by Hypercorn on a loopback port (tests/support/servers.py).
+(in process, lifespan run) or served by Hypercorn on a loopback port (tests/support/servers.py);
+and any other ASGI app (a scripted upstream) hosted the same way.
 
 A config is given as a path, YAML text, a dict or a Config; text and dicts are written to a file
 in the folder first, so relative model paths resolve against it as they would for a user's file.
@@ -20,7 +21,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.config import Config, load_config
 from gateway.local.served_model import load_served_model
-from tests.support.servers import Server
+from tests.support.servers import Server, ThreadedServer
 
 ConfigLike = Path | str | dict[str, Any] | Config
 
@@ -61,6 +62,14 @@ class Apps:
         server = Server(self.config(config), loader=loader, **options)
         server.ready_path = ready_path
         server.start()
+        self._closers.append(server.stop)
+        return server
+
+    def host(self, app: Any, *, ready_path: str = ThreadedServer.ready_path) -> ThreadedServer:
+        """Any ASGI app (a scripted upstream, say) on a loopback port, as serve() does."""
+        server = ThreadedServer(app)
+        server.ready_path = ready_path
+        server.start_serving()
         self._closers.append(server.stop)
         return server
 
