@@ -22,6 +22,7 @@ import pytest
 import engine
 from engine.batch import MIN_PREFILL, BatchRunner, Embedding, Sequence, State, StepError, common_prefix
 from engine.sampling import SamplingParams
+from tests.support.apps import Apps
 from tests.support.batch_checks import alone, assert_same_or_near_tie, run_all
 from tests.support.scripted_model import FAIL, SEP, START, ScriptedModel, letters, script
 from tests.support.sse import sse_data
@@ -337,16 +338,14 @@ def test_batched_embedding_equals_the_engine_s(smol):
 # ------------------------------------------------------------------ part 3: served over HTTP
 
 @pytest.fixture(scope="module")
-def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
-    from tests.support.servers import Server, write_config
+def server(module_apps: Apps, smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    from tests.support.servers import write_config
 
     config = write_config(tmp_path_factory.mktemp("cfg") / "modelyard.yaml", {
         "models": [{"model": str(smollm2_path), "aliases": ["smollm2"], "n_ctx": 2048,
                     "n_parallel": 4}],
     })
-    srv = Server(config).start()
-    yield srv
-    srv.stop()
+    return module_apps.serve(config)
 
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.apps import Apps
 from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
 from tests.support.servers import Server, write_config
 
@@ -16,16 +17,14 @@ MiB = 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def server(module_apps: Apps, tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("limits")
     model = write_tiny_llama(d / "tiny.gguf", seed=3)
     config = write_config(d / "modelyard.yaml", {
         "limits": {"max_body": "1MiB", "body_timeout": "1s", "max_prompt": "200KiB"},
         "models": [{"model": str(model), "aliases": ["tiny"], "n_ctx": 128}],
     })
-    srv = Server(config).start()
-    yield srv
-    srv.stop()
+    return module_apps.serve(config)
 
 
 def _raw(server: Server, head: bytes) -> socket.socket:

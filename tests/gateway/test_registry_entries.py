@@ -10,9 +10,9 @@ import pytest
 
 from gateway.config import Config, ModelEntry, RegistrySettings
 from gateway.fleet.registry import Registry
+from tests.support.apps import Apps
 from tests.support.fakes import MB, FakeModel, RecordingLoader, run, state
 from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
-from tests.support.servers import Server
 
 
 class MappedLoader(RecordingLoader):
@@ -138,7 +138,7 @@ def test_a_model_that_breaks_unloads_and_is_failed_with_the_reason(tmp_path: Pat
 
 
 def test_llama_cpp_python_docs_config_serves_both_entries_with_their_own_n_ctx(
-        tmp_path: Path) -> None:
+        apps: Apps, tmp_path: Path) -> None:
     model = write_tiny_llama(tmp_path / "model.gguf", seed=3, n_ctx_train=512)
     config = tmp_path / "config.json"
     # llama-cpp-python's docs: two aliases of one file, different context sizes
@@ -150,30 +150,27 @@ def test_llama_cpp_python_docs_config_serves_both_entries_with_their_own_n_ctx(
          "n_gpu_layers": -1, "offload_kqv": True, "n_threads": 2, "n_batch": 512,
          "n_ctx": 512},
     ]}))
-    server = Server(config).start()
-    try:
-        prompt = "hello there " * 20  # more tokens than 64, fewer than 512
-        replies = {}
-        for alias in ("gpt-3.5-turbo", "gpt-4"):
-            replies[alias] = httpx.post(server.url + "/v1/completions", timeout=60, json={
-                "model": alias, "prompt": prompt, "max_tokens": 2, "logit_bias": TINY_SPECIAL})
-        short = replies["gpt-3.5-turbo"]
-        assert short.status_code == 400 and short.json()["error"]["n_ctx"] == 64
-        assert replies["gpt-4"].status_code == 200
-        assert replies["gpt-4"].json()["model"] == "gpt-4"
-        # system_fingerprint: stable for one backend configuration, different across them
-        fingerprints = [httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
-            "model": alias, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-            "logit_bias": TINY_SPECIAL}).json()["system_fingerprint"]
-            for alias in ("gpt-4", "gpt-4", "gpt-3.5-turbo")]
-        assert fingerprints[0] == fingerprints[1] != fingerprints[2]
-        assert fingerprints[0] == replies["gpt-4"].json()["system_fingerprint"]
-        assert fingerprints[0].startswith("fp_")
-        rows = {r["aliases"][0]: r for r in httpx.get(server.url + "/admin/models").json()["data"]}
-        assert (rows["gpt-3.5-turbo"]["n_ctx"], rows["gpt-4"]["n_ctx"]) == (64, 512)
-        assert rows["gpt-3.5-turbo"]["state"] == rows["gpt-4"]["state"] == "ready"
-    finally:
-        server.stop()
+    server = apps.serve(config)
+    prompt = "hello there " * 20  # more tokens than 64, fewer than 512
+    replies = {}
+    for alias in ("gpt-3.5-turbo", "gpt-4"):
+        replies[alias] = httpx.post(server.url + "/v1/completions", timeout=60, json={
+            "model": alias, "prompt": prompt, "max_tokens": 2, "logit_bias": TINY_SPECIAL})
+    short = replies["gpt-3.5-turbo"]
+    assert short.status_code == 400 and short.json()["error"]["n_ctx"] == 64
+    assert replies["gpt-4"].status_code == 200
+    assert replies["gpt-4"].json()["model"] == "gpt-4"
+    # system_fingerprint: stable for one backend configuration, different across them
+    fingerprints = [httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": alias, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+        "logit_bias": TINY_SPECIAL}).json()["system_fingerprint"]
+        for alias in ("gpt-4", "gpt-4", "gpt-3.5-turbo")]
+    assert fingerprints[0] == fingerprints[1] != fingerprints[2]
+    assert fingerprints[0] == replies["gpt-4"].json()["system_fingerprint"]
+    assert fingerprints[0].startswith("fp_")
+    rows = {r["aliases"][0]: r for r in httpx.get(server.url + "/admin/models").json()["data"]}
+    assert (rows["gpt-3.5-turbo"]["n_ctx"], rows["gpt-4"]["n_ctx"]) == (64, 512)
+    assert rows["gpt-3.5-turbo"]["state"] == rows["gpt-4"]["state"] == "ready"
 
 
 def test_non_finite_logits_fail_the_requests_and_mark_the_model_broken() -> None:

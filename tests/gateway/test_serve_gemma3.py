@@ -19,6 +19,7 @@ import pytest
 import engine
 from engine.batch import BatchRunner, Sequence
 from engine.sampling import SamplingParams
+from tests.support.apps import Apps
 from tests.support.batch_checks import alone, assert_same_or_near_tie, run_all
 from tests.support.sse import sse_data
 
@@ -105,8 +106,9 @@ def test_a_batch_past_the_ring_gives_the_tokens_of_a_lone_sequence(gemma):
 # ------------------------------------------------------------------ part 2: served over HTTP
 
 @pytest.fixture(scope="module")
-def server(smollm2_path: Path, gemma3_path: Path, tmp_path_factory: pytest.TempPathFactory):
-    from tests.support.servers import Server, write_config
+def server(module_apps: Apps, smollm2_path: Path, gemma3_path: Path,
+           tmp_path_factory: pytest.TempPathFactory):
+    from tests.support.servers import write_config
 
     config = write_config(tmp_path_factory.mktemp("cfg") / "modelyard.yaml", {
         "models": [
@@ -114,9 +116,7 @@ def server(smollm2_path: Path, gemma3_path: Path, tmp_path_factory: pytest.TempP
             {"model": str(gemma3_path), "aliases": ["gemma3"], "n_ctx": 2048, "n_parallel": 3},
         ],
     })
-    srv = Server(config).start()
-    yield srv
-    srv.stop()
+    return module_apps.serve(config)
 
 
 def stream_completion(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:

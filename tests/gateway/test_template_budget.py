@@ -11,8 +11,9 @@ import pytest
 
 from engine.chat import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from gateway.state import app_state
+from tests.support.apps import Apps
 from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
-from tests.support.servers import Server, write_config
+from tests.support.servers import write_config
 
 NESTED_LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
@@ -83,7 +84,7 @@ def _health_latencies(url: str, stop: threading.Event, out: list[float]) -> None
 
 
 def test_a_looping_template_gets_400_within_its_budget_while_health_stays_fast(
-        tmp_path: Path) -> None:
+        apps: Apps, tmp_path: Path) -> None:
     model = write_tiny_llama(tmp_path / "tiny.gguf", seed=5)
     config = write_config(tmp_path / "modelyard.yaml", {
         "limits": {"template_timeout": "1s"},
@@ -91,46 +92,43 @@ def test_a_looping_template_gets_400_within_its_budget_while_health_stays_fast(
                     "n_ctx": 128},
                    {"model": str(model), "aliases": ["fine"], "n_ctx": 128}],
     })
-    server = Server(config).start()
+    server = apps.serve(config)
+    # load both first, so the timings below are about the template only
+    for alias in ("fine", "looping"):
+        server.on_loop(app_state(server.app).registry.load(alias), timeout=60)
+    stop, latencies = threading.Event(), []
+    poller = threading.Thread(target=_health_latencies, args=(server.url, stop, latencies))
+    poller.start()
     try:
-        # load both first, so the timings below are about the template only
-        for alias in ("fine", "looping"):
-            server.on_loop(app_state(server.app).registry.load(alias), timeout=60)
-        stop, latencies = threading.Event(), []
-        poller = threading.Thread(target=_health_latencies, args=(server.url, stop, latencies))
-        poller.start()
-        try:
-            time.sleep(0.2)
-            results: dict[str, tuple[int, float]] = {}
+        time.sleep(0.2)
+        results: dict[str, tuple[int, float]] = {}
 
-            def ask(alias: str) -> None:
-                start = time.monotonic()
-                r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
-                    "model": alias, "messages": MESSAGES, "max_tokens": 2,
-                    "logit_bias": TINY_SPECIAL})
-                results[alias] = (r.status_code, time.monotonic() - start)
-                if alias == "looping":
-                    assert "time budget" in r.json()["error"]["message"]
+        def ask(alias: str) -> None:
+            start = time.monotonic()
+            r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+                "model": alias, "messages": MESSAGES, "max_tokens": 2,
+                "logit_bias": TINY_SPECIAL})
+            results[alias] = (r.status_code, time.monotonic() - start)
+            if alias == "looping":
+                assert "time budget" in r.json()["error"]["message"]
 
-            looping = threading.Thread(target=ask, args=("looping",))
-            looping.start()
-            time.sleep(0.2)
-            ask("fine")  # another model's request, while the template spins
-            looping.join()
-        finally:
-            stop.set()
-            poller.join()
-        assert results["looping"][0] == 400 and results["looping"][1] < 3.0
-        assert results["fine"][0] == 200 and results["fine"][1] < 1.0
-        ordered = sorted(latencies)
-        p90 = ordered[int(0.9 * len(ordered))]
-        print(f"health: {len(latencies)} polls, p90 {p90 * 1000:.1f} ms, "
-              f"max {ordered[-1] * 1000:.1f} ms")
-        # the loop is never blocked: 9 in 10 polls well under 100 ms, none near a second (on a
-        # shared machine one poll can lose the CPU to other processes for a moment)
-        assert len(latencies) > 20 and p90 < 0.1 and ordered[-1] < 1.0, ordered
+        looping = threading.Thread(target=ask, args=("looping",))
+        looping.start()
+        time.sleep(0.2)
+        ask("fine")  # another model's request, while the template spins
+        looping.join()
     finally:
-        server.stop()
+        stop.set()
+        poller.join()
+    assert results["looping"][0] == 400 and results["looping"][1] < 3.0
+    assert results["fine"][0] == 200 and results["fine"][1] < 1.0
+    ordered = sorted(latencies)
+    p90 = ordered[int(0.9 * len(ordered))]
+    print(f"health: {len(latencies)} polls, p90 {p90 * 1000:.1f} ms, "
+          f"max {ordered[-1] * 1000:.1f} ms")
+    # the loop is never blocked: 9 in 10 polls well under 100 ms, none near a second (on a
+    # shared machine one poll can lose the CPU to other processes for a moment)
+    assert len(latencies) > 20 and p90 < 0.1 and ordered[-1] < 1.0, ordered
 
 
 def test_filters_on_undefined_values_behave_as_in_jinja() -> None:

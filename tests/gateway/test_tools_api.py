@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.paths import DATA
 from tests.support.schemas import SCHEMAS
-from tests.support.servers import Server, write_config
+from tests.support.servers import write_config
 
 pytestmark = pytest.mark.real_model
 
@@ -32,13 +32,11 @@ ADD = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory):
+def server(module_apps, smollm2_path, tmp_path_factory):
     config = write_config(tmp_path_factory.mktemp("cfg") / "modelyard.yaml", {
         "models": [{"model": str(smollm2_path), "aliases": ["smol"], "n_ctx": 2048,
                     "n_parallel": 8}]})
-    srv = Server(config).start()
-    yield srv
-    srv.stop()
+    return module_apps.serve(config)
 
 
 def ask(text: str) -> list[dict[str, str]]:
@@ -275,7 +273,7 @@ def test_langchain_with_structured_output_parses(chat_model, method):
 # ------------------------------------------------------------------ a Hermes-family template
 
 @pytest.fixture(scope="module")
-def qwen_server(tmp_path_factory):
+def qwen_server(module_apps, tmp_path_factory):
     """A tiny random model served with Qwen2.5's template: the hermes family. (Qwen3's would let
     a random model think forever: the <think> span is free; tests/gateway/test_tool_formats.py covers
     it.)"""
@@ -286,9 +284,7 @@ def qwen_server(tmp_path_factory):
     template = DATA / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
     config = write_config(d / "modelyard.yaml", {"models": [
         {"model": str(model), "aliases": ["q"], "n_ctx": 2048, "chat_template": str(template)}]})
-    srv = Server(config).start()
-    yield srv
-    srv.stop()
+    return module_apps.serve(config)
 
 
 # a random model never ends a number or a string by itself: bounded parameters only

@@ -14,14 +14,13 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.app import create_app
 from gateway.config import ConfigError, load_config
 from gateway.fleet.watch import WatchOptions
 from gateway.fleet.zeroconf import config_for_dir, config_for_files, dir_loader
 from gateway.scan import main as scan_main
+from tests.support.apps import Apps
 from tests.support.ggufgen import write_tiny_llama
 from tests.support.paths import REPO
-from tests.support.servers import ThreadedServer
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +66,14 @@ def test_files_that_cannot_be_served_are_all_named(tmp_path: Path) -> None:
         config_for_dir(tmp_path)
 
 
-def test_a_watched_models_folder_serves_files_added_and_drops_files_removed(tmp_path: Path,
-                                                                          tiny: Path) -> None:
+def test_a_watched_models_folder_serves_files_added_and_drops_files_removed(
+        apps: Apps, tmp_path: Path, tiny: Path) -> None:
     d = tmp_path / "models"
     d.mkdir()
     shutil.copy(tiny, d / tiny.name)
     config = config_for_dir(d)
-    app = create_app(config, config_path=d, load=dir_loader(config.host, config.port),
-                     watch=WatchOptions(models_dir=True, step_ms=20, debounce_ms=100))
-    server = ThreadedServer(app)
-    server.start_serving()
+    server = apps.serve(config, config_path=d, load=dir_loader(config.host, config.port),
+                        watch=WatchOptions(models_dir=True, step_ms=20, debounce_ms=100))
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
 
     def ids() -> set[str]:
@@ -88,19 +85,16 @@ def test_a_watched_models_folder_serves_files_added_and_drops_files_removed(tmp_
             assert time.monotonic() < deadline, f"{what}: {ids()}"
             time.sleep(0.1)
 
-    try:
-        assert "smollm2" in ids()
-        write_tiny_llama(tmp_path / "tmp.gguf", seed=7)
-        os.replace(tmp_path / "tmp.gguf", d / "Qwen2.5-0.5B-Instruct-Q8_0.gguf")
-        wait_for(lambda now: "qwen2.5" in now, "the added model is not served")
-        reply = client.completions.create(model="qwen2.5", prompt="ab", max_tokens=2)
-        assert reply.model == "qwen2.5"
-        (d / tiny.name).unlink()
-        wait_for(lambda now: "smollm2" not in now, "the removed model is still served")
-        with pytest.raises(openai.NotFoundError):
-            client.completions.create(model="smollm2", prompt="ab", max_tokens=2)
-    finally:
-        server.stop()
+    assert "smollm2" in ids()
+    write_tiny_llama(tmp_path / "tmp.gguf", seed=7)
+    os.replace(tmp_path / "tmp.gguf", d / "Qwen2.5-0.5B-Instruct-Q8_0.gguf")
+    wait_for(lambda now: "qwen2.5" in now, "the added model is not served")
+    reply = client.completions.create(model="qwen2.5", prompt="ab", max_tokens=2)
+    assert reply.model == "qwen2.5"
+    (d / tiny.name).unlink()
+    wait_for(lambda now: "smollm2" not in now, "the removed model is still served")
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="smollm2", prompt="ab", max_tokens=2)
 
 
 # ------------------------------------------------------------------ the command line
