@@ -11,9 +11,6 @@ from __future__ import annotations
 import base64
 import gc
 import json
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -28,9 +25,8 @@ from gguf import GGMLQuantizationType
 
 from gateway.local.served_model import load_served_model
 from tests.support.ggufgen import TINY_SPECIAL, write_tiny_llama
-from tests.support.paths import REPO
 from tests.support.refs import REFS_DIR
-from tests.support.servers import Server, free_port, rss_bytes, write_config
+from tests.support.servers import Server, rss_bytes, write_config
 
 pytestmark = pytest.mark.real_model
 
@@ -426,79 +422,3 @@ class TestIdleServer:
         after = rss_bytes()
         assert after - before < 0.25 * grown, (
             f"RSS before {before / 2**20:.0f} MiB, loaded {loaded / 2**20:.0f}, after {after / 2**20:.0f}")
-
-
-# ------------------------------------------------------------------ the command line
-
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
-
-
-def test_broken_config_lists_every_problem_and_exits_2(tmp_path, tiny_models):
-    a, _ = tiny_models
-    config = write_config(tmp_path / "bad.yaml", {
-        "prot": 8080,
-        "registry": {"max_loaded_models": 0},
-        "models": [
-            {"model": str(a), "aliases": ["same"], "n_ctx": -5},
-            {"model": str(tmp_path / "missing.gguf"), "aliases": ["same"]},
-        ],
-    })
-    done = run_cli("serve", "--config", str(config))
-    assert done.returncode == 2, done.stderr
-    for needle in ["prot", "max_loaded_models", "n_ctx", "missing.gguf", "duplicate alias"]:
-        assert needle in done.stderr
-    missing = run_cli("serve", "--config", str(tmp_path / "nope.yaml"))
-    assert missing.returncode == 2 and "not found" in missing.stderr
-
-
-def test_serve_command_answers_and_stops_on_sigterm(tmp_path, tiny_models):
-    a, _ = tiny_models
-    config = write_config(tmp_path / "ok.yaml", {"models": [{"model": str(a), "aliases": ["tiny"]}]})
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(config),
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
-                               json={"model": "tiny", "messages": user("hi"), "max_tokens": 2})
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
-        assert r.status_code == 200 and r.json()["model"] == "tiny"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 0, stderr
-    assert "POST /v1/chat/completions 200" in stderr  # one log line per request
-    assert "unloaded tiny" in stderr                  # graceful: models closed on the way out
-
-
-def test_serve_without_config_serves_smollm2(smollm2_path):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port)],
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
-        # the aliases a scan of the cached file gives, the short family name first
-        assert [m["id"] for m in models["data"]] == [
-            "smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1"]
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
-                       json={"messages": user("hi"), "max_tokens": 2})
-        assert r.status_code == 200 and r.json()["model"] == "smollm2"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
-    assert proc.returncode == 0

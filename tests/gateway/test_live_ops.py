@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -31,12 +28,10 @@ from gateway.fleet.watch import WatchOptions
 from gateway.local.served_model import load_served_model
 from gateway.metrics import NULL_METRICS, MetricsSink, loader_with_metrics
 from tests.support.ggufgen import write_tiny_llama
-from tests.support.paths import REPO
-from tests.support.servers import ThreadedServer, free_port
+from tests.support.servers import ThreadedServer
 
 HOLD_TOKENS = 17
 TINY_SPECIAL = {"0": -100, "1": -100, "2": -100}  # the tiny models' special tokens, banned
-ROOT = REPO
 
 
 # ------------------------------------------------------------------ models, loader, server
@@ -140,13 +135,6 @@ class LiveServer(ThreadedServer):
         return self.http.post("/v1/chat/completions", json={
             "model": model, "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": max_tokens, "logit_bias": TINY_SPECIAL, **extra})
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -389,77 +377,3 @@ def test_metrics_parse_and_agree_with_the_responses(server: LiveServer) -> None:
     assert get("modelyard_model_loads_total", model="tiny-a") == 1
     assert get("modelyard_loaded_models") == 1
     assert get("modelyard_loaded_bytes") == server.models()["tiny-a"]["memory_bytes"] > 0
-
-
-# ------------------------------------------------------------------ the command line
-
-class Subprocess:
-    def __init__(self, config: Path, *flags: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port",
-             str(self.port), *flags], stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        wait_for(lambda: self.proc.poll() is not None or _up(self.url), 60, "modelyard serve")
-        assert self.proc.poll() is None, self.proc.communicate()[1]
-
-    def get(self, path: str) -> Any:
-        return httpx.get(self.url + path, timeout=30).json()
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        _, stderr = self.proc.communicate(timeout=60)
-        assert self.proc.returncode == 0, stderr
-        return stderr
-
-
-def test_sighup_reloads_a_server_that_does_not_watch(config_path: Path,
-                                                     tiny_models: dict[str, Path]) -> None:
-    server = Subprocess(config_path, "--no-watch")
-    try:
-        assert server.get("/admin/status")["watch"]["enabled"] is False
-        save(config_path, entry(tiny_models["a"], "tiny-a", "hup"),
-             entry(tiny_models["b"], "tiny-b"))
-        time.sleep(0.5)  # were it watching, this would be plenty
-        assert server.get("/admin/status")["last_reload"] is None
-
-        server.proc.send_signal(signal.SIGHUP)
-        record = wait_for(lambda: server.get("/admin/status")["last_reload"], 10, "the reload")
-        assert record["ok"] and record["trigger"] == "SIGHUP"
-        assert [m["id"] for m in server.get("/v1/models")["data"]] == ["tiny-a", "hup", "tiny-b"]
-        r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
-            "model": "hup", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-        assert r.status_code == 200 and r.json()["model"] == "hup"
-    finally:
-        stderr = server.stop()
-    assert "config reloaded (SIGHUP)" in stderr
-    assert "POST /v1/chat/completions 200" in stderr and " hup\n" in stderr  # the request line
-
-
-def test_watch_poll_reloads_without_file_events(config_path: Path,
-                                                tiny_models: dict[str, Path]) -> None:
-    server = Subprocess(config_path, "--watch-poll", "100")
-    try:
-        wait_for(lambda: server.get("/admin/status")["watch"]["paths"], 10, "the watcher")
-        assert server.get("/admin/status")["watch"]["polling"] is True
-        save(config_path, entry(tiny_models["a"], "tiny-a", "polled"),
-             entry(tiny_models["b"], "tiny-b"))
-        wait_for(lambda: "polled" in [m["id"] for m in server.get("/v1/models")["data"]], 10,
-                 "the polled change")
-        save(config_path, entry(tiny_models["a"], "tiny-a"), port=1)
-        wait_for(lambda: server.get("/admin/status")["last_reload"]["removed"] == ["tiny-b"], 10,
-                 "the second change")
-    finally:
-        stderr = server.stop()
-    assert "restart modelyard" in stderr and "port (8080 -> 1)" in stderr
-
-
-def test_scan_writes_a_config_that_serve_accepts(tmp_path: Path,
-                                                 tiny_models: dict[str, Path]) -> None:
-    out = tmp_path / "scanned.toml"
-    done = subprocess.run([sys.executable, "-m", "gateway", "scan", str(tiny_models["a"].parent),
-                           "-o", str(out)], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    config = load_config(out)
-    assert sorted(e.model for e in config.models) == sorted(tiny_models.values())

@@ -1,13 +1,9 @@
 """Serving without a config: model files or a models folder, named as `modelyard scan` names them,
-the folder watched; and the command line's start-up behaviour (port errors, --version, offline)."""
+the folder watched (the command line's start-up behaviour: tests/system/test_cli.py)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +16,6 @@ from gateway.fleet.zeroconf import config_for_dir, config_for_files, dir_loader
 from gateway.scan import main as scan_main
 from tests.support.apps import Apps
 from tests.support.ggufgen import write_tiny_llama
-from tests.support.paths import REPO
 
 
 @pytest.fixture(scope="module")
@@ -95,68 +90,3 @@ def test_a_watched_models_folder_serves_files_added_and_drops_files_removed(
     wait_for(lambda now: "smollm2" not in now, "the removed model is still served")
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="smollm2", prompt="ab", max_tokens=2)
-
-
-# ------------------------------------------------------------------ the command line
-
-def cli(*args: str, env: dict[str, str] | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=REPO, env=env)
-
-
-def test_version() -> None:
-    done = cli("--version")
-    assert done.returncode == 0 and re.fullmatch(r"modelyard \d+\.\d+\.\d+\S*\n", done.stdout)
-
-
-@pytest.mark.parametrize("port", ["99999", "-1", "http"])
-def test_an_invalid_port_is_one_line_and_status_2(tiny: Path, port: str) -> None:
-    done = cli("serve", str(tiny), "--port", port)
-    assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "invalid port" in done.stderr
-
-
-def test_a_port_in_use_is_one_line_and_status_2(tiny: Path) -> None:
-    import socket
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        done = cli("serve", str(tiny), "--port", str(taken.getsockname()[1]))
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1 and "in use" in done.stderr and "serving" not in done.stderr
-
-
-def test_port_0_logs_the_real_port_and_the_v1_base_url(tiny: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", str(tiny), "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        match = re.search(r"serving smollm2, .* on http://127\.0\.0\.1:(\d+) "
-                          r"\(OpenAI base URL (http://127\.0\.0\.1:\d+/v1)\)", line)
-        assert match, line
-        port, base = int(match[1]), match[2]
-        assert port != 0 and base == f"http://127.0.0.1:{port}/v1"
-        # the line comes once the socket listens: a client may connect right away
-        reply = openai.OpenAI(base_url=base, api_key="x", max_retries=0).completions.create(
-            model="smollm2", prompt="ab", max_tokens=2)
-        assert reply.model == "smollm2"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
-    assert proc.returncode == 0
-
-
-def test_an_offline_first_run_says_how_to_serve_a_local_file(tmp_path: Path) -> None:
-    env = dict(os.environ, MODELYARD_CACHE=str(tmp_path / "cache"), PIP_NO_INDEX="1",
-               PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS=str(tmp_path))
-    done = cli("serve", env=env, timeout=120)
-    assert done.returncode == 2
-    assert "modelyard serve path/to/model.gguf" in done.stderr and "Traceback" not in done.stderr
-
-
-def test_serve_with_a_file_and_a_config_at_once_is_refused(tiny: Path, tmp_path: Path) -> None:
-    done = cli("serve", str(tiny), "--config", str(tmp_path / "x.yaml"))
-    assert done.returncode == 2 and "not several" in done.stderr
