@@ -1,26 +1,23 @@
-"""The gateway group's fixtures: the app for a config (tests/support/apps.py), per test or per
-module, everything it opened closed at teardown."""
+"""The gateway group's own fixtures (the app itself comes from tests/conftest.py's `apps`)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.support.apps import Apps
+from tests.support.ggufgen import write_servable
 
 
 @pytest.fixture
-def apps(tmp_path: Path) -> Iterator[Apps]:
-    """Apps, clients and servers for configs; text and dict configs are written to tmp_path."""
-    made = Apps(tmp_path)
-    yield made
-    made.close()
-
-
-@pytest.fixture(scope="module")
-def module_apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apps]:
-    """The same for a module's shared servers; configs go to a folder of the module's own."""
-    made = Apps(tmp_path_factory.mktemp("apps"))
-    yield made
-    made.close()
+def config_path(tmp_path: Path) -> Path:
+    """A config serving two tiny servable models: `a` (also `org/a`, n_ctx 512) and `b`
+    (tests/support/fakes.py's Loader stands in for loading them)."""
+    for name in ("a", "b"):
+        write_servable(tmp_path / f"{name}.gguf")
+    path = tmp_path / "modelyard.yaml"
+    path.write_text(yaml.safe_dump({"models": [
+        {"model": "a.gguf", "aliases": ["a", "org/a"], "n_ctx": 512},
+        {"model": "b.gguf", "aliases": ["b"]},
+    ]}, sort_keys=False))
+    return path

@@ -4,7 +4,7 @@ and any other ASGI app (a scripted upstream) hosted the same way.
 
 A config is given as a path, YAML text, a dict or a Config; text and dicts are written to a file
 in the folder first, so relative model paths resolve against it as they would for a user's file.
-Everything opened is closed by close(), last opened first: tests/gateway/conftest.py's `apps`
+Everything opened is closed by close(), last opened first: tests/conftest.py's `apps`
 (per test, in tmp_path) and `module_apps` (per module) fixtures call it at teardown.
 """
 from __future__ import annotations

@@ -21,8 +21,9 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from gateway.state import app_state
+from tests.support.apps import Apps
 from tests.support.ggufgen import SAMPLE, write_tiny_llama
-from tests.support.servers import Server, rss_bytes, write_config
+from tests.support.servers import rss_bytes, write_config
 from tests.support.sse import sse_data
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ WORDS = SAMPLE.split()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def server(module_apps: Apps, tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("soak")
     a = write_tiny_llama(d / "a.gguf", qtype=GGMLQuantizationType.Q8_0, seed=11)
     b = write_tiny_llama(d / "b.gguf", qtype=GGMLQuantizationType.Q4_0, seed=12)
@@ -45,9 +46,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
             {"model": str(b), "aliases": ["tiny-b", "tiny-b2"], "n_ctx": 512, "n_parallel": 4},
         ],
     })
-    srv = Server(config).start()
-    yield srv
-    srv.stop()
+    return module_apps.serve(config)
 
 
 class Tally:

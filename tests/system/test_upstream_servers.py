@@ -18,9 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from gateway.app import create_app
-from gateway.config import load_config
 from gateway.state import app_state
+from tests.support.apps import Apps
 from tests.support.ggufgen import write_tiny_llama
 from tests.support.servers import ServerProcess, ThreadedServer
 
@@ -65,7 +64,8 @@ def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backends]:
 
 
 @pytest.fixture(scope="module")
-def front(backends: Backends) -> Iterator[ThreadedServer]:
+def front(backends: Backends, module_apps: Apps) -> ThreadedServer:
+    """The in-process front; set up after the backends, so it stops before them."""
     b1, b2, b3 = (s.url for s in backends.servers)
     path = backends.tmp / "front.yaml"
     path.write_text(yaml.safe_dump({"models": [
@@ -75,12 +75,7 @@ def front(backends: Backends) -> Iterator[ThreadedServer]:
         {"aliases": ["one"], "upstream": {"url": b1, "model": "tiny", "name": "b1-direct"}},
         {"upstream": {"url": b3, "discover": True, "name": "b3"}},
     ]}))
-    server = ThreadedServer(create_app(load_config(path)))
-    server.start_serving()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return module_apps.serve(path)
 
 
 def _body(model: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
@@ -206,7 +201,7 @@ def test_killing_a_backend_fails_only_its_streams_and_the_pool_recovers(
 
 
 def test_a_request_failing_before_the_first_byte_is_retried_on_another_backend(
-        backends: Backends, tmp_path: Path) -> None:
+        apps: Apps, backends: Backends, tmp_path: Path) -> None:
     from tests.support.servers import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -215,20 +210,16 @@ def test_a_request_failing_before_the_first_byte_is_retried_on_another_backend(
         {"aliases": ["pool"], "probe": {"interval": "60s"},  # no probe before the request
          "upstream": [{"url": dead, "model": "tiny", "name": "dead"},
                       {"url": backends.servers[1].url, "model": "tiny", "name": "b2"}]}]}))
-    server = ThreadedServer(create_app(load_config(path)))
-    server.start_serving()
-    try:
-        # the first probe found `dead` down; mark it healthy again so the pool tries it first
-        async def mark_healthy() -> None:
-            pool = app_state(server.app).router.route("pool")
-            pool.members[0].health.probe_ok(time.monotonic())
+    server = apps.serve(path)
+    # the first probe found `dead` down; mark it healthy again so the pool tries it first
+    async def mark_healthy() -> None:
+        pool = app_state(server.app).router.route("pool")
+        pool.members[0].health.probe_ok(time.monotonic())
 
-        server.on_loop(mark_healthy())
-        direct = _stream(backends.servers[1].url, "tiny", 24)
-        through = _stream(server.url, "pool", 24)
-        assert through.backend == "b2" and through.texts() == direct.texts()
-        rows = {r["name"]: r for r in httpx.get(server.url + "/admin/models").json()["data"]}
-        assert rows["dead"]["errors"]["connect"] >= 1 and rows["dead"]["requests"] == 1
-        assert rows["b2"]["requests"] == 1
-    finally:
-        server.stop()
+    server.on_loop(mark_healthy())
+    direct = _stream(backends.servers[1].url, "tiny", 24)
+    through = _stream(server.url, "pool", 24)
+    assert through.backend == "b2" and through.texts() == direct.texts()
+    rows = {r["name"]: r for r in httpx.get(server.url + "/admin/models").json()["data"]}
+    assert rows["dead"]["errors"]["connect"] >= 1 and rows["dead"]["requests"] == 1
+    assert rows["b2"]["requests"] == 1
