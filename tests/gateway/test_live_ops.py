@@ -22,13 +22,11 @@ import yaml
 from gguf import GGMLQuantizationType
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import create_app
-from gateway.config import load_config
 from gateway.fleet.watch import WatchOptions
 from gateway.local.served_model import load_served_model
 from gateway.metrics import NULL_METRICS, MetricsSink, loader_with_metrics
 from tests.support.ggufgen import write_tiny_llama
-from tests.support.servers import ThreadedServer
+from tests.support.servers import Server
 
 HOLD_TOKENS = 17
 TINY_SPECIAL = {"0": -100, "1": -100, "2": -100}  # the tiny models' special tokens, banned
@@ -98,15 +96,15 @@ class Loads:
         return served
 
 
-class LiveServer(ThreadedServer):
-    """create_app(config) served by Hypercorn on 127.0.0.1 from a background thread."""
+class LiveServer(Server):
+    """The gateway for a config file that it reloads (watching it or not), with an HTTP client and
+    the admin reads the tests make. Not from `apps`: the fixture opens the gate before stopping."""
 
     ready_path = "/health"
 
     def __init__(self, config_path: Path, loader: Loads, watch: WatchOptions) -> None:
         self.watch = watch
-        super().__init__(create_app(load_config(config_path), loader=loader,
-                                    config_path=config_path, watch=watch))
+        super().__init__(config_path, loader=loader, config_path=config_path, watch=watch)
         self.http = httpx.Client(base_url=self.url, timeout=60)
 
     def start(self) -> LiveServer:
