@@ -2,7 +2,7 @@
 
 GraphBuilder lays a block out as task nodes (engine.kernels.tasks) over fixed activation rows,
 once per model and output kind; EagerBuilder computes it at once, op by op from Python, with
-the same kernels. Both give the same bits, which tests/test_step.py holds them to.
+the same kernels. Both give the same bits, which tests/engine/test_step.py holds them to.
 
 Producers of per-token rows (norm, quantize, bias, head norm, glu, rope, scale) split rows the
 same way, so they chain without barriers; a barrier comes before anything that reads other

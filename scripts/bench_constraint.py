@@ -4,7 +4,7 @@
 
 Per model (default: SmolLM2 and Gemma 3 from ~/.cache/modelyard), prints one JSON line:
 - `adapter_s`: building the llguidance tokenizer adapter (once per model, cached);
-- `compile_ms`: per schema of tests/test_tools_api.py's set, compiling it plus its first mask
+- `compile_ms`: per schema of tests/gateway/test_tools_api.py's set, compiling it plus its first mask
   (what a request waits for, on a worker thread);
 - with 8 sequences decoding of which 4 follow a schema (one BatchRunner step = one forward pass
   for all 8 + sampling): `step_ms` (median step), `mask_ms` / `mask_p99_ms` (median and p99 per

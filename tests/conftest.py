@@ -3,16 +3,19 @@
 The real models are fetched once into the cache when a test needs them (~93 MB SmolLM2, ~240 MB
 Gemma 3); a test that uses one, directly or through another fixture, is marked `real_model`
 (FIXTURE_MARKS), so `pytest -m "not real_model"` never downloads anything. Helpers the test
-modules share live in tests/support/; no test module imports another.
+modules share live in tests/support/; no test module imports another. The gateway in process
+(tests/gateway/, and the fronts of tests/system/) comes from `apps` or `module_apps`.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import yaml
 
-from tests.support.ggufgen import write_servable
+if TYPE_CHECKING:  # imported by the fixtures: an engine-only run never imports the gateway
+    from tests.support.apps import Apps
 
 # fixture -> the marks every test using it gets (added at collection, so -m selects on them)
 FIXTURE_MARKS: dict[str, tuple[str, ...]] = {
@@ -47,14 +50,21 @@ def gemma3_path() -> Path:
 
 
 @pytest.fixture
-def config_path(tmp_path: Path) -> Path:
-    """A config serving two tiny servable models: `a` (also `org/a`, n_ctx 512) and `b`
-    (tests/support/fakes.py's Loader stands in for loading them)."""
-    for name in ("a", "b"):
-        write_servable(tmp_path / f"{name}.gguf")
-    path = tmp_path / "modelyard.yaml"
-    path.write_text(yaml.safe_dump({"models": [
-        {"model": "a.gguf", "aliases": ["a", "org/a"], "n_ctx": 512},
-        {"model": "b.gguf", "aliases": ["b"]},
-    ]}, sort_keys=False))
-    return path
+def apps(tmp_path: Path) -> Iterator[Apps]:
+    """Apps, clients and servers for configs (tests/support/apps.py), closed after the test; text
+    and dict configs are written to tmp_path."""
+    from tests.support.apps import Apps
+
+    made = Apps(tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def module_apps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apps]:
+    """The same for a module's shared servers; configs go to a folder of the module's own."""
+    from tests.support.apps import Apps
+
+    made = Apps(tmp_path_factory.mktemp("apps"))
+    yield made
+    made.close()

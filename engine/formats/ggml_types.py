@@ -3,7 +3,7 @@
 The engine keeps its own copy rather than importing gguf-py at load: that package's import pulls
 in its writer, YAML and more, ~30 ms of a model load. The members are plain IntEnums with gguf-py's
 names and values, so `gguf.GGMLQuantizationType.Q4_1` and ours compare and hash equal and work
-as each other's dictionary keys (tests/test_ggml_types.py checks that both tables agree).
+as each other's dictionary keys (tests/engine/test_ggml_types.py checks that both tables agree).
 """
 from __future__ import annotations
 

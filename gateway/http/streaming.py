@@ -81,7 +81,7 @@ ErrorEvent = Callable[[APIError], dict[str, Any] | bytes]  # a payload, or a who
 
 
 # json's string encoder agrees with pydantic's on every code point (non-ASCII kept, control
-# characters as \uXXXX); tests/test_streaming.py checks it
+# characters as \uXXXX); tests/gateway/test_streaming.py checks it
 _json_string = encode_basestring
 
 

@@ -1,5 +1,6 @@
-"""Checks shared by the batching tests (tests/test_batching.py, tests/test_serve_gemma3.py): run a
-BatchRunner dry, the engine's one-sequence path as the expectation, and a tolerance for ties."""
+"""Checks shared by the batching tests (engine/test_batching*.py and the gateway's tests that serve
+the same models): run a BatchRunner dry, the engine's one-sequence path as the expectation, a
+tolerance for ties, and the prompts both sides use."""
 from __future__ import annotations
 
 from typing import Any
@@ -29,3 +30,26 @@ def assert_same_or_near_tie(model: Any, ids: list[int], expected: list[int], got
     logits = model.logits(ids + expected[:k])[-1]                       # [n_vocab]
     gap = abs(float(logits[expected[k]] - logits[got[k]]))
     assert gap < 0.05, f"split at token {k}: {expected[k]} vs {got[k]}, logit gap {gap:.3f}"
+
+
+# SmolLM2's chat prompts (one long enough to be read in several chunks)
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Explain photosynthesis to a child in two sentences.",
+    "List three prime numbers greater than 50.",
+    "Translate 'good morning' into Spanish and German.",
+    "Why is the sky blue? " + "Please be detailed. " * 6,
+    "Give me a name for a pet turtle.",
+    "Summarise the plot of Romeo and Juliet in one paragraph.",
+]
+
+# Gemma 3's completion prompts (its file has no chat template)
+COMPLETION_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):",
+    "Three things to pack for a hike:",
+    "The best way to learn a language is",
+    "In 1969, the first people to walk on the Moon",
+]

@@ -18,7 +18,7 @@ import openai
 import yaml
 
 from gateway.app import create_app
-from gateway.config import load_config
+from gateway.config import Config, load_config
 from gateway.local.served_model import load_served_model
 from gateway.state import app_state
 
@@ -130,11 +130,13 @@ class ServerProcess:
 
 
 class Server(ThreadedServer):
-    """create_app(config) served by Hypercorn on 127.0.0.1 from a background thread."""
+    """create_app(config) served by Hypercorn on 127.0.0.1 from a background thread; a config
+    file's path or a Config, and create_app's options (config_path, watch, load)."""
 
-    def __init__(self, config_path: Path, loader: Any = load_served_model) -> None:
-        self.config = load_config(config_path)
-        super().__init__(create_app(self.config, loader=loader))
+    def __init__(self, config: Path | Config, loader: Any = load_served_model,
+                 **app_options: Any) -> None:
+        self.config = config if isinstance(config, Config) else load_config(config)
+        super().__init__(create_app(self.config, loader=loader, **app_options))
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0,
                                     timeout=120)
 

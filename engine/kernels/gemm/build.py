@@ -51,7 +51,7 @@ BODIES: dict[T, Body] = {T.Q8_0: legacy.body_q8_0, T.Q4_0: legacy.body_q4_0, T.Q
 # accumulators per (16 weight rows, activation row)
 LANES = {T.Q8_0: 1, T.Q4_0: 1, T.Q5_0: 1, T.IQ4_NL: 1, T.IQ4_XS: 1, T.Q2_K: 2, T.Q3_K: 1, T.Q4_1: 1,
          T.Q5_1: 1, T.Q4_K: 2, T.Q5_K: 2, T.Q6_K: 1}
-# the types whose results are the file-layout kernels' bits (tests/test_gemm.py asserts it)
+# the types whose results are the file-layout kernels' bits (tests/engine/test_gemm.py asserts it)
 FILE_LAYOUT_BITS = frozenset({T.Q4_K, T.Q5_K, T.Q6_K})
 
 

@@ -45,12 +45,12 @@ def host_isa(portable: bool = False) -> str:
 # Q6_K sums its super-block whole in integers too: against the 8 float lanes of llama.cpp's
 # Q6_K dot product it had before (the same A/B, tiles of 3) 0.92-1.04x at M = 1, 1.50-1.58x at
 # M = 8, 2.0-2.15x at M = 512. llama.cpp keeps 8 lanes there, so this is a rounding order of
-# our own; Gemma 3's primes prompt against llama.cpp (tests/test_gemma3_reference.py, top-32
+# our own; Gemma 3's primes prompt against llama.cpp (tests/engine/test_gemma3_reference.py, top-32
 # mean / max / last-row mean) 0.386 / 2.48 / 0.293 before, 0.349 / 2.54 / 0.319 after.
 # Q8_0 and Q5_0 sum a whole block in one int32 lane (Q5_0 against q8_0 activations, its
 # offset taken off in integers, as llama.cpp's own Q5_0 kernel does), a different rounding
 # from their file layout but measured inside the llama.cpp bars of
-# tests/test_gemma3_reference.py (primes: max 2.27, mean 0.36 with Q5_0 on; 2.55, 0.37 off),
+# tests/engine/test_gemma3_reference.py (primes: max 2.27, mean 0.36 with Q5_0 on; 2.55, 0.37 off),
 # and 2-2.6x the file layout's speed (Gemma 3 270M, one thread: prefill 1.47x, decode 1.12x).
 # Q4_0 does as Q5_0 (q8_0 activations, c / 16 = -8 * sum(y)): tests/data/synth's phi3 Q4_0
 # model then gives llama.cpp's logits to 1e-5 without flash attention (max 0.33 with the file
@@ -66,7 +66,7 @@ def host_isa(portable: bool = False) -> str:
 # VNNI rounds these two differently (whole there, IQ4_NL's file layout ran 2-2.5x slower and
 # IQ4_XS's 1.1-1.3x, so it stays as it was).
 # Q4_1 and Q5_1 (offsets through q8_1's s) are tested too, but Q4_1 moves SmolLM2's top-1
-# agreement on the "paragraph" prompt to 0.965, under tests/test_smollm2_reference.py's 0.97.
+# agreement on the "paragraph" prompt to 0.965, under tests/engine/test_smollm2_reference.py's 0.97.
 # Q2_K and Q3_K sum their 16 sub-blocks whole too: 1.6-1.9x the file layout at M = 8 and 512,
 # and at M = 1 1.68-1.87x (Q2_K) and 1.28-1.59x (Q3_K) with gemm.ONE_ROW_PREFETCH (without it
 # 0.64-0.87x). Their file layout keeps its 8-lane fold (whole there it ran 1.13-1.3x slower),

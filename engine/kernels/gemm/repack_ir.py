@@ -4,7 +4,7 @@
         groups [g0, g1) of 16 file rows (src: row r at src + r * row_bytes, ggml's blocks)
         -> dst, the groups' interleaved blocks (engine.formats.repack.GROUP_BLOCK_BYTES each)
 
-The same bytes as engine.formats.repack's numpy repacking, which stays the twin (tests/test_gemm.py
+The same bytes as engine.formats.repack's numpy repacking, which stays the twin (tests/engine/test_gemm.py
 compares them). Plain scalar loads and stores, one 4-byte word at a time (each group block is
 a 16-row transpose of words): 5632 x 2048 Q8_0 in 1.9 ms (6.4 GB/s) where numpy took ~20.
 What is left of a load is mostly the kernel handing out fresh pages (engine.formats.repack._aligned).

@@ -1,0 +1,132 @@
+"""deploy/: the Dockerfile and the Kubernetes manifests agree with the code they run: the probed
+paths are routes the app serves, ports and config paths match, the config in the ConfigMap loads,
+and the stop sequence (preStop, drain, grace period) fits the config's shutdown_timeout."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.api import admin
+from gateway.cli import _parser
+from gateway.config import load_config
+from tests.support.ggufgen import write_tiny_llama
+from tests.support.paths import REPO
+
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "kubernetes"
+
+
+def _manifest(name: str) -> dict[str, Any]:
+    doc = yaml.safe_load((K8S / name).read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _dockerfile() -> dict[str, list[str]]:
+    """Instructions by keyword, continuation lines joined."""
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            keyword, _, rest = line.strip().partition(" ")
+            out.setdefault(keyword.upper(), []).append(rest.strip())
+    return out
+
+
+def _container() -> dict[str, Any]:
+    containers = _manifest("deployment.yaml")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def _serve_args(args: list[str]) -> Any:
+    return _parser().parse_args(["serve", *args])
+
+
+def _health_paths() -> set[str]:
+    return {r.path for r in admin.routes() if r.path == "/health"}  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def configmap_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The ConfigMap's config.yaml, loaded by the real loader (model files made tiny here)."""
+    text = _manifest("configmap.yaml")["data"]["config.yaml"]
+    for path in set(re.findall(r"/models/[\w.-]+\.gguf", text)):
+        write_tiny_llama(tmp_path / Path(path).name, seed=3)
+    monkeypatch.setenv("GPU_API_KEY", "sk-test")  # the Deployment sets it from a Secret
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(text.replace("/models/", f"{tmp_path}/"))
+    return load_config(config_file)
+
+
+def test_the_dockerfile_runs_as_a_non_root_user_and_checks_health() -> None:
+    d = _dockerfile()
+    user = d["USER"][-1].split(":")[0]
+    assert user not in ("root", "0")
+    assert d["EXPOSE"] == ["8080"]
+    check = d["HEALTHCHECK"][0]
+    url = re.search(r"http://127\.0\.0\.1:(\d+)(/\S*?)'", check)
+    assert url is not None and url.group(1) == "8080" and url.group(2) in _health_paths()
+    entry = yaml.safe_load(d["ENTRYPOINT"][0]) + yaml.safe_load(d["CMD"][0])  # JSON arrays
+    assert entry[:2] == ["modelyard", "serve"]
+    args = _serve_args(entry[2:])
+    assert (str(args.config), args.host, args.port) == (
+        "/etc/modelyard/config.yaml", "0.0.0.0", "8080")
+
+
+def test_the_deployment_probes_health_on_the_port_the_server_listens_on() -> None:
+    c = _container()
+    args = _serve_args(c["args"])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": int(args.port)}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = c[probe]["httpGet"]
+        assert get["path"] in _health_paths() and get["port"] == "http", probe
+    assert args.watch, "the ConfigMap reloads only if the config file is watched"
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+    pod = _manifest("deployment.yaml")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_config_comes_from_the_configmap_as_a_directory_that_updates(
+        configmap_config: Any) -> None:
+    c = _container()
+    config_path = Path(str(_serve_args(c["args"]).config))
+    pod = _manifest("deployment.yaml")["spec"]["template"]["spec"]
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == str(config_path.parent))
+    assert "subPath" not in mount  # subPath mounts never see ConfigMap updates
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    configmap = _manifest("configmap.yaml")
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert config_path.name in configmap["data"]
+    # the config itself: it loads, and listens where the pod's port says
+    assert configmap_config.port == int(_serve_args(c["args"]).port)
+    assert configmap_config.upstreams and configmap_config.models
+    secret_env = {e["name"] for e in c.get("env", []) if "valueFrom" in e}
+    text = configmap["data"]["config.yaml"]
+    assert set(re.findall(r"\$\{(\w+)", text)) <= secret_env  # every ${VAR} is provided
+
+
+def test_the_grace_period_covers_the_prestop_sleep_and_the_drain(configmap_config: Any) -> None:
+    c = _container()
+    pod = _manifest("deployment.yaml")["spec"]["template"]["spec"]
+    command = shlex.join(c["lifecycle"]["preStop"]["exec"]["command"])
+    sleep = re.search(r"sleep\((\d+(?:\.\d+)?)\)|sleep (\d+)", command)
+    assert sleep is not None
+    pre_stop = float(sleep.group(1) or sleep.group(2))
+    drain = configmap_config.shutdown_timeout
+    assert pre_stop >= c["readinessProbe"]["periodSeconds"]  # out of the Service before SIGTERM
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + 5
+
+
+def test_the_service_selects_the_pods_and_targets_their_port() -> None:
+    service = _manifest("service.yaml")["spec"]
+    labels = _manifest("deployment.yaml")["spec"]["template"]["metadata"]["labels"]
+    assert service["selector"].items() <= labels.items()
+    names = {p["name"] for p in _container()["ports"]}
+    assert all(p["targetPort"] in names for p in service["ports"])
