@@ -117,6 +117,20 @@ def test_a_key_near_a_cut_leaves_none_of_its_characters(
     assert "***" in message
 
 
+def test_a_cookie_set_by_the_upstream_is_never_sent_back_and_explicit_headers_are(
+        front: ThreadedServer, echoing: tuple[Echoing, ThreadedServer]) -> None:
+    scripted, _ = echoing
+    scripted.mode = "ok"
+    with httpx.Client() as first, httpx.Client() as second:
+        assert _chat(front.url, first).status_code == 200
+        answer = _chat(front.url, second)
+        assert answer.status_code == 200
+        assert "set-cookie" not in answer.headers  # nor is the upstream's cookie relayed
+    later = scripted.received[1]
+    assert "cookie" not in later   # nothing learned from the first answer
+    assert later.get("x-team-token") == TEAM_TOKEN   # the configured headers are sent
+
+
 def test_the_masker_masks_a_prefix_only_at_a_cut() -> None:
     masker = Masker(["sk-abcdef"])
     assert masker.mask("a sk-abcdef b sk-ab") == "a *** b sk-ab"

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from email.utils import parsedate_to_datetime
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
@@ -50,7 +51,9 @@ class UpstreamBackend(Measured):
         self.retired = False
         limits = httpx.Limits(max_connections=server.max_concurrent,
                               max_keepalive_connections=server.max_concurrent or 20)
-        self.client = httpx.AsyncClient(limits=limits, trust_env=False)
+        # no cookie jar: one client's upstream session must not be replayed for every other
+        self.client = httpx.AsyncClient(limits=limits, trust_env=False,
+                                        cookies=_refusing_jar())
         key = server.api_key
         self.masker = Masker([*([] if key is None else [key.get_secret_value()]),
                               *secret_header_values(server.headers)])
@@ -272,6 +275,11 @@ def _model_ids(listing: object) -> list[str]:
     if not isinstance(data, list):
         raise ValueError("the model list has no `data` list")
     return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def _refusing_jar() -> CookieJar:
+    """A jar that keeps no cookie: what goes upstream is the configured headers, nothing learned."""
+    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
 
 
 def _is_retry_after(value: str | None) -> bool:
