@@ -164,9 +164,11 @@ def _key(request: Request) -> KeyInfo | None:
 
 
 def _allowed_entries(config: Config, info: KeyInfo) -> set[str]:
-    """Model files a key may use: those with an alias in its list (any alias then works)."""
+    """The local entries (by name) a key may use: those with an alias in its list (any alias
+    of the entry then works). Entries, not model files: two entries on one file differ in
+    context, template and limits, and a key granted one is not granted the other."""
     allowed = set(info.models or ())
-    return {str(e.model) for e in config.models if allowed & set(e.aliases)}
+    return {e.name for e in config.models if allowed & set(e.aliases)}
 
 
 def check_model(request: Request, alias: str) -> None:
@@ -180,7 +182,7 @@ def check_model(request: Request, alias: str) -> None:
         entry = config.resolve(alias)
     except LookupError:
         return
-    if str(entry.model) not in _allowed_entries(config, info):
+    if entry.name not in _allowed_entries(config, info):
         raise APIError(403, f"Key '{info.name}' may not use the model '{alias}'",
                        param="model", code="model_not_allowed")
 
@@ -200,7 +202,7 @@ def visible_aliases(request: Request, aliases: Iterable[str]) -> list[str] | Non
     if info is None or info.models is None:
         return None
     config = app_state(request.app).config
-    files = _allowed_entries(config, info)
+    entries = _allowed_entries(config, info)
     return [a for a in aliases
-            if (str(config.resolve(a).model) in files if config.is_local(a, exact=True)
+            if (config.resolve(a).name in entries if config.is_local(a, exact=True)
                 else a in info.models)]
