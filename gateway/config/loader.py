@@ -108,6 +108,8 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
                                         if k in data}, (), problems)
     registry = _validate(RegistrySettings, _section(data, "registry"), ("registry",), problems)
     auth = _validate(AuthSettings, _auth_section(data, base_dir, problems), ("auth",), problems)
+    if auth is not None:
+        _distinct_keys(auth, problems)
     cors = _validate(CorsSettings, _section(data, "cors"), ("cors",), problems)
     limits = _validate(LimitSettings, _section(data, "limits"), ("limits",), problems)
     defaults = _prepare_defaults(_section(data, "defaults"), base_dir, problems)
@@ -206,6 +208,21 @@ def _auth_section(data: dict[str, Any], base_dir: Path, problems: Problems) -> A
         if isinstance(item, dict) and isinstance(item.get("key"), str) and not item["key"].strip():
             problems.add(("auth", "keys", i, "key"), "must not be empty")
     return raw
+
+
+def _distinct_keys(auth: AuthSettings, problems: Problems) -> None:
+    """Two client keys with one value: the first would win silently, its limits and models
+    applied to the other's clients. Named by both names, never by the value."""
+    first: dict[str, tuple[int, str]] = {}
+    for i, key in enumerate(auth.keys):
+        value = key.key.get_secret_value()
+        if value in first:
+            j, name = first[value]
+            problems.add(("auth", "keys", i, "key"),
+                         f"key {key.name!r} has the same value as key {name!r} "
+                         f"(auth.keys.{j}); each key must be distinct")
+        else:
+            first[value] = (i, key.name)
 
 
 def _section(data: dict[str, Any], key: str) -> Any:
