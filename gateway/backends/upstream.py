@@ -154,7 +154,8 @@ class UpstreamBackend(Measured):
         kind = text_of("type") or ("invalid_request_error" if status < 500 else "server_error")
         code = text_of("code") or ("upstream_error" if status >= 500 else None)
         param = text_of("param")
-        headers = {"Retry-After": retry_after} if _is_retry_after(retry_after) else {}
+        headers = ({"Retry-After": retry_after}
+                   if retry_after is not None and _is_retry_after(retry_after) else {})
         return APIError(status if status < 500 else 502,
                         self.mask(f"upstream {self.label} answered {status}: {text}"),
                         type=kind, param=param, code=code, headers=headers)
@@ -282,10 +283,8 @@ def _refusing_jar() -> CookieJar:
     return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
 
 
-def _is_retry_after(value: str | None) -> bool:
+def _is_retry_after(value: str) -> bool:
     """Seconds or an HTTP date: anything else (an echoed secret, say) is not passed on."""
-    if not value:
-        return False
     if value.isdigit():
         return True
     try:
