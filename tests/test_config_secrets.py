@@ -42,3 +42,30 @@ def test_two_client_keys_with_one_value_are_an_error_naming_both(folder: Path) -
     [error] = errors
     assert "auth.keys.2.key" in error and "'ci'" in error and "'alice'" in error
     assert SECRET not in error
+
+
+@pytest.mark.parametrize("where", [
+    f"auth: {{keys: [{{name: a, key: [{SECRET}]}}]}}",          # a list, not a string
+    f"auth: {{admin_key: {{value: {SECRET}}}}}",                 # a mapping
+    "auth: {keys: [{name: a, key: 73914628550}]}",             # a number
+    f"api_key: [{SECRET}]",                                      # llama-cpp-python's key
+    f"models: [{{aliases: [up], upstream: {{url: 'http://h:1', api_key: [{SECRET}]}}}}]",
+    f"models: [{{aliases: [up], upstream: [{{url: 'http://h:1', "
+    f"headers: {{X-Api-Key: [{SECRET}]}}}}]}}]",
+])
+def test_a_secret_given_with_the_wrong_type_is_never_shown(folder: Path, where: str) -> None:
+    model = "" if where.startswith("models") else "\nmodels: [{model: models/small.gguf}]"
+    text = where + model
+    shown = "\n".join(errors_of(folder, text))
+    assert SECRET not in shown and "73914628550" not in shown and "sk-config" not in shown
+
+
+def test_a_validator_that_quotes_a_value_has_the_secrets_masked(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UP_KEY", SECRET)
+    errors = errors_of(folder, f"""
+        models:
+          - aliases: [up]
+            upstream: {{url: "ftp://h/{SECRET}", api_key: "${{UP_KEY}}"}}
+    """)
+    assert errors and SECRET not in "\n".join(errors) and "***" in errors[0]

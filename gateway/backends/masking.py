@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-MASK = "***"
-MAX_FIELD = 500  # characters of one upstream error field passed on, after masking
+from gateway.config.secrets import MASK, is_secret_header
 
-# configured header names whose values are credentials (an upstream may echo them too)
-_SECRET_HEADER_WORDS = ("authorization", "cookie", "key", "token", "secret", "password")
+MAX_FIELD = 500  # characters of one upstream error field passed on, after masking
 
 
 def secret_header_values(headers: dict[str, str]) -> list[str]:
-    """The values of the headers whose names say they carry a credential."""
-    return [value for name, value in headers.items()
-            if any(word in name.lower() for word in _SECRET_HEADER_WORDS)]
+    """The values of the configured headers whose names say they carry a credential (an
+    upstream may echo them too)."""
+    return [value for name, value in headers.items() if is_secret_header(name)]
 
 
 class Masker:

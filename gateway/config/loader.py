@@ -42,6 +42,7 @@ from gateway.config.schema import (
     ServerSettings,
     check_across_entries,
 )
+from gateway.config.secrets import is_secret_loc, mask_secrets, secret_values
 from gateway.config.upstream import MEMBER_TAGS, UpstreamEntry, prepare_upstream
 
 log = logging.getLogger("modelyard.config")
@@ -75,9 +76,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         problems.add(loc, message)
 
     config = _build(parsed.data, path.resolve().parent, problems, source=path.resolve())
+    secrets = secret_values(expand_env(parsed.data, (), Problems()))
     if problems.items or config is None:
-        raise ConfigError(shown, render(problems.items, parsed.lines, shown))
-    warnings = render(problems.warnings, parsed.lines, shown)
+        raise ConfigError(shown, mask_secrets(render(problems.items, parsed.lines, shown), secrets))
+    warnings = mask_secrets(render(problems.warnings, parsed.lines, shown), secrets)
     for message in warnings:
         log.warning("%s", message)
     return config.model_copy(update={"warnings": warnings})
@@ -152,7 +154,8 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
                       upstreams=[e for e in upstreams if e is not None], source=source)
     except ValidationError as e:  # a check above missed something; still report, never crash
         for err in e.errors():
-            problems.add(tuple(err["loc"]), pydantic_message(err, TOP_KEYS))
+            problems.add(tuple(err["loc"]), pydantic_message(
+                err, TOP_KEYS, secret=is_secret_loc(tuple(err["loc"]))))
         return None
 
 
@@ -370,7 +373,8 @@ def _validate(cls: type[M], data: Any, loc: Loc, problems: Problems) -> M | None
     except ValidationError as e:
         for err in e.errors():
             where = tuple(p for p in err["loc"] if p not in MEMBER_TAGS)  # a union's tags
-            problems.add(loc + where, pydantic_message(err, file_keys(_model_at(cls, where))))
+            problems.add(loc + where, pydantic_message(err, file_keys(_model_at(cls, where)),
+                                                       secret=is_secret_loc(loc + where)))
         return None
 
 
