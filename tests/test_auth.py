@@ -122,6 +122,7 @@ def test_admin_endpoints_and_the_router_api_need_the_admin_key(server):
 
 def test_health_and_metrics_stay_public_and_metrics_name_keys_never_values(server):
     assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/v1/health").status_code == 200  # public alike
     text = httpx.get(server.url + "/metrics").text
     assert 'modelyard_key_requests_total{key="alice",status="200"}' in text
     assert 'key="-",status="401"' in text

@@ -122,7 +122,8 @@ class AuthMiddleware(HttpMiddleware):
         state = app_state(scope["app"])
         settings = state.config.auth
         path, method = scope["path"], scope["method"]
-        if (not settings.enabled or path in settings.public or method == "OPTIONS"
+        public = SAME_AS.get(path, path) in settings.public
+        if (not settings.enabled or public or method == "OPTIONS"
                 or (method in ("GET", "HEAD") and is_console_path(path))):
             await self.app(scope, receive, send)
             return
@@ -157,6 +158,10 @@ class AuthMiddleware(HttpMiddleware):
         finally:
             self.limits.done(info.name)
             metrics.key_request(info.name, noting.status or 500)
+
+
+# paths that answer as another one does, and so are public exactly when it is
+SAME_AS = {"/v1/health": "/health"}
 
 
 def _key(request: Request) -> KeyInfo | None:
