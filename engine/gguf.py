@@ -29,6 +29,10 @@ from .formats.ggml_types import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValu
 
 MAGIC = b"GGUF"
 MAX_DIMS = 4
+# arrays of arrays, at most this deep: no model file nests metadata (llama.cpp's reader refuses
+# any nesting), and a hostile file nesting thousands deep must be a ModelLoadError, not a
+# RecursionError
+MAX_ARRAY_DEPTH = 4
 
 
 class ModelLoadError(Exception):
@@ -142,7 +146,7 @@ class _Cursor:
         assert self.pos == end_pos
         return out
 
-    def value(self, vtype: int, what: str) -> Any:
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         try:
             t = GGUFValueType(vtype)
         except ValueError:
@@ -152,6 +156,8 @@ class _Cursor:
         if t == GGUFValueType.STRING:
             return self.string(what)
         if t == GGUFValueType.ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise self.fail(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
             item_type = self.unpack("<I", what)
             count = self.unpack("<Q", what)
             if count > len(self.buf):
@@ -169,7 +175,7 @@ class _Cursor:
                 return arr.tolist()
             if it == GGUFValueType.STRING:
                 return self.strings(count, what)
-            return [self.value(item_type, what) for _ in range(count)]
+            return [self.value(item_type, what, depth + 1) for _ in range(count)]
         raise self.fail(f"{what}: unsupported value type {t.name}")
 
 

@@ -108,6 +108,6 @@ def _judged(path: str, size: int, mtime_ns: int, inode: int) -> str | None:
         check_servable(path)
     except ModelLoadError as e:
         return e.problem
-    except (ValueError, TypeError, KeyError, IndexError) as e:  # metadata of a shape not foreseen
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:  # not foreseen
         return f"cannot make sense of its header ({type(e).__name__}: {e})"
     return None

@@ -152,7 +152,7 @@ async def props(request: Request) -> Response:
             "id": 0, "id_task": -1, "n_ctx": entry.n_ctx, "speculative": False,
             "is_processing": active > 0, "params": _default_params(entry, facts)},
         "total_slots": entry.n_parallel,
-        "model_path": str(entry.model),
+        "model_path": entry.model.name,  # the file's name: where it lies is not a client's business
         "model_alias": entry.name,
         "chat_template": template or "",
         "chat_template_caps": {},

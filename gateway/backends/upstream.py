@@ -8,8 +8,8 @@ broken connection ends an event stream with an OpenAI error event naming the ser
 that leaves closes the upstream response, which closes its connection: the server sees the
 disconnect and stops generating.
 
-Errors say which server failed by its label (gateway/config/upstream.py), never by its key; an
-upstream message that echoes the key has it masked.
+Errors say which server failed by its label (gateway/config/upstream.py), never by its key; every
+string an upstream's error holds is masked (gateway/backends/masking.py) before it is passed on.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from email.utils import parsedate_to_datetime
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
@@ -26,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.backends.base import BACKEND_HEADER, BackendKind, Call, Measured, Retryable, now
 from gateway.backends.health import Failure, Health
+from gateway.backends.masking import Masker, secret_header_values
 from gateway.config.upstream import UpstreamServer
 from gateway.errors import APIError
 
@@ -48,7 +51,12 @@ class UpstreamBackend(Measured):
         self.retired = False
         limits = httpx.Limits(max_connections=server.max_concurrent,
                               max_keepalive_connections=server.max_concurrent or 20)
-        self.client = httpx.AsyncClient(limits=limits, trust_env=False)
+        # no cookie jar: one client's upstream session must not be replayed for every other
+        self.client = httpx.AsyncClient(limits=limits, trust_env=False,
+                                        cookies=_refusing_jar())
+        key = server.api_key
+        self.masker = Masker([*([] if key is None else [key.get_secret_value()]),
+                              *secret_header_values(server.headers)])
 
     @property
     def label(self) -> str:
@@ -123,7 +131,11 @@ class UpstreamBackend(Measured):
         return Retryable(APIError(status, message, type="server_error", code=code), kind)
 
     def _answered_error(self, status: int, raw: bytes, retry_after: str | None) -> APIError:
-        """The upstream's own error, in OpenAI's shape, its message prefixed with our label."""
+        """The upstream's own error, in OpenAI's shape, its message prefixed with our label.
+
+        Every string field is masked, then truncated: an upstream may echo its key in any of
+        them, and a body read up to MAX_ERROR_BODY may end in a key's first characters."""
+        cut = len(raw) >= MAX_ERROR_BODY
         info: dict[str, Any] = {}
         try:
             parsed = json.loads(raw)
@@ -135,22 +147,22 @@ class UpstreamBackend(Measured):
             pass
         def text_of(key: str) -> str | None:
             value = info.get(key)
-            return value if isinstance(value, str) else None
+            return self.masker.mask_field(value) if isinstance(value, str) else None
 
-        text = text_of("message") or raw.decode("utf-8", "replace").strip()[:500] or (
-            f"HTTP {status}")
+        raw_text = self.masker.mask_field(raw.decode("utf-8", "replace").strip(), cut=cut)
+        text = text_of("message") or raw_text or f"HTTP {status}"
         kind = text_of("type") or ("invalid_request_error" if status < 500 else "server_error")
         code = text_of("code") or ("upstream_error" if status >= 500 else None)
         param = text_of("param")
-        headers = {"Retry-After": retry_after} if retry_after else {}
+        headers = ({"Retry-After": retry_after}
+                   if retry_after is not None and _is_retry_after(retry_after) else {})
         return APIError(status if status < 500 else 502,
                         self.mask(f"upstream {self.label} answered {status}: {text}"),
                         type=kind, param=param, code=code, headers=headers)
 
     def mask(self, text: str) -> str:
-        """`text` with this server's key (should it appear) replaced by ***."""
-        key = self.server.api_key
-        return text if key is None else text.replace(key.get_secret_value(), "***")
+        """`text` with this server's secrets (should they appear) replaced by ***."""
+        return self.masker.mask(text)
 
     def stream_failed(self, why: str) -> bytes:
         """A failure after bytes were sent: counted, and said as an SSE error event."""
@@ -264,6 +276,21 @@ def _model_ids(listing: object) -> list[str]:
     if not isinstance(data, list):
         raise ValueError("the model list has no `data` list")
     return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def _refusing_jar() -> CookieJar:
+    """A jar that keeps no cookie: what goes upstream is the configured headers, nothing learned."""
+    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+
+
+def _is_retry_after(value: str) -> bool:
+    """Seconds or an HTTP date: anything else (an echoed secret, say) is not passed on."""
+    if value.isdigit():
+        return True
+    try:
+        return parsedate_to_datetime(value) is not None
+    except (TypeError, ValueError):
+        return False
 
 
 def _why(e: BaseException) -> str:

@@ -43,6 +43,7 @@ from gateway.config.schema import (
     ServerSettings,
     check_across_entries,
 )
+from gateway.config.secrets import is_secret_loc, mask_secrets, secret_values
 from gateway.config.upstream import MEMBER_TAGS, UpstreamEntry, prepare_upstream
 
 log = logging.getLogger("modelyard.config")
@@ -76,9 +77,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         problems.add(loc, message)
 
     config = _build(parsed.data, path.resolve().parent, problems, source=path.resolve())
+    secrets = secret_values(expand_env(parsed.data, (), Problems()))
     if problems.items or config is None:
-        raise ConfigError(shown, render(problems.items, parsed.lines, shown))
-    warnings = render(problems.warnings, parsed.lines, shown)
+        raise ConfigError(shown, mask_secrets(render(problems.items, parsed.lines, shown), secrets))
+    warnings = mask_secrets(render(problems.warnings, parsed.lines, shown), secrets)
     for message in warnings:
         log.warning("%s", message)
     return config.model_copy(update={"warnings": warnings})
@@ -109,6 +111,8 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
                                         if k in data}, (), problems)
     registry = _validate(RegistrySettings, _section(data, "registry"), ("registry",), problems)
     auth = _validate(AuthSettings, _auth_section(data, base_dir, problems), ("auth",), problems)
+    if auth is not None:
+        _distinct_keys(auth, problems)
     cors = _validate(CorsSettings, _section(data, "cors"), ("cors",), problems)
     limits = _validate(LimitSettings, _section(data, "limits"), ("limits",), problems)
     responses = _validate(ResponsesSettings, _section(data, "responses"), ("responses",),
@@ -153,7 +157,8 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
                       upstreams=[e for e in upstreams if e is not None], source=source)
     except ValidationError as e:  # a check above missed something; still report, never crash
         for err in e.errors():
-            problems.add(tuple(err["loc"]), pydantic_message(err, TOP_KEYS))
+            problems.add(tuple(err["loc"]), pydantic_message(
+                err, TOP_KEYS, secret=is_secret_loc(tuple(err["loc"]))))
         return None
 
 
@@ -209,6 +214,21 @@ def _auth_section(data: dict[str, Any], base_dir: Path, problems: Problems) -> A
         if isinstance(item, dict) and isinstance(item.get("key"), str) and not item["key"].strip():
             problems.add(("auth", "keys", i, "key"), "must not be empty")
     return raw
+
+
+def _distinct_keys(auth: AuthSettings, problems: Problems) -> None:
+    """Two client keys with one value: the first would win silently, its limits and models
+    applied to the other's clients. Named by both names, never by the value."""
+    first: dict[str, tuple[int, str]] = {}
+    for i, key in enumerate(auth.keys):
+        value = key.key.get_secret_value()
+        if value in first:
+            j, name = first[value]
+            problems.add(("auth", "keys", i, "key"),
+                         f"key {key.name!r} has the same value as key {name!r} "
+                         f"(auth.keys.{j}); each key must be distinct")
+        else:
+            first[value] = (i, key.name)
 
 
 def _section(data: dict[str, Any], key: str) -> Any:
@@ -356,7 +376,8 @@ def _validate(cls: type[M], data: Any, loc: Loc, problems: Problems) -> M | None
     except ValidationError as e:
         for err in e.errors():
             where = tuple(p for p in err["loc"] if p not in MEMBER_TAGS)  # a union's tags
-            problems.add(loc + where, pydantic_message(err, file_keys(_model_at(cls, where))))
+            problems.add(loc + where, pydantic_message(err, file_keys(_model_at(cls, where)),
+                                                       secret=is_secret_loc(loc + where)))
         return None
 
 

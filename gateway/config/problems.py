@@ -46,8 +46,9 @@ class Problems:
         self.settled |= other.settled
 
 
-def pydantic_message(err: Mapping[str, Any], known: Iterable[str]) -> str:
-    """pydantic's error, said the way a config file's author needs it."""
+def pydantic_message(err: Mapping[str, Any], known: Iterable[str], *, secret: bool = False) -> str:
+    """pydantic's error, said the way a config file's author needs it; a `secret` value's
+    input is never shown (gateway/config/secrets.py)."""
     kind = err["type"]
     if kind == "extra_forbidden":
         return unknown_key(str(err["loc"][-1]), known)
@@ -56,6 +57,8 @@ def pydantic_message(err: Mapping[str, Any], known: Iterable[str]) -> str:
     if kind in ("model_type", "dict_type"):
         return "must be a mapping of keys"
     message: str = err["msg"]
+    if secret:
+        return f"{message.removeprefix('Value error, ')} (a secret: its value is not shown)"
     if kind == "value_error":
         return message.removeprefix("Value error, ")
     shown = repr(err.get("input"))

@@ -122,7 +122,8 @@ class AuthMiddleware(HttpMiddleware):
         state = app_state(scope["app"])
         settings = state.config.auth
         path, method = scope["path"], scope["method"]
-        if (not settings.enabled or path in settings.public or method == "OPTIONS"
+        public = SAME_AS.get(path, path) in settings.public
+        if (not settings.enabled or public or method == "OPTIONS"
                 or (method in ("GET", "HEAD") and is_console_path(path))):
             await self.app(scope, receive, send)
             return
@@ -159,14 +160,20 @@ class AuthMiddleware(HttpMiddleware):
             metrics.key_request(info.name, noting.status or 500)
 
 
+# paths that answer as another one does, and so are public exactly when it is
+SAME_AS = {"/v1/health": "/health"}
+
+
 def _key(request: Request) -> KeyInfo | None:
     return getattr(request.state, "api_key", None)
 
 
 def _allowed_entries(config: Config, info: KeyInfo) -> set[str]:
-    """Model files a key may use: those with an alias in its list (any alias then works)."""
+    """The local entries (by name) a key may use: those with an alias in its list (any alias
+    of the entry then works). Entries, not model files: two entries on one file differ in
+    context, template and limits, and a key granted one is not granted the other."""
     allowed = set(info.models or ())
-    return {str(e.model) for e in config.models if allowed & set(e.aliases)}
+    return {e.name for e in config.models if allowed & set(e.aliases)}
 
 
 def check_model(request: Request, alias: str) -> None:
@@ -180,7 +187,7 @@ def check_model(request: Request, alias: str) -> None:
         entry = config.resolve(alias)
     except LookupError:
         return
-    if str(entry.model) not in _allowed_entries(config, info):
+    if entry.name not in _allowed_entries(config, info):
         raise APIError(403, f"Key '{info.name}' may not use the model '{alias}'",
                        param="model", code="model_not_allowed")
 
@@ -200,7 +207,7 @@ def visible_aliases(request: Request, aliases: Iterable[str]) -> list[str] | Non
     if info is None or info.models is None:
         return None
     config = app_state(request.app).config
-    files = _allowed_entries(config, info)
+    entries = _allowed_entries(config, info)
     return [a for a in aliases
-            if (str(config.resolve(a).model) in files if config.is_local(a, exact=True)
+            if (config.resolve(a).name in entries if config.is_local(a, exact=True)
                 else a in info.models)]

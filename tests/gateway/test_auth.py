@@ -43,7 +43,8 @@ def server(models, module_apps, tmp_path_factory, monkeypatch_module) -> Any:
         ]},
         "cors": {"allow_origins": ["http://app.example"]},
         "models": [{"model": str(a), "aliases": ["a", "a-too"], "n_ctx": 128},
-                   {"model": str(b), "aliases": ["b"], "n_ctx": 128}]}))
+                   {"model": str(b), "aliases": ["b"], "n_ctx": 128},
+                   {"model": str(a), "aliases": ["a-long"], "n_ctx": 256}]}))  # a's file again
     return module_apps.serve(config, ready_path=READY)
 
 
@@ -86,8 +87,11 @@ def test_a_key_limited_to_some_models_gets_403_for_others_and_sees_only_its_own(
     with pytest.raises(openai.PermissionDeniedError) as err:
         chat(bob, "b")
     assert err.value.body["code"] == "model_not_allowed"
+    with pytest.raises(openai.PermissionDeniedError):
+        chat(bob, "a-long")  # another entry on a's file: other settings, not granted
     assert sorted(m.id for m in bob.models.list().data) == ["a", "a-too"]
-    assert sorted(m.id for m in client(server, ALICE).models.list().data) == ["a", "a-too", "b"]
+    assert sorted(m.id for m in client(server, ALICE).models.list().data) == [
+        "a", "a-long", "a-too", "b"]
     with pytest.raises(openai.PermissionDeniedError):
         bob.models.retrieve("b")
     r = httpx.post(server.url + "/completion", headers={"Authorization": f"Bearer {BOB}"},
@@ -108,6 +112,7 @@ def test_admin_endpoints_and_the_router_api_need_the_admin_key(server):
 
 def test_health_and_metrics_stay_public_and_metrics_name_keys_never_values(server):
     assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/v1/health").status_code == 200  # public alike
     text = httpx.get(server.url + "/metrics").text
     assert 'modelyard_key_requests_total{key="alice",status="200"}' in text
     assert 'key="-",status="401"' in text
