@@ -30,7 +30,8 @@ __all__ = ["BLOCK_KEYS", "FUNCTION_EXACT", "FUNCTION_F16ACC", "FUNCTION_ROUNDED"
            "f16acc_scratch_floats"]
 
 
-def build_attention_module(f16c: bool, registers: int = 16, sinks: bool = False) -> ir.Module:
+def build_attention_module(f16c: bool, registers: int = 16, sinks: bool = False,
+                           bidirectional: bool = False) -> ir.Module:
     """The attention functions, same signature:
     void f(q, k, v, out, scratch, n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end)
     over items w_begin <= w < w_end; head_dim % 8 == 0. scratch: the exact kernels' scores rows
@@ -38,9 +39,12 @@ def build_attention_module(f16c: bool, registers: int = 16, sinks: bool = False)
     f16-accumulator kernel's q16 rows and block factors (f16acc_scratch_floats). registers: the
     vector registers the code may plan for (16, or 32 with AVX-512); no result depends on it.
     sinks: every function takes a last argument, float* sinks [n_head], one extra logit per head
-    in the softmax's denominator (gpt-oss); without it the module is what it always was."""
+    in the softmax's denominator (gpt-oss); without it the module is what it always was.
+    bidirectional: every function takes two more, bi_begin and bi_end (after sinks): the chunk's
+    queries bi_begin <= i < bi_end see every key up to query bi_end - 1 too (the rows of an
+    embedding span that asks for it see each other, Gemma 3's images); bi_begin = bi_end: causal."""
     module = builder.new_module("attention")
-    define_exact(module, f16c, registers, sinks=sinks)
-    define_exact(module, f16c, registers, rounded=True, sinks=sinks)
-    define_f16acc(module, f16c, registers, sinks=sinks)
+    define_exact(module, f16c, registers, sinks=sinks, bidirectional=bidirectional)
+    define_exact(module, f16c, registers, rounded=True, sinks=sinks, bidirectional=bidirectional)
+    define_f16acc(module, f16c, registers, sinks=sinks, bidirectional=bidirectional)
     return module

@@ -32,15 +32,16 @@ V4F32 = ir.VectorType(F32, 4)
 
 
 def define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool = False,
-                  sinks: bool = False) -> None:
+                  sinks: bool = False, bidirectional: bool = False) -> None:
     """attention_exact, or (rounded) attention_rounded: llama.cpp without flash attention,
     which takes q as f16 for q . k and the normalised probabilities as f16 for p . v. With
     sinks, ggml's soft_max with sinks: the max takes the sink in, the sum adds e^(sink - max)."""
     name = FUNCTION_ROUNDED if rounded else FUNCTION_EXACT
-    b, args = define(module, name, "scores", sinks)  # scores: [run heads, round_up(n_keys, 8)]
+    b, args = define(module, name, "scores", sinks, bidirectional)  # scores: [run heads, round_up(n_keys, 8)]
     (q, k, v, out, scores, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
      window, ring, softcap) = args[:16]
     sink_logits = args[16] if sinks else None
+    bi = (args[-2], args[-1]) if bidirectional else None
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
 
@@ -48,7 +49,7 @@ def define_exact(module: ir.Module, f16c: bool, registers: int, rounded: bool = 
         """Items w .. w + n - 1 (one query, consecutive heads of one kv head): three passes over
         the keys, each head with its own scores row and exactly the operations it would see
         alone; key and value rows are converted from f16 once per pass for all n."""
-        it = item(b, w, q, k, v, out, n_head, group, head_dim, pos0, window, ring, row_stride)
+        it = item(b, w, q, k, v, out, n_head, group, head_dim, pos0, window, ring, row_stride, bi)
         n_keys, n_keys_block, k_head, v_head = it.n_keys, it.n_keys_block, it.k_head, it.v_head
         off = [b.mul(b.add(w, i64(j)), head_dim) for j in range(n)]
         q_rows = [gep(b, q, o) for o in off]

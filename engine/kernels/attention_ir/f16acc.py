@@ -35,11 +35,13 @@ from engine.kernels.ir.builder import (
 )
 
 
-def define_f16acc(module: ir.Module, f16c: bool, registers: int, sinks: bool = False) -> None:
-    b, args = define(module, FUNCTION_F16ACC, "scratch", sinks)  # see f16acc_scratch_floats
+def define_f16acc(module: ir.Module, f16c: bool, registers: int, sinks: bool = False,
+                  bidirectional: bool = False) -> None:
+    b, args = define(module, FUNCTION_F16ACC, "scratch", sinks, bidirectional)  # see f16acc_scratch_floats
     (q, k, v, out, scratch, _n_q, n_head, n_kv_head, head_dim, pos0, scale, w_begin, w_end,
      window, ring, softcap) = args[:16]
     sink_logits = args[16] if sinks else None
+    bi = (args[-2], args[-1]) if bidirectional else None
     row_stride = b.mul(n_kv_head, head_dim)
     group = b.sdiv(n_head, n_kv_head)
     wide = b.icmp_signed("==", b.and_(head_dim, i64(2 * VEC - 1)), i64(0))  # 16-lane passes fit
@@ -49,7 +51,7 @@ def define_f16acc(module: ir.Module, f16c: bool, registers: int, sinks: bool = F
         the keys, BLOCK_KEYS at a time: each head keeps its own q16 row, running max and sum and
         f16 accumulator (its output row), with exactly the operations it would see alone; key
         and value rows are converted from f16 once for all n."""
-        it = item(b, w, q, k, v, out, n_head, group, head_dim, pos0, window, ring, row_stride)
+        it = item(b, w, q, k, v, out, n_head, group, head_dim, pos0, window, ring, row_stride, bi)
         n_keys, k_head, v_head = it.n_keys, it.k_head, it.v_head
         off = [b.mul(b.add(w, i64(j)), head_dim) for j in range(n)]
         out_rows = [gep(b, out, o) for o in off]

@@ -22,10 +22,12 @@ from engine.kernels.ir.builder import (
 )
 
 
-def define(module: ir.Module, name: str, scratch: str,
-            sinks: bool = False) -> tuple[ir.IRBuilder, list[ir.Value]]:
-    """Both functions' signature; `scratch` names the per-thread scratch row; sinks adds a last
-    argument, float* sinks [n_head]: each head's sink logit (gpt-oss)."""
+def define(module: ir.Module, name: str, scratch: str, sinks: bool = False,
+           bidirectional: bool = False) -> tuple[ir.IRBuilder, list[ir.Value]]:
+    """Both functions' signature; `scratch` names the per-thread scratch row; sinks adds an
+    argument, float* sinks [n_head]: each head's sink logit (gpt-oss); bidirectional adds two
+    last, bi_begin and bi_end: the queries bi_begin <= i < bi_end of the chunk also see the keys
+    up to query bi_end - 1 (an image's rows see each other: Gemma 3)."""
     return builder.define(module, name, ir.VoidType(), [
         ("q", F32P),               # [n_q, n_head, head_dim]
         ("k", I16.as_pointer()),   # [n_ctx, n_kv_head, head_dim] f16 bits
@@ -38,7 +40,8 @@ def define(module: ir.Module, name: str, scratch: str,
         ("ring", I64),             # the key at position p is row p % ring (and, for p % ring <
         #                            window - 1, also row p % ring + ring: engine.kv's mirror)
         ("softcap", F32)]          # scores become softcap * tanh(s / softcap) (0: off)
-        + ([("sinks", F32P)] if sinks else []))
+        + ([("sinks", F32P)] if sinks else [])
+        + ([("bi_begin", I64), ("bi_end", I64)] if bidirectional else []))
 
 
 def head_sink(b: ir.IRBuilder, sinks: ir.Value | None, w: ir.Value, j: int,
@@ -53,7 +56,7 @@ def head_sink(b: ir.IRBuilder, sinks: ir.Value | None, w: ir.Value, j: int,
 @dataclass(frozen=True)
 class Item:
     """Where one (query, head) work item w = query * n_head + head reads and writes."""
-    n_keys: ir.Value        # keys it sees: min(pos0 + query + 1, window)
+    n_keys: ir.Value        # keys it sees: min(pos0 + query + 1, window) (+ a span's later rows)
     n_keys_block: ir.Value  # n_keys rounded down to ROWS
     q_row: ir.Value         # [head_dim] its query
     out_row: ir.Value       # [head_dim] its output
@@ -69,13 +72,20 @@ class Item:
 
 def item(b: ir.IRBuilder, w: ir.Value, q: ir.Value, k: ir.Value, v: ir.Value, out: ir.Value,
           n_head: ir.Value, group: ir.Value, head_dim: ir.Value, pos0: ir.Value,
-          window: ir.Value, ring: ir.Value, row_stride: ir.Value) -> Item:
+          window: ir.Value, ring: ir.Value, row_stride: ir.Value,
+          bidirectional: tuple[ir.Value, ir.Value] | None = None) -> Item:
+    """bidirectional: (bi_begin, bi_end); a query inside sees bi_end - 1 - query keys more, the
+    keys after it up to query bi_end - 1 (its window's start stays where causality puts it)."""
     query = b.sdiv(w, n_head)
     kv_head = b.sdiv(b.srem(w, n_head), group)
     n_all = b.add(b.add(pos0, query), i64(1))  # keys up to and including its own position
     clipped = b.and_(b.icmp_signed(">", window, i64(0)), b.icmp_signed(">", n_all, window))
     n_keys = b.select(clipped, window, n_all)
     first = b.add(b.mul(b.urem(b.sub(n_all, n_keys), ring), row_stride), b.mul(kv_head, head_dim))
+    if bidirectional is not None:
+        bi_begin, bi_end = bidirectional
+        inside = b.and_(b.icmp_signed(">=", query, bi_begin), b.icmp_signed("<", query, bi_end))
+        n_keys = b.add(n_keys, b.select(inside, b.sub(bi_end, b.add(query, i64(1))), i64(0)))
     return Item(n_keys, builder.round_down(b, n_keys, ROWS), gep(b, q, b.mul(w, head_dim)),
                  gep(b, out, b.mul(w, head_dim)), gep(b, k, first), gep(b, v, first), row_stride)
 
