@@ -91,10 +91,12 @@ class Model:
             reuse = min(common_prefix(held, prompt.position_keys()), n - 1)
             reuse = self.transformer.cache.reusable(slot, reuse)  # a ring may have moved on
         outs = []
-        for start in range(reuse, n, PREFILL_CHUNK):
-            part = prompt[start:start + PREFILL_CHUNK]
+        start = reuse
+        while start < n:  # a bidirectional span is read whole (Prompt.chunk_end)
+            part = prompt[start:prompt.chunk_end(start, min(start + PREFILL_CHUNK, n))]
             final = start + len(part) == n  # `last` needs only the final chunk's logits
             outs.append(self.transformer.forward([Chunk(slot, part, start, logits=final)], output)[0])
+            start += len(part)
         return outs
 
     def logits(self, prompt: Prompt | list[int]) -> np.ndarray:

@@ -277,6 +277,7 @@ class BatchRunner:
             if budget <= 0:
                 break
             n = min(budget, len(seq.prompt) - seq.pos)
+            n = seq.prompt.chunk_end(seq.pos, seq.pos + n) - seq.pos  # a bidirectional span whole
             last = seq.pos + n == len(seq.prompt)  # only the prompt's end needs logits
             chunks.append(Chunk(seq.slot, seq.prompt[seq.pos:seq.pos + n], seq.pos, logits=last))
             owners.append(seq)
@@ -286,6 +287,7 @@ class BatchRunner:
         for occ in active:
             if isinstance(occ, Embedding):
                 n = min(max(budget, MIN_PREFILL), len(occ.prompt) - occ.pos)
+                n = occ.prompt.chunk_end(occ.pos, occ.pos + n) - occ.pos
                 e_chunks.append(Chunk(occ.slot, occ.prompt[occ.pos:occ.pos + n], occ.pos))
                 e_owners.append(occ)
                 budget -= n

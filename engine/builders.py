@@ -128,10 +128,13 @@ class GraphBuilder:
                       n_kv_head=hp.n_head_kv, head_dim=hp.head_dim, scale=scale, group=group,
                       window=hp.layer_window(layer), ring=tr.cache.group(layer).ring,
                       softcap=hp.attn_softcap)
-        if sinks is None:
+        bidirectional = tr.attention.bidirectional  # gemma3: its own task and kernel
+        if sinks is None and not bidirectional:
             self._node("task_attention", tasks.ATTENTION, **fields)
+        elif sinks is None:
+            self.graph.add(tasks.attention_task(False, True), tasks.ATTENTION.pack(**fields))
         else:  # gpt-oss: the sinks' own task and kernel (engine.kernels.attention)
-            self.graph.add(tasks.attention_sinks_task(),
+            self.graph.add(tasks.attention_task(True, bidirectional),
                            tasks.ATTENTION_SINKS.pack(**fields, sinks=_addr(sinks)))
         self.graph.barrier()
 
@@ -292,10 +295,12 @@ class EagerBuilder:
     """The same block computed at once: numpy arrays, one kernel call per operation."""
 
     def __init__(self, tr: Transformer, x: np.ndarray, chunks: list[Chunk],
-                 spans: list[tuple[int, int]], positions: np.ndarray) -> None:
+                 spans: list[tuple[int, int]], positions: np.ndarray,
+                 bidirectional: np.ndarray) -> None:
         self.tr, self.hp = tr, tr.hp
         self.mm = tr.matmul_kernels.matmul
         self.chunks, self.spans, self.positions = chunks, spans, positions
+        self.bidirectional = bidirectional  # int64 [C, 2]: each chunk's rows that see each other
         self.bufs: dict[str, np.ndarray] = {"x": x}
         self.o_pending = False
         self.q_scaled = False
@@ -355,10 +360,12 @@ class EagerBuilder:
         scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
         q = self.bufs["q"].reshape(T, hp.n_head, hp.head_dim)
         out = np.empty_like(q)
-        for c, (a, b) in zip(self.chunks, self.spans):
+        for ci, (c, (a, b)) in enumerate(zip(self.chunks, self.spans)):
+            bi = self.bidirectional[ci]
             tr.attention(q[a:b], k_cache[c.slot], v_cache[c.slot], c.pos0, out=out[a:b],
                          scale=scale, window=hp.layer_window(layer), ring=ring,
-                         softcap=hp.attn_softcap, sinks=sinks)
+                         softcap=hp.attn_softcap, sinks=sinks,
+                         bidirectional=(int(bi[0]), int(bi[1])) if tr.attention.bidirectional else None)
         self.bufs["q"] = out.reshape(T, hp.q_dim)
 
     def glu(self, act: str) -> None:

@@ -48,7 +48,7 @@ from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
 from .kernels.pool import Graph, Pool
 from .kv import KVCache
-from .prompt import Prompt, TokenSpan, as_prompt
+from .prompt import EmbeddingSpan, Prompt, TokenSpan, as_prompt
 from .weights import Weights, load_weights
 
 
@@ -120,10 +120,12 @@ class Chunk:
 
 
 class _Inputs(NamedTuple):
-    """What a forward call reads: ids int64 [T] (0 at embedded positions, not looked up) and
-    (first row, float32 [n, n_embd]) of every embedding span."""
+    """What a forward call reads: ids int64 [T] (0 at embedded positions, not looked up),
+    (first row, float32 [n, n_embd]) of every embedding span, and per chunk the rows [a, b) of
+    its bidirectional span (int64 [C, 2]; a == b: none)."""
     ids: np.ndarray
     embedded: list[tuple[int, np.ndarray]]
+    bidirectional: np.ndarray
 
 
 class _Activations:
@@ -197,7 +199,8 @@ class Transformer:
             self.matmul_kernels = MatmulKernels(qtypes, pool=self.pool)
             self.weights = _prepared(self.weights, self.matmul_kernels)
             self.attention = AttentionKernel(pool=self.pool, flash_attn=flash_attn,
-                                             sinks=hp.spec.attn_sinks)
+                                             sinks=hp.spec.attn_sinks,
+                                             bidirectional=hp.spec.bidirectional_spans)
             self.tasks = tasks.load_tasks(self.attention.f16c)
             self.ops = ops.load_ops()
             self.cache = KVCache(hp, n_slots, n_ctx)
@@ -263,7 +266,8 @@ class Transformer:
         max_chunk = cache.layout.max_chunk()
         ids: list[int] = []
         embedded: list[tuple[int, np.ndarray]] = []
-        for c in chunks:
+        bidirectional = np.zeros((len(chunks), 2), np.int64)                # [C, 2]
+        for ci, c in enumerate(chunks):
             n = len(c.prompt)
             if not n:
                 raise ValueError("empty chunk")
@@ -293,6 +297,8 @@ class Transformer:
                                          f"the model {hp.n_embd}")
                     ids.extend([0] * len(span))  # not looked up
                     embedded.append((at, span.rows))
+                    if span.bidirectional:
+                        bidirectional[ci] = self._bidirectional_rows(span, at - start, bidirectional[ci])
                 at += len(span)
             spans.append((start, start + n))
             start += n
@@ -303,7 +309,24 @@ class Transformer:
         if bad.any():
             raise ValueError(f"token id {int(tokens[bad][0])} is outside the vocabulary "
                              f"(0..{hp.n_vocab - 1})")
-        return _Inputs(tokens, embedded), spans
+        return _Inputs(tokens, embedded, bidirectional), spans
+
+    def _bidirectional_rows(self, span: EmbeddingSpan, at: int, before: np.ndarray) -> tuple[int, int]:
+        """The chunk rows [a, b) of a bidirectional span at chunk row `at`, or why not: its rows
+        must all be in this chunk (a slice cannot see the rows of another call), one such span
+        per chunk, a family that attends so and no ring (its mirror covers a window only)."""
+        if not self.hp.spec.bidirectional_spans:
+            raise ValueError(f"embedding span {span.key!r} asks for bidirectional attention, "
+                             f"which {self.hp.spec.name} does not do")
+        if not span.is_whole:
+            raise ValueError(f"embedding span {span.key!r} attends bidirectionally: a chunk must "
+                             "hold all of its rows (Prompt.chunk_end)")
+        if before[1] > before[0]:
+            raise ValueError("a chunk holds at most one bidirectional embedding span")
+        if any(g.is_ring for g in self.cache.layout.groups):
+            raise ValueError("bidirectional embedding spans need a context that fits the "
+                             "sliding window (no ring cache) for now")
+        return at, at + len(span)
 
     # -- the fused path --------------------------------------------------------------------------
     def forward(self, chunks: list[Chunk], output: str = "last") -> list[np.ndarray]:
@@ -336,8 +359,10 @@ class Transformer:
         tasks.STEP.fill(self._step, n_tokens=T, n_out=n_out, n_chunks=len(chunks),
                         positions=_addr(positions), kv_rows=_addr(kv_rows),
                         kv_mirror=_addr(kv_mirror), chunks=_addr(chunk_tables),
-                        seg_start=_addr(seg_start), segs=_addr(segs), out_rows=_addr(out_rows))
-        self._step_arrays = (positions, kv_rows, kv_mirror, chunk_tables, seg_start, segs, out_rows)
+                        seg_start=_addr(seg_start), segs=_addr(segs), out_rows=_addr(out_rows),
+                        bidirectional=_addr(inputs.bidirectional))
+        self._step_arrays = (positions, kv_rows, kv_mirror, chunk_tables, seg_start, segs, out_rows,
+                             inputs.bidirectional)
         started = time.perf_counter()
         self.pool.run(graph, _addr(self._step), threads)
         self.governor.record(kind, threads, time.perf_counter() - started)
@@ -405,7 +430,7 @@ class Transformer:
         hp, cache, mm = self.hp, self.cache, self.matmul_kernels.matmul
         inputs, spans = self._check(chunks)
         positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c)) for c in chunks])
-        b = EagerBuilder(self, self.embed(inputs), chunks, spans, positions)
+        b = EagerBuilder(self, self.embed(inputs), chunks, spans, positions, inputs.bidirectional)
         for li, layer in enumerate(self.weights.layers):
             self.block(b, layer, li)
         x = b.residual()                                                    # [T, n_embd]

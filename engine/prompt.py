@@ -3,7 +3,9 @@
     Prompt  = (TokenSpan | EmbeddingSpan)*        its length is the positions it fills
     TokenSpan      ids          int, one position each
     EmbeddingSpan  rows         float32 [n, n_embd], one position each, and `key`: a hash of
-                                what produced them (an image and its projector)
+                                what produced them (an image and its projector); `bidirectional`:
+                                its rows see each other (Gemma 3's images), so a forward call
+                                must hold it whole in one chunk (Prompt.chunk_end)
 
 Semantics are llama.cpp's `llama_batch.embd`: an embedding span's rows take the place of the
 token-embedding lookup's rows, BEFORE the family's embedding scale (Gemma multiplies both by
@@ -46,10 +48,14 @@ class TokenSpan:
 @dataclass(frozen=True, eq=False)
 class EmbeddingSpan:
     """Rows that stand in for token embeddings; `first` is rows[0]'s index in the whole span
-    (non-zero only for a slice, so its keys stay those of the rows it holds)."""
+    (non-zero only for a slice, so its keys stay those of the rows it holds), `whole` the whole
+    span's rows (0: these). bidirectional: the rows attend to each other, not causally (the
+    position keys, hence prefix matching, do not change)."""
     rows: np.ndarray   # float32 [n, n_embd], read-only
     key: str
     first: int = 0
+    bidirectional: bool = False
+    whole: int = 0
 
     def __post_init__(self) -> None:
         rows = np.ascontiguousarray(self.rows, dtype=np.float32)
@@ -74,8 +80,14 @@ class EmbeddingSpan:
     def position_keys(self) -> list[PositionKey]:
         return [(self.key, self.first + i) for i in range(len(self))]
 
+    @property
+    def is_whole(self) -> bool:
+        """Not a slice: every row of the span it came from."""
+        return self.first == 0 and self.whole in (0, len(self))
+
     def part(self, a: int, b: int) -> EmbeddingSpan:
-        return EmbeddingSpan(self.rows[a:b], self.key, self.first + a)
+        return EmbeddingSpan(self.rows[a:b], self.key, self.first + a, self.bidirectional,
+                             self.whole or len(self))
 
 
 Span = TokenSpan | EmbeddingSpan
@@ -149,6 +161,14 @@ class Prompt:
         if self._ids is None:
             self._ids = [t for s in self.spans if isinstance(s, TokenSpan) for t in s.ids]
         return self._ids
+
+    def chunk_end(self, a: int, b: int) -> int:
+        """Where a chunk from position a that would end at b ends instead so that it cuts no
+        bidirectional span: b, or the start of the span b falls in (if after a), or its end."""
+        for start, span in self.embedding_spans():
+            if span.bidirectional and start < b < start + len(span):
+                return start if start > a else start + len(span)
+        return b
 
     def embedding_spans(self) -> list[tuple[int, EmbeddingSpan]]:
         """(first position, span) of every embedding span."""

@@ -141,6 +141,7 @@ class ArchSpec(Generic[L]):
     block: Callable[[Builder, L, int], None]  # its layer, written against Builder
     rope_neox: bool = False             # rope pairs (i, i + n_rot/2) rather than (2i, 2i+1)
     attn_sinks: bool = False            # its attention takes per-head sinks (a kernel built so)
+    bidirectional_spans: bool = False   # an embedding span's rows may see each other (gemma3)
 
     def __post_init__(self) -> None:
         """The declaration and the layer type agree: every declared tensor is a field, every

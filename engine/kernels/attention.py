@@ -111,12 +111,14 @@ class AttentionKernel:
 
     def __init__(self, n_threads: int = 1, *, f16c: bool | None = None,
                  pool: Pool | None = None, flash_attn: bool = True,
-                 registers: int | None = None, sinks: bool = False) -> None:
+                 registers: int | None = None, sinks: bool = False,
+                 bidirectional: bool = False) -> None:
         """flash_attn: follow llama.cpp's flash-attention paths (f16acc below TILED_MIN_QUERIES
         queries, exact from there); False: its non-flash path, attention_rounded, at every size.
         registers: the vector registers the code plans for (default: 32 with AVX-512, else 16);
         it changes the speed only, never a bit. sinks: the functions take each head's sink
-        logit (every call passes `sinks`)."""
+        logit (every call passes `sinks`). bidirectional: the functions take a range of the
+        chunk's queries that see each other (a call may pass `bidirectional`)."""
         if n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
         self.flash_attn = flash_attn
@@ -124,11 +126,14 @@ class AttentionKernel:
         if registers is None:
             registers = 32 if host_has("avx512f") else 16
         self.sinks = sinks
-        params: tuple[object, ...] = (self.f16c, registers) + (("sinks",) if sinks else ())
-        lib = compile_cached("attention", params,
-                             lambda: str(build_attention_module(self.f16c, registers, sinks)))
+        self.bidirectional = bidirectional
+        params: tuple[object, ...] = ((self.f16c, registers) + (("sinks",) if sinks else ())
+                                      + (("bidirectional",) if bidirectional else ()))
+        lib = compile_cached("attention", params, lambda: str(
+            build_attention_module(self.f16c, registers, sinks, bidirectional)))
         p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-        args: tuple[type, ...] = (p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f) + ((p,) if sinks else ())
+        args: tuple[type, ...] = ((p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f) + ((p,) if sinks else ())
+                                  + ((n, n) if bidirectional else ()))
         # the functions for many queries (exact) and for few (f16acc); both rounded without FA
         many, few = (FUNCTION_EXACT, FUNCTION_F16ACC) if flash_attn else (FUNCTION_ROUNDED,) * 2
         self._exact = lib.function(many, None, *args)
@@ -147,7 +152,8 @@ class AttentionKernel:
     def __call__(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                  out: np.ndarray | None = None, *, scale: float | None = None, window: int = 0,
                  ring: int | None = None, softcap: float = 0.0,
-                 sinks: np.ndarray | None = None) -> np.ndarray:
+                 sinks: np.ndarray | None = None,
+                 bidirectional: tuple[int, int] | None = None) -> np.ndarray:
         """q [n_q, n_head, head_dim] f32 at positions pos0.. -> [n_q, n_head, head_dim] f32.
 
         Query i sees the keys at positions 0 .. pos0 + i (the last `window` of them when window
@@ -156,7 +162,8 @@ class AttentionKernel:
         engine.kv stores it. Head h reads kv head h // (n_head // n_kv_head). out may be q itself
         (but not overlap it partially). scale defaults to 1/sqrt(head_dim); softcap > 0 caps
         the scaled scores to softcap * tanh(s / softcap) (gemma 2). sinks: float32 [n_head], each
-        head's sink logit, given exactly when the kernel was built with sinks.
+        head's sink logit, given exactly when the kernel was built with sinks. bidirectional
+        (a kernel built with it): queries a <= i < b also see the keys up to query b - 1.
         """
         pos0 = operator.index(pos0)  # an int; a float position is a caller bug
         window = operator.index(window)
@@ -169,7 +176,17 @@ class AttentionKernel:
         if sinks is not None and not (isinstance(sinks, np.ndarray) and sinks.dtype == np.float32
                                       and sinks.shape == (n_head,) and sinks.flags.c_contiguous):
             raise ValueError(f"sinks must be a C-contiguous float32 array of shape ({n_head},)")
-        extra = () if sinks is None else (builder.address(sinks),)
+        extra: tuple[int, ...] = () if sinks is None else (builder.address(sinks),)
+        if bidirectional is not None and not self.bidirectional:
+            raise ValueError("a bidirectional range needs a kernel built with bidirectional=True")
+        if self.bidirectional:
+            bi = (0, 0) if bidirectional is None else tuple(operator.index(i) for i in bidirectional)
+            if len(bi) != 2 or not 0 <= bi[0] <= bi[1] <= n_q:
+                raise ValueError(f"bidirectional must be a range (a, b) of the {n_q} queries, got {bidirectional}")
+            if bi[0] < bi[1] and ring != k_cache.shape[0]:
+                raise ValueError("a bidirectional range cannot read a ring (a sliding window's "
+                                 "cache shorter than its context)")
+            extra += bi
         if out is None:
             out = np.empty_like(q)
         elif not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == q.shape
@@ -192,12 +209,14 @@ class AttentionKernel:
                builder.address(scores), n_q, n_head, n_kv_head, head_dim, pos0, scale, 0, n_items,
                window, ring, softcap, *extra)
             return out
-        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, ring, softcap, sinks)
+        self._run_split(q, k_cache, v_cache, out, pos0, scale, stride, window, ring, softcap, sinks,
+                        extra[-2:] if self.bidirectional else None)
         return out
 
     def _run_split(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                    out: np.ndarray, pos0: int, scale: float, stride: int, window: int,
-                   ring: int, softcap: float, sinks: np.ndarray | None) -> None:
+                   ring: int, softcap: float, sinks: np.ndarray | None,
+                   bidirectional: tuple[int, ...] | None) -> None:
         """One chunk's items split by cost over the pool, through the graph's attention task."""
         from engine.kernels import tasks  # noqa: PLC0415 - tasks builds on this module
 
@@ -206,9 +225,10 @@ class AttentionKernel:
         seg_start, segs = tasks.split_attention([(n_q, pos0)], n_head, self.n_threads)
         chunks = np.array([[0, n_q, pos0, 0]], np.int64)                    # [1, 4]
         scratch = np.empty((self.n_threads, stride), np.float32)           # [thread, stride]
+        bi = np.array([bidirectional or (0, 0)], np.int64)                 # [1, 2]
         step = tasks.STEP.pack(n_tokens=n_q, n_out=0, n_chunks=1, positions=0, kv_rows=0,
                                kv_mirror=0, chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
-                               segs=segs.ctypes.data, out_rows=0)
+                               segs=segs.ctypes.data, out_rows=0, bidirectional=bi.ctypes.data)
         fields = dict(
             f16acc=self.f16acc_address, exact=self.exact_address, q=builder.address(q),
             k_cache=builder.address(k_cache), v_cache=builder.address(v_cache), out=builder.address(out),
@@ -217,8 +237,10 @@ class AttentionKernel:
             window=window, ring=ring, softcap=softcap)
         if sinks is None:
             args = tasks.ATTENTION.pack(**fields)
-            task = tasks.load_tasks(host_has("f16c")).address["task_attention"]
         else:
             args = tasks.ATTENTION_SINKS.pack(**fields, sinks=builder.address(sinks))
-            task = tasks.attention_sinks_task()
+        if sinks is None and bidirectional is None:
+            task = tasks.load_tasks(host_has("f16c")).address["task_attention"]
+        else:
+            task = tasks.attention_task(sinks is not None, bidirectional is not None)
         self._pool.run_task(task, args, int(step.ctypes.data))

@@ -17,25 +17,34 @@ from engine.kernels.attention_ir import TILED_MIN_QUERIES
 def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                         scale: float | None = None, window: int = 0,
                         softcap: float = 0.0, flash_attn: bool = True,
-                        ring: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
+                        ring: int | None = None, sinks: np.ndarray | None = None,
+    bidirectional: tuple[int, int] | None = None) -> np.ndarray:
     """The numpy twin of AttentionKernel: the same switch between its functions."""
     if not flash_attn:
         return attention_rounded_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring,
-                                           sinks)
+                                           sinks, bidirectional)
     if q.shape[0] >= TILED_MIN_QUERIES:
-        return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap, ring, sinks)
+        return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap, ring, sinks,
+                               bidirectional)
     return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring,
-                                      sinks)
+                                      sinks, bidirectional)
 
 
-def _visible_keys(n_q: int, pos0: int, n_rows: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+def _visible_keys(n_q: int, pos0: int, n_rows: int, window: int,
+                  bidirectional: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(key positions still in the cache [n_keys], visible [n_q, n_keys]): query i at pos0 + i
     sees keys at p <= pos0 + i, the last `window` of them when window > 0; key p is row p % n_rows
-    (the twins read a ring's primary rows, never its mirror)."""
+    (the twins read a ring's primary rows, never its mirror). bidirectional (a, b): queries
+    a <= i < b also see the keys after them up to position pos0 + b - 1 (llama.cpp's mask
+    without causal attention: the window still only drops keys too far back)."""
     last = pos0 + n_q
     keys = np.arange(max(0, last - n_rows), last)                   # [n_keys]
     query = pos0 + np.arange(n_q)[:, None]                          # [n_q, 1]
     visible = keys[None, :] <= query
+    if bidirectional is not None:
+        a, b = bidirectional
+        inside = (np.arange(n_q)[:, None] >= a) & (np.arange(n_q)[:, None] < b)   # [n_q, 1]
+        visible |= inside & (keys[None, :] < pos0 + b)
     if window:
         visible &= query - keys[None, :] < window
     return keys, visible
@@ -48,7 +57,8 @@ def _cap(s: np.ndarray, softcap: float) -> np.ndarray:
 def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                                pos0: int, scale: float | None = None, window: int = 0,
                                softcap: float = 0.0,
-    ring: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
+    ring: int | None = None, sinks: np.ndarray | None = None,
+    bidirectional: tuple[int, int] | None = None) -> np.ndarray:
     """Twin of the f16-accumulator function: online softmax with its f16 roundings, key by key.
 
     Vectorised over (query, head) items; float32 like the kernel, so the two agree to float
@@ -62,7 +72,7 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
     acc = np.zeros((n_q, n_head, head_dim), np.float32)           # f16-representable values
     m = np.full((n_q, n_head), -np.inf, np.float32)
     l = np.zeros((n_q, n_head), np.float32)
-    keys, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window)
+    keys, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window, bidirectional)
     for t, p in enumerate(keys):
         row = p % (ring or k_cache.shape[0])
         k = k_cache[row, kv_of_head].astype(np.float32)           # [n_head, head_dim]
@@ -91,14 +101,15 @@ def attention_f16acc_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.n
 def attention_exact(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
                     scale: float | None = None, window: int = 0,
                     softcap: float = 0.0,
-    ring: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
+    ring: int | None = None, sinks: np.ndarray | None = None,
+    bidirectional: tuple[int, int] | None = None) -> np.ndarray:
     """Exact softmax attention in float64: softmax(cap(q k^T * scale) + mask) v per head (the
     mask: causal, and the window when given)."""
     n_q, n_head, head_dim = q.shape
     n_kv_head = k_cache.shape[1]
     group = n_head // n_kv_head
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    positions, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window)
+    positions, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window, bidirectional)
     rows = positions % (ring or k_cache.shape[0])
     keys = k_cache[rows].astype(np.float64)      # [n_keys, n_kv_head, head_dim]
     values = v_cache[rows].astype(np.float64)    # [n_keys, n_kv_head, head_dim]
@@ -126,13 +137,14 @@ def _softmax(s: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
 def attention_rounded_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                                 pos0: int, scale: float | None = None, window: int = 0,
                                 softcap: float = 0.0,
-    ring: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
+    ring: int | None = None, sinks: np.ndarray | None = None,
+    bidirectional: tuple[int, int] | None = None) -> np.ndarray:
     """Twin of attention_rounded (llama.cpp without flash attention): attention_exact with q
     rounded to f16 before q . k and the normalised probabilities rounded to f16 before p . v."""
     n_q, n_head, head_dim = q.shape
     kv_of_head = np.arange(n_head) // (n_head // k_cache.shape[1])
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    positions, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window)
+    positions, visible = _visible_keys(n_q, pos0, ring or k_cache.shape[0], window, bidirectional)
     rows = positions % (ring or k_cache.shape[0])
     keys = k_cache[rows].astype(np.float64)[:, kv_of_head]        # [n_keys, n_head, head_dim]
     values = v_cache[rows].astype(np.float64)[:, kv_of_head]

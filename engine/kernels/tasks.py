@@ -76,9 +76,12 @@ def _layout(*spec: str) -> Layout:
 # group g (layers sharing a row count, engine.kv): kv_rows [n_groups, n_tokens] cache rows of the
 # tokens' K/V, kv_mirror [n_groups, n_tokens] a second row for them (a ring's mirror) or -1; chunks [n_groups, n_chunks, 4] rows of (first token row, n_q, pos0, kv_row0: the
 # slot's first row). Attention segments: seg_start [n_threads + 1] indexes segs [n_seg, 3] rows of
-# (chunk, item begin, item end).
+# (chunk, item begin, item end). bidirectional [n_chunks, 2]: per chunk the queries [a, b) that
+# see each other (a == b: none), read only by the bidirectional attention task (last, so the
+# other tasks' offsets stay).
 STEP = _layout("n_tokens:i64", "n_out:i64", "n_chunks:i64", "positions:ptr", "kv_rows:ptr",
-               "kv_mirror:ptr", "chunks:ptr", "seg_start:ptr", "segs:ptr", "out_rows:ptr")
+               "kv_mirror:ptr", "chunks:ptr", "seg_start:ptr", "segs:ptr", "out_rows:ptr",
+               "bidirectional:ptr")
 
 MATMUL = _layout("fn:ptr", "w:ptr", "x:ptr", "out:ptr", "nb:i64", "n_rows:i64", "m_at:i64")
 NORM = _layout("fn:ptr", "x:ptr", "residual:ptr", "weight:ptr", "out:ptr", "n:i64", "eps:float",
@@ -373,12 +376,13 @@ def _task_rope_store(f16c: bool) -> str:
     return f.text()
 
 
-def _task_attention(sinks: bool = False) -> str:
+def _task_attention(sinks: bool = False, bidirectional: bool = False) -> str:
     """My segments (chunk c, items [w0, w1)) of STEP.segs[seg_start[tid] .. seg_start[tid+1]]:
     attention (engine.kernels.attention) of chunk c's queries against its slot's cache rows, the
     exact function when the chunk has >= TILED_MIN_QUERIES queries, else the f16-accumulator one.
-    sinks: task_attention_sinks, whose functions take ATTENTION_SINKS' sinks last."""
-    f = IRFunction(f"void @task_attention{'_sinks' if sinks else ''}{_SIG}")
+    sinks: task_attention_sinks, whose functions take ATTENTION_SINKS' sinks last.
+    bidirectional: its functions also take the chunk's row of STEP.bidirectional, last."""
+    f = IRFunction(f"void @{_attention_task_name(sinks, bidirectional)}{_SIG}")
     a = (ATTENTION_SINKS if sinks else ATTENTION).load(f, "%args")
     sink_arg = f", ptr {a['sinks']}" if sinks else ""
     seg_start = f.load("ptr", "%step", STEP.offset("seg_start"), align=8)
@@ -391,6 +395,7 @@ def _task_attention(sinks: bool = False) -> str:
     q_row = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
     kv_row = f.mul(f.mul(a["n_kv_head"], a["head_dim"]), 2)
     scratch = f.gep(a["scratch"], f.mul("%tid", a["scratch_bytes"]))
+    bi_table = f.load("ptr", "%step", STEP.offset("bidirectional"), align=8) if bidirectional else ""
 
     def segment(s: str) -> None:
         seg = f.gep(segs, f.mul(s, 24))
@@ -402,11 +407,15 @@ def _task_attention(sinks: bool = False) -> str:
         q = f.gep(a["q"], f.mul(row0, q_row))
         out = f.gep(a["out"], f.mul(row0, q_row))
         kv_off = f.mul(kv0, kv_row)
+        bi_arg = ""
+        if bidirectional:
+            bi = f.gep(bi_table, f.mul(c, 16))
+            bi_arg = "".join(f", i64 {f.load('i64', bi, 8 * j, align=8)}" for j in range(2))
         f.do(f"call void {fn}(ptr {q}, ptr {f.gep(a['k_cache'], kv_off)}, "
              f"ptr {f.gep(a['v_cache'], kv_off)}, ptr {out}, ptr {scratch}, i64 {n_q}, "
              f"i64 {a['n_head']}, i64 {a['n_kv_head']}, i64 {a['head_dim']}, i64 {pos0}, "
              f"float {a['scale']}, i64 {w0}, i64 {w1}, i64 {a['window']}, i64 {a['ring']}, "
-             f"float {a['softcap']}{sink_arg})")
+             f"float {a['softcap']}{sink_arg}{bi_arg})")
 
     f.loop_range(s0, s1, segment)
     f.do("ret void")
@@ -440,17 +449,29 @@ class Tasks:
         return out
 
 
-_sinks_task: list[int] = []
+def _attention_task_name(sinks: bool, bidirectional: bool) -> str:
+    return "task_attention" + ("_sinks" if sinks else "") + ("_bidirectional" if bidirectional else "")
+
+
+_attention_tasks: dict[tuple[bool, bool], int] = {}
+
+
+def attention_task(sinks: bool, bidirectional: bool) -> int:
+    """The address of the attention task for kernels built with sinks (ATTENTION_SINKS args)
+    and/or bidirectional (ATTENTION or ATTENTION_SINKS args, STEP.bidirectional read), compiled
+    once, each in a module of its own: the other families' tasks module stays as it was."""
+    name = _attention_task_name(sinks, bidirectional)
+    with _tasks_lock:
+        if (sinks, bidirectional) not in _attention_tasks:
+            lib = jit.compile_cached(name.replace("task_", "tasks_", 1), (),
+                                     lambda: _task_attention(sinks, bidirectional))
+            _attention_tasks[sinks, bidirectional] = lib.address(name)
+        return _attention_tasks[sinks, bidirectional]
 
 
 def attention_sinks_task() -> int:
-    """The address of task_attention_sinks (ATTENTION_SINKS args), compiled once, in a module
-    of its own: the other families' tasks module stays as it was."""
-    with _tasks_lock:
-        if not _sinks_task:
-            lib = jit.compile_cached("tasks_attention_sinks", (), lambda: _task_attention(sinks=True))
-            _sinks_task.append(lib.address("task_attention_sinks"))
-        return _sinks_task[0]
+    """The address of task_attention_sinks (ATTENTION_SINKS args)."""
+    return attention_task(sinks=True, bidirectional=False)
 
 
 _tasks: dict[bool, Tasks] = {}

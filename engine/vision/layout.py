@@ -50,6 +50,12 @@ def text_wrap(hp: VisionParams) -> tuple[str, str]:
     return ("<start_of_image>", "<end_of_image>") if hp.projector == "gemma3" else ("", "")
 
 
+def bidirectional(hp: VisionParams) -> bool:
+    """Do the image's rows attend to each other? Where the text family does (mtmd turns causal
+    attention off for a Gemma 3 image chunk)."""
+    return hp.projector == "gemma3"
+
+
 def chunk_layout(hp: VisionParams, image: EncodedImage, tok: Tokenizer) -> list[Piece]:
     if hp.projector != "idefics3" or image.grid == (0, 0):
         return list(range(len(image.chunks)))
@@ -81,8 +87,9 @@ def image_prompt(text: str, images: Sequence[EncodedImage], hp: VisionParams,
             elif isinstance(piece, tuple):
                 ids += piece
             else:
-                spans += [TokenSpan(tuple(ids)), EmbeddingSpan(image.chunks[piece].rows,
-                                                               image.chunks[piece].key)]
+                spans += [TokenSpan(tuple(ids)), EmbeddingSpan(
+                    image.chunks[piece].rows, image.chunks[piece].key,
+                    bidirectional=bidirectional(hp))]
                 ids = []
         ids += tok.encode(part, parse_special=True)
     return Prompt([*spans, TokenSpan(tuple(ids))])
