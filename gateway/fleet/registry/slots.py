@@ -125,6 +125,7 @@ class ModelRow(TypedDict):
     active: int
     n_ctx: int
     chat_format: str | None        # which template, and why
+    mmproj: str | None             # the vision projector file: the entry takes images
     last_used: float | None        # unix time
     load_seconds: float | None
     load_count: int
@@ -148,6 +149,7 @@ def row(slot: Slot) -> ModelRow:
         active=active,
         n_ctx=slot.entry.n_ctx,
         chat_format=model.chat_format if model is not None else None,
+        mmproj=None if slot.entry.mmproj is None else str(slot.entry.mmproj),
         last_used=(None if slot.last_used is None
                    else time.time() - (time.monotonic() - slot.last_used)),
         load_seconds=slot.load_seconds,
