@@ -304,3 +304,21 @@ def test_remote_image_settings_are_config_keys(tmp_path: Path) -> None:
     assert config.limits.remote_images and config.limits.remote_image_max_bytes == 1024 * 1024
     assert config.limits.remote_image_timeout == 3.0
     assert config.models[0].mmproj == VLM_DIR / BASES["gemma3_vlm"]["mmproj_file"]
+
+
+def test_a_streamed_chat_with_an_image_says_what_the_whole_answer_says(server: Any) -> None:
+    base, case = CASES[4]
+    body = {"model": base, "max_tokens": 6, **GREEDY, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _b64(_image(case))}}]}]}
+    whole = _post(server, "/v1/chat/completions", body).json()
+    pieces = []
+    with requests.post(server.url + "/v1/chat/completions", json={**body, "stream": True},
+                       stream=True, timeout=120) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines():
+            text = line.decode()
+            if text.startswith("data: ") and text != "data: [DONE]":
+                for choice in json.loads(text[6:])["choices"]:
+                    pieces.append(choice["delta"].get("content") or "")
+    assert "".join(pieces) == whole["choices"][0]["message"]["content"]

@@ -8,6 +8,9 @@
     image_prompt(served, text, images, marker)           on the model's prep threads: decode,
                                      preprocess and encode each image (engine.vision), then
                                      engine.vision.layout splits `text` at the markers
+    await prompt_with_images(served, alias, parts, render, limits)   all three in one call: a
+                                     wire that renders text with a marker per part (chat: the
+                                     template) gets its Prompt
 
 Every refusal is a 400 naming the part (`param`): a model without an mmproj, bad base64, a
 data URL that is not an image, a remote URL while fetching is off (or a host not allowed, a
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -162,3 +165,17 @@ def image_prompt(served: GenerativeModel, text: str, images: Sequence[LoadedImag
     if len(prompt) >= served.n_ctx:
         raise context_length_exceeded(len(prompt), served.n_ctx, images[-1].param)
     return prompt
+
+
+async def prompt_with_images(served: GenerativeModel, alias: str, parts: Sequence[ImagePart],
+                             render: Callable[[], str], limits: LimitSettings,
+                             marker: str = MEDIA_MARKER, param: str = "messages") -> engine.Prompt:
+    """The Prompt of a request with image `parts`: `render()` (run on the prep threads) gives
+    its text with one `marker` where each part goes, in order."""
+    check_takes_images(served, alias, parts)
+    loaded = await load_images(parts, limits)
+
+    def build() -> engine.Prompt:
+        return image_prompt(served, render(), loaded, marker, param)
+
+    return await served.prepare(build)

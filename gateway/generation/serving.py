@@ -154,12 +154,6 @@ def _chat_text(served: GenerativeModel, output: Output, limits: LimitSettings) -
     return text
 
 
-def _chat_image_prompt(served: GenerativeModel, output: Output, limits: LimitSettings,
-                       loaded: list[images.LoadedImage]) -> engine.Prompt:
-    text = _chat_text(served, output, limits)
-    return images.image_prompt(served, text, loaded, IMAGE_MARKER, "messages")
-
-
 def chat_image_parts(req: p.ChatCompletionRequest) -> list[images.ImagePart]:
     return [images.ImagePart(f"messages[{i}].content[{j}]", url=url)
             for i, m in enumerate(req.messages) for j, url in m.image_urls()]
@@ -169,11 +163,12 @@ async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
                     limits: LimitSettings = DEFAULT_LIMITS) -> Plan:
     _check_logit_bias(served, req.logit_bias)
     parts = chat_image_parts(req)
-    images.check_takes_images(served, str(req.model), parts)
+    images.check_takes_images(served, str(req.model), parts)  # before the template's work
     output = chat_output(req, served.tool_format)
     if parts:
-        loaded = await images.load_images(parts, limits)
-        prompt = await off_loop(served, _chat_image_prompt, served, output, limits, loaded)
+        prompt = await images.prompt_with_images(
+            served, str(req.model), parts, lambda: _chat_text(served, output, limits), limits,
+            IMAGE_MARKER)
     else:
         prompt = engine.Prompt.of_tokens(await off_loop(served, _chat_ids, served, output, limits))
     return Plan([_generation(served, req, prompt, i, "messages") for i in range(req.n)],
