@@ -49,6 +49,8 @@ class ServedModel:
                  metrics: MetricsSink = NULL_METRICS, vision: VisionModel | None = None) -> None:
         self.model = model
         self.vision = vision  # the entry's projector: images in (encoded on `prep`)
+        # its weights are read into memory of its own: the file's size is its share
+        self._vision_bytes = os.path.getsize(vision.path) if vision is not None else 0
         self.tokenizer = model.tokenizer
         self.n_ctx: int = model.n_ctx
         self.chat_template = template
@@ -93,16 +95,7 @@ class ServedModel:
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.model.memory_bytes) + self._vision_bytes()
-
-    def _vision_bytes(self) -> int:
-        """The projector's share: its file (weights are read into memory of its own)."""
-        if self.vision is None:
-            return 0
-        try:
-            return os.path.getsize(self.vision.path)
-        except OSError:
-            return 0
+        return int(self.model.memory_bytes) + self._vision_bytes
 
     @property
     def broken(self) -> str | None:
