@@ -111,3 +111,22 @@ def _judged(path: str, size: int, mtime_ns: int, inode: int) -> str | None:
     except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:  # not foreseen
         return f"cannot make sense of its header ({type(e).__name__}: {e})"
     return None
+
+
+def why_not_a_pair(model: str | os.PathLike[str], mmproj: str | os.PathLike[str]) -> str | None:
+    """None when the projector file `mmproj` can give `model` images (its projector type is one
+    engine/vision runs, and it writes rows of the text model's embedding width); else why not.
+    From both headers alone, as why_not_servable (which should pass for `model` first)."""
+    from .vision.mmproj import check_header  # engine.vision imports the kernels: only when asked
+
+    try:
+        hp = check_header(mmproj, *read_header(mmproj))
+        n_embd = check_servable(model).n_embd
+    except ModelLoadError as e:
+        return e.problem
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as e:
+        return f"cannot make sense of its header ({type(e).__name__}: {e})"
+    if hp.projection_dim != n_embd:
+        return (f"its projector writes rows of width {hp.projection_dim}, but the model's "
+                f"embedding width is {n_embd}: they are not a pair")
+    return None

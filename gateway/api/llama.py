@@ -36,6 +36,7 @@ from gateway.config import LimitSettings
 from gateway.errors import APIError, invalid_request
 from gateway.fleet.registry import Lease
 from gateway.generation import defaults, serving
+from gateway.generation.images import MEDIA_MARKER
 from gateway.generation.model import GenerativeModel
 from gateway.protocol import parse_request
 from gateway.state import app_state
@@ -156,7 +157,8 @@ async def props(request: Request) -> Response:
         "model_alias": entry.name,
         "chat_template": template or "",
         "chat_template_caps": {},
-        "modalities": {"vision": False, "audio": False},
+        "modalities": {"vision": entry.mmproj is not None, "audio": False},
+        "media_marker": MEDIA_MARKER,  # where multimodal_data's images go in a prompt
         "build_info": f"modelyard {version()}",
         "is_sleeping": row.get("state") != "ready",
     })

@@ -20,7 +20,7 @@ from gateway.api import llama_protocol as lp
 from gateway.config import LimitSettings
 from gateway.errors import APIError, context_length_exceeded, invalid_request
 from gateway.fleet.registry import Lease
-from gateway.generation import defaults, serving
+from gateway.generation import defaults, images, serving
 from gateway.generation.choices import ChoiceResult
 from gateway.generation.events import Finished, GenerationRequest, TextDelta, TokenInfo
 from gateway.generation.model import GenerativeModel
@@ -107,7 +107,7 @@ def _settings(values: dict[str, Any], req: lp.CompletionRequest, n_ctx: int, n_p
 @dataclass
 class LlamaPlan(Plan):
     """A Plan with what llama.cpp's replies echo: each prompt's ids and text, the settings."""
-    prompts: list[list[int]] = field(default_factory=list)
+    prompts: list[int] = field(default_factory=list)  # each prompt's positions (image rows too)
     texts: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)  # llama.cpp's generation_settings
 
@@ -127,25 +127,50 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
         frequency_penalty=values["frequency_penalty"], logit_bias=_logit_bias(req, served),
         seed=_seed(req, lease), top_logprobs=req.n_probs,
         logprobs=bool(req.n_probs))
-    prompts = [_prompt_ids(served, parts, limits) for parts in req.prompts()]
-    requests = []
-    for ids in prompts:
-        if not ids:
-            raise invalid_request("prompt is empty after tokenizing", "prompt")
-        if len(ids) >= served.n_ctx:
-            raise context_length_exceeded(len(ids), served.n_ctx, "prompt")
-        requests.append(GenerationRequest(
-            prompt=engine.Prompt.of_tokens(ids), params=params,
-            max_tokens=min(budget, served.n_ctx - len(ids)),
-            stop=tuple(s for s in req.stop if s), logprobs=True))  # token ids come with logprobs
+    prompts: list[engine.Prompt] = []
+    texts: list[str] = []
+    for number, one in enumerate(req.prompts()):
+        if isinstance(one, lp.MultimodalPrompt):
+            prompt = _multimodal_prompt(served, one, number, len(req.prompts()) > 1, limits)
+            texts.append(one.prompt_string)
+        else:
+            ids = _prompt_ids(served, one, limits)
+            if not ids:
+                raise invalid_request("prompt is empty after tokenizing", "prompt")
+            prompt = engine.Prompt.of_tokens(ids)
+            texts.append(served.tokenizer.decode(ids))
+        if len(prompt) >= served.n_ctx:
+            raise context_length_exceeded(len(prompt), served.n_ctx, "prompt")
+        prompts.append(prompt)
+    requests = [GenerationRequest(prompt=prompt, params=params,
+                                  max_tokens=min(budget, served.n_ctx - len(prompt)),
+                                  stop=tuple(s for s in req.stop if s),
+                                  logprobs=True)  # token ids come with logprobs
+                for prompt in prompts]
     if req.stream and len(requests) > 1:
         raise invalid_request("stream takes one prompt; send several prompts without stream",
                               "prompt")
-    texts = [served.tokenizer.decode(ids) for ids in prompts]
     settings = _settings(values, req, served.n_ctx, budget, lease.alias, _seed(req, lease))
     return LlamaPlan(requests if req.n_predict != 0 else [],  # n_predict 0: only evaluated
-                     sum(len(ids) for ids in prompts), prompt_of=list(range(len(prompts))),
-                     prompts=prompts, texts=texts, settings=settings)
+                     sum(len(p) for p in prompts), prompt_of=list(range(len(prompts))),
+                     prompts=[len(p) for p in prompts], texts=texts, settings=settings)
+
+
+def _multimodal_prompt(served: GenerativeModel, one: lp.MultimodalPrompt, number: int,
+                       several: bool, limits: LimitSettings) -> engine.Prompt:
+    """A prompt object: its text with the images of multimodal_data at its media markers (on
+    the prep thread: base64, decoding and the encoder are CPU work)."""
+    where = f"prompt[{number}]" if several else "prompt"
+    serving.check_prompt_size(served, one.prompt_string, limits, where)
+    if not one.multimodal_data:
+        ids = served.text_prompt(one.prompt_string)
+        if not ids:
+            raise invalid_request("prompt is empty after tokenizing", where)
+        return engine.Prompt.of_tokens(ids)
+    parts = [f"{where}.multimodal_data[{k}]" for k in range(len(one.multimodal_data))]
+    loaded = [images.LoadedImage(param, images.decode_base64(data, param))
+              for param, data in zip(parts, one.multimodal_data)]
+    return images.image_prompt(served, one.prompt_string, loaded, images.MEDIA_MARKER, where)
 
 # --------------------------------------------------------------------------------- responses
 
@@ -203,10 +228,10 @@ def _only_fields(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return out
 
 
-def _evaluated_only(index: int, ids: list[int], req: lp.CompletionRequest,
+def _evaluated_only(index: int, n_prompt: int, req: lp.CompletionRequest,
                     settings: dict[str, Any], prompt: str, n_ctx: int) -> dict[str, Any]:
     """n_predict 0: nothing generated (llama.cpp then only fills the cache)."""
-    return _final(index, "", [], [], Finished("length", len(ids), 0), req, settings, prompt,
+    return _final(index, "", [], [], Finished("length", n_prompt, 0), req, settings, prompt,
                   n_ctx, streamed=False)
 
 
@@ -216,8 +241,8 @@ def whole(served: GenerativeModel, alias: str, req: lp.CompletionRequest, plan: 
     """One object per prompt (an array for several), cut to `response_fields`."""
     n_ctx = served.n_ctx
     if not plan.requests:  # n_predict 0
-        bodies = [_evaluated_only(i, ids, req, plan.settings, plan.texts[i], n_ctx)
-                  for i, ids in enumerate(plan.prompts)]
+        bodies = [_evaluated_only(i, n, req, plan.settings, plan.texts[i], n_ctx)
+                  for i, n in enumerate(plan.prompts)]
     else:
         bodies = [_final(i, r.text, [t.token for t in r.tokens], r.tokens, _finished(r), req,
                          plan.settings, plan.texts[i], n_ctx, streamed=False)
@@ -265,6 +290,9 @@ class CompletionWire:
 
     async def plan(self, model: GenerativeModel, lease: Lease, req: lp.CompletionRequest,
                    limits: LimitSettings) -> LlamaPlan:
+        images.check_takes_images(model, lease.alias, [
+            images.ImagePart("prompt.multimodal_data") for one in req.prompts()
+            if isinstance(one, lp.MultimodalPrompt) and one.multimodal_data])
         return await model.prepare(_plan, req, lease, model, limits)
 
     framing = SSE

@@ -14,11 +14,22 @@ from gateway.protocol.base import _check_keep_alive
 
 MAX_N_PROBS = 20
 
-Prompt = str | list[int | str] | list[str | list[int | str]]
 
 
 class _LlamaRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class MultimodalPrompt(_LlamaRequest):
+    """llama.cpp's prompt object: a text whose media markers (`<__media__>`, /props'
+    `media_marker`) the base64 images of `multimodal_data` replace, in order."""
+    prompt_string: str
+    multimodal_data: list[str] = Field(default_factory=list)
+
+
+Prompt = (str | MultimodalPrompt | list[int | str]
+          | list[str | MultimodalPrompt | list[int | str]])
+OnePrompt = list[int | str] | MultimodalPrompt
 
 
 class CompletionRequest(_LlamaRequest):
@@ -43,19 +54,27 @@ class CompletionRequest(_LlamaRequest):
     ignore_eos: bool = False
     logit_bias: list[list[Any]] | dict[str, float | bool] | None = None
     keep_alive: KeepAlive = None       # modelyard extra, as on /v1 requests
+    # base64 images for a string prompt's media markers (the prompt object's field, given
+    # beside a plain string prompt)
+    multimodal_data: list[str] | None = None
 
     _check_keep = field_validator("keep_alive")(_check_keep_alive)
 
-    def prompts(self) -> list[list[int | str]]:
-        """The prompts, each a list of token ids and texts (llama.cpp's shapes: one string, one
-        list of ids and strings, or an array of those / of strings = several prompts)."""
+    def prompts(self) -> list[OnePrompt]:
+        """The prompts, each a list of token ids and texts or a multimodal prompt (llama.cpp's
+        shapes: one string or prompt object, one list of ids and strings, or an array of those
+        / of strings / of prompt objects = several prompts)."""
         p = self.prompt
+        if isinstance(p, str) and self.multimodal_data is not None:
+            return [MultimodalPrompt(prompt_string=p, multimodal_data=self.multimodal_data)]
         if isinstance(p, str):
             return [[p]]
-        if p and all(isinstance(x, str) for x in p):
-            return [[x] for x in p]  # type: ignore[list-item]
-        if any(isinstance(x, list) for x in p):
-            return [x if isinstance(x, list) else [x] for x in p]
+        if isinstance(p, MultimodalPrompt):
+            return [p]
+        if p and all(isinstance(x, str | MultimodalPrompt) for x in p):
+            return [x if isinstance(x, MultimodalPrompt) else [x] for x in p]  # type: ignore[list-item]
+        if any(isinstance(x, list | MultimodalPrompt) for x in p):
+            return [x if isinstance(x, list | MultimodalPrompt) else [x] for x in p]
         return [list(p)]  # type: ignore[arg-type]
 
 

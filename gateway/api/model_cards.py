@@ -58,7 +58,7 @@ def _extras(entry: ModelEntry, row: ModelRow | None, facts: model_info.ModelFact
     return p.ModelExtras(aliases=list(entry.aliases), state=state, loaded=state == "ready",
                          context_length=entry.n_ctx, n_ctx_train=facts.n_ctx_train,
                          architecture=facts.architecture, quantization=facts.quantization,
-                         parameters=facts.n_params)
+                         parameters=facts.n_params, images=entry.mmproj is not None)
 
 
 def router_status(card: p.ModelCard) -> dict[str, Any]:

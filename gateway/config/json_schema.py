@@ -93,6 +93,8 @@ def config_schema() -> dict[str, Any]:
     entry["properties"][llama_cpp.MODEL_ALIAS] = {
         "type": ["string", "null"],
         "description": "llama-cpp-python's one alias: the first of `aliases`"}
+    entry["properties"][llama_cpp.CLIP_MODEL_PATH] = {
+        **entry["properties"]["mmproj"], "description": "llama-cpp-python's name for `mmproj`"}
     aliases = entry["properties"]["aliases"]
     about = aliases.pop("description")
     entry["properties"]["aliases"] = {"anyOf": [aliases, {"type": "string"}],

@@ -19,6 +19,7 @@ from gateway.config.env import expand_env
 from gateway.config.formats import FORMATS, ParseError, format_of, parse
 from gateway.config.llama_cpp import (
     API_KEY,
+    CLIP_MODEL_PATH,
     LLAMA_CPP_MODEL_KEYS,
     LLAMA_CPP_SERVER_KEYS,
     MODEL_ALIAS,
@@ -286,6 +287,7 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
     fields = {k: v for k, v in defaults.items() if k != "extra"}
     extra = dict(defaults.get("extra", {}))
     alias_locs: list[tuple[str, Loc]] = []
+    mmproj_key = "mmproj"
 
     for key, value in raw.items():
         if key == "model":
@@ -306,9 +308,16 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
                 else:
                     problems.add(loc + (key, j),
                                  f"an alias must be a non-empty string, got {name!r}")
+        elif key in ("mmproj", CLIP_MODEL_PATH):  # llama-cpp-python's name for the same file
+            if "mmproj" in raw and CLIP_MODEL_PATH in raw:
+                problems.add(loc + (key,), "give `mmproj` or `clip_model_path`, not both")
+            fields["mmproj"] = _mmproj_path(value, base_dir, loc + (key,), problems)
+            mmproj_key = key
         else:
             _entry_setting(key, value, fields, extra, base_dir, loc, problems)
 
+    if isinstance(fields.get("mmproj"), Path) and isinstance(fields.get("model"), Path):
+        _check_pair(fields["model"], fields["mmproj"], loc + (mmproj_key,), problems)
     if "model" not in raw:
         problems.add(loc + ("model",), "required: the path of a GGUF file")
         return None
@@ -335,6 +344,28 @@ def _model_path(value: Any, base_dir: Path, loc: Loc, problems: Problems) -> Any
     if reason is not None:
         problems.add(loc, f"cannot serve {path}: {reason}")
     return path
+
+
+def _mmproj_path(value: Any, base_dir: Path, loc: Loc, problems: Problems) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        problems.add(loc, "must be the path of an mmproj GGUF file (a string)")
+        return value
+    path = (base_dir / Path(value).expanduser()).resolve()
+    if not path.is_file():
+        problems.add(loc, f"mmproj file not found: {path}")
+    return path
+
+
+def _check_pair(model: Path, mmproj: Path, loc: Loc, problems: Problems) -> None:
+    """The projector's header against the model's (engine/servable.py, shared with scan)."""
+    from engine.servable import why_not_a_pair, why_not_servable
+
+    if mmproj.is_file() and model.is_file() and why_not_servable(model) is None:
+        reason = why_not_a_pair(model, mmproj)
+        if reason is not None:
+            problems.add(loc, f"cannot give {model.name} images with {mmproj}: {reason}")
 
 
 def _chat_template(value: Any, base_dir: Path, loc: Loc, problems: Problems) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from gateway.config.aliases import is_glob
-from gateway.config.llama_cpp import MODEL_ALIAS
+from gateway.config.llama_cpp import CLIP_MODEL_PATH, MODEL_ALIAS
 from gateway.config.problems import Loc, Problems, dotted
 from gateway.config.reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
 from gateway.config.upstream import UpstreamEntry, check_pool_members
@@ -81,6 +81,15 @@ class LimitSettings(BaseModel):
         2.0, gt=0, description="the longest a chat template may render; then 400")
     max_prompt: Annotated[Size, LIVE] = Field(
         64 * 1024 * 1024, ge=1, description="most characters of prompt text; then 413")
+    # Image URLs (gateway/generation/images.py): data: URLs always; http(s) only when switched on
+    remote_images: Annotated[bool, LIVE] = Field(
+        False, description="fetch http(s) image URLs of requests; off: only data: URLs (else 400)")
+    remote_image_max_bytes: Annotated[Size, LIVE] = Field(
+        10 * 1024 * 1024, ge=1, description="largest image a remote URL may send; then 400")
+    remote_image_timeout: Annotated[Duration, LIVE] = Field(
+        10.0, gt=0, description="the longest fetching one remote image may take; then 400")
+    remote_image_hosts: Annotated[list[str], LIVE] = Field(
+        default_factory=list, description="the hosts remote image URLs may name; empty: any")
 
 
 class ResponsesSettings(BaseModel):
@@ -121,6 +130,9 @@ class EntrySettings(BaseModel):
                           "(engine/chat_formats.py)")
     pinned: Annotated[bool, LIVE] = Field(
         False, description="load at start-up; never evicted or unloaded for idleness")
+    flash_attn: Annotated[bool, RELOAD] = Field(
+        True, description="follow llama.cpp's flash-attention numerics; false: its plain "
+                          "attention path (llama-cpp-python's key)")
     # Sampling defaults for requests that leave a field out (gateway/generation/defaults.py); None = the
     # GGUF's general.sampling.* value, else llama.cpp's.
     temperature: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=2.0, description=_SAMPLING)
@@ -179,13 +191,16 @@ class ModelEntry(EntrySettings):
         min_length=1, description="the names clients use in \"model\"; unique across entries; "
                                   "a glob (\"claude-*\") answers every name it matches, an "
                                   "exact alias of any entry winning over it")
+    mmproj: Annotated[Path | None, RELOAD] = Field(  # absolute once loaded
+        None, description="a vision projector GGUF (llama.cpp's mmproj; llama-cpp-python's "
+                          "clip_model_path) that lets this model take images")
     # llama-cpp-python keys, not used yet
     extra: Annotated[dict[str, Any], INTERNAL] = Field(default_factory=dict)
 
-    @field_validator("model")
+    @field_validator("model", "mmproj")
     @classmethod
-    def _absolute(cls, v: Path) -> Path:
-        return v if v.is_absolute() else (Path.cwd() / v).resolve()
+    def _absolute(cls, v: Path | None) -> Path | None:
+        return v if v is None or v.is_absolute() else (Path.cwd() / v).resolve()
 
     @field_validator("aliases")
     @classmethod
@@ -404,5 +419,5 @@ def check_across_entries(entries: list[tuple[int, list[tuple[str, Loc]]]],
 SCHEMA_KEY = "$schema"  # a JSON file may name its JSON Schema for editors; ignored
 TOP_KEYS = (*(k for k in file_keys(Config) if k != "models"), "defaults", "models")
 PER_MODEL_ONLY = (*(k for k in file_keys(ModelEntry) if k not in EntrySettings.model_fields),
-                  MODEL_ALIAS)
+                  MODEL_ALIAS, CLIP_MODEL_PATH)
 ENTRY_KEYS = (*PER_MODEL_ONLY, *file_keys(EntrySettings))

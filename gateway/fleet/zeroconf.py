@@ -33,6 +33,7 @@ N_CTX = 4096  # as scan writes it: this, capped at the model's trained context
 def _config(found: Sequence[scan.FoundModel], source: Path | None, **server: object) -> Config:
     aliases = scan.assign_aliases(found)
     entries = [ModelEntry(model=m.path.absolute(), aliases=names,
+                          mmproj=m.mmproj.absolute() if m.mmproj is not None else None,
                           n_ctx=min(N_CTX, m.n_ctx_train) if m.n_ctx_train > 0 else N_CTX)
                for m, names in zip(found, aliases)]
     return Config(models=entries, source=source, default_model=entries[0].name,

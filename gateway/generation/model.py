@@ -2,6 +2,7 @@
 
     facts        n_ctx, n_vocab, n_embd, max_token_bytes, fingerprint
     text         tokenizer, text_prompt(), chat_template, tool_format (tool calls and reasoning)
+    images       vision: the projector (engine.vision.VisionModel) or None (text only)
     defaults     sampling_defaults (the file's; the entry's and the request's go over them)
     work         prepare(fn, *args): CPU work (templates, tokenizing) off the event loop
                  submit(GenerationRequest) -> Generation: its events, in order; cancel()
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from engine.chat import ChatTemplate
     from engine.loaded import ModelTokenizer
     from engine.tool_formats import ToolFormat
+    from engine.vision import VisionModel
     from gateway.generation.defaults import Sampling
     from gateway.generation.events import Event, GenerationRequest
 
@@ -66,6 +68,9 @@ class GenerativeModel(Protocol):
 
     @property
     def sampling_defaults(self) -> Sampling: ...
+
+    @property
+    def vision(self) -> VisionModel | None: ...  # None: the model takes no images
 
     def text_prompt(self, text: str) -> list[int]: ...  # BOS when the model wants one
 

@@ -22,6 +22,7 @@ import engine
 from gateway import protocol as p
 from gateway.config import LimitSettings
 from gateway.errors import APIError, context_length_exceeded, invalid_request
+from gateway.generation import images
 from gateway.generation.events import (
     GenerationObserver,
     GenerationRequest,
@@ -30,6 +31,7 @@ from gateway.generation.model import Generation, GenerativeModel
 from gateway.generation.structured import Output, chat_output, completion_output
 from gateway.generation.tool_stream import ReplyReader
 from gateway.metrics import RequestMetrics
+from gateway.protocol.chat import IMAGE_MARKER
 
 T = TypeVar("T")
 DEFAULT_LIMITS = LimitSettings()
@@ -144,17 +146,38 @@ def _chat_ids(served: GenerativeModel, output: Output, limits: LimitSettings) ->
     return tokenize_prompt(served, text, limits, "messages")
 
 
+def _chat_text(served: GenerativeModel, output: Output, limits: LimitSettings) -> str:
+    text = served.chat_template.render(output.messages, add_generation_prompt=True,
+                                       tools=output.template_tools,
+                                       time_budget=limits.template_timeout,
+                                       max_chars=limits.max_prompt,
+                                       variables=output.template_vars)
+    check_prompt_size(served, text, limits, "messages")
+    return text
+
+
+def chat_image_parts(req: p.ChatCompletionRequest) -> list[images.ImagePart]:
+    return [images.ImagePart(f"messages[{i}].content[{j}]", url=url)
+            for i, m in enumerate(req.messages) for j, url in m.image_urls()]
+
+
 async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
                     limits: LimitSettings = DEFAULT_LIMITS,
                     template_vars: dict[str, Any] | None = None) -> Plan:
     """`template_vars`: names the chat template reads beside the messages (enable_thinking)."""
     _check_logit_bias(served, req.logit_bias)
+    parts = chat_image_parts(req)
+    images.check_takes_images(served, str(req.model), parts)  # before the template's work
     output = chat_output(req, served.tool_format)
     output.template_vars = dict(template_vars or {})
-    ids = await off_loop(served, _chat_ids, served, output, limits)
-    prompt = engine.Prompt.of_tokens(ids)
-    return Plan([_generation(served, req, prompt, i, "messages") for i in range(req.n)], len(ids),
-                prompt_of=[0] * req.n, output=output)
+    if parts:
+        prompt = await images.prompt_with_images(
+            served, str(req.model), parts, lambda: _chat_text(served, output, limits), limits,
+            IMAGE_MARKER)
+    else:
+        prompt = engine.Prompt.of_tokens(await off_loop(served, _chat_ids, served, output, limits))
+    return Plan([_generation(served, req, prompt, i, "messages") for i in range(req.n)],
+                len(prompt), prompt_of=[0] * req.n, output=output)
 
 
 async def count_chat_tokens(served: GenerativeModel, req: p.ChatCompletionRequest,

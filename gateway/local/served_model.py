@@ -1,6 +1,7 @@
 """The served model: what the registry holds for a loaded model, and the loader that makes it.
 
     load_served_model(entry) -> engine.load (kernels compile, KV slots) -> chat template
+                             -> the entry's mmproj (engine.vision.VisionModel), if any
                              -> ServedModel(model, template) -> its Scheduler thread starts
 
 A load that fails after the weights are mapped closes the model again, so nothing leaks.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,6 +31,7 @@ from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.version import version
 
 if TYPE_CHECKING:
+    from engine.vision import VisionModel
     from gateway.config import ModelEntry
     from gateway.fleet.registry import Servable
 
@@ -43,8 +46,11 @@ class ServedModel:
     chat_format: str | None = None  # which template and why (chat_formats.TemplateChoice)
 
     def __init__(self, model: LoadedModel, template: ChatTemplate, *, name: str, max_queue: int,
-                 metrics: MetricsSink = NULL_METRICS) -> None:
+                 metrics: MetricsSink = NULL_METRICS, vision: VisionModel | None = None) -> None:
         self.model = model
+        self.vision = vision  # the entry's projector: images in (encoded on `prep`)
+        # its weights are read into memory of its own: the file's size is its share
+        self._vision_bytes = os.path.getsize(vision.path) if vision is not None else 0
         self.tokenizer = model.tokenizer
         self.n_ctx: int = model.n_ctx
         self.chat_template = template
@@ -89,7 +95,7 @@ class ServedModel:
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.model.memory_bytes)
+        return int(self.model.memory_bytes) + self._vision_bytes
 
     @property
     def broken(self) -> str | None:
@@ -152,6 +158,8 @@ class ServedModel:
         self.prep.shutdown(wait=True, cancel_futures=True)
         self.scheduler.close()
         self.model.close()
+        if self.vision is not None:
+            self.vision.close()
 
 
 def _fingerprint(model: LoadedModel, template: ChatTemplate) -> str:
@@ -190,15 +198,24 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
     """The registry's loader: load the GGUF (compiling kernels) with `n_parallel` KV-cache slots
     and start its scheduler."""
     model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
-                        n_slots=entry.n_parallel)
+                        n_slots=entry.n_parallel, flash_attn=entry.flash_attn)
+    vision: VisionModel | None = None
     try:
         template, choice = _template_for(model, entry)
         log.info("%s: chat template: %s", entry.name, choice.describe())
+        if entry.mmproj is not None:
+            from engine.vision import VisionModel
+
+            vision = VisionModel(entry.mmproj, n_threads=entry.n_threads)
+            log.info("%s: images through %s (%s)", entry.name, entry.mmproj.name,
+                     vision.hp.projector)
         served = ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
-                             metrics=metrics)
+                             metrics=metrics, vision=vision)
         served.chat_format = choice.describe()
         return served
     except BaseException:
+        if vision is not None:
+            vision.close()
         model.close()
         raise
 

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions: messages in; a completion or its stream chunks out."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_serializer
 
@@ -24,20 +24,43 @@ class TextContentPart(_Request):
     text: str
 
 
+class ImageURL(_Request):
+    url: str                                   # data:image/...;base64,... (http(s) if allowed)
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; mtmd's layout decides
+
+
+class ImageContentPart(_Request):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextContentPart | ImageContentPart, Field(discriminator="type")]
+IMAGE_MARKER = "<__media__>"  # where an image part goes in the rendered template (llama-server's)
+
+
 class ChatMessage(_Request):
     role: Literal["developer", "system", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # assistant messages
     tool_call_id: str | None = None             # tool messages
 
     def text(self) -> str:
-        """Content as one string: text parts are joined by newlines."""
+        """Content as one string: parts are joined by newlines, an image part is IMAGE_MARKER
+        (gateway/generation/images.py puts the image there after the template has run)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text for part in self.content)
+        return "\n".join(part.text if isinstance(part, TextContentPart) else IMAGE_MARKER
+                         for part in self.content)
+
+    def image_urls(self) -> list[tuple[int, str]]:
+        """(part index, url) of each image part, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [(j, part.image_url.url) for j, part in enumerate(self.content)
+                if isinstance(part, ImageContentPart)]
 
     def for_template(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": self.text()}

@@ -16,6 +16,7 @@ class ModelExtras(_Response):
     architecture: str | None
     quantization: str | None
     parameters: int | None
+    images: bool = False          # the entry has an mmproj: chat image_url parts are taken
 
 
 class ModelCard(_Response):

@@ -9,8 +9,9 @@
 A written config loads with `load_config` as it is: model paths are relative to the output file
 (absolute on stdout), every entry has aliases and an `n_ctx` no larger than the model was trained
 for, and YAML/TOML entries carry a comment line (architecture, parameters, quantization, chat
-template). Files that cannot be served (not GGUF, truncated, vision projectors, adapters,
-architectures the engine lacks) are skipped with their reason on stderr.
+template). A vision projector (mmproj) beside the model it fits is written as that entry's
+`mmproj`. Files that cannot be served (not GGUF, truncated, projectors that pair with no model,
+adapters, architectures the engine lacks) are skipped with their reason on stderr.
 
 `--update FILE` keeps FILE's text as the user left it and adds only models it does not list yet
 (compared by resolved path), with aliases unique against the ones it has. YAML and TOML entries
@@ -18,8 +19,9 @@ are appended to the text; when that is impossible (e.g. `models = [...]` written
 is rewritten from its values, comments lost, after saving the old text as FILE.bak.
 
 The steps live in one module each: discover.py (walk, group split parts), judge.py (headers ->
-FoundModel | Skipped), naming.py (aliases), render.py (entries, YAML/TOML/JSON), update.py
-(`--update`), cli.py (arguments, checking with load_config, writing).
+FoundModel | Skipped), pairing.py (an mmproj with its model), naming.py (aliases), render.py
+(entries, YAML/TOML/JSON), update.py (`--update`), cli.py (arguments, checking with
+load_config, writing).
 """
 
 from gateway.config.formats import FORMATS

@@ -1,7 +1,8 @@
 """Finding model files under a folder: walk, pass over the odd ones, group split parts.
 
     walk DIR (hidden passed over) -> regular files, each real file once -> singles | split groups
-    -> a split group with every part, or Skipped -> judge.examine_parts -> ScanResult
+    -> a split group with every part, or Skipped -> judge.examine_parts
+    -> pairing.pair_projectors (an mmproj beside its model) -> ScanResult
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from engine.gguf import SPLIT_NAME
 from gateway.scan.judge import FoundModel, Skipped, examine_parts
+from gateway.scan.pairing import pair_projectors
 
 
 @dataclass
@@ -62,6 +64,7 @@ def scan_dir(root: str | os.PathLike[str], *, exclude: Iterable[Path] = ()) -> S
             continue
         judge(examine_parts([parts[n] for n in range(1, count + 1)], prefix))
 
+    found, skipped = pair_projectors(found, skipped)
     found.sort(key=lambda m: str(m.path))
     skipped.sort(key=lambda s: str(s.path))
     return ScanResult(found, skipped)

@@ -34,13 +34,15 @@ class FoundModel:
     has_chat_template: bool
     n_parts: int = 1
     builtin_template: str = "chatml"  # the built-in served when the file has no template
+    mmproj: Path | None = None        # its vision projector (pairing.py), beside it
 
     def summary(self) -> str:
         """The comment written above the entry."""
         parts = f", split in {self.n_parts} parts" if self.n_parts > 1 else ""
         template = "yes" if self.has_chat_template else f"no (built-in {self.builtin_template!r})"
+        images = f", images: {self.mmproj.name}" if self.mmproj is not None else ""
         return (f"{self.arch}, {format_count(self.n_params)} params, {self.quantization}"
-                f"{parts}, chat template: {template}")
+                f"{parts}, chat template: {template}{images}")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Skipped:
 
 
 NOT_GGUF = "not a GGUF file"
+MMPROJ = "a vision projector (mmproj), not a language model"  # pairing.py pairs these
 
 
 def examine_parts(parts: list[Path], stem: str) -> FoundModel | Skipped:
@@ -63,7 +66,7 @@ def examine_parts(parts: list[Path], stem: str) -> FoundModel | Skipped:
 def _judge(parts: list[Path], stem: str) -> FoundModel | Skipped:
     first = parts[0]
     if "mmproj" in first.name.lower():
-        return Skipped(first, "a vision projector (mmproj), not a language model")
+        return Skipped(first, MMPROJ)
     try:
         with open(first, "rb") as f:
             magic = f.read(len(MAGIC))
@@ -112,7 +115,7 @@ def _not_servable(meta: dict[str, Any], headers: list[tuple[dict[str, Any], dict
     after)."""
     kind = meta.get("general.type")
     if kind == "mmproj" or any(k.startswith("clip.") for k in meta):
-        return "a vision projector (mmproj), not a language model"
+        return MMPROJ
     if kind == "adapter":
         return "a LoRA adapter, not a model"
     count = meta.get("split.count", 1)

@@ -44,6 +44,10 @@ def build_entries(models: Sequence[FoundModel], aliases: Sequence[list[str]],
             shown = Path(os.path.relpath(m.path.absolute(), relative_to.absolute())).as_posix()
         fields = {"model": _literal(shown), "aliases": [_literal(a) for a in names],
                   "n_ctx": min(default_n_ctx, m.n_ctx_train)}
+        if m.mmproj is not None:
+            proj = (m.mmproj.absolute().as_posix() if relative_to is None else Path(
+                os.path.relpath(m.mmproj.absolute(), relative_to.absolute())).as_posix())
+            fields["mmproj"] = _literal(proj)
         entries.append(Entry(fields, m.summary()))
     return entries
 

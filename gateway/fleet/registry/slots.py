@@ -6,6 +6,7 @@ Only gateway/fleet/registry/core.py writes a slot's state; everything here reads
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,8 +54,10 @@ Estimator = Callable[[ModelEntry], int]
 def engine_estimator(entry: ModelEntry) -> int:
     import engine
 
-    # one KV cache of n_ctx per parallel slot, as the scheduler loads it
-    return int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel))
+    # one KV cache of n_ctx per parallel slot, as the scheduler loads it; the projector's
+    # weights are read into memory of their own (engine/vision/mmproj.py): its file's size
+    text = int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel))
+    return text + (os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0)
 
 
 @dataclass(eq=False)
@@ -122,6 +125,7 @@ class ModelRow(TypedDict):
     active: int
     n_ctx: int
     chat_format: str | None        # which template, and why
+    mmproj: str | None             # the vision projector file: the entry takes images
     last_used: float | None        # unix time
     load_seconds: float | None
     load_count: int
@@ -145,6 +149,7 @@ def row(slot: Slot) -> ModelRow:
         active=active,
         n_ctx=slot.entry.n_ctx,
         chat_format=model.chat_format if model is not None else None,
+        mmproj=None if slot.entry.mmproj is None else str(slot.entry.mmproj),
         last_used=(None if slot.last_used is None
                    else time.time() - (time.monotonic() - slot.last_used)),
         load_seconds=slot.load_seconds,
