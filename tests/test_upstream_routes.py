@@ -108,3 +108,11 @@ def test_without_an_upstream_alias_unserved_routes_answer_as_before(
     _, url = servers
     body: dict[str, Any] = {"model": "near", "query": "q"}
     assert httpx.post(url + path, json=body, timeout=10).status_code == status
+
+
+@pytest.mark.parametrize(("path", "status"), [
+    ("/v1/nothing-here", 404), ("/v1/chat/completions", 405), ("/rerank", 404)])
+def test_other_methods_answer_as_before(servers: tuple[Recorder, str], path: str,
+                                        status: int) -> None:
+    _, url = servers
+    assert httpx.get(url + path, timeout=10).status_code == status

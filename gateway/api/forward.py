@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Match, Route
 from gateway.backends import dispatch
 
 ROOT_PATHS = ("/rerank", "/reranking", "/infill")
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]  # all: answers as before
 
 
 async def _unserved(request: Request, body: bytes, entry: str | None, shown: str | None
@@ -31,13 +32,18 @@ async def _unserved(request: Request, body: bytes, entry: str | None, shown: str
 
 
 async def _under_v1(request: Request) -> Response:
+    if request.method != "POST":
+        return await _unserved(request, b"", None, None)
     return await dispatch.serve(request, "/" + request.path_params["path"], _unserved)
 
 
 async def _at_root(request: Request) -> Response:
+    if request.method != "POST":
+        return await _unserved(request, b"", None, None)
     return await dispatch.serve(request, request.url.path, _unserved, at_root=True)
 
 
 def routes() -> list[BaseRoute]:
-    return [Route("/v1/{path:path}", _under_v1, methods=["POST"]),
-            *(Route(path, _at_root, methods=["POST"]) for path in ROOT_PATHS)]
+    # every method: a POST-only catch-all would turn other methods' 404s into 405s
+    return [Route("/v1/{path:path}", _under_v1, methods=METHODS),
+            *(Route(path, _at_root, methods=METHODS) for path in ROOT_PATHS)]
