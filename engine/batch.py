@@ -44,6 +44,7 @@ from .loaded import LoadedModel
 from .model import Chunk, ContextOverflowError, pooled_embedding
 from .prompt import Prompt, as_prompt, common_prefix
 from .sampling import Sampled, Sampler, SamplingParams
+from .thinking_budget import ThinkingBudget
 
 # Prompt tokens per step. A step of 128 tokens takes ~0.2 s on 2 cores, so a request arriving
 # behind a long prompt waits at most about two such steps for its first token; bigger chunks
@@ -83,12 +84,14 @@ class Sequence(_Occupant):
 
     finish_reason: "stop" (end-of-generation token, its grammar complete, or end("stop")),
     "length" (max_tokens or a full slot), "cancelled", "error". A `constraint` (a grammar, see
-    engine/constraint.py) limits every sampled token to what it allows.
+    engine/constraint.py) limits every sampled token to what it allows; a `budget`
+    (engine/thinking_budget.py) forces a thinking block's closing tag once it has run long.
     """
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
     stop_at_eog: bool = True
     constraint: Constraint | None = None
+    budget: ThinkingBudget | None = None  # forces the thinking block closed after N tokens
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
     generated: list[int] = field(default_factory=list, init=False)
@@ -228,8 +231,8 @@ class BatchRunner:
         nothing has changed."""
         if seq.state is not State.DECODING or self.slots[seq.slot] is not seq:
             raise ValueError(f"only a decoding sequence can roll back (this one is {seq.state.value})")
-        if seq.constraint is not None:
-            raise ValueError("a grammar-constrained sequence cannot roll back")
+        if seq.constraint is not None or seq.budget is not None:
+            raise ValueError("a grammar- or budget-constrained sequence cannot roll back")
         if not 0 < n <= len(seq.generated):
             raise ValueError(f"cannot take back {n} of {len(seq.generated)} generated tokens")
         kept = len(seq.generated) - n
@@ -395,6 +398,12 @@ class BatchRunner:
             masks = self._masks.fill([items[i][0].constraint for i in constrained])  # type: ignore[misc]
             for i, mask in zip(constrained, masks):
                 allowed[i] = mask
+        for i, (seq, row) in enumerate(items):
+            forced = seq.budget.forced() if seq.budget is not None else None
+            if forced is not None:  # the budget's closing tag overrides what a grammar allows
+                only = np.zeros(row.shape[-1], dtype=bool)
+                only[forced] = True
+                allowed[i] = only
         return allowed
 
     def _sample(self, items: list[tuple[Sequence, np.ndarray]]) -> list[Sampled]:
@@ -422,6 +431,8 @@ class BatchRunner:
             return
         seq.generated.append(sampled.token)
         result.sampled.append((seq, sampled))
+        if seq.budget is not None:
+            seq.budget.consume(sampled.token)
         if seq.constraint is not None and (not seq.constraint.consume(sampled.token)
                                            or seq.constraint.done):
             self._release(seq, "stop")  # the grammar is complete: only end-of-generation follows

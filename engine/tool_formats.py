@@ -402,4 +402,4 @@ def detect(template: str | None, special: Callable[[str], int | None] = lambda t
     if "<|start_header_id|>ipython" in source or "<|python_tag|>" in source or (
             '"parameters"' in source and "<|start_header_id|>" in source):
         return Llama3Format(special)
-    return GenericFormat(special)
+    return GenericFormat(special, thinking)  # thinking read without tools (ThinkingFormat)

@@ -7,7 +7,8 @@
                                          ...) have no schema we could run: skipped and logged
     tool_choice any/tool/none/auto    -> required / the named function / none / auto;
                                          disable_parallel_tool_use -> parallel_tool_calls false
-    thinking enabled/disabled         -> the template's `enable_thinking`
+    thinking enabled/disabled         -> the template's `enable_thinking`; budget_tokens ->
+                                         reasoning_budget (gateway/generation/reasoning.py)
     max_tokens, stop_sequences, temperature, top_p, top_k, metadata.user_id -> their OpenAI twins
 
 Going through p.ChatCompletionRequest keeps one planning path (entry defaults, the chat
@@ -123,17 +124,21 @@ def _tool_choice(choice: a.ToolChoice, where: str) -> str | dict[str, Any]:
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
-def template_variables(req: a.CountTokensRequest) -> dict[str, Any]:
-    """What the chat template is told beside the messages: `enable_thinking` (Qwen3's name,
-    which other thinking templates read too) when the request says whether to think."""
+def _thinking(req: a.CountTokensRequest) -> dict[str, Any]:
+    """`thinking` as the chat twin's reasoning fields: `enable_thinking` (Qwen3's name, which
+    other thinking templates read too) and an enabled block's budget_tokens as its budget."""
     if req.thinking is None:
         return {}
-    return {"enable_thinking": req.thinking.type != "disabled"}
+    think = req.thinking.type != "disabled"
+    out: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": think}}
+    if think and req.thinking.budget_tokens is not None:
+        out["reasoning_budget"] = req.thinking.budget_tokens
+    return out
 
 
 def chat_request(req: a.CountTokensRequest) -> p.ChatCompletionRequest:
     """The chat request that plans like `req` (see the module docstring)."""
-    body: dict[str, Any] = {"messages": _messages(req)}
+    body: dict[str, Any] = {"messages": _messages(req), **_thinking(req)}
     if req.model is not None:
         body["model"] = req.model
     tools = _tools(req)

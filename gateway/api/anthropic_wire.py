@@ -227,8 +227,7 @@ async def message_events(served: GenerativeModel, alias: str, req: a.MessageCrea
 async def plan_messages(served: GenerativeModel, lease: Lease, req: a.MessageCreateRequest,
                         limits: LimitSettings) -> Plan:
     chat = with_defaults(anthropic_request.chat_request(req), lease, served)
-    return await serving.plan_chat(served, chat, limits,
-                                   anthropic_request.template_variables(req))
+    return await serving.plan_chat(served, chat, limits)
 
 
 class MessagesWire:

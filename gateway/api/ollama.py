@@ -14,6 +14,8 @@
 Errors are Ollama's `{"error": "..."}` (registered below with gateway/errors.py shape_errors).
 A name may carry `:latest` (Ollama's default tag): `smol:latest` is the alias `smol` unless an alias says
 otherwise. Keys, per-key models and limits apply as on every route (gateway/http/auth.py).
+chat, generate and the embeddings of an upstream alias go to its server's /api/* as received
+(gateway/backends/dispatch.py): an Ollama upstream answers them.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from engine.tool_formats import detect
 from gateway import protocol as p
 from gateway.api import admin, endpoints, model_info, ollama_wire, pipeline
 from gateway.api.ollama_wire import created_at, ollama_name
+from gateway.backends import dispatch
 from gateway.config import Config, LimitSettings, ModelEntry
 from gateway.errors import APIError, context_length_exceeded, shape_errors
 from gateway.generation import defaults, serving
@@ -296,10 +299,10 @@ async def managed_by_config(request: Request) -> Response:
 
 
 ENDPOINTS: endpoints.Table = {
-    "POST /api/chat": chat,
-    "POST /api/generate": generate,
-    "POST /api/embed": embed,
-    "POST /api/embeddings": embeddings,
+    "POST /api/chat": dispatch.forwarding("/api/chat", chat, at_root=True),
+    "POST /api/generate": dispatch.forwarding("/api/generate", generate, at_root=True),
+    "POST /api/embed": dispatch.forwarding("/api/embed", embed, at_root=True),
+    "POST /api/embeddings": dispatch.forwarding("/api/embeddings", embeddings, at_root=True),
     "GET /api/tags": tags,
     "POST /api/show": show,
     "GET /api/ps": ps,

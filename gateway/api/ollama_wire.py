@@ -7,8 +7,9 @@ completion. The renderers give Ollama's shapes: NDJSON objects with `done: false
 then one `done: true` object with the counts and durations (nanoseconds).
 
     think      the model's format reads a <think> span: it is returned as `thinking`, never in
-               `content`. `think: true` on a model without one is a 400 (as Ollama); `false`
-               on one that thinks is a 400 too: no template here has a switch to turn it off.
+               `content`. `think` on a model without one is a 400 (as Ollama); false turns it
+               off, a level ("low".."high") turns it on at that reasoning_effort
+               (gateway/generation/reasoning.py).
     options    num_predict, temperature, top_k, top_p, min_p, seed, stop and the penalties;
                num_ctx must be the entry's n_ctx (a different one would mean a reload).
     images     a 400 until models take images (#19).
@@ -106,16 +107,18 @@ def _common(req: o.ChatRequest | o.GenerateRequest, n_ctx: int) -> dict[str, Any
 
 
 def _check_think(think: o.Think | None, model: GenerativeModel, name: str) -> None:
-    thinks = model.tool_format.thinking
-    if isinstance(think, str):
-        raise invalid_request(f"think levels ('{think}') are not supported; send true or false",
-                              "think")
-    if think is True and not thinks:
+    if think not in (None, False) and not model.tool_format.thinking:
         raise invalid_request(f'"{name}" does not support thinking', "think")
-    if think is False and thinks:
-        raise invalid_request(f'"{name}" thinks, and this server cannot turn its thinking off '
-                              "(its chat template has no switch for it); leave think out",
-                              "think")
+
+
+def _think(think: o.Think | None) -> dict[str, Any]:
+    """`think` as the chat twin's reasoning fields."""
+    if think is None:
+        return {}
+    out: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": think is not False}}
+    if isinstance(think, str):
+        out["reasoning_effort"] = think
+    return out
 
 
 def _no_images(images: list[str] | None, param: str) -> None:
@@ -156,7 +159,7 @@ def _parsed(model: type[R], body: dict[str, Any]) -> R:
 
 
 def chat_request(req: o.ChatRequest, n_ctx: int) -> p.ChatCompletionRequest:
-    body = {**_common(req, n_ctx), "messages": _messages(req)}
+    body = {**_common(req, n_ctx), **_think(req.think), "messages": _messages(req)}
     if req.tools:
         body["tools"] = req.tools
     return _parsed(p.ChatCompletionRequest, body)
@@ -175,7 +178,8 @@ def generate_request(req: o.GenerateRequest, n_ctx: int
         return _parsed(p.CompletionRequest, {**_common(req, n_ctx), "prompt": req.prompt})
     messages = [{"role": "system", "content": req.system}] if req.system else []
     messages.append({"role": "user", "content": req.prompt})
-    return _parsed(p.ChatCompletionRequest, {**_common(req, n_ctx), "messages": messages})
+    return _parsed(p.ChatCompletionRequest, {**_common(req, n_ctx), **_think(req.think),
+                                             "messages": messages})
 
 
 def with_defaults(req: R, lease: Lease, served: GenerativeModel) -> R:

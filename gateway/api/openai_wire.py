@@ -14,7 +14,7 @@ from gateway import protocol as p
 from gateway.config import LimitSettings
 from gateway.errors import APIError
 from gateway.fleet.registry import Lease
-from gateway.generation import defaults, serving
+from gateway.generation import defaults, reasoning, serving
 from gateway.generation.choices import ChoiceResult, choice_events
 from gateway.generation.events import Finished, PromptProgress, TextDelta, TokenInfo
 from gateway.generation.model import GenerativeModel
@@ -31,7 +31,10 @@ def with_defaults(req: R, lease: Lease, served: GenerativeModel) -> R:
     budget = (defaults.chat_max_tokens(lease.entry, served.n_ctx)
               if isinstance(req, p.ChatCompletionRequest)
               else defaults.completion_max_tokens(lease.entry))
-    return defaults.fill(req, lease.entry, served.sampling_defaults, budget)
+    filled = defaults.fill(req, lease.entry, served.sampling_defaults, budget)
+    if isinstance(filled, p.ChatCompletionRequest):
+        return reasoning.with_entry_defaults(filled, lease.entry)
+    return filled
 
 
 def _cached_tokens(plan: Plan, results: list[ChoiceResult]) -> int:
@@ -209,7 +212,8 @@ class ChatWire:
 
     async def plan(self, model: GenerativeModel, lease: Lease, req: p.ChatCompletionRequest,
                    limits: LimitSettings) -> Plan:
-        return await serving.plan_chat(model, with_defaults(req, lease, model), limits)
+        return await serving.plan_chat(model, with_defaults(req, lease, model), limits,
+                                       lease.entry.reasoning_field)
 
     framing = SSE
     whole = staticmethod(chat_completion)

@@ -155,18 +155,13 @@ def _format(text: r.TextConfig | None, tools: bool) -> dict[str, Any]:
 
 def check_reasoning(req: r.ResponsesInput, model: GenerativeModel) -> None:
     """reasoning.effort against what the model does: one that does not think cannot reason
-    at a level, one that does cannot be stopped (its template has no switch)."""
+    at a level. One that does is told the effort (gateway/generation/reasoning.py; 'none'
+    turns its thinking off)."""
     effort = req.reasoning.effort if req.reasoning is not None else None
-    thinks = model.tool_format.thinking
-    if effort is None:
-        return
-    if not thinks and effort not in ("none", "minimal"):
+    if effort is not None and not model.tool_format.thinking and effort not in ("none",
+                                                                                 "minimal"):
         raise invalid_request(f"reasoning.effort '{effort}': this model does not reason; send "
                               "'none' or leave reasoning out", "reasoning.effort")
-    if thinks and effort == "none":
-        raise invalid_request("reasoning.effort 'none': this model thinks, and this server "
-                              "cannot turn its thinking off (its chat template has no switch "
-                              "for it)", "reasoning.effort")
 
 
 def turn(req: r.ResponsesInput, history: list[dict[str, Any]]) -> Turn:
@@ -198,6 +193,8 @@ def turn(req: r.ResponsesInput, history: list[dict[str, Any]]) -> Turn:
         for name in ("temperature", "top_p", "seed", "user"):
             if getattr(req, name) is not None:
                 body[name] = getattr(req, name)
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        body["reasoning_effort"] = req.reasoning.effort
     chat = p.parse_request(p.ChatCompletionRequest, json.dumps(body).encode())
     custom = {t.name for t in req.tools or [] if isinstance(t, r.CustomTool)}
     stored = [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in items]

@@ -7,7 +7,7 @@ on untouched. Model lists get one card per upstream alias, configured or discove
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,6 +36,20 @@ async def serve(request: Request, endpoint: str, local: LocalHandler, *,
     call = Call(request=request, endpoint=endpoint, body=body, alias=pool.alias, local=local,
                 at_root=at_root)
     return await pool.serve(call, wait=router.config.registry.load_timeout)
+
+
+def forwarding(endpoint: str, handler: Callable[[Request], Awaitable[Response]],
+               at_root: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    """`handler` (a route that reads its own body) behind the seam: an upstream alias's
+    request goes to its server's `endpoint` as received."""
+    async def local(request: Request, body: bytes, entry: str | None, shown: str | None
+                    ) -> Response:
+        return await handler(request)
+
+    async def route(request: Request) -> Response:
+        return await serve(request, endpoint, local, at_root=at_root)
+
+    return route
 
 
 def _model_of(body: bytes) -> str | None:

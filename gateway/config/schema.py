@@ -149,6 +149,23 @@ class EntrySettings(BaseModel):
                                 "(at most n_ctx / 2), completions 16")
     seed: Annotated[int | None, LIVE] = Field(
         None, description="the seed of requests that bring none (llama-server's --seed)")
+    # Reasoning defaults for requests that leave them out (gateway/generation/reasoning.py)
+    chat_template_kwargs: Annotated[dict[str, Any] | None, LIVE] = Field(
+        None, description="names the chat template reads, under a request's own "
+                          "(llama-server's --chat-template-kwargs), e.g. {enable_thinking: false}")
+    reasoning_format: Annotated[Literal["none", "auto", "deepseek", "deepseek-legacy"] | None,
+                                LIVE] = Field(
+        None, description="where a reply's <think> block goes: none = content, auto/deepseek "
+                          "= reasoning_content, deepseek-legacy = both; default auto")
+    reasoning_budget: Annotated[int | None, LIVE] = Field(
+        None, ge=-1, description="thinking tokens before the block is closed; 0 = no thinking, "
+                                 "-1 = unlimited (the default)")
+    reasoning_effort: Annotated[Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None,
+                                LIVE] = Field(
+        None, description="the reasoning_effort of requests without one; none = no thinking")
+    reasoning_field: Annotated[bool, LIVE] = Field(
+        False, description="chat replies carry the reasoning as `reasoning` beside "
+                           "`reasoning_content` (for clients that read that name)")
 
     @field_validator("n_ctx")
     @classmethod

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import engine
+from engine.thinking_budget import ThinkingBudget
 
 
 class GenerationObserver(Protocol):
@@ -28,6 +29,7 @@ class GenerationRequest:
     logprobs: bool = False               # attach TokenInfo to deltas
     constraint: engine.Constraint | None = None  # a grammar this choice alone follows
     keep_special: bool = False           # decode control tokens too (tool-call markers)
+    budget: ThinkingBudget | None = None  # closes the thinking block after N tokens (this choice's)
     observer: GenerationObserver | None = field(default=None, compare=False, repr=False)
 
 

@@ -19,10 +19,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 import engine
+from engine.thinking_budget import ThinkingBudget
+from engine.tool_formats import ThinkingFormat
 from gateway import protocol as p
 from gateway.config import LimitSettings
 from gateway.errors import APIError, context_length_exceeded, invalid_request
-from gateway.generation import images
+from gateway.generation import images, reasoning
 from gateway.generation.events import (
     GenerationObserver,
     GenerationRequest,
@@ -46,6 +48,9 @@ class Plan:
     prompt_of: list[int] = field(default_factory=list)  # per choice: which prompt it continues
     submitted: list[Generation] = field(default_factory=list)  # the generations, once submitted
     output: Output = field(default_factory=Output)       # the grammar, the tool-call format
+    reasoning: reasoning.Settings = field(default_factory=reasoning.Settings)
+    inside: bool = False                 # the prompt opened the thinking block
+    also_reasoning: bool = False         # repeat reasoning_content as `reasoning` (entry key)
 
     async def prepare(self, served: GenerativeModel) -> None:
         """Compile the grammar (on a worker thread; a 400 if it does not compile) and give each
@@ -65,7 +70,9 @@ class Plan:
     def reader(self) -> ReplyReader | None:
         """A fresh reader for one choice's reply when it may hold tool calls."""
         fmt = self.output.tool_format
-        return ReplyReader(fmt) if fmt is not None else None
+        if fmt is None:
+            return None
+        return ReplyReader(fmt, self.inside, self.reasoning.format, self.also_reasoning)
 
     def submit(self, served: GenerativeModel) -> None:
         """Queue every choice at once (they share the batch); all or none. Streams call it before
@@ -95,7 +102,7 @@ def _check_logit_bias(served: GenerativeModel, bias: dict[str, float] | None) ->
 
 
 def _generation(served: GenerativeModel, req: p.GenerationRequestBody, prompt: engine.Prompt,
-                choice: int, param: str) -> GenerationRequest:
+                choice: int, param: str, thinking: ThinkingBudget | None = None) -> GenerationRequest:
     """One choice's request; the n choices of a prompt share its Prompt (usage bills it once)."""
     if len(prompt) >= served.n_ctx:
         raise context_length_exceeded(len(prompt), served.n_ctx, param)
@@ -107,6 +114,7 @@ def _generation(served: GenerativeModel, req: p.GenerationRequestBody, prompt: e
         max_tokens=room if budget is None else min(budget, room),
         stop=tuple(req.stop_list()),
         logprobs=req.wants_logprobs(),
+        budget=thinking.copy() if thinking is not None else None,
     )
 
 
@@ -137,13 +145,15 @@ def tokenize_prompt(served: GenerativeModel, text: str, limits: LimitSettings, p
     return served.text_prompt(text)
 
 
-def _chat_ids(served: GenerativeModel, output: Output, limits: LimitSettings) -> list[int]:
+def _chat_ids(served: GenerativeModel, output: Output, limits: LimitSettings
+              ) -> tuple[list[int], bool]:
+    """The prompt's tokens, and whether it opened the thinking block."""
     text = served.chat_template.render(output.messages, add_generation_prompt=True,
                                        tools=output.template_tools,
                                        time_budget=limits.template_timeout,
                                        max_chars=limits.max_prompt,
                                        variables=output.template_vars)
-    return tokenize_prompt(served, text, limits, "messages")
+    return tokenize_prompt(served, text, limits, "messages"), reasoning.opens_block(text)
 
 
 def _chat_text(served: GenerativeModel, output: Output, limits: LimitSettings) -> str:
@@ -162,31 +172,43 @@ def chat_image_parts(req: p.ChatCompletionRequest) -> list[images.ImagePart]:
 
 
 async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
-                    limits: LimitSettings = DEFAULT_LIMITS,
-                    template_vars: dict[str, Any] | None = None) -> Plan:
-    """`template_vars`: names the chat template reads beside the messages (enable_thinking)."""
+                    limits: LimitSettings = DEFAULT_LIMITS, also_reasoning: bool = False) -> Plan:
+    """`req`'s reasoning fields (gateway/generation/reasoning.py) reach the template, the
+    reply's reader and, as a budget, each choice."""
     _check_logit_bias(served, req.logit_bias)
     parts = chat_image_parts(req)
     images.check_takes_images(served, str(req.model), parts)  # before the template's work
     output = chat_output(req, served.tool_format)
-    output.template_vars = dict(template_vars or {})
+    settings = reasoning.settings(req)
+    output.template_vars = dict(settings.template_vars)
     if parts:
-        prompt = await images.prompt_with_images(
-            served, str(req.model), parts, lambda: _chat_text(served, output, limits), limits,
-            IMAGE_MARKER)
+        rendered: list[str] = []  # the templated text, to see whether it opened the block
+
+        def render() -> str:
+            rendered.append(_chat_text(served, output, limits))
+            return rendered[-1]
+
+        prompt = await images.prompt_with_images(served, str(req.model), parts, render, limits,
+                                                 IMAGE_MARKER)
+        inside = bool(rendered) and reasoning.opens_block(rendered[-1])
     else:
-        prompt = engine.Prompt.of_tokens(await off_loop(served, _chat_ids, served, output, limits))
-    return Plan([_generation(served, req, prompt, i, "messages") for i in range(req.n)],
-                len(prompt), prompt_of=[0] * req.n, output=output)
+        ids, inside = await off_loop(served, _chat_ids, served, output, limits)
+        prompt = engine.Prompt.of_tokens(ids)
+    if inside and output.tool_format is None:  # the reply starts in the block the prompt opened
+        output.tool_format = ThinkingFormat(served.tool_format.special)
+    budget = reasoning.budget(served, settings.budget, inside)
+    return Plan([_generation(served, req, prompt, i, "messages", budget) for i in range(req.n)],
+                len(prompt), prompt_of=[0] * req.n, output=output, reasoning=settings,
+                inside=inside, also_reasoning=also_reasoning)
 
 
 async def count_chat_tokens(served: GenerativeModel, req: p.ChatCompletionRequest,
-                            limits: LimitSettings = DEFAULT_LIMITS,
-                            template_vars: dict[str, Any] | None = None) -> int:
-    """The prompt tokens `req` would be planned with (its messages and tools, templated)."""
+                            limits: LimitSettings = DEFAULT_LIMITS) -> int:
+    """The prompt tokens `req` would be planned with (its messages, tools and reasoning fields,
+    templated)."""
     output = chat_output(req, served.tool_format)
-    output.template_vars = dict(template_vars or {})
-    return len(await off_loop(served, _chat_ids, served, output, limits))
+    output.template_vars = dict(reasoning.settings(req).template_vars)
+    return len((await off_loop(served, _chat_ids, served, output, limits))[0])
 
 
 async def plan_completion(served: GenerativeModel, req: p.CompletionRequest,

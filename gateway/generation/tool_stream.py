@@ -7,12 +7,18 @@ reasoning, a call's first delta (index, id, type, name, arguments "") as soon as
 known, then pieces of its arguments. Text that might be the start of a marker is held back by
 the reader, so marker text never reaches `content`. `finish()` reads the text as final; the
 deltas then add up to exactly the message `message()` gives.
+
+The reasoning settings (gateway/generation/reasoning.py) say how a <think> block is read: from
+the first token when the prompt opened it (`inside`), and returned as reasoning_content
+("deepseek"), left in content ("none", read by the format with thinking switched off), or both
+("deepseek-legacy"); `also_reasoning` repeats reasoning_content as `reasoning`.
 """
 from __future__ import annotations
 
+import copy
 import uuid
 
-from engine.tool_formats import Reply, ToolFormat
+from engine.tool_formats import THINK_OPEN, Reply, ToolFormat
 from gateway import protocol as p
 from gateway.protocol.tools import FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
 
@@ -22,8 +28,16 @@ def new_call_id() -> str:
 
 
 class ReplyReader:
-    def __init__(self, fmt: ToolFormat) -> None:
+    def __init__(self, fmt: ToolFormat, inside: bool = False, reasoning_format: str = "deepseek",
+                 also_reasoning: bool = False) -> None:
         self.fmt = fmt
+        self._opened = THINK_OPEN if inside else ""  # what the prompt wrote of the reply
+        self._raw: ToolFormat | None = None          # reads the block as content
+        if reasoning_format != "deepseek" and fmt.thinking:
+            self._raw = copy.copy(fmt)
+            self._raw.thinking = False
+        self._keeps_reasoning = reasoning_format != "none"
+        self._also_reasoning = also_reasoning
         self.text = ""
         self.reply = Reply()
         self.ids: list[str] = []
@@ -33,10 +47,19 @@ class ReplyReader:
 
     def push(self, piece: str) -> list[p.ChoiceDelta]:
         self.text += piece
-        return self._deltas(self.fmt.read(self.text, final=False))
+        return self._deltas(self._read(final=False))
 
     def finish(self) -> list[p.ChoiceDelta]:
-        return self._deltas(self.fmt.read(self.text, final=True))
+        return self._deltas(self._read(final=True))
+
+    def _read(self, final: bool) -> Reply:
+        reply = self.fmt.read(self._opened + self.text, final)
+        if self._raw is None:
+            return reply
+        # legacy content shows the whole block; "none" content is what the model wrote
+        raw = self._raw.read((self._opened if self._keeps_reasoning else "") + self.text, final)
+        return Reply(content=raw.content, calls=raw.calls,
+                     reasoning=reply.reasoning if self._keeps_reasoning else "")
 
     @property
     def has_calls(self) -> bool:
@@ -46,7 +69,9 @@ class ReplyReader:
         self.reply = reply
         out: list[p.ChoiceDelta] = []
         if len(reply.reasoning) > self._sent_reasoning:
-            out.append(p.ChoiceDelta(reasoning_content=reply.reasoning[self._sent_reasoning:]))
+            more = reply.reasoning[self._sent_reasoning:]
+            out.append(p.ChoiceDelta(reasoning_content=more,
+                                     reasoning=more if self._also_reasoning else None))
             self._sent_reasoning = len(reply.reasoning)
         if len(reply.content) > self._sent_content:
             out.append(p.ChoiceDelta(content=reply.content[self._sent_content:]))
@@ -75,8 +100,10 @@ class ReplyReader:
         calls = [ToolCall(id=self.ids[i], function=FunctionCall(name=c.name, arguments=c.arguments))
                  for i, c in enumerate(reply.calls)]
         content = reply.content if (reply.content or not calls) else None
+        reasoning = reply.reasoning or None
         return p.AssistantMessage(content=content, tool_calls=calls or None,
-                                  reasoning_content=reply.reasoning or None)
+                                  reasoning_content=reasoning,
+                                  reasoning=reasoning if self._also_reasoning else None)
 
 
 def finish_reason(reason: str, reader: ReplyReader | None) -> str:

@@ -97,7 +97,8 @@ class _GenerationJob(_Job):
                  tokenizer: ModelTokenizer) -> None:
         super().__init__(loop, batch.Sequence(request.prompt, params=request.params,
                                               max_tokens=request.max_tokens,
-                                              constraint=request.constraint))
+                                              constraint=request.constraint,
+                                              budget=request.budget))
         self.request = request
         # one consumer: a deque and the future it waits on is all an asyncio.Queue did here
         self.events: deque[Event | BaseException] = deque()

@@ -18,6 +18,9 @@ from gateway.protocol.base import (
 )
 from gateway.protocol.tools import ToolCall, ToolCallDelta, ToolCallIn, ToolChoice, ToolDefinition
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+ReasoningFormat = Literal["none", "auto", "deepseek", "deepseek-legacy"]
+
 
 class TextContentPart(_Request):
     type: Literal["text"]
@@ -82,6 +85,11 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    reasoning_effort: ReasoningEffort | None = None
+    # --- llama.cpp's reasoning controls (gateway/generation/reasoning.py reads them all) ---
+    chat_template_kwargs: dict[str, Any] | None = None  # names the template reads, e.g. enable_thinking
+    reasoning_format: ReasoningFormat | None = None
+    reasoning_budget: int | None = Field(default=None, ge=-1)  # thinking tokens; -1 = unlimited, 0 = off
 
     @field_validator("top_logprobs")
     @classmethod
@@ -124,10 +132,11 @@ class AssistantMessage(_Response):
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None  # modelyard/llama.cpp extra: a <think> span
+    reasoning: str | None = None          # the same again, when the entry's reasoning_field asks
 
     @model_serializer(mode="wrap")
     def _omit_absent(self, handler: Any) -> dict[str, Any]:
-        return without_unset(handler(self), ("tool_calls", "reasoning_content"))
+        return without_unset(handler(self), ("tool_calls", "reasoning_content", "reasoning"))
 
 
 class ChatChoice(_Response):
@@ -151,6 +160,7 @@ class ChoiceDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
     @model_serializer(mode="wrap")

@@ -124,15 +124,19 @@ def test_sampling_fields_reach_the_chat_request_and_unset_ones_stay_unset() -> N
     assert {"temperature", "top_p", "top_k"}.isdisjoint(bare.model_fields_set)
 
 
-@pytest.mark.parametrize(("thinking", "variables"), [
-    ({"type": "enabled", "budget_tokens": 2048}, {"enable_thinking": True}),
-    ({"type": "disabled"}, {"enable_thinking": False}),
-    (None, {}),
+@pytest.mark.parametrize(("thinking", "variables", "budget"), [
+    ({"type": "enabled", "budget_tokens": 2048}, {"enable_thinking": True}, 2048),
+    ({"type": "enabled"}, {"enable_thinking": True}, None),
+    ({"type": "disabled"}, {"enable_thinking": False}, 0),
+    (None, {}, None),
 ])
-def test_thinking_becomes_the_templates_enable_thinking(thinking: dict[str, Any] | None,
-                                                        variables: dict[str, bool]) -> None:
+def test_thinking_becomes_the_templates_enable_thinking_and_a_budget(
+        thinking: dict[str, Any] | None, variables: dict[str, bool], budget: int | None) -> None:
+    from gateway.generation import reasoning
+
     req = request(**({"thinking": thinking} if thinking else {}))
-    assert anthropic_request.template_variables(req) == variables
+    settings = reasoning.settings(anthropic_request.chat_request(req))
+    assert (settings.template_vars, settings.budget) == (variables, budget)
 
 
 def test_template_variables_reach_the_template_and_cannot_replace_its_own() -> None:
