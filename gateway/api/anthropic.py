@@ -61,7 +61,8 @@ async def _local_count_tokens(request: Request, body: bytes, local: str | None,
     lease, _ = await pipeline.acquire(request, req.model, req.keep_alive, shown)
     try:
         n = await serving.count_chat_tokens(lease.model, chat, app_state(request.app).config.limits,
-                                            anthropic_request.template_variables(req))
+                                            anthropic_request.template_variables(req),
+                                            anthropic_request.image_params(req))
     finally:
         app_state(request.app).registry.release(lease)
     return JSONResponse(a.MessageTokensCount(input_tokens=n).model_dump())

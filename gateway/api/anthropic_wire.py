@@ -228,7 +228,8 @@ async def plan_messages(served: GenerativeModel, lease: Lease, req: a.MessageCre
                         limits: LimitSettings) -> Plan:
     chat = with_defaults(anthropic_request.chat_request(req), lease, served)
     return await serving.plan_chat(served, chat, limits,
-                                   anthropic_request.template_variables(req))
+                                   anthropic_request.template_variables(req),
+                                   anthropic_request.image_params(req))
 
 
 class MessagesWire:
