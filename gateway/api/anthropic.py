@@ -60,7 +60,8 @@ async def _local_count_tokens(request: Request, body: bytes, local: str | None,
     chat = anthropic_request.chat_request(req)  # a 400 before any model loads
     lease, _ = await pipeline.acquire(request, req.model, req.keep_alive, shown)
     try:
-        n = await serving.count_chat_tokens(lease.model, chat, app_state(request.app).config.limits)
+        n = await serving.count_chat_tokens(lease.model, chat, app_state(request.app).config.limits,
+                                            image_params=anthropic_request.image_params(req))
     finally:
         app_state(request.app).registry.release(lease)
     return JSONResponse(a.MessageTokensCount(input_tokens=n).model_dump())

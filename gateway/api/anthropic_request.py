@@ -2,6 +2,8 @@
 
     system (string or text blocks)    -> one system message (Claude Code's billing line dropped)
     user: tool_result blocks, text    -> a tool message per result, then the user's text
+    user: image blocks (base64, url)  -> chat image_url parts (a data: URL, or the url) where
+                                         the block was; image_params() names them for errors
     assistant: text, tool_use blocks  -> one assistant message with content and tool_calls
     tools (input_schema)              -> function tools; server tools (web_search_*, bash_*,
                                          ...) have no schema we could run: skipped and logged
@@ -42,9 +44,31 @@ def system_prompt(texts: list[str]) -> str:
 
 
 def _no_media(block: a.ContentBlockParam, where: str) -> None:
-    if isinstance(block, a.ImageBlockParam | a.DocumentBlockParam):
-        raise invalid_request(f"{where}: '{block.type}' blocks need a model that takes images "
-                              "or documents; this server's models take text only", where)
+    """Images go only where chat has image parts: a user message's own content."""
+    if isinstance(block, a.DocumentBlockParam):
+        raise invalid_request(f"{where}: 'document' blocks are not supported; send the text",
+                              where)
+    if isinstance(block, a.ImageBlockParam):
+        raise invalid_request(f"{where}: 'image' blocks are taken only in a user message's "
+                              "own content (not an assistant's, nor inside a tool_result)", where)
+
+
+def _image_url(block: a.ImageBlockParam, where: str) -> str:
+    """The block's source as the URL chat's image_url part carries."""
+    source = block.source
+    kind, media, data, url = (source.get(k) for k in ("type", "media_type", "data", "url"))
+    if kind == "base64" and isinstance(media, str) and isinstance(data, str):
+        return f"data:{media};base64,{data}"
+    if kind == "url" and isinstance(url, str):
+        return url
+    raise invalid_request(f"{where}.source: an image source is {{type: base64, media_type, "
+                          "data}} or {type: url, url}", f"{where}.source")
+
+
+def image_params(req: a.CountTokensRequest) -> list[str]:
+    """Where each image of chat_request(req) was, in order: messages[i].content[j]."""
+    return [f"messages[{i}].content[{j}]" for i, message in enumerate(req.messages)
+            for j, block in enumerate(message.blocks()) if isinstance(block, a.ImageBlockParam)]
 
 
 def _result_text(block: a.ToolResultBlockParam, where: str) -> str:
@@ -67,12 +91,17 @@ def _messages(req: a.CountTokensRequest) -> list[dict[str, Any]]:
     calls: set[str] = set()
     for i, message in enumerate(req.messages):
         texts: list[str] = []
+        parts: list[dict[str, Any]] = []  # texts and images, when the message has an image
         tool_calls: list[dict[str, Any]] = []
         for j, block in enumerate(message.blocks()):
             where = f"messages[{i}].content[{j}]"
+            if isinstance(block, a.ImageBlockParam) and message.role == "user":
+                parts.append({"type": "image_url", "image_url": {"url": _image_url(block, where)}})
+                continue
             _no_media(block, where)
             if isinstance(block, a.TextBlockParam):
                 texts.append(block.text)
+                parts.append({"type": "text", "text": block.text})
             elif isinstance(block, a.ToolUseBlockParam):
                 if message.role != "assistant":
                     raise invalid_request(f"{where}: only assistant messages hold tool_use "
@@ -96,6 +125,8 @@ def _messages(req: a.CountTokensRequest) -> list[dict[str, Any]]:
             if tool_calls:
                 turn["tool_calls"] = tool_calls
             out.append(turn)
+        elif len(parts) > len(texts):  # chat joins parts by newlines too
+            out.append({"role": "user", "content": parts})
         elif texts or not any(isinstance(b, a.ToolResultBlockParam) for b in message.blocks()):
             out.append({"role": "user", "content": "\n".join(texts)})
     if req.messages[-1].role == "assistant":

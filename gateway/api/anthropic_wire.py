@@ -227,7 +227,8 @@ async def message_events(served: GenerativeModel, alias: str, req: a.MessageCrea
 async def plan_messages(served: GenerativeModel, lease: Lease, req: a.MessageCreateRequest,
                         limits: LimitSettings) -> Plan:
     chat = with_defaults(anthropic_request.chat_request(req), lease, served)
-    return await serving.plan_chat(served, chat, limits)
+    return await serving.plan_chat(served, chat, limits,
+                                   image_params=anthropic_request.image_params(req))
 
 
 class MessagesWire:

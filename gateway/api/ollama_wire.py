@@ -12,7 +12,9 @@ then one `done: true` object with the counts and durations (nanoseconds).
                (gateway/generation/reasoning.py).
     options    num_predict, temperature, top_k, top_p, min_p, seed, stop and the penalties;
                num_ctx must be the entry's n_ctx (a different one would mean a reload).
-    images     a 400 until models take images (#19).
+    images     base64 strings, each a chat image_url part (a data: URL; the decoder reads the
+               format from the bytes) before the message's text, where Ollama puts its
+               [img-n] tags; image_params() names them (messages[i].images[k]) for errors.
 """
 from __future__ import annotations
 
@@ -121,9 +123,21 @@ def _think(think: o.Think | None) -> dict[str, Any]:
     return out
 
 
-def _no_images(images: list[str] | None, param: str) -> None:
-    if images:
-        raise invalid_request(f"'{param}': this model does not take images", param)
+def _content(text: str, images: list[str] | None) -> str | list[dict[str, Any]]:
+    """The text alone, or chat's parts: the images first, then the text."""
+    if not images:
+        return text
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": f"data:;base64,{b64}"}}
+                                   for b64 in images]
+    return [*parts, {"type": "text", "text": text}] if text else parts
+
+
+def image_params(req: o.ChatRequest | o.GenerateRequest) -> list[str]:
+    """Where each image of the translated request was, in order."""
+    if isinstance(req, o.GenerateRequest):
+        return [f"images[{k}]" for k in range(len(req.images or []))]
+    return [f"messages[{i}].images[{k}]" for i, m in enumerate(req.messages)
+            for k in range(len(m.images or []))]
 
 
 def _messages(req: o.ChatRequest) -> list[dict[str, Any]]:
@@ -132,8 +146,7 @@ def _messages(req: o.ChatRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (call id, tool name), unanswered
     for i, m in enumerate(req.messages):
-        _no_images(m.images, f"messages[{i}].images")
-        message: dict[str, Any] = {"role": m.role, "content": m.content}
+        message: dict[str, Any] = {"role": m.role, "content": _content(m.content, m.images)}
         if m.tool_calls:
             calls = []
             for j, call in enumerate(m.tool_calls):
@@ -167,7 +180,6 @@ def chat_request(req: o.ChatRequest, n_ctx: int) -> p.ChatCompletionRequest:
 
 def generate_request(req: o.GenerateRequest, n_ctx: int
                      ) -> p.ChatCompletionRequest | p.CompletionRequest:
-    _no_images(req.images, "images")
     for name in ("suffix", "template", "context"):
         if getattr(req, name) is not None:
             why = {"suffix": "fill-in-the-middle is not supported",
@@ -175,9 +187,12 @@ def generate_request(req: o.GenerateRequest, n_ctx: int
                    "context": "send the conversation to /api/chat instead"}[name]
             raise invalid_request(f"'{name}' is not supported: {why}", name)
     if req.raw:
+        if req.images:  # a raw prompt has no place marked for them
+            raise invalid_request("'images' with raw: true are not supported; leave raw out",
+                                  "images")
         return _parsed(p.CompletionRequest, {**_common(req, n_ctx), "prompt": req.prompt})
-    messages = [{"role": "system", "content": req.system}] if req.system else []
-    messages.append({"role": "user", "content": req.prompt})
+    messages: list[dict[str, Any]] = [{"role": "system", "content": req.system}] if req.system else []
+    messages.append({"role": "user", "content": _content(req.prompt, req.images)})
     return _parsed(p.ChatCompletionRequest, {**_common(req, n_ctx), **_think(req.think),
                                              "messages": messages})
 
@@ -314,7 +329,8 @@ class ChatWire:
         started = time.perf_counter()
         _check_think(req.think, model, req.model)
         openai = with_defaults(chat_request(req, model.n_ctx), lease, model)
-        return _ollama_plan(await serving.plan_chat(model, openai, limits), False, started)
+        plan = await serving.plan_chat(model, openai, limits, image_params=image_params(req))
+        return _ollama_plan(plan, False, started)
 
     whole = staticmethod(whole)
     chunks = staticmethod(chunks)
@@ -332,7 +348,8 @@ class GenerateWire(ChatWire):
         _check_think(req.think, model, req.model)
         openai = generate_request(req, model.n_ctx)
         if isinstance(openai, p.ChatCompletionRequest):
-            plan = await serving.plan_chat(model, with_defaults(openai, lease, model), limits)
+            plan = await serving.plan_chat(model, with_defaults(openai, lease, model), limits,
+                                           image_params=image_params(req))
         else:
             plan = await serving.plan_completion(model, with_defaults(openai, lease, model),
                                                  limits)

@@ -63,7 +63,8 @@ async def _local_input_tokens(request: Request, body: bytes, local: str | None,
     lease, _ = await pipeline.acquire(request, req.model, req.keep_alive, shown)
     try:
         responses_input.check_reasoning(req, lease.model)
-        plan = await serving.plan_chat(lease.model, turn.chat, state.config.limits)
+        plan = await serving.plan_chat(lease.model, turn.chat, state.config.limits,
+                                       image_params=turn.image_params)
         return JSONResponse(r.InputTokens(input_tokens=plan.prompt_tokens).model_dump())
     finally:
         state.registry.release(lease)

@@ -5,6 +5,8 @@ request (gateway/protocol/chat.py), so templates, tools, structured output and t
 defaults are /v1/chat/completions' machinery:
 
     instructions, system/developer messages   system messages, in order
+    input_image parts (image_url) of a user   chat image_url parts where they were; Turn's
+    message                                    image_params name them for errors (file_id: 400)
     input (a string, or items)                 user / assistant messages; function_call items
                                                join the assistant turn before them as tool_calls,
                                                function_call_output items are tool messages
@@ -52,22 +54,44 @@ class Turn:
     items: list[dict[str, Any]]               # the conversation so far, as input items
     custom: set[str] = field(default_factory=set)  # names of the custom tools offered
     freeform: Freeform | None = None
+    image_params: list[str] = field(default_factory=list)  # where each image part was, in order
 
 
-def _text(content: str | list[r.ContentPart], where: str) -> str:
+def _image_url(part: r.InputImage, where: str, role: str) -> str:
+    if role != "user":
+        raise invalid_request(f"'{where}': input_image parts are taken only in user messages",
+                              where)
+    if part.file_id is not None:
+        raise invalid_request(f"'{where}.file_id': files are not supported; send the image as "
+                              "image_url (a data: URL)", f"{where}.file_id")
+    if part.image_url is None:
+        raise invalid_request(f"'{where}': an input_image needs an image_url", where)
+    return part.image_url
+
+
+def _content(content: str | list[r.ContentPart], where: str, role: str,
+             images: list[str]) -> str | list[dict[str, Any]]:
+    """The message's text, or chat's parts when it has an image (their names go to `images`)."""
     if isinstance(content, str):
         return content
     texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
-        if isinstance(part, r.InputImage | r.InputFile):
-            raise invalid_request(f"'{where}.content[{j}]': this model does not take "
-                                  f"{'images' if isinstance(part, r.InputImage) else 'files'}",
+        if isinstance(part, r.InputFile):
+            raise invalid_request(f"'{where}.content[{j}]': this model does not take files",
                                   f"{where}.content[{j}]")
+        if isinstance(part, r.InputImage):
+            url = _image_url(part, f"{where}.content[{j}]", role)
+            images.append(f"{where}.content[{j}]")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+            continue
         texts.append(part.refusal if isinstance(part, r.RefusalIn) else part.text)
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": texts[-1]})
+    return parts if len(parts) > len(texts) else "\n".join(texts)  # chat joins by newlines too
 
 
-def _messages(instructions: str | None, items: list[r.InputItem]) -> list[dict[str, Any]]:
+def _messages(instructions: str | None, items: list[r.InputItem],
+              images: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
@@ -75,7 +99,7 @@ def _messages(instructions: str | None, items: list[r.InputItem]) -> list[dict[s
         where = f"input[{i}]"
         if isinstance(item, r.MessageItem):
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": _text(item.content, where)})
+            out.append({"role": role, "content": _content(item.content, where, role, images)})
         elif isinstance(item, r.FunctionCallItem | r.CustomToolCallItem):
             arguments = (item.arguments if isinstance(item, r.FunctionCallItem)
                          else json.dumps({"input": item.input}, ensure_ascii=False))
@@ -174,7 +198,8 @@ def turn(req: r.ResponsesInput, history: list[dict[str, Any]]) -> Turn:
     earlier = ITEMS.validate_python(history)
     items = earlier + req.items()
     freeform = _freeform(req)
-    messages = _messages(req.instructions, items)
+    images: list[str] = []
+    messages = _messages(req.instructions, items, images)
     if freeform is not None:
         messages.append({"role": "system", "content": FREEFORM_NOTE.format(name=freeform.name)})
     if not messages:
@@ -198,4 +223,4 @@ def turn(req: r.ResponsesInput, history: list[dict[str, Any]]) -> Turn:
     chat = p.parse_request(p.ChatCompletionRequest, json.dumps(body).encode())
     custom = {t.name for t in req.tools or [] if isinstance(t, r.CustomTool)}
     stored = [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in items]
-    return Turn(chat, stored, custom, freeform)
+    return Turn(chat, stored, custom, freeform, images)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -166,17 +166,26 @@ def _chat_text(served: GenerativeModel, output: Output, limits: LimitSettings) -
     return text
 
 
-def chat_image_parts(req: p.ChatCompletionRequest) -> list[images.ImagePart]:
-    return [images.ImagePart(f"messages[{i}].content[{j}]", url=url)
-            for i, m in enumerate(req.messages) for j, url in m.image_urls()]
+def chat_image_parts(req: p.ChatCompletionRequest,
+                     image_params: Sequence[str] = ()) -> list[images.ImagePart]:
+    """The image parts of `req`, in order. `image_params`: where each was in the request the
+    client sent, when a wire translated it (an Anthropic block, a Responses part, an Ollama
+    image): errors then name the client's field, not the chat request's."""
+    parts = [images.ImagePart(f"messages[{i}].content[{j}]", url=url)
+             for i, m in enumerate(req.messages) for j, url in m.image_urls()]
+    if not image_params:
+        return parts
+    return [dataclasses.replace(part, param=param)
+            for part, param in zip(parts, image_params, strict=True)]
 
 
 async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
-                    limits: LimitSettings = DEFAULT_LIMITS, also_reasoning: bool = False) -> Plan:
+                    limits: LimitSettings = DEFAULT_LIMITS, also_reasoning: bool = False,
+                    image_params: Sequence[str] = ()) -> Plan:
     """`req`'s reasoning fields (gateway/generation/reasoning.py) reach the template, the
-    reply's reader and, as a budget, each choice."""
+    reply's reader and, as a budget, each choice; `image_params`: see chat_image_parts."""
     _check_logit_bias(served, req.logit_bias)
-    parts = chat_image_parts(req)
+    parts = chat_image_parts(req, image_params)
     images.check_takes_images(served, str(req.model), parts)  # before the template's work
     output = chat_output(req, served.tool_format)
     settings = reasoning.settings(req)
@@ -203,11 +212,17 @@ async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
 
 
 async def count_chat_tokens(served: GenerativeModel, req: p.ChatCompletionRequest,
-                            limits: LimitSettings = DEFAULT_LIMITS) -> int:
-    """The prompt tokens `req` would be planned with (its messages, tools and reasoning fields,
-    templated)."""
+                            limits: LimitSettings = DEFAULT_LIMITS,
+                            image_params: Sequence[str] = ()) -> int:
+    """The prompt positions `req` would be planned with (its messages, tools and reasoning
+    fields, templated; an image's rows counted as the image path lays them out)."""
     output = chat_output(req, served.tool_format)
     output.template_vars = dict(reasoning.settings(req).template_vars)
+    parts = chat_image_parts(req, image_params)
+    if parts:
+        return len(await images.prompt_with_images(
+            served, str(req.model), parts, lambda: _chat_text(served, output, limits), limits,
+            IMAGE_MARKER))
     return len((await off_loop(served, _chat_ids, served, output, limits))[0])
 
 

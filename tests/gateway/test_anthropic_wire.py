@@ -150,8 +150,11 @@ def test_template_variables_reach_the_template_and_cannot_replace_its_own() -> N
 
 
 @pytest.mark.parametrize(("messages", "where"), [
-    ([{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image", "source": {
-        "type": "base64", "media_type": "image/png", "data": "AA=="}}]}], "messages[0].content[1]"),
+    ([{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "document", "source": {
+        "type": "base64", "media_type": "application/pdf", "data": "AA=="}}]}],
+     "messages[0].content[1]"),
+    ([{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}],
+     "messages[0].content[0].source"),
     ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x",
                                     "content": "?"}]}], "messages[0].content[0]"),
     ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "The answer is ("}],
@@ -363,3 +366,18 @@ def test_a_stream_that_fails_ends_with_the_error_event_and_no_done() -> None:
     assert [n for n, _ in failed] == ["message_start", "error"]
     assert failed[1][1]["error"]["type"] == "overloaded_error"
     assert asyncio.run(run(ok())) == b'event: message_stop\ndata: {"type": "message_stop"}\n\n'
+
+
+def test_image_blocks_are_chat_image_parts_where_they_were() -> None:
+    chat = anthropic_request.chat_request(request(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}]}]))
+    assert chat.messages[0].image_urls() == [(1, "data:image/png;base64,AA=="),
+                                             (2, "https://example.com/cat.png")]
+    assert chat.messages[0].text() == "look\n<__media__>\n<__media__>"
+    assert anthropic_request.image_params(request(messages=[
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+        {"role": "user", "content": [{"type": "text", "text": "c"}, {"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": "AA=="}}]}])) == [
+        "messages[2].content[1]"]
