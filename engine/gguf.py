@@ -255,6 +255,8 @@ class _MappedPart:
         self.path = path
         try:
             fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ModelLoadError(path, f"{path.name} does not exist (deleted or moved)") from None
         except OSError as e:
             raise ModelLoadError(path, f"cannot open: {e.strerror}") from None
         try:
@@ -282,6 +284,8 @@ class _MappedPart:
         """Why the file on disk is no longer the one mapped (None while it still is)."""
         try:
             now = os.stat(self.path)
+        except FileNotFoundError:
+            return None  # deleted: the inode lives on under our map, whole, until we unmap it
         except OSError as e:
             return f"{self.path.name} can no longer be read ({e.strerror})"
         if now.st_size != self.stat.st_size:

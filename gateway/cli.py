@@ -31,6 +31,7 @@ from typing import Any
 
 from gateway import scan
 from gateway.config import Config, ConfigError, load_config
+from gateway.config.exposure import open_admin_problem
 from gateway.fleet.watch import WatchOptions
 from gateway.shutdown import Shutdown
 from gateway.state import app_state
@@ -244,6 +245,9 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"modelyard: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     host = args.host or config.host
+    if (problem := open_admin_problem(config, host)) is not None:
+        print(f"modelyard: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
     port = config.port if args.port is None else port_override
     if args.models_dir:
         load = zeroconf.dir_loader(config.host, config.port)

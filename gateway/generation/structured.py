@@ -230,7 +230,9 @@ def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat) -> Output
     template_tools = [{"type": "function", "function": f} for f in functions]
     messages, template_tools_out = tool_format.prompt(history, template_tools)
     constrained = [{**f, "parameters": closed(f["parameters"])} for f in functions]
-    return Output(lark_grammar(tool_format.grammar(constrained, mode, req.parallel_tool_calls)),
+    # a named choice is one call, as OpenAI's is: a small model would otherwise repeat it
+    parallel = req.parallel_tool_calls and mode in ("auto", "required")
+    return Output(lark_grammar(tool_format.grammar(constrained, mode, parallel)),
                   "tools", schemas, tool_format, messages, template_tools_out)
 
 

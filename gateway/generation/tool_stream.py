@@ -3,10 +3,14 @@
 `ReplyReader` keeps the text generated so far and re-reads it with the family's reader
 (engine/tool_formats.py) after each piece. The reader returns only what can no longer change,
 so each read extends the last one and the deltas are the differences: new content, new
-reasoning, a call's first delta (index, id, type, name, arguments "") as soon as its name is
-known, then pieces of its arguments. Text that might be the start of a marker is held back by
-the reader, so marker text never reaches `content`. `finish()` reads the text as final; the
-deltas then add up to exactly the message `message()` gives.
+reasoning, and for each call, once its text is complete, its first delta (index, id, type,
+name, arguments "") and then its arguments. Text that might be the start of a marker is held
+back by the reader, so marker text never reaches `content`. `finish()` reads the text as final;
+the deltas then add up to exactly the message `message()` gives.
+
+A call is passed on only when complete: a reply cut by the token limit mid-call would otherwise
+hand the client arguments that are not JSON, and streamed pieces cannot be taken back. The cut
+call is dropped; the finish reason (`length`) says why.
 
 The reasoning settings (gateway/generation/reasoning.py) say how a <think> block is read: from
 the first token when the prompt opened it (`inside`), and returned as reasoning_content
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from itertools import takewhile
 
 from engine.tool_formats import THINK_OPEN, Reply, ToolFormat
 from gateway import protocol as p
@@ -66,6 +71,7 @@ class ReplyReader:
         return bool(self.reply.calls)
 
     def _deltas(self, reply: Reply) -> list[p.ChoiceDelta]:
+        reply.calls = list(takewhile(lambda call: call.complete, reply.calls))
         self.reply = reply
         out: list[p.ChoiceDelta] = []
         if len(reply.reasoning) > self._sent_reasoning:

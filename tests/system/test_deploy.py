@@ -59,6 +59,7 @@ def configmap_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     for path in set(re.findall(r"/models/[\w.-]+\.gguf", text)):
         write_tiny_llama(tmp_path / Path(path).name, seed=3)
     monkeypatch.setenv("GPU_API_KEY", "sk-test")  # the Deployment sets it from a Secret
+    monkeypatch.setenv("MODELYARD_ADMIN_KEY", "admin-test")
     config_file = tmp_path / "config.yaml"
     config_file.write_text(text.replace("/models/", f"{tmp_path}/"))
     return load_config(config_file)
