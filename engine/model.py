@@ -319,7 +319,7 @@ class Transformer:
     def _bidirectional_rows(self, span: EmbeddingSpan, at: int, before: np.ndarray) -> tuple[int, int]:
         """The chunk rows [a, b) of a bidirectional span at chunk row `at`, or why not: its rows
         must all be in this chunk (a slice cannot see the rows of another call), one such span
-        per chunk, a family that attends so and no ring (its mirror covers a window only)."""
+        per chunk, and a family that attends so (its rings mirror a window and a chunk)."""
         if not self.hp.spec.bidirectional_spans:
             raise ValueError(f"embedding span {span.key!r} asks for bidirectional attention, "
                              f"which {self.hp.spec.name} does not do")
@@ -328,9 +328,6 @@ class Transformer:
                              "hold all of its rows (Prompt.chunk_end)")
         if before[1] > before[0]:
             raise ValueError("a chunk holds at most one bidirectional embedding span")
-        if any(g.is_ring for g in self.cache.layout.groups):
-            raise ValueError("bidirectional embedding spans need a context that fits the "
-                             "sliding window (no ring cache) for now")
         return at, at + len(span)
 
     # -- the fused path --------------------------------------------------------------------------
