@@ -88,7 +88,7 @@ class Model:
         reuse = 0
         if output == "last":  # evaluate at least one position to get logits
             held = self.transformer.cache.tokens[slot]
-            reuse = min(common_prefix(held, prompt.position_keys()), n - 1)
+            reuse = prompt.resume_point(min(common_prefix(held, prompt.position_keys()), n - 1))
             reuse = self.transformer.cache.reusable(slot, reuse)  # a ring may have moved on
         outs = []
         start = reuse

@@ -349,8 +349,8 @@ class BatchRunner:
             if isinstance(occ, Sequence):
                 limit = len(occ.prompt) - 1  # evaluate at least one token: its logits come next
                 keys = occ.prompt.position_keys()
-                scored = [(self.cache.reusable(s, min(common_prefix(self.cache.tokens[s], keys),
-                                                         limit)), -self._released_at[s], s)
+                scored = [(self.cache.reusable(s, occ.prompt.resume_point(
+                    min(common_prefix(self.cache.tokens[s], keys), limit))), -self._released_at[s], s)
                           for s in free]
                 reuse, _, slot = max(scored)
             else:  # embeddings need every position's hidden state: nothing to reuse
@@ -372,13 +372,14 @@ class BatchRunner:
         for other in self.slots:
             if (isinstance(other, Sequence) and other is not seq and other.prefilling
                     and other.order < seq.order):
-                shared = min(common_prefix(other.prompt.position_keys(), keys), limit)
+                shared = seq.prompt.resume_point(
+                    min(common_prefix(other.prompt.position_keys(), keys), limit))
                 if shared >= seq.pos + MIN_SHARE and other.pos < shared:
                     return True  # copy once it is all there, not piece by piece
         best, source = seq.pos, -1
         for s, held in enumerate(self.cache.tokens):
             if s != seq.slot and len(held) > best:
-                n = self.cache.reusable(s, min(common_prefix(held, keys), limit))
+                n = self.cache.reusable(s, seq.prompt.resume_point(min(common_prefix(held, keys), limit)))
                 if n > best:
                     best, source = n, s
         if source >= 0:

@@ -344,8 +344,8 @@ class EagerBuilder:
             rows = self.positions[a:b] % group.ring
             k_cache[c.slot, rows] = k[a:b]
             v_cache[c.slot, rows] = v[a:b]
-            if group.is_ring:  # the ring's mirror of its first window - 1 rows (engine.kv)
-                mirrored = rows < group.window - 1
+            if group.is_ring:  # the ring's mirror of its first rows (engine.kv)
+                mirrored = rows < group.mirror
                 k_cache[c.slot, rows[mirrored] + group.ring] = k[a:b][mirrored]
                 v_cache[c.slot, rows[mirrored] + group.ring] = v[a:b][mirrored]
 

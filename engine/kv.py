@@ -6,16 +6,19 @@ sees only the last `window` positions, so it keeps a ring: the key at position p
 p % ring. The ring is longer than the window by one chunk (ring = window + MAX_CHUNK - 1, as
 llama.cpp sizes its SWA cache n_swa + n_ubatch): a chunk writes all its keys before its queries
 attend, and the chunk's last key must not overwrite one its first query still sees. Its first
-window - 1 rows are mirrored past its end (a key with p % ring < window - 1 is written twice),
-so any window of keys lies in consecutive rows and attention reads them like a full cache,
-without a wrap test per key (that test cost a third of the attention kernels' time). So Gemma 3
-270M at n_ctx 32768 keeps 1023 + 511 rows per slot in its 15 local layers and 32768 in its 3
+`mirror` rows are mirrored past its end (a key with p % ring < mirror is written twice), so any
+query's keys lie in consecutive rows and attention reads them like a full cache, without a wrap
+test per key (that test cost a third of the attention kernels' time). A causal query reads at
+most a window, so mirror = window - 1; in a family with bidirectional spans (gemma3's images) a
+query inside a span also reads the span's later keys, up to a chunk's worth ahead, so there the
+mirror is ring - 1 (a window and a whole chunk fit). So Gemma 3 270M at n_ctx 32768 keeps
+1023 + 511 rows per slot (and a mirror of 1533) in its 15 local layers and 32768 in its 3
 global ones.
 
     group g:  k[g], v[g]  f16 [slot, layer of the group, rows, n_kv_head, head_dim]
     token at position p of slot s  ->  row  s * n_layers(g) * rows(g) + p % ring(g)
                                        (counted from that layer's first row, k[g][0, layer]),
-                                       and + ring(g) too when p % ring(g) < window - 1
+                                       and + ring(g) too when p % ring(g) < mirror(g)
 
 KVLayout owns this arithmetic (the forward pass, its tasks and the attention kernel all follow
 it); KVCache owns the arrays and what each slot holds: per position a key (engine.prompt: a
@@ -50,11 +53,12 @@ class CacheGroup:
     ring: int                 # positions wrap at this many rows: n_ctx, or a ring
     window: int               # keys a query sees, itself included (0: every earlier one)
     is_ring: bool             # ring < n_ctx: positions wrap, old ones are overwritten
+    mirror: int = 0           # a ring's first rows stored again past its end (0: not a ring)
 
     @property
     def rows(self) -> int:
-        """Rows stored per slot and layer: a ring's mirror of its first window - 1 included."""
-        return self.ring + self.window - 1 if self.is_ring else self.ring
+        """Rows stored per slot and layer: a ring's mirror included."""
+        return self.ring + self.mirror
 
 
 class KVLayout:
@@ -69,7 +73,9 @@ class KVLayout:
         groups = []
         for window, layers in sorted(by_window.items()):
             ring = n_ctx if window == 0 else min(n_ctx, window + MAX_CHUNK - 1)
-            groups.append(CacheGroup(tuple(layers), ring, window, ring < n_ctx))
+            # a causal query reads a window; a bidirectional one up to a chunk further
+            mirror = 0 if ring == n_ctx else ring - 1 if hp.spec.bidirectional_spans else window - 1
+            groups.append(CacheGroup(tuple(layers), ring, window, ring < n_ctx, mirror))
         self.groups: tuple[CacheGroup, ...] = tuple(groups)
         self.where: dict[int, tuple[int, int]] = {  # layer -> (group, index in the group)
             li: (g, i) for g, grp in enumerate(self.groups) for i, li in enumerate(grp.layers)}
@@ -110,7 +116,7 @@ class KVLayout:
             in_ring = positions % grp.ring
             kv_rows[g] = np.repeat(slot_row, counts) + in_ring
             if grp.is_ring:
-                np.copyto(mirror[g], kv_rows[g] + grp.ring, where=in_ring < grp.window - 1)
+                np.copyto(mirror[g], kv_rows[g] + grp.ring, where=in_ring < grp.mirror)
             chunks[g] = np.stack([first, counts, pos0s, slot_row], axis=1)
         return kv_rows, mirror, chunks
 

@@ -4,7 +4,8 @@ Each family's block lives in engine.arch (llama.py, qwen.py, phi3.py, gemma.py),
 against a builder; here is what every family shares:
 
     x = embed(prompt) * embed_scale                     # [T, n_embd]: token rows, or an
-                                                        # embedding span's (engine.prompt)
+                                                        # embedding span's (engine.prompt;
+                                                        # gemma3 feeds those unscaled)
     for each layer:  block(x)                           # e.g. llama:
         h = rms_norm(x) * attn_norm
         q, k, v = h @ Wq, h @ Wk, h @ Wv; rope(q, k)     # [T, n_head|n_head_kv, head_dim]
@@ -236,19 +237,23 @@ class Transformer:
 
     def embed(self, inputs: _Inputs) -> np.ndarray:
         """float32 [T, n_embd]: the chunks' input rows, token lookups and embedding spans' rows,
-        times the family's embedding scale."""
+        times the family's embedding scale (a span's rows too unless the family feeds them raw:
+        gemma3, whose graph in llama.cpp scales a batch of token ids only)."""
+        scale = np.float32(self.hp.embed_scale)
         if not inputs.embedded:
             x = self.token_rows(inputs.ids)
-        else:
-            x = np.empty((inputs.ids.shape[0], self.hp.n_embd), np.float32)
-            looked_up = np.ones(inputs.ids.shape[0], bool)
-            for row, rows in inputs.embedded:
-                x[row:row + rows.shape[0]] = rows
-                looked_up[row:row + rows.shape[0]] = False
-            if looked_up.any():
-                x[looked_up] = self.token_rows(inputs.ids[looked_up])
-        if self.hp.embed_scale != 1.0:
-            x *= np.float32(self.hp.embed_scale)
+            if scale != 1.0:
+                x *= scale
+            return x
+        x = np.empty((inputs.ids.shape[0], self.hp.n_embd), np.float32)     # [T, n_embd]
+        looked_up = np.ones(inputs.ids.shape[0], bool)
+        for row, rows in inputs.embedded:
+            x[row:row + rows.shape[0]] = rows
+            looked_up[row:row + rows.shape[0]] = False
+        if looked_up.any():
+            x[looked_up] = self.token_rows(inputs.ids[looked_up])
+        if scale != 1.0:
+            x[looked_up if self.hp.spec.raw_spans else slice(None)] *= scale
         return x
 
     def _finish_logits(self, logits: np.ndarray) -> np.ndarray:
@@ -314,7 +319,7 @@ class Transformer:
     def _bidirectional_rows(self, span: EmbeddingSpan, at: int, before: np.ndarray) -> tuple[int, int]:
         """The chunk rows [a, b) of a bidirectional span at chunk row `at`, or why not: its rows
         must all be in this chunk (a slice cannot see the rows of another call), one such span
-        per chunk, a family that attends so and no ring (its mirror covers a window only)."""
+        per chunk, and a family that attends so (its rings mirror a window and a chunk)."""
         if not self.hp.spec.bidirectional_spans:
             raise ValueError(f"embedding span {span.key!r} asks for bidirectional attention, "
                              f"which {self.hp.spec.name} does not do")
@@ -323,9 +328,6 @@ class Transformer:
                              "hold all of its rows (Prompt.chunk_end)")
         if before[1] > before[0]:
             raise ValueError("a chunk holds at most one bidirectional embedding span")
-        if any(g.is_ring for g in self.cache.layout.groups):
-            raise ValueError("bidirectional embedding spans need a context that fits the "
-                             "sliding window (no ring cache) for now")
         return at, at + len(span)
 
     # -- the fused path --------------------------------------------------------------------------

@@ -170,6 +170,14 @@ class Prompt:
                 return start if start > a else start + len(span)
         return b
 
+    def resume_point(self, n: int) -> int:
+        """The furthest position <= n a prefix reuse may stop at: n, or the start of the
+        bidirectional span n falls inside (its rows must be evaluated in one chunk, all of them)."""
+        for start, span in self.embedding_spans():
+            if span.bidirectional and start < n < start + len(span):
+                return start
+        return n
+
     def embedding_spans(self) -> list[tuple[int, EmbeddingSpan]]:
         """(first position, span) of every embedding span."""
         return [(self._starts[i], s) for i, s in enumerate(self.spans) if isinstance(s, EmbeddingSpan)]

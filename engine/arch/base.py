@@ -142,6 +142,8 @@ class ArchSpec(Generic[L]):
     rope_neox: bool = False             # rope pairs (i, i + n_rot/2) rather than (2i, 2i+1)
     attn_sinks: bool = False            # its attention takes per-head sinks (a kernel built so)
     bidirectional_spans: bool = False   # an embedding span's rows may see each other (gemma3)
+    raw_spans: bool = False             # an embedding span's rows skip the embedding scale
+    #                                     (gemma3: llama.cpp scales a batch of token ids only)
 
     def __post_init__(self) -> None:
         """The declaration and the layer type agree: every declared tensor is a field, every

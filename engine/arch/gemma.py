@@ -75,4 +75,4 @@ GEMMA2 = ArchSpec(
 GEMMA3 = ArchSpec(
     "gemma3", _KEYS + (Key("rope_base_swa", "rope.freq_base_swa", 10000.0, float),),
     _finish(swa_period=6, wide_scale_layers=62), GemmaLayer, TENSORS + llama.QK_NORM, block,
-    rope_neox=True, bidirectional_spans=True)
+    rope_neox=True, bidirectional_spans=True, raw_spans=True)

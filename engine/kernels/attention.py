@@ -158,8 +158,8 @@ class AttentionKernel:
 
         Query i sees the keys at positions 0 .. pos0 + i (the last `window` of them when window
         > 0). The key at position p is cache row p % ring (ring defaults to the cache's rows);
-        a ring shorter than the cache mirrors its first window - 1 rows past its end, as
-        engine.kv stores it. Head h reads kv head h // (n_head // n_kv_head). out may be q itself
+        a ring shorter than the cache mirrors its first rows past its end, as engine.kv stores
+        it (window - 1 of them; a bidirectional range needs up to ring - 1). Head h reads kv head h // (n_head // n_kv_head). out may be q itself
         (but not overlap it partially). scale defaults to 1/sqrt(head_dim); softcap > 0 caps
         the scaled scores to softcap * tanh(s / softcap) (gemma 2). sinks: float32 [n_head], each
         head's sink logit, given exactly when the kernel was built with sinks. bidirectional
@@ -183,9 +183,12 @@ class AttentionKernel:
             bi = (0, 0) if bidirectional is None else tuple(operator.index(i) for i in bidirectional)
             if len(bi) != 2 or not 0 <= bi[0] <= bi[1] <= n_q:
                 raise ValueError(f"bidirectional must be a range (a, b) of the {n_q} queries, got {bidirectional}")
-            if bi[0] < bi[1] and ring != k_cache.shape[0]:
-                raise ValueError("a bidirectional range cannot read a ring (a sliding window's "
-                                 "cache shorter than its context)")
+            # in a ring, query a reads from up to row ring - 1 on: its window, then the range's
+            # later keys, all in consecutive rows, so the mirror must reach that far
+            if bi[0] < bi[1] and ring != k_cache.shape[0] and \
+                    k_cache.shape[0] < ring + window - 1 + bi[1] - 1 - bi[0]:
+                raise ValueError(f"a bidirectional range of {bi[1] - bi[0]} queries reads past "
+                                 f"the {k_cache.shape[0] - ring} rows this ring mirrors")
             extra += bi
         if out is None:
             out = np.empty_like(q)

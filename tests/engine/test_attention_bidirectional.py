@@ -91,3 +91,41 @@ def test_a_range_needs_a_kernel_built_for_it_and_must_fit_the_chunk(kernels):
         AttentionKernel(1)(q, k, v, 0, bidirectional=(0, 5))
     with pytest.raises(ValueError, match="range"):
         kernels[True, 1](q, k, v, 0, bidirectional=(3, 11))
+
+
+def _ring_case(n_q: int, pos0: int, ring: int, mirror: int,
+               seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A ring cache as engine.kv stores it: the key at position p in row p % ring, the first
+    `mirror` rows again past the end; positions before the ring's last `ring` are gone."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n_q, 4, 64)).astype(np.float32)           # [n_q, n_head, head_dim]
+    k = np.full((ring + mirror, 2, 64), np.nan, np.float16)            # [rows, n_kv, hd]
+    v = k.copy()
+    for p in range(max(0, pos0 + n_q - ring), pos0 + n_q):
+        k[p % ring], v[p % ring] = rng.standard_normal((2, 2, 64))
+    k[ring:], v[ring:] = k[:mirror], v[:mirror]
+    return q, k, v
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+@pytest.mark.parametrize("n_q,pos0,bi,window,ring", [
+    (20, 30, (4, 20), 8, 27),    # the span wraps the ring; f16acc
+    (40, 50, (0, 40), 8, 47),    # a whole chunk of span, as long as the ring allows; exact
+    (40, 21, (10, 38), 8, 47),   # the window wraps, the span not
+])
+def test_a_range_reads_across_a_rings_wrap_through_its_mirror(kernels, flash_attn, n_q, pos0, bi,
+                                                              window, ring):
+    q, k, v = _ring_case(n_q, pos0, ring, ring - 1, n_q + pos0)
+    got = kernels[flash_attn, 2](q, k, v, pos0, window=window, ring=ring, bidirectional=bi)
+    # the twin reads the ring's primary rows only, never its mirror
+    want = attention_reference(q, k[:ring], v[:ring], pos0, window=window, flash_attn=flash_attn,
+                               ring=ring, bidirectional=bi)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_a_range_is_refused_where_the_ring_mirrors_a_window_only(kernels):
+    q, k, v = _ring_case(20, 30, 27, 7, 1)   # a causal ring's mirror: window - 1
+    kernels[True, 1](q, k, v, 30, window=8, ring=27)
+    with pytest.raises(ValueError, match="mirrors"):
+        kernels[True, 1](q, k, v, 30, window=8, ring=27, bidirectional=(4, 20))

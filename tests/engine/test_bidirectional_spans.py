@@ -1,5 +1,7 @@
 """Bidirectional embedding spans through the model (Gemma 3's images): the fused graph and the
-eager twin agree, the span changes only the rows that see it, and a chunk never cuts it."""
+eager twin agree, the span changes only the rows that see it, a chunk never cuts it, prefix
+reuse never stops inside it, and across a sliding-window ring's wrap it gives what a cache
+without a ring gives."""
 from __future__ import annotations
 
 import json
@@ -7,9 +9,12 @@ import json
 import numpy as np
 import pytest
 
+import engine.kv
 from engine.api import Model
+from engine.batch import BatchRunner, Sequence, State
 from engine.model import Chunk
 from engine.prompt import EmbeddingSpan, Prompt, TokenSpan
+from engine.sampling import SamplingParams
 from tests.support.refs import VLM_DIR
 
 BASE = next(b for b in json.loads((VLM_DIR / "manifest.json").read_text())["bases"]
@@ -45,3 +50,72 @@ def test_a_chunk_never_cuts_a_bidirectional_span(model: Model) -> None:
     assert p.chunk_end(0, 5) == 3 and p.chunk_end(3, 5) == 12 and p.chunk_end(0, 14) == 14
     with pytest.raises(ValueError, match="all of its rows"):
         model.transformer.forward([Chunk(0, p[0:5], 0)])
+
+
+def _ends_with_a_span(model: Model) -> Prompt:
+    rows = np.random.default_rng(1).standard_normal((9, model.transformer.hp.n_embd)).astype(np.float32)
+    return Prompt([TokenSpan((2, 10, 11)), EmbeddingSpan(rows, "last", bidirectional=True)])
+
+
+def test_prefix_reuse_stops_before_a_bidirectional_span_not_inside(model: Model) -> None:
+    # the prompt's last position is never reused (its logits are wanted), which would cut
+    # the span at its end: the reuse goes back to the span's start and reads it whole again
+    p = _ends_with_a_span(model)
+    assert p.resume_point(11) == 3 and p.resume_point(12) == 12 and p.resume_point(2) == 2
+    want = list(model.generate(p, max_tokens=3, stop_at_eog=False))
+    assert list(model.generate(p, max_tokens=3, stop_at_eog=False)) == want  # engine.api
+    runner = BatchRunner(model)
+    try:
+        seqs = []
+        for _ in range(2):  # the second is admitted into the slot the first left
+            seqs.append(Sequence(p, params=SamplingParams(temperature=0.0), max_tokens=3,
+                                 stop_at_eog=False))
+            runner.submit(seqs[-1])
+            while seqs[-1].state is not State.FINISHED:
+                runner.step()
+        assert seqs[1].cached == 3 and seqs[0].generated == seqs[1].generated == want
+    finally:
+        runner.close()
+
+
+def _ring_prompt(n_embd: int) -> Prompt:
+    """Tokens, a span across position 39 (a ring of 39 rows wraps there), tokens, a span
+    across 78 (its second wrap), tokens: 100 positions."""
+    rng = np.random.default_rng(2)
+    ids = [int(i) for i in rng.integers(3, 380, 100)]
+    rows = rng.standard_normal((2, 9, n_embd)).astype(np.float32)
+    return Prompt([TokenSpan(tuple(ids[:35])), EmbeddingSpan(rows[0], "one", bidirectional=True),
+                   TokenSpan(tuple(ids[44:74])), EmbeddingSpan(rows[1], "two", bidirectional=True),
+                   TokenSpan(tuple(ids[83:]))])
+
+
+def _chunked_logits(model: Model, p: Prompt, size: int, eager: bool) -> np.ndarray:
+    tr, out, a = model.transformer, [], 0
+    while a < len(p):
+        b = p.chunk_end(a, min(a + size, len(p)))
+        fwd = tr.forward_eager if eager else tr.forward
+        out.append(fwd([Chunk(0, p[a:b], a)], "all")[0])
+        a = b
+    return np.concatenate(out)
+
+
+def test_a_span_across_a_rings_wrap_gives_what_a_full_cache_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a chunk of at most 24 makes the 16-key window's ring 16 + 23 = 39 rows at n_ctx 128;
+    # without the patch the ring is the whole context, read without a wrap
+    full = Model(VLM_DIR / BASE["text_file"], n_ctx=128, flash_attn=False)
+    monkeypatch.setattr(engine.kv, "MAX_CHUNK", 24)
+    ringed = Model(VLM_DIR / BASE["text_file"], n_ctx=128, flash_attn=False)
+    try:
+        groups = ringed.transformer.cache.layout.groups
+        assert [(g.is_ring, g.ring, g.mirror) for g in groups] == [(True, 39, 38)], groups
+        assert not full.transformer.cache.layout.groups[0].is_ring
+        p = _ring_prompt(full.transformer.hp.n_embd)
+        want = _chunked_logits(full, p, 24, eager=False)
+        fused = _chunked_logits(ringed, p, 24, eager=False)
+        eager = _chunked_logits(ringed, p, 24, eager=True)
+        assert np.array_equal(fused, eager)
+        np.testing.assert_allclose(fused, want, rtol=0, atol=1e-5)
+    finally:
+        ringed.close()
+        full.close()

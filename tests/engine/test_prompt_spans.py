@@ -98,11 +98,12 @@ def test_an_embedding_span_checks_its_rows_and_keeps_them_read_only() -> None:
 
 # -- embedding spans through the model ------------------------------------------------------------
 
-def _spans_equal_tokens(model: engine.Model) -> None:
-    """All-rows span, mixed spans, fused and eager: the logits of the tokens, bit for bit."""
+def _spans_equal_tokens(model: engine.Model, scale: float = 1.0) -> None:
+    """All-rows span, mixed spans, fused and eager: the logits of the tokens, bit for bit (the
+    span's rows are the token rows times `scale`)."""
     tr = model.transformer
     ids = model.tokenizer.encode(PROMPT)
-    rows = token_rows(model, ids)
+    rows = token_rows(model, ids) * np.float32(scale)
     whole = Prompt([EmbeddingSpan(rows, "all of it")])
     mixed = Prompt([TokenSpan(tuple(ids[:3])), EmbeddingSpan(rows[3:9], "middle"),
                     TokenSpan(tuple(ids[9:]))])
@@ -122,13 +123,21 @@ def test_an_embedding_span_of_token_rows_gives_the_tokens_logits(tiny) -> None:
     _spans_equal_tokens(tiny)
 
 
-def test_a_gemma_span_takes_the_embedding_scale_like_the_tokens() -> None:
+def test_a_gemma3_span_is_fed_raw_without_the_token_embedding_scale() -> None:
+    # llama.cpp's gemma3 graph scales a batch of token ids by sqrt(n_embd) and a batch of
+    # embeddings (an image's) not at all: a span of token rows equals the tokens only when its
+    # rows carry the scale already
     with engine.load(SYNTH_DIR / "gemma3_d64_l6_swa8_q8_0.gguf", n_ctx=64, n_threads=2,
                      n_slots=3, flash_attn=False) as gemma:
-        assert gemma.hparams.embed_scale == 8.0  # sqrt(n_embd): the rows are fed before it
-        _spans_equal_tokens(gemma)
+        scale = gemma.hparams.embed_scale
+        assert scale == 8.0
+        _spans_equal_tokens(gemma, scale)
         ids = gemma.tokenizer.encode(PROMPT)
-        span = Prompt([TokenSpan(tuple(ids[:2])), EmbeddingSpan(token_rows(gemma, ids[2:]), "x")])
+        span = Prompt([TokenSpan(tuple(ids[:2])),
+                       EmbeddingSpan(token_rows(gemma, ids[2:]) * np.float32(scale), "x")])
+        unscaled = Prompt([TokenSpan(tuple(ids[:2])), EmbeddingSpan(token_rows(gemma, ids[2:]), "raw")])
+        assert np.abs(gemma.logits(unscaled)[-1] - gemma.logits(ids)[-1]).max() > 0.1
+        fresh(gemma)
         want = list(gemma.generate(ids, max_tokens=8, stop_at_eog=False))
         fresh(gemma)
         assert list(gemma.generate(span, max_tokens=8, stop_at_eog=False)) == want  # engine.api

@@ -197,8 +197,9 @@ def test_the_ring_is_what_the_memory_estimate_counts() -> None:
         kv = model.transformer.cache.nbytes
         per_row = 2 * 2 * 32  # f16 k and v, one kv head of 32
         ring = 8 + 512 - 1
-        assert kv == 3 * per_row * (1 * 1024 + 5 * (ring + 8 - 1))  # 1 global, 5 local layers
-        #                                                             (a ring and its mirror)
+        # 1 global, 5 local layers (a ring and its mirror: ring - 1 rows in gemma3, whose
+        # bidirectional image rows read a chunk ahead; a causal family mirrors window - 1)
+        assert kv == 3 * per_row * (1 * 1024 + 5 * (ring + ring - 1))
         assert engine.estimate_memory(path, 1024, n_slots=3) == model.memory_bytes
     with _load(GEMMA3, n_ctx=64) as small:  # a context shorter than the ring: no ring at all
         assert not any(g.is_ring for g in small.transformer.cache.layout.groups)

@@ -64,17 +64,7 @@ def test_logits_last_and_greedy_match_llama_cpp(loaded: dict[str, tuple[Model, V
         greedy.append(token)
 
 
-def _tail_case(base: str, case: dict) -> object:
-    if base != "gemma3_vlm":
-        return (base, case)
-    # Gemma 3's image rows now attend to each other (EmbeddingSpan.bidirectional, as llama.cpp
-    # does), which moves the tail by ~0.09 only: it still differs by ~1.6 (max), 0.13 (mean),
-    # a cause not found yet (the rows after the image, within its 16-key window, differ).
-    return pytest.param(base, case, marks=pytest.mark.xfail(
-        strict=True, reason="known gap: non-causal attention inside Gemma 3 images"))
-
-
-@pytest.mark.parametrize("base,case", [_tail_case(b, c) for b, c in CASES], ids=IDS)
+@pytest.mark.parametrize("base,case", CASES, ids=IDS)
 def test_logits_tail_match_llama_cpp(loaded: dict[str, tuple[Model, VisionModel]], base: str,
                                      case: dict) -> None:
     tm, _ = loaded[base]

@@ -38,7 +38,7 @@ def define(module: ir.Module, name: str, scratch: str, sinks: bool = False,
         ("scale", F32), ("w_begin", I64), ("w_end", I64),
         ("window", I64),           # keys a query sees, itself included (0: all before it)
         ("ring", I64),             # the key at position p is row p % ring (and, for p % ring <
-        #                            window - 1, also row p % ring + ring: engine.kv's mirror)
+        #                            the mirror, also row p % ring + ring: engine.kv's mirror)
         ("softcap", F32)]          # scores become softcap * tanh(s / softcap) (0: off)
         + ([("sinks", F32P)] if sinks else [])
         + ([("bi_begin", I64), ("bi_end", I64)] if bidirectional else []))
@@ -66,7 +66,7 @@ class Item:
 
     def row(self, b: ir.IRBuilder, head: ir.Value, t: ir.Value) -> ir.Value:
         """Its t-th key's (or value's) row, t < n_keys: consecutive rows, also where a ring
-        wraps, since a ring's first window - 1 rows are mirrored past its end (engine.kv)."""
+        wraps, since a ring's first rows are mirrored past its end (engine.kv)."""
         return gep(b, head, b.mul(t, self.row_stride))
 
 
