@@ -29,7 +29,7 @@ class Model:
     """One loaded model. Single-threaded: one caller at a time (the server's scheduler)."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
-                 n_slots: int = 1, flash_attn: bool = True) -> None:
+                 n_slots: int = 1, flash_attn: bool = True, images: bool = False) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -51,7 +51,7 @@ class Model:
             self.n_threads = n_threads
             self.n_slots = n_slots
             self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
-                                           flash_attn=flash_attn)
+                                           flash_attn=flash_attn, images=images)
         except BaseException:
             self._file.close()
             raise
@@ -160,16 +160,19 @@ class Model:
 
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
-         n_slots: int = 1, flash_attn: bool = True) -> Model:
+         n_slots: int = 1, flash_attn: bool = True, images: bool = False) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
     attention (the default) or its plain path (q and probabilities rounded to f16), as
-    llama.cpp runs with flash attention off."""
-    return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, flash_attn=flash_attn)
+    llama.cpp runs with flash attention off. images: it will be fed image spans (an mmproj is
+    paired with it), which some families attend to bidirectionally (engine.model.Transformer)."""
+    return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, flash_attn=flash_attn,
+                 images=images)
 
 
-def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) -> int:
+def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
+                    images: bool = False) -> int:
     """Bytes a load would hold (mapped files + KV cache + repacked weights, as Model.memory_bytes
     counts them, rings of sliding-window layers included), from the headers alone. Raises
     ModelLoadError when the file cannot be served at all (the registry then fails the request
@@ -181,5 +184,6 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1) 
     count = meta.get("split.count", 1)
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
     shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items() if len(t.shape) == 2}
-    return (sum(os.path.getsize(f) for f in files) + KVLayout(hp, n_ctx).bytes_per_slot() * n_slots
+    layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
+    return (sum(os.path.getsize(f) for f in files) + layout.bytes_per_slot() * n_slots
             + estimate_repacked(shapes, host_repacks))

@@ -9,10 +9,10 @@ attend, and the chunk's last key must not overwrite one its first query still se
 `mirror` rows are mirrored past its end (a key with p % ring < mirror is written twice), so any
 query's keys lie in consecutive rows and attention reads them like a full cache, without a wrap
 test per key (that test cost a third of the attention kernels' time). A causal query reads at
-most a window, so mirror = window - 1; in a family with bidirectional spans (gemma3's images) a
-query inside a span also reads the span's later keys, up to a chunk's worth ahead, so there the
-mirror is ring - 1 (a window and a whole chunk fit). So Gemma 3 270M at n_ctx 32768 keeps
-1023 + 511 rows per slot (and a mirror of 1533) in its 15 local layers and 32768 in its 3
+most a window, so mirror = window - 1; where a load takes bidirectional spans (gemma3 fed
+images) a query inside a span also reads the span's later keys, up to a chunk's worth ahead, so
+there the mirror is ring - 1 (a window and a whole chunk fit). So Gemma 3 270M at n_ctx 32768 keeps
+1023 + 511 rows per slot (1023 + 1022 when fed images) in its 15 local layers and 32768 in its 3
 global ones.
 
     group g:  k[g], v[g]  f16 [slot, layer of the group, rows, n_kv_head, head_dim]
@@ -64,7 +64,9 @@ class CacheGroup:
 class KVLayout:
     """Cache groups of a model at a context size, and the per-call row tables (STEP)."""
 
-    def __init__(self, hp: HParams, n_ctx: int) -> None:
+    def __init__(self, hp: HParams, n_ctx: int, bidirectional: bool = False) -> None:
+        """`bidirectional`: the load takes bidirectional spans (a family that attends so, fed
+        images), whose rings mirror ring - 1 rows."""
         self.n_ctx = n_ctx
         self.kv_dim = hp.kv_dim
         by_window: dict[int, list[int]] = {}
@@ -74,7 +76,7 @@ class KVLayout:
         for window, layers in sorted(by_window.items()):
             ring = n_ctx if window == 0 else min(n_ctx, window + MAX_CHUNK - 1)
             # a causal query reads a window; a bidirectional one up to a chunk further
-            mirror = 0 if ring == n_ctx else ring - 1 if hp.spec.bidirectional_spans else window - 1
+            mirror = 0 if ring == n_ctx else ring - 1 if bidirectional else window - 1
             groups.append(CacheGroup(tuple(layers), ring, window, ring < n_ctx, mirror))
         self.groups: tuple[CacheGroup, ...] = tuple(groups)
         self.where: dict[int, tuple[int, int]] = {  # layer -> (group, index in the group)
@@ -141,8 +143,8 @@ class KVCache:
     lists in place: replace one by assigning a list of its own, never a Prompt's keys().
     """
 
-    def __init__(self, hp: HParams, n_slots: int, n_ctx: int) -> None:
-        self.layout = KVLayout(hp, n_ctx)
+    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, bidirectional: bool = False) -> None:
+        self.layout = KVLayout(hp, n_ctx, bidirectional)
         self.k: list[np.ndarray] = []  # per group: [slot, layer of the group, rows, kv_head, head_dim]
         self.v: list[np.ndarray] = []
         for g in self.layout.groups:

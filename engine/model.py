@@ -188,9 +188,13 @@ class Transformer:
     """
 
     def __init__(self, f: GGUFFile, hp: HParams, n_ctx: int, n_slots: int, n_threads: int,
-                 flash_attn: bool = True) -> None:
+                 flash_attn: bool = True, images: bool = False) -> None:
+        """`images`: the model will be fed image spans; a family whose image rows see each
+        other (gemma3) then gets the bidirectional kernels and a ring mirror to match (engine.kv),
+        which a text-only load does without."""
         self.hp = hp
         self.n_ctx = n_ctx
+        self.bidirectional = images and hp.spec.bidirectional_spans
         self.weights = load_weights(f, hp, n_ctx)
         self.block = hp.spec.block
         self.pool = Pool(n_threads)
@@ -201,10 +205,10 @@ class Transformer:
             self.weights = _prepared(self.weights, self.matmul_kernels)
             self.attention = AttentionKernel(pool=self.pool, flash_attn=flash_attn,
                                              sinks=hp.spec.attn_sinks,
-                                             bidirectional=hp.spec.bidirectional_spans)
+                                             bidirectional=self.bidirectional)
             self.tasks = tasks.load_tasks(self.attention.f16c)
             self.ops = ops.load_ops()
-            self.cache = KVCache(hp, n_slots, n_ctx)
+            self.cache = KVCache(hp, n_slots, n_ctx, self.bidirectional)
         except BaseException:
             self.pool.close()
             raise
@@ -323,6 +327,9 @@ class Transformer:
         if not self.hp.spec.bidirectional_spans:
             raise ValueError(f"embedding span {span.key!r} asks for bidirectional attention, "
                              f"which {self.hp.spec.name} does not do")
+        if not self.bidirectional:
+            raise ValueError(f"embedding span {span.key!r} asks for bidirectional attention: "
+                             "load the model with images=True")
         if not span.is_whole:
             raise ValueError(f"embedding span {span.key!r} attends bidirectionally: a chunk must "
                              "hold all of its rows (Prompt.chunk_end)")

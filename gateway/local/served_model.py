@@ -198,7 +198,8 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
     """The registry's loader: load the GGUF (compiling kernels) with `n_parallel` KV-cache slots
     and start its scheduler."""
     model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
-                        n_slots=entry.n_parallel, flash_attn=entry.flash_attn)
+                        n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
+                        images=entry.mmproj is not None)
     vision: VisionModel | None = None
     try:
         template, choice = _template_for(model, entry)

@@ -23,7 +23,7 @@ BASE = next(b for b in json.loads((VLM_DIR / "manifest.json").read_text())["base
 
 @pytest.fixture(scope="module")
 def model() -> Model:
-    m = Model(VLM_DIR / BASE["text_file"], n_ctx=64, flash_attn=False)
+    m = Model(VLM_DIR / BASE["text_file"], n_ctx=64, flash_attn=False, images=True)
     yield m
     m.close()
 
@@ -43,6 +43,17 @@ def test_fused_equals_eager_and_the_span_bites(model: Model) -> None:
     causal = tr.forward([Chunk(0, _prompt(model, False, "causal"), 0)], "all")[0]
     assert np.array_equal(fused[:3], causal[:3])         # before the span: nothing changes
     assert np.abs(fused[3:11] - causal[3:11]).max() > 1e-3  # its rows see the later ones
+
+
+def test_a_text_only_load_keeps_causal_kernels_and_refuses_the_span() -> None:
+    """Without images=True a gemma3 load is what it was before images: its rings mirror a
+    window, not a ring, and a bidirectional span is refused rather than read causally."""
+    with Model(VLM_DIR / BASE["text_file"], n_ctx=64, flash_attn=False) as text_only:
+        assert not text_only.transformer.bidirectional
+        with pytest.raises(ValueError, match="images=True"):
+            text_only.transformer.forward([Chunk(0, _prompt(text_only, True, "bi"), 0)])
+        causal = _prompt(text_only, False, "causal")
+        assert text_only.transformer.forward([Chunk(0, causal, 0)], "all")[0].shape[0] == len(causal)
 
 
 def test_a_chunk_never_cuts_a_bidirectional_span(model: Model) -> None:
@@ -103,9 +114,9 @@ def test_a_span_across_a_rings_wrap_gives_what_a_full_cache_gives(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # a chunk of at most 24 makes the 16-key window's ring 16 + 23 = 39 rows at n_ctx 128;
     # without the patch the ring is the whole context, read without a wrap
-    full = Model(VLM_DIR / BASE["text_file"], n_ctx=128, flash_attn=False)
+    full = Model(VLM_DIR / BASE["text_file"], n_ctx=128, flash_attn=False, images=True)
     monkeypatch.setattr(engine.kv, "MAX_CHUNK", 24)
-    ringed = Model(VLM_DIR / BASE["text_file"], n_ctx=128, flash_attn=False)
+    ringed = Model(VLM_DIR / BASE["text_file"], n_ctx=128, flash_attn=False, images=True)
     try:
         groups = ringed.transformer.cache.layout.groups
         assert [(g.is_ring, g.ring, g.mirror) for g in groups] == [(True, 39, 38)], groups

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import engine
+from engine.kv import KVLayout
 from tests.support.refs import GEMMA3_DIR
 
 pytestmark = pytest.mark.real_model
@@ -40,9 +41,11 @@ def test_the_architecture_reads_as_llama_cpp_reads_it(gemma) -> None:
     assert (hp.rope_base, hp.rope_base_swa) == (1e6, 1e4)
     assert facts  # the facts file is there to read; the figures above are its README's
     groups = gemma.transformer.cache.layout.groups
-    # the ring as llama.cpp sizes its SWA cache (n_swa + n_ubatch - 1); its mirror is ring - 1
-    # rows, not window - 1, since an image's bidirectional rows read a chunk ahead (engine.kv)
-    assert [(len(g.layers), g.ring, g.rows) for g in groups] == [(3, 1024, 1024), (15, 1023, 2045)]
+    # the ring as llama.cpp sizes its SWA cache (n_swa + n_ubatch - 1), its first window - 1
+    # rows mirrored; a load fed images mirrors ring - 1 (its bidirectional rows read a chunk ahead)
+    assert [(len(g.layers), g.ring, g.rows) for g in groups] == [(3, 1024, 1024), (15, 1023, 1534)]
+    with_images = KVLayout(gemma.hparams, 1024, bidirectional=True).groups
+    assert [(g.ring, g.rows) for g in with_images] == [(1024, 1024), (1023, 2045)]
 
 
 def test_logits_match_llama_cpp(gemma) -> None:

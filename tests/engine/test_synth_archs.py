@@ -123,8 +123,8 @@ def test_flash_attention_paths_stay_within_the_quantized_tolerance() -> None:
 GEMMA3 = "gemma3_d64_l6_swa8_f32"
 
 
-def _ring_model(n_slots: int = 2) -> engine.Model:
-    model = _load(GEMMA3, n_ctx=1024, n_slots=n_slots)  # local layers: a ring of 8 + 511 rows
+def _ring_model(n_slots: int = 2, images: bool = False) -> engine.Model:
+    model = _load(GEMMA3, n_ctx=1024, n_slots=n_slots, images=images)  # rings of 8 + 511 rows
     assert [g.is_ring for g in model.transformer.cache.layout.groups] == [False, True]
     return model
 
@@ -191,16 +191,18 @@ def test_a_truncated_slot_remembers_what_its_ring_overwrote() -> None:
         np.testing.assert_array_equal(got, fresh)
 
 
-def test_the_ring_is_what_the_memory_estimate_counts() -> None:
+@pytest.mark.parametrize("images", [False, True])
+def test_the_ring_is_what_the_memory_estimate_counts(images: bool) -> None:
     path = SYNTH_DIR / f"{GEMMA3}.gguf"
-    with _ring_model(n_slots=3) as model:
+    with _ring_model(n_slots=3, images=images) as model:
         kv = model.transformer.cache.nbytes
         per_row = 2 * 2 * 32  # f16 k and v, one kv head of 32
         ring = 8 + 512 - 1
-        # 1 global, 5 local layers (a ring and its mirror: ring - 1 rows in gemma3, whose
-        # bidirectional image rows read a chunk ahead; a causal family mirrors window - 1)
-        assert kv == 3 * per_row * (1 * 1024 + 5 * (ring + ring - 1))
-        assert engine.estimate_memory(path, 1024, n_slots=3) == model.memory_bytes
+        # 1 global, 5 local layers (a ring and its mirror: window - 1 rows; ring - 1 in a gemma3
+        # load fed images, whose bidirectional image rows read a chunk ahead)
+        mirror = ring - 1 if images else 8 - 1
+        assert kv == 3 * per_row * (1 * 1024 + 5 * (ring + mirror))
+        assert engine.estimate_memory(path, 1024, n_slots=3, images=images) == model.memory_bytes
     with _load(GEMMA3, n_ctx=64) as small:  # a context shorter than the ring: no ring at all
         assert not any(g.is_ring for g in small.transformer.cache.layout.groups)
 

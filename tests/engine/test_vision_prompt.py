@@ -23,7 +23,7 @@ IDS = [f"{b}-{im['image'].split('_')[0]}" for b, im in CASES]
 
 @pytest.fixture(scope="module")
 def loaded() -> dict[str, tuple[Model, VisionModel]]:
-    out = {name: (Model(VLM_DIR / b["text_file"], n_ctx=256, flash_attn=False),
+    out = {name: (Model(VLM_DIR / b["text_file"], n_ctx=256, flash_attn=False, images=True),
                   VisionModel(VLM_DIR / b["mmproj_file"])) for name, b in BASES.items()}
     yield out
     for tm, vm in out.values():

@@ -85,7 +85,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def direct() -> Any:
     """The engine without the gateway: the independent path chat is compared with."""
-    out = {name: (Model(VLM_DIR / b["text_file"], n_ctx=N_CTX, flash_attn=False),
+    out = {name: (Model(VLM_DIR / b["text_file"], n_ctx=N_CTX, flash_attn=False, images=True),
                   VisionModel(VLM_DIR / b["mmproj_file"])) for name, b in BASES.items()}
     yield out
     for tm, vm in out.values():
