@@ -15,14 +15,18 @@ with a real load. It runs the loader's own judgements rather than a list of its 
               are a read-only mapping of zero pages
 
 So a new architecture, tensor type or tensor name the engine learns is judged here the moment
-the loader knows it. The answer is remembered per file identity (path, size, mtime, inode), so a
-config reload does not read unchanged headers again.
+the loader knows it. The answer is remembered per path with the file's identity (size, mtime,
+inode) it was given for: a config reload reads only the headers of files that changed, however
+many entries the config has. One answer per path (a changed file replaces its old one), and at
+most MAX_REMEMBERED paths, the least recently asked forgotten first: far more distinct model
+files than any config names, a few hundred bytes each.
 """
 from __future__ import annotations
 
-import functools
 import mmap
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +97,64 @@ def judge_header(path: str | os.PathLike[str], meta: dict[str, Any],
     return hp
 
 
+MAX_REMEMBERED = 1 << 16  # paths; each answer is a short string or None
+
+# identity of a file as stat sees it: (size, mtime_ns, inode); a replaced or edited file differs
+_Identity = tuple[int, int, int]
+
+
+class _Answers:
+    """Answers per key (a path, or a model and projector pair), each valid for the file
+    identities it was given for; least recently used forgotten beyond MAX_REMEMBERED."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # asked from the loop's threads and config reloads alike
+        self._answers: OrderedDict[tuple[str, ...], tuple[tuple[_Identity, ...], str | None]] = (
+            OrderedDict())
+
+    def get(self, key: tuple[str, ...], ids: tuple[_Identity, ...]) -> tuple[bool, str | None]:
+        with self._lock:
+            held = self._answers.get(key)
+            if held is None or held[0] != ids:
+                return False, None
+            self._answers.move_to_end(key)
+            return True, held[1]
+
+    def put(self, key: tuple[str, ...], ids: tuple[_Identity, ...], answer: str | None) -> None:
+        with self._lock:
+            self._answers[key] = (ids, answer)
+            self._answers.move_to_end(key)
+            while len(self._answers) > MAX_REMEMBERED:
+                self._answers.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._answers.clear()
+
+
+_answers = _Answers()
+
+
+def _identity(path: str | os.PathLike[str]) -> tuple[str, _Identity]:
+    """The resolved path and its identity (raises OSError as stat does)."""
+    st = os.stat(path)
+    return str(Path(path).resolve()), (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def why_not_servable(path: str | os.PathLike[str]) -> str | None:
     """None when a load of `path` can succeed as far as its header tells; else the reason."""
     try:
-        st = os.stat(path)
+        resolved, ident = _identity(path)
     except OSError as e:
         return f"cannot read {path}: {e.strerror}"
-    return _judged(str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    known, answer = _answers.get((resolved,), (ident,))
+    if not known:
+        answer = _judged(resolved)
+        _answers.put((resolved,), (ident,), answer)
+    return answer
 
 
-@functools.lru_cache(maxsize=256)
-def _judged(path: str, size: int, mtime_ns: int, inode: int) -> str | None:
+def _judged(path: str) -> str | None:
     try:
         check_servable(path)
     except ModelLoadError as e:
@@ -116,7 +167,20 @@ def _judged(path: str, size: int, mtime_ns: int, inode: int) -> str | None:
 def why_not_a_pair(model: str | os.PathLike[str], mmproj: str | os.PathLike[str]) -> str | None:
     """None when the projector file `mmproj` can give `model` images (its projector type is one
     engine/vision runs, and it writes rows of the text model's embedding width); else why not.
-    From both headers alone, as why_not_servable (which should pass for `model` first)."""
+    From both headers alone, as why_not_servable (which should pass for `model` first);
+    remembered for both files' identities as that is."""
+    try:
+        (m_path, m_id), (p_path, p_id) = _identity(model), _identity(mmproj)
+    except OSError as e:
+        return f"cannot read {e.filename}: {e.strerror}"
+    known, answer = _answers.get((m_path, p_path), (m_id, p_id))
+    if not known:
+        answer = _pair_judged(m_path, p_path)
+        _answers.put((m_path, p_path), (m_id, p_id), answer)
+    return answer
+
+
+def _pair_judged(model: str, mmproj: str) -> str | None:
     from .vision.mmproj import check_header  # engine.vision imports the kernels: only when asked
 
     try:

@@ -1,8 +1,9 @@
 """Stopping on SIGTERM/SIGINT: drain for `shutdown_timeout`, then stop the listener.
 
     SERVING --first signal--> DRAINING --nothing in flight, or the deadline--> STOPPING
-                                 |          (at the deadline running requests end with an
-                                 |           error event and [DONE])
+                                 |          (at the deadline running requests, relayed
+                                 |           upstream streams too, end with an error event
+                                 |           and [DONE])
                                  +--second signal--> STOPPING (running requests end at once)
 
 While DRAINING the listener stays open: /health answers 503 `stopping` (a load balancer takes
@@ -93,11 +94,11 @@ class Shutdown:
         self.phase = Phase.STOPPING
         running = app_state(self.app).running
         if running is not None:
-            running.registry.abort_running(ServerStoppingError(self.timeout))
+            running.router.abort_running(ServerStoppingError(self.timeout))
         self._stop.set()
 
     async def _abort(self, router: Router) -> None:
-        router.registry.abort_running(ServerStoppingError(self.timeout))
+        router.abort_running(ServerStoppingError(self.timeout))
         await router.wait_idle(ABORT_GRACE_SECONDS)
 
 

@@ -6,7 +6,9 @@ once its first body chunk is in: until then a failure (no connection, a timeout,
 `Retryable` and the pool tries another server; after it, bytes flow straight through, and a
 broken connection ends an event stream with an OpenAI error event naming the server. A client
 that leaves closes the upstream response, which closes its connection: the server sees the
-disconnect and stops generating.
+disconnect and stops generating. At the shutdown deadline (gateway/shutdown.py) every relay
+still running is ended as a local stream is: an event stream gets the stopping error as an
+event (and OpenAI's `[DONE]` on OpenAI's routes), then the upstream connection closes.
 
 Errors say which server failed by its label (gateway/config/upstream.py), never by its key; every
 string an upstream's error holds is masked (gateway/backends/masking.py) before it is passed on.
@@ -35,6 +37,9 @@ from gateway.errors import APIError
 log = logging.getLogger("modelyard.upstream")
 
 RETRY_STATUSES = frozenset({502, 503, 504})
+# OpenAI's routes, whose streams end with `data: [DONE]` (a stopped relay sends it as a local
+# stream does; Anthropic's and the Responses API's events have no such marker)
+_DONE_ENDPOINTS = frozenset({"/chat/completions", "/completions"})
 MAX_ERROR_BODY = 64 * 1024  # of an upstream's error response, read to pass its message on
 
 
@@ -49,6 +54,7 @@ class UpstreamBackend(Measured):
         self.server = server
         self.discovered: list[str] = []   # the aliases it serves (discover: true), by the probe
         self.retired = False
+        self._relays: set[_Relay] = set()  # streams being relayed, for the shutdown deadline
         limits = httpx.Limits(max_connections=server.max_concurrent,
                               max_keepalive_connections=server.max_concurrent or 20)
         # no cookie jar: one client's upstream session must not be replayed for every other
@@ -122,7 +128,7 @@ class UpstreamBackend(Measured):
             await response.aclose()
             raise
         self.stats.first_byte(time.perf_counter() - started)
-        return _Relay(self, response, first, chunks)
+        return _Relay(self, response, first, chunks, done_marker=call.endpoint in _DONE_ENDPOINTS)
 
     def _retryable(self, kind: Failure, status: int, code: str, why: str) -> Retryable:
         message = self.mask(f"upstream {self.label}: {why}")
@@ -164,6 +170,12 @@ class UpstreamBackend(Measured):
         """`text` with this server's secrets (should they appear) replaced by ***."""
         return self.masker.mask(text)
 
+    def abort_relays(self, error: APIError) -> None:
+        """End every stream being relayed now, telling its client `error` (the shutdown
+        deadline); each closes its upstream connection as it ends."""
+        for relay in list(self._relays):
+            relay.abort(error)
+
     def stream_failed(self, why: str) -> bytes:
         """A failure after bytes were sent: counted, and said as an SSE error event."""
         message = self.mask(f"upstream {self.label} failed mid-stream: {why}")
@@ -200,26 +212,44 @@ class UpstreamBackend(Measured):
 
 
 class _Relay(StreamingResponse):
-    """The upstream response's status, type and bytes, sent on as they arrive."""
+    """The upstream response's status, type and bytes, sent on as they arrive, until the
+    upstream ends, fails, the client leaves or abort() (the shutdown deadline) ends it."""
 
     def __init__(self, backend: UpstreamBackend, response: httpx.Response, first: bytes,
-                 rest: AsyncIterator[bytes]) -> None:
+                 rest: AsyncIterator[bytes], *, done_marker: bool) -> None:
         self._backend = backend
         self._upstream = response
         self._events = "text/event-stream" in response.headers.get("content-type", "")
+        self._done_marker = done_marker and self._events
+        self._aborted: asyncio.Future[APIError] = asyncio.get_running_loop().create_future()
+        self._reading: asyncio.Future[bytes | None] | None = None  # the upstream read under way
         self._body = self._relay(first, rest)
         headers = {BACKEND_HEADER: backend.label}
         if self._events:
             headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         super().__init__(self._body, status_code=response.status_code, headers=headers,
                          media_type=response.headers.get("content-type", "application/json"))
+        backend._relays.add(self)
+
+    def abort(self, error: APIError) -> None:
+        if not self._aborted.done():
+            self._aborted.set_result(error)
 
     async def _relay(self, first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         tail = first[-2:]
         if first:
             yield first
         try:
-            async for chunk in rest:
+            while True:
+                chunk = await self._next(rest)
+                if chunk is None:
+                    break
+                if isinstance(chunk, APIError):  # the shutdown deadline
+                    if self._events:
+                        yield ((b"" if tail == b"\n\n" else b"\n\n") + b"data: "
+                               + json.dumps(chunk.body()).encode() + b"\n\n"
+                               + (b"data: [DONE]\n\n" if self._done_marker else b""))
+                    return
                 if chunk:
                     tail = (tail + chunk)[-2:]
                     yield chunk
@@ -229,16 +259,36 @@ class _Relay(StreamingResponse):
             # end the event the server was sending, then say what happened
             yield (b"" if tail == b"\n\n" else b"\n\n") + self._backend.stream_failed(_why(e))
 
+    async def _next(self, rest: AsyncIterator[bytes]) -> bytes | APIError | None:
+        """The upstream's next chunk (None at its end), or the abort's error if that comes
+        first."""
+        if self._aborted.done():
+            return self._aborted.result()
+        read = self._reading = asyncio.ensure_future(anext(rest, None))
+        try:
+            await asyncio.wait((read, self._aborted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not read.done():  # aborted, or the client left: _close waits for it to end
+                read.cancel()
+        if read.done() and not read.cancelled():
+            return read.result()
+        return self._aborted.result()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
+            self._backend._relays.discard(self)
             # the client may have left mid-stream: closing the connection cancels upstream
             await asyncio.shield(self._close())
 
     async def _close(self) -> None:
         try:
             await self._body.aclose()  # type: ignore[attr-defined]
+            if self._reading is not None:  # a read cancelled mid-way: let it unwind first
+                await asyncio.wait((self._reading,))
+                if not self._reading.cancelled():
+                    self._reading.exception()  # seen: a late read error is no loose end
         finally:
             await self._upstream.aclose()
 

@@ -23,6 +23,7 @@ from gateway.backends.base import Backend
 from gateway.backends.pool import LocalBackend, Pool
 from gateway.backends.upstream import UpstreamBackend
 from gateway.config.upstream import LocalMember, ProbeSettings, UpstreamEntry
+from gateway.errors import APIError
 
 log = logging.getLogger("modelyard.upstream")
 
@@ -83,6 +84,11 @@ class Upstreams:
     def in_flight(self) -> dict[str, int]:
         busy: list[Backend] = [*self._backends.values(), *self._retired, *self._locals.values()]
         return {b.label: b.stats.in_flight for b in busy if b.stats.in_flight}
+
+    def abort_relays(self, error: APIError) -> None:
+        """End every stream relayed from any server (retiring ones too) with `error`."""
+        for backend in [*self._backends.values(), *self._retired]:
+            backend.abort_relays(error)
 
     # -- start, reload, stop -------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
     route(alias)    -> None (the local path: registry.acquire) | the alias's Pool
     acquire(alias)  the registry's lease; its 404 also lists the aliases upstreams serve
-    start/apply/close, in_flight/wait_idle: both sides at once (the app, reloads, shutdown)
+    start/apply/close, in_flight/wait_idle, abort_running: both sides at once (the app,
+                    reloads, shutdown)
 
 The registry owns the local models' lives and knows nothing of upstream servers; the router
 owns those (gateway/backends/upstreams.py) beside it, as llama-swap's router holds local
@@ -13,6 +14,7 @@ from __future__ import annotations
 from gateway.backends.pool import Pool
 from gateway.backends.upstreams import UpstreamRow, Upstreams
 from gateway.config import Config, ModelNotFoundError
+from gateway.errors import to_api_error
 from gateway.fleet.registry import ApplyResult, Lease, Registry, RegistryBusyError
 
 
@@ -80,3 +82,9 @@ class Router:
     async def wait_idle(self, timeout: float) -> bool:
         """Wait (at most `timeout` seconds) until no request holds a model or a server."""
         return await self.registry.wait_until(lambda: not self.in_flight(), timeout)
+
+    def abort_running(self, error: BaseException) -> None:
+        """End every running request with `error` (the shutdown deadline): the local models'
+        generations and the streams relayed from upstreams alike."""
+        self.registry.abort_running(error)
+        self.upstreams.abort_relays(to_api_error(error))
