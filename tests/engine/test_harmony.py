@@ -13,8 +13,10 @@ import json
 import pytest
 
 from engine.chat import ChatTemplate
+from engine.constraint import TokenizerAdapter, lark_grammar
 from engine.harmony import MARKERS, HarmonyFormat
 from engine.tool_formats import HermesFormat, detect
+from tests.support.fake_vocab import ByteVocabulary
 from tests.support.paths import DATA
 
 TEMPLATE = (DATA / "templates" / "openai-gpt-oss-120b.jinja").read_text()
@@ -117,3 +119,37 @@ def test_reasoning_effort_reaches_the_template(effort: str, expected: str) -> No
     text = ChatTemplate(TEMPLATE).render([{"role": "user", "content": "hi"}],
                                          add_generation_prompt=True, variables=variables)
     assert f"Reasoning: {expected}\n" in text
+
+
+# --------------------------------------------------------------------------------- grammar
+
+GRAMMAR_TOOLS = [{"name": "pick", "parameters": {"type": "object", "properties": {
+    "mode": {"enum": ["x", "y"]}}, "required": ["mode"]}}, {"name": "other", "parameters": {}}]
+THOUGHT = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant"
+
+
+VOCAB = ByteVocabulary(list(MARKERS))
+
+
+def _accepts(grammar: str, text: str) -> bool:
+    constraint = TokenizerAdapter(VOCAB).compile(lark_grammar(grammar))
+    return all(constraint.consume(t) for t in VOCAB.encode(text, parse_special=True))
+
+
+def _call(name: str, args: str) -> str:
+    return (f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args}"
+            "<|call|>")
+
+
+@pytest.mark.parametrize(("choice", "text", "accepted"), [
+    ("pick", THOUGHT + _call("pick", '{"mode": "x"}'), True),
+    ("pick", _call("pick", '{"mode": "y"}'), True),
+    ("pick", _call("pick", '{"mode": "z"}'), False),          # outside the schema
+    ("pick", _call("other", "{}"), False),                    # not the named tool
+    ("required", THOUGHT + "<|channel|>final<|message|>hi", False),  # no call
+    ("auto", THOUGHT + "<|channel|>final<|message|>hi", True),
+    ("auto", _call("other", "{}"), True),
+])
+def test_tool_grammar(choice: str, text: str, accepted: bool) -> None:
+    fmt = detect(TEMPLATE, VOCAB.special_id)
+    assert _accepts(fmt.grammar(GRAMMAR_TOOLS, choice, True), text) is accepted
