@@ -187,11 +187,15 @@ class Tokenizer:
 
     def _end_of_generation(self, ids: dict[str, int | None]) -> frozenset[int]:
         eog = {ids[r] for r in ("fim_pad", "fim_rep", "fim_sep", "eos", "eot", "eom")}
+        # Harmony (gpt-oss) ends a message with <|end|> and goes on: only <|return|> and
+        # <|call|> end its generation (llama.cpp drops <|end|> from the set the same way)
+        harmony = "<|return|>" in self._id_of and "<|call|>" in self._id_of
         for t in _EOG_TEXTS:
             i = self._id_of.get(t)
             if i is not None:
-                eog.add(i)
                 self._types[i] = TokenType.CONTROL
+                if not (harmony and t == "<|end|>"):
+                    eog.add(i)
         return frozenset(i for i in eog if i is not None)
 
     # -- queries --------------------------------------------------------------------------------

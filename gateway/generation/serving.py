@@ -56,12 +56,13 @@ class Plan:
         """Compile the grammar (on a worker thread; a 400 if it does not compile) and give each
         choice its own copy. Call before submit()."""
         constraint = await self.output.compile(served.tokenizer)
-        if constraint is None:
+        # markers that are control tokens must reach the reader (Harmony's, even without tools)
+        keep = self.output.tool_format is not None and self.output.tool_format.keeps_markers
+        if constraint is None and not keep:
             return
-        keep = self.output.tool_format is not None and (
-            self.output.tool_format.special(self.output.tool_format.marker) is not None)
-        self.requests = [dataclasses.replace(r, constraint=constraint.copy(), keep_special=keep)
-                         for r in self.requests]
+        self.requests = [dataclasses.replace(
+            r, constraint=constraint.copy() if constraint is not None else None, keep_special=keep)
+            for r in self.requests]
 
     def observe(self, observer: GenerationObserver) -> None:
         """Have `observer` told every event of every choice (the request's metrics)."""
@@ -189,7 +190,7 @@ async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
     images.check_takes_images(served, str(req.model), parts)  # before the template's work
     output = chat_output(req, served.tool_format)
     settings = reasoning.settings(req)
-    output.template_vars = dict(settings.template_vars)
+    output.template_vars = served.tool_format.template_vars(dict(settings.template_vars))
     if parts:
         rendered: list[str] = []  # the templated text, to see whether it opened the block
 
@@ -217,7 +218,8 @@ async def count_chat_tokens(served: GenerativeModel, req: p.ChatCompletionReques
     """The prompt positions `req` would be planned with (its messages, tools and reasoning
     fields, templated; an image's rows counted as the image path lays them out)."""
     output = chat_output(req, served.tool_format)
-    output.template_vars = dict(reasoning.settings(req).template_vars)
+    output.template_vars = served.tool_format.template_vars(
+        dict(reasoning.settings(req).template_vars))
     parts = chat_image_parts(req, image_params)
     if parts:
         return len(await images.prompt_with_images(

@@ -207,8 +207,10 @@ def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat) -> Output
     offered = bool(req.tools) and choice != "none"
     if not offered:
         out.messages, out.template_tools = tool_format.prompt(history, None)
-        if tool_format.thinking:  # <think> stays free, is returned as reasoning_content, and
-            thinking = ThinkingFormat(tool_format.special)  # a schema applies after it
+        if tool_format.thinking:  # reasoning stays free, is returned as reasoning_content,
+            # and a schema applies after it (<think>, or the family's own channels)
+            thinking = (tool_format if tool_format.reads_own_reasoning
+                        else ThinkingFormat(tool_format.special))
             out.tool_format = thinking
             if out.json is not None:
                 out.grammar = lark_grammar(thinking.json_after_thinking(out.json))

@@ -117,8 +117,10 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
                      tied_output: bool = True, output_qtype: GGMLQuantizationType | None = None,
                      rope_base: float = 10000.0, seed: int = 0, name: str = "Tiny Llama",
                      chat_template: str | None = CHATML, split_max_tensors: int = 0,
-                     metadata: dict[str, float | int | str] | None = None) -> Path:
+                     metadata: dict[str, float | int | str] | None = None,
+                     extra_specials: tuple[str, ...] = ()) -> Path:
     """Write a valid llama-architecture GGUF with random weights; returns its path.
+    `extra_specials` are control tokens after ChatML's (e.g. Harmony's markers).
 
     K-quant and IQ4_XS types need n_embd and n_ff to be multiples of 256. With split_max_tensors, the model
     is split in parts of that many tensors (NAME-00001-of-0000N.gguf); the first part is returned.
@@ -127,8 +129,9 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     rng = np.random.default_rng(seed)
     b2u = byte_to_unicode()
     merged, merges = _learn_merges(n_merges)
-    tokens = SPECIALS + [b2u[b] for b in range(256)] + merged
-    types = [3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS))
+    specials = SPECIALS + list(extra_specials)
+    tokens = specials + [b2u[b] for b in range(256)] + merged
+    types = [3] * len(specials) + [1] * (len(tokens) - len(specials))
     n_vocab = len(tokens)
     head_dim = n_embd // n_head
 
