@@ -35,12 +35,18 @@ class HParams:
     rms_eps: float
     window: int = 0               # sliding window of the local layers (0: none)
     swa_period: int = 0           # layer i is local when i % swa_period < swa_period - 1
-    rope_base_swa: float = 0.0    # local layers' rope base (their freq scale is 1)
+    rope_base_swa: float = 0.0    # local layers' rope base
     attn_scale: float = 0.0       # q . k scale; 0: 1 / sqrt(head_dim)
     attn_softcap: float = 0.0     # 0: off
     final_softcap: float = 0.0    # 0: off
     embed_scale: float = 1.0      # the embedding row's factor (gemma: sqrt(n_embd) as float32)
     n_ctx_orig: int = 0           # rope.scaling.original_context_length (LongRoPE's switch)
+    rope_freq_scale_swa: float = 1.0  # local layers' freq scale (gpt-oss: the full layers')
+    yarn_ext_factor: float = 0.0  # YaRN's mix of extrapolated angles (0: plain rope)
+    yarn_attn_factor: float = 1.0  # cos/sin's factor before ggml's YaRN mscale
+    yarn_beta_fast: float = 32.0  # YaRN's ramp: the pairs turning beta_fast .. beta_slow
+    yarn_beta_slow: float = 1.0   #   times in yarn_n_ctx_orig positions
+    yarn_n_ctx_orig: int = 0      # the original context YaRN's ramp counts turns in
     extra: Mapping[str, KeyValue] = field(default_factory=dict)  # the family's own keys
     #                               (Key names that are not fields here), e.g. an expert count
 

@@ -213,9 +213,13 @@ class Transformer:
             self.pool.close()
             raise
         factors = self.weights.rope_freqs
-        full = rotary.RopeSpec(hp.rope_base, hp.rope_freq_scale,
-                            None if factors is None else tuple(float(f) for f in factors))
-        local = rotary.RopeSpec(hp.rope_base_swa or hp.rope_base)  # windowed layers: own base, scale 1
+        yarn = rotary.RopeSpec(0.0, ext_factor=hp.yarn_ext_factor, attn_factor=hp.yarn_attn_factor,
+                               n_ctx_orig=hp.yarn_n_ctx_orig, beta_fast=hp.yarn_beta_fast,
+                               beta_slow=hp.yarn_beta_slow)  # llama.cpp's cparams: every layer's
+        full = dataclasses.replace(yarn, base=hp.rope_base, freq_scale=hp.rope_freq_scale,
+                                   freq_factors=None if factors is None else tuple(float(f) for f in factors))
+        local = dataclasses.replace(yarn, base=hp.rope_base_swa or hp.rope_base,  # windowed layers:
+                                    freq_scale=hp.rope_freq_scale_swa)            # own base
         self.ropes = [local if hp.layer_window(li) else full for li in range(hp.n_layer)]
         self.rope_op = "rope_neox" if hp.spec.rope_neox else "rope"
         self._acts: _Activations | None = None

@@ -10,8 +10,9 @@ mixture of experts routed on the top-k logits, with biased SwiGLU-OAI experts.
 
 llama.cpp's src/models/openai-moe.cpp (build_moe_ffn with SOFTMAX_WEIGHT gating, no norm_w,
 LLM_FFN_SWIGLU_OAI_MOE; attention scale 1/sqrt(n_rot)). The experts are usually MXFP4
-(engine/formats/quant_mx.py). YaRN rope scaling (the real files' rope.scaling.type) is not
-computed yet, so a file asking for it is refused by llama.finish.
+(engine/formats/quant_mx.py). The released files ask for YaRN rope (factor 32, original
+context 4096): llama.finish reads it, and the windowed layers rope as the full ones do
+(llama.cpp's rope_freq_scale_train_swa defaults to the full layers' scale).
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ TENSORS = tuple(t for t in llama.ATTENTION_TENSORS if t.name != "ffn_norm") + ll
 
 def finish(v: KeyValues) -> None:
     """llama's checks, the experts', and llama.cpp's facts: SWA on every other layer (0, 2, ...)
-    with the full layers' rope base, attention scale 1/sqrt(n_rot)."""
+    with the full layers' rope base and scale, attention scale 1/sqrt(n_rot)."""
     llama.finish(v)
     n_expert, n_used = v["n_expert"], v["n_expert_used"]
     if not 0 < n_used <= n_expert:
@@ -74,6 +75,7 @@ def finish(v: KeyValues) -> None:
         v.refuse(f"{v.arch}.attention.sliding_window = {v['window']} must be >= 0")
     v["swa_period"] = 2 if v["window"] else 0
     v["rope_base_swa"] = v["rope_base"]
+    v["rope_freq_scale_swa"] = v["rope_freq_scale"]
     v["attn_scale"] = 1.0 / math.sqrt(v["n_rot"])
 
 

@@ -2,20 +2,30 @@
 
     rope(x, positions, n_rot, base)  llama.cpp's "normal" mode (adjacent pairs) or, neox=True,
                                      its NEOX mode (halves); base is a theta, per-pair
-                                     frequencies, or a RopeSpec (YaRN/LongRoPE factors)
+                                     frequencies, or a RopeSpec (linear, LongRoPE, YaRN)
 
 The rotation itself is IR in engine.kernels.ops (one module with the other glue kernels); the
-cos/sin tables are built here once per (n_rot, frequencies) and grown as positions need.
+cos/sin tables are built here once per (n_rot, frequencies) and grown as positions need. YaRN
+lives wholly in the tables (its mixed angles, its magnitude on cos and sin), so the compiled
+rotation is the same for every scaling.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from engine.kernels.ir.builder import address
 from engine.kernels.ops import check_f32, load_ops, out_like
+
+_F32 = np.float32
+
+
+def _logf(x: float | np.floating[Any]) -> np.float32:
+    """glibc's logf (correctly rounded): the float64 log rounded once."""
+    return _F32(np.log(np.float64(_F32(x))))
 
 
 @dataclass(frozen=True)
@@ -26,20 +36,52 @@ class RopeSpec:
     s = powf(base, -2/n_rot); the angle of pair i is freq_scale * theta_i / freq_factors[i], and
     its cos/sin are correctly rounded (glibc's cosf/sinf). Exact float64 angles differ by a few
     float32 ulps at long positions, enough to flip later 8-bit roundings.
+
+    YaRN (ext_factor != 0, ggml's rope_yarn): pair i's angle mixes the interpolated one
+    (freq_scale * theta) and the extrapolated one (theta) by ramp(i) * ext_factor, the ramp
+    falling from 1 to 0 over corr_dims (the pairs whose wavelength spans beta_fast .. beta_slow
+    turns in n_ctx_orig positions), and cos/sin are scaled by magnitude(). With ext_factor 0
+    the angles are computed exactly as before (attn_factor still scales cos/sin).
     """
     base: float
     freq_scale: float = 1.0
     freq_factors: tuple[float, ...] | None = None
+    ext_factor: float = 0.0     # YaRN's mix; 0: plain (or linear) rope
+    attn_factor: float = 1.0    # llama.cpp's cparams.yarn_attn_factor: cos/sin's factor
+    n_ctx_orig: int = 0         # YaRN: the context the model was trained at (corr dims)
+    beta_fast: float = 32.0     # YaRN: turns in n_ctx_orig where extrapolation ends...
+    beta_slow: float = 1.0      # ...and where interpolation is whole
+
+    def corr_dims(self, n_rot: int) -> tuple[float, float]:
+        """ggml_rope_yarn_corr_dims: the first and last pair of the ramp, in float32."""
+        def corr_dim(beta: float) -> np.float32:  # pair whose wavelength turns beta times
+            turns = _F32(_F32(self.n_ctx_orig) / (_F32(_F32(beta) * _F32(2)) * _F32(np.pi)))
+            return _F32(_F32(n_rot) * _logf(turns)) / _F32(_F32(2) * _logf(self.base))
+        start = np.floor(corr_dim(self.beta_fast))
+        end = np.ceil(corr_dim(self.beta_slow))
+        return float(max(_F32(0), start)), float(min(_F32(n_rot - 1), end))
+
+    def magnitude(self) -> np.float32:
+        """cos/sin's float32 factor: attn_factor, times YaRN's 1 + 0.1 ln(1/freq_scale)."""
+        mscale = _F32(self.attn_factor)
+        if self.ext_factor != 0.0:
+            mscale = mscale * (_F32(1) + _F32(0.1) * _logf(_F32(1) / _F32(self.freq_scale)))
+        return _F32(mscale)
 
     def angles(self, positions: np.ndarray, n_rot: int) -> np.ndarray:
         """[M] positions -> float32 [M, n_rot/2] angles, in ggml's order of float32 operations."""
-        f32 = np.float32
+        f32 = _F32
         scale = f32(np.float64(f32(self.base)) ** np.float64(f32(-2.0) / f32(n_rot)))
         theta = np.asarray(positions).astype(f32)                   # [M]
         out = np.empty((theta.shape[0], n_rot // 2), dtype=f32)
+        low, high = self.corr_dims(n_rot) if self.ext_factor != 0.0 else (0.0, 0.0)
         for i in range(n_rot // 2):
             t = theta / f32(self.freq_factors[i]) if self.freq_factors else theta
             out[:, i] = f32(self.freq_scale) * t
+            if self.ext_factor != 0.0:  # rope_yarn: interp * (1 - mix) + extrap * mix
+                y = (f32(i) - f32(low)) / max(f32(0.001), f32(high) - f32(low))
+                mix = (f32(1) - min(f32(1), max(f32(0), y))) * f32(self.ext_factor)
+                out[:, i] = out[:, i] * (f32(1) - mix) + t * mix
             theta = theta * scale
         return out
 
@@ -63,6 +105,11 @@ def rope_inv_freq(n_rot: int, base: float | np.ndarray) -> np.ndarray:
     return float(base) ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
 
 
+def rope_magnitude(base: RopeFreqs) -> float:
+    """The factor on cos and sin: a RopeSpec's magnitude(), else 1."""
+    return float(base.magnitude()) if isinstance(base, RopeSpec) else 1.0
+
+
 def rope_angles(positions: np.ndarray, n_rot: int, base: RopeFreqs) -> np.ndarray:
     """[M] positions -> [M, n_rot/2] float64 angles pos * theta_i (RopeSpec: ggml's float32)."""
     if isinstance(base, RopeSpec):
@@ -73,7 +120,8 @@ def rope_angles(positions: np.ndarray, n_rot: int, base: RopeFreqs) -> np.ndarra
 class _RopeTables:
     """cos/sin of pos * theta_i for pos < n_pos, i < n_rot/2, per (n_rot, base or theta_i).
 
-    Built in float64 and rounded once, so they are as exact as float32 allows. Tables only grow
+    Built in float64 and rounded once, so they are as exact as float32 allows (a RopeSpec's
+    magnitude then multiplies them in float32, as ggml's cosf(theta) * mscale). Tables only grow
     (doubling), and a reader never sees a half-built one: it is swapped in whole.
     """
 
@@ -93,6 +141,8 @@ class _RopeTables:
                 size = max(1024, 1 << (n_pos - 1).bit_length())
                 angles = rope_angles(np.arange(size), n_rot, base)  # [size, n_rot/2]
                 table = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+                if isinstance(base, RopeSpec) and base.magnitude() != 1:  # cosf(theta) * mscale
+                    table = (table[0] * base.magnitude(), table[1] * base.magnitude())
                 self._tables[key] = table
             return table
 
@@ -147,7 +197,8 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs,
 def rope_reference(x: np.ndarray, positions: np.ndarray, n_rot: int, base: RopeFreqs,
                    neox: bool = False) -> np.ndarray:
     theta = rope_angles(np.asarray(positions), n_rot, base)[:, None, :]  # [M, 1, n_rot/2]
-    c, s = np.cos(theta), np.sin(theta)
+    magnitude = rope_magnitude(base)
+    c, s = np.cos(theta) * magnitude, np.sin(theta) * magnitude
     x64 = x.astype(np.float64)
     y = x64.copy()
     half = n_rot // 2

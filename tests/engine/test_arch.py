@@ -55,8 +55,7 @@ def test_other_families_have_no_windows():
 
 @pytest.mark.parametrize("key,value,match", [
     ("attention.value_length", 16, "value_length"),
-    ("rope.scaling.attn_factor", 1.2, "attn_factor"),
-    ("rope.scaling.type", "yarn", "rope scaling"),
+    ("rope.scaling.type", "longrope", "rope scaling"),  # LongRoPE is its factor tensors
     ("attention.key_length", 20, "multiple of 8"),
     ("attention.head_count_kv", [2, 1], "per-layer"),
 ])
