@@ -63,7 +63,8 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, prompt: list[int] | None = None) -> None:
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        # any integer seeds (OpenAI's are signed); numpy takes only non-negative ones
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
         self.prompt_tokens = set(prompt or ())
         self.generated: Counter[int] = Counter()
 

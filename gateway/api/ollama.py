@@ -109,10 +109,14 @@ async def _load_or_unload(request: Request, alias: str, keep_alive: p.KeepAlive,
 
 def _embedding_ids(served: GenerativeModel, texts: list[str], truncate: bool,
                    limits: LimitSettings) -> list[list[int]]:
+    if not texts:
+        raise p.RequestValidationError("input must not be empty: nothing to embed", "input")
     out = []
-    for text in texts:
+    for i, text in enumerate(texts):
         serving.check_prompt_size(served, text, limits, "input", fits_context=False)
         ids = served.text_prompt(text)
+        if not ids:
+            raise p.RequestValidationError(f"input[{i}] is empty: nothing to embed", "input")
         if len(ids) > served.n_ctx:
             if not truncate:
                 raise context_length_exceeded(len(ids), served.n_ctx, "input")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from gateway.protocol.base import KeepAlive, _Request, _Response
+from gateway.protocol.base import KeepAlive, _check_keep_alive, _Request, _Response
 
 # --------------------------------------------------------------------------------- input items
 
@@ -234,10 +234,14 @@ class ResponsesRequest(ResponsesInput):
     seed: int | None = None
     keep_alive: KeepAlive = None
 
+    _check_keep = field_validator("keep_alive")(_check_keep_alive)
+
 
 class InputTokensRequest(ResponsesInput):
     stream: bool = False  # what the pipeline's acquire reads; never streams
     keep_alive: KeepAlive = None
+
+    _check_keep = field_validator("keep_alive")(_check_keep_alive)
 
 
 # --------------------------------------------------------------------------------- output items

@@ -56,6 +56,15 @@ def test_same_seed_same_tokens_different_seed_differs() -> None:
     assert not np.array_equal(a, c)
 
 
+def test_a_negative_seed_is_a_seed_too() -> None:
+    """OpenAI's seeds are signed; numpy's RNG takes only non-negative ones (the fuzzing run's
+    500 on /v1/responses with seed -2): a negative seed is its value modulo 2**64."""
+    flat = np.zeros(1000, dtype=np.float32)
+    neg = draw(SamplingParams(temperature=1.0, seed=-2), flat, 50)
+    assert np.array_equal(neg, draw(SamplingParams(temperature=1.0, seed=2**64 - 2), flat, 50))
+    assert not np.array_equal(neg, draw(SamplingParams(temperature=1.0, seed=2), flat, 50))
+
+
 def test_top_k_keeps_only_k_best() -> None:
     tokens = set(draw(SamplingParams(temperature=5.0, top_k=2, seed=1), LOGITS, 500))
     assert tokens == {0, 1}

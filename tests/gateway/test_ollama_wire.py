@@ -139,3 +139,17 @@ def test_keys_and_per_key_models_cover_the_ollama_routes(keyed):
     ok = keyed.post("/api/generate", headers=bob, json={
         "model": "a:latest", "prompt": "hi", "stream": False, "options": {"num_predict": 3}})
     assert ok.status_code == 200 and ok.json()["done"] and ok.json()["eval_count"] <= 3
+
+
+def test_nothing_to_embed_is_a_400_not_a_500(keyed):
+    """What the fuzzing run found: an empty input list, or an empty text in it, reached the
+    embedding request's own check and came back as a 500."""
+    for body in ({"model": "a", "input": []}, {"model": "a", "input": ["hi", "", "there"]}):
+        r = keyed.post("/api/embed", json=body, headers={"Authorization": "Bearer bob-key-123456"})
+        assert r.status_code == 400 and "input" in r.json()["error"], r.text
+
+
+def test_responses_input_tokens_refuses_a_bad_keep_alive(keyed):
+    r = keyed.post("/v1/responses/input_tokens", headers={"Authorization": "Bearer bob-key-123456"},
+                   json={"model": "a", "input": "hi", "keep_alive": "<\nc|\n"})
+    assert r.status_code == 400 and "keep_alive" in r.json()["error"]["message"], r.text
