@@ -234,8 +234,8 @@ def run(url: str, count: int, seconds: float, seed: int,
             counts[path, status] += 1
             if not status.isdigit() or int(status) >= 500:
                 failures.append(f"#{i} POST {path} ({what}) -> {status}: {shown!r}")
-            try:
-                health = client.get("/health").status_code
+            try:  # on a connection of its own: whether the server answers, not a reused socket
+                health = httpx.get(url + "/health", timeout=30).status_code
             except httpx.HTTPError as exc:
                 health = -1
                 failures.append(f"#{i} /health failed after POST {path}: {exc!r}")
