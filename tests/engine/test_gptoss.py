@@ -17,27 +17,17 @@ import engine
 from engine.kernels import moe_oai
 from engine.model import Chunk
 from engine.servable import check_servable
+from tests.support.llama_cpp_checks import assert_greedy_until_a_near_tie, assert_within
 from tests.support.refs import SYNTH3_DIR
 
 MANIFEST = json.loads((SYNTH3_DIR / "manifest.json").read_text())
 ENTRIES = {e["file"][:-len(".gguf")]: e for e in MANIFEST["models"] if e["arch"] == "gpt-oss"}
-NEAR_TIE = 0.1  # a greedy split is allowed only where our top two logits are this close
 F32 = "gptoss_d64_e8k2_swa8_sinks_f32"
 
 
 def _load(name: str, **kw) -> engine.Model:
     return engine.load(SYNTH3_DIR / f"{name}.gguf", n_ctx=kw.pop("n_ctx", 128), n_threads=2,
                        flash_attn=kw.pop("flash_attn", False), **kw)
-
-
-def _assert_within(ours: np.ndarray, ref: np.ndarray, tol: dict, what: str,
-                   top1_min: int | None = None) -> None:
-    diff = np.abs(ours - ref)
-    agree = int((ours.argmax(-1) == ref.argmax(-1)).sum())
-    print(f"{what}: max {diff.max():.2e} mean {diff.mean():.2e} top-1 {agree}/{len(ref)}")
-    assert diff.max() <= tol["max_abs"], what
-    assert diff.mean() <= tol["mean_abs"], what
-    assert agree >= (tol["top1_agree_min"] if top1_min is None else top1_min), what
 
 
 def test_the_files_are_the_ones_the_manifest_describes() -> None:
@@ -63,10 +53,10 @@ def test_logits_match_llama_cpp_batched_sequential_and_split(name: str) -> None:
         first = tr.forward([Chunk(2, ids[:20], 0)], "all")[0]
         second = tr.forward([Chunk(2, ids[20:], 20)], "all")[0]   # from the cached state
     tol = entry["suggested_tolerance"]
-    _assert_within(batched, ref["logits"], tol, f"{name} batched")
-    _assert_within(sequential, ref["logits_sequential"], tol, f"{name} sequential")
-    _assert_within(np.concatenate([first, second]), ref["logits_split"], tol, f"{name} split")
-    _assert_within(second, ref["logits_split"][20:], tol["split_second_call"] | {"top1_agree_min": 19},
+    assert_within(batched, ref["logits"], tol, f"{name} batched")
+    assert_within(sequential, ref["logits_sequential"], tol, f"{name} sequential")
+    assert_within(np.concatenate([first, second]), ref["logits_split"], tol, f"{name} split")
+    assert_within(second, ref["logits_split"][20:], tol["split_second_call"] | {"top1_agree_min": 19},
                    f"{name} split, second call")
 
 
@@ -75,13 +65,7 @@ def test_greedy_tokens_match_llama_cpp_until_a_near_tie(name: str) -> None:
     ref = np.load(SYNTH3_DIR / f"{name}.npz")
     ids, want = ref["ids"].tolist(), ref["greedy"].tolist()
     with _load(name) as model:
-        got = list(model.generate(ids, max_tokens=len(want), stop_at_eog=False))
-        split = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        if split is None:
-            return
-        logits = model.logits(ids + want[:split])[-1]  # our logits on llama.cpp's path
-        margin = abs(float(logits[want[split]] - logits[got[split]]))
-        assert margin < NEAR_TIE, f"greedy splits from llama.cpp at step {split} (margin {margin:.3f})"
+        assert_greedy_until_a_near_tie(model, ids, want)
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])

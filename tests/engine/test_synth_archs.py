@@ -16,26 +16,17 @@ import pytest
 
 import engine
 from engine.model import Chunk
+from tests.support.llama_cpp_checks import assert_greedy_until_a_near_tie, assert_within
 from tests.support.reference_model import ReferenceModel
 from tests.support.refs import SYNTH_DIR
 
 MANIFEST = json.loads((SYNTH_DIR / "manifest.json").read_text())
 ENTRIES = {e["file"][:-len(".gguf")]: e for e in MANIFEST["models"] if e["arch"] != "llama"}
-NEAR_TIE = 0.1  # a greedy split is allowed only where our top two logits are this close
 
 
 def _load(name: str, **kw) -> engine.Model:
     return engine.load(SYNTH_DIR / f"{name}.gguf", n_ctx=kw.pop("n_ctx", 128), n_threads=2,
                        flash_attn=kw.pop("flash_attn", False), **kw)
-
-
-def _assert_within(ours: np.ndarray, ref: np.ndarray, tol: dict, what: str) -> None:
-    diff = np.abs(ours - ref)
-    agree = int((ours.argmax(-1) == ref.argmax(-1)).sum())
-    print(f"{what}: max {diff.max():.2e} mean {diff.mean():.2e} top-1 {agree}/{len(ref)}")
-    assert diff.max() <= tol["max_abs"], what
-    assert diff.mean() <= tol["mean_abs"], what
-    assert agree >= tol["top1_agree_min"], what
 
 
 @pytest.mark.parametrize("name", list(ENTRIES))
@@ -48,8 +39,8 @@ def test_logits_match_llama_cpp_batched_and_sequential(name: str) -> None:
         batched = tr.forward([Chunk(0, ids, 0)], "all")[0]                          # [40, n_vocab]
         sequential = np.stack([tr.forward([Chunk(1, [t], i)], "last")[0] for i, t in enumerate(ids)])
     tol = entry["suggested_tolerance"]
-    _assert_within(batched, ref["logits"], tol, f"{name} batched")
-    _assert_within(sequential, ref["logits_sequential"], tol, f"{name} sequential")
+    assert_within(batched, ref["logits"], tol, f"{name} batched")
+    assert_within(sequential, ref["logits_sequential"], tol, f"{name} sequential")
 
 
 def test_repacked_q4_0_gives_llama_cpp_logits() -> None:
@@ -74,13 +65,7 @@ def test_greedy_tokens_match_llama_cpp_until_a_near_tie(name: str) -> None:
     ref = np.load(SYNTH_DIR / f"{name}.npz")
     ids, want = ref["ids"].tolist(), ref["greedy"].tolist()
     with _load(name) as model:
-        got = list(model.generate(ids, max_tokens=len(want), stop_at_eog=False))
-        split = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        if split is None:
-            return
-        logits = model.logits(ids + want[:split])[-1]  # our logits on llama.cpp's path
-        margin = abs(float(logits[want[split]] - logits[got[split]]))
-        assert margin < NEAR_TIE, f"greedy splits from llama.cpp at step {split} (margin {margin:.3f})"
+        assert_greedy_until_a_near_tie(model, ids, want)
 
 
 @pytest.mark.parametrize("name", [n for n in ENTRIES if n.endswith("_f32")])
@@ -115,7 +100,7 @@ def test_flash_attention_paths_stay_within_the_quantized_tolerance() -> None:
         ref = np.load(SYNTH_DIR / f"{name}.npz")
         with _load(name, flash_attn=True) as model:
             ours = model.logits(ref["ids"].tolist())
-        _assert_within(ours, ref["logits"], ENTRIES[name]["suggested_tolerance"], name)
+        assert_within(ours, ref["logits"], ENTRIES[name]["suggested_tolerance"], name)
 
 
 # -- sliding windows past the ring ----------------------------------------------------------------
