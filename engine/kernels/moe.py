@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from collections.abc import Callable
 
 import numpy as np
 from llvmlite import ir
@@ -54,6 +55,28 @@ I64P = I64.as_pointer()
 PAD_ROWS = 8  # a run's packed activations start on a multiple of 8 rows (the scale groups)
 
 
+def take_top_k(b: ir.IRBuilder, row: ir.Value, n_exp: ir.Value, k: ir.Value, ids_row: ir.Value,
+               w_row: ir.Value, best: ir.Value, best_v: ir.Value,
+               on_pick: Callable[[], None] | None = None) -> None:
+    """ids_row[j], w_row[j] = the j-th largest of row[:n_exp] and its index, for j < k, the
+    lower index first among equals (ggml's argsort); each pick is overwritten with -inf in row.
+    `best`, `best_v`: the caller's i64 and f32 variables (the pick, after each); on_pick() runs
+    after each pick."""
+    with counted_loop(b, i64(0), k, 1, "j") as j:
+        b.store(i64(0), best)
+        b.store(const(F32, -math.inf), best_v)
+        with counted_loop(b, i64(0), n_exp, 1, "s") as e:
+            v = load(b, row, e)
+            better = b.fcmp_ordered(">", v, b.load(best_v))
+            b.store(b.select(better, e, b.load(best)), best)
+            b.store(b.select(better, v, b.load(best_v)), best_v)
+        store(b, b.load(best), ids_row, j)
+        store(b, b.load(best_v), w_row, j)
+        store(b, const(F32, -math.inf), row, b.load(best))  # taken
+        if on_pick is not None:
+            on_pick()
+
+
 def _build_route(module: ir.Module) -> None:
     # void moe_route(float* logits [M, E] (overwritten), i64* ids [M, k], float* w [M, k],
     #                i64 M, i64 E, i64 k)
@@ -80,18 +103,8 @@ def _build_route(module: ir.Module) -> None:
         with counted_loop(b, i64(0), n_exp, 1, "n") as e:
             store(b, b.fmul(load(b, row, e), inv), row, e)
         b.store(const(F64, 0.0), chosen)
-        with counted_loop(b, i64(0), k, 1, "j") as j:
-            b.store(i64(0), best)
-            b.store(const(F32, -math.inf), best_p)
-            with counted_loop(b, i64(0), n_exp, 1, "s") as e:
-                p = load(b, row, e)
-                better = b.fcmp_ordered(">", p, b.load(best_p))
-                b.store(b.select(better, e, b.load(best)), best)
-                b.store(b.select(better, p, b.load(best_p)), best_p)
-            store(b, b.load(best), ids_row, j)
-            store(b, b.load(best_p), w_row, j)
-            store(b, const(F32, -math.inf), row, b.load(best))  # taken
-            b.store(b.fadd(b.load(chosen), b.fpext(b.load(best_p), F64)), chosen)
+        take_top_k(b, row, n_exp, k, ids_row, w_row, best, best_p, on_pick=lambda: b.store(
+            b.fadd(b.load(chosen), b.fpext(b.load(best_p), F64)), chosen))
         weight_sum = b.fptrunc(b.load(chosen), F32)
         with counted_loop(b, i64(0), k, 1, "r") as j:
             store(b, b.fdiv(load(b, w_row, j), weight_sum), w_row, j)

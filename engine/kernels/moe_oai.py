@@ -47,6 +47,7 @@ from engine.kernels.ir.builder import (
 )
 from engine.kernels.ir.text import IRFunction
 from engine.kernels.jit import CompiledLibrary, compile_cached
+from engine.kernels.moe import take_top_k
 from engine.kernels.tasks import STEP, Layout
 
 I64P = I64.as_pointer()
@@ -65,17 +66,7 @@ def _build_route_topk(module: ir.Module) -> None:
     with counted_loop(b, i64(0), n_rows, 1, "m") as m:
         row = gep(b, logits, b.mul(m, n_exp))
         ids_row, w_row = gep(b, ids, b.mul(m, k)), gep(b, w, b.mul(m, k))
-        with counted_loop(b, i64(0), k, 1, "j") as j:
-            b.store(i64(0), best)
-            b.store(const(F32, -math.inf), best_l)
-            with counted_loop(b, i64(0), n_exp, 1, "s") as e:
-                x = load(b, row, e)
-                better = b.fcmp_ordered(">", x, b.load(best_l))
-                b.store(b.select(better, e, b.load(best)), best)
-                b.store(b.select(better, x, b.load(best_l)), best_l)
-            store(b, b.load(best), ids_row, j)
-            store(b, b.load(best_l), w_row, j)
-            store(b, const(F32, -math.inf), row, b.load(best))  # taken
+        take_top_k(b, row, n_exp, k, ids_row, w_row, best, best_l)
         mx = load(b, w_row, i64(0))  # the first chosen is the largest
         b.store(const(F64, 0.0), total)
         with counted_loop(b, i64(0), k, 1, "x") as j:  # ggml's soft_max: the sum in double
