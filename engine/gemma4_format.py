@@ -20,9 +20,9 @@ and an unfinished call gives its name with no arguments yet, so the streamed pie
 the whole reply.
 
 The grammar (llguidance Lark) follows llama.cpp's: `auto` lets a thought and text run until
-<|tool_call>, then only calls to the offered tools, their arguments any Gemma dict (llama.cpp
-does not hold them to the schema either); `required` or a named tool: an optional thought,
-then the call.
+<|tool_call>, then only calls to the offered tools, their arguments a Gemma dict whose top-level keys are
+the tool's declared properties (llama.cpp allows any key; its values are not held to the
+schema here either); `required` or a named tool: an optional thought, then the call.
 The thinking switch is the template's `enable_thinking` (engine/chat_formats.py's gemma4).
 """
 from __future__ import annotations
@@ -43,6 +43,8 @@ QUOTE = '<|"|>'
 MARKERS = (CHANNEL, CHANNEL_END, CALL, CALL_END, "<|turn>", "<turn|>", QUOTE)
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _WS = re.compile(r"[ \t\r\n]*")
+# the grammar's numbers: bounded, so a small model cannot write digits forever
+_BOUNDED_NUMBER = r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?(?:[eE][+-]?\d{1,3})?"
 
 
 def _held_back(text: str) -> str:
@@ -138,14 +140,21 @@ class Gemma4Format(ToolFormat):
                   " | \"null\"\n"
                 + "g4_dict: \"{\" (g4_kv (\",\" g4_kv)*)? \"}\"\n"
                 + "g4_kv: G4_KEY \":\" g4_value\n"
-                + "G4_KEY: /[^:}]+/\n"
+                + "G4_KEY: /[^:{}\\[\\],]+/\n"
                 + "g4_array: \"[\" (g4_value (\",\" g4_value)*)? \"]\"\n"
-                + f"G4_NUMBER: /{_NUMBER.pattern}/\n")
+                + f"G4_NUMBER: /{_BOUNDED_NUMBER}/\n")
 
     def _call_rule(self, tools: list[dict[str, Any]], choice: Choice) -> str:
-        names = " | ".join(_lark_string(t["name"]) for t in _offered(tools, choice))
-        return (f'call: {self._mark(CALL)} "call:" ({names}) g4_dict {self._mark(CALL_END)}\n'
-                + self._value_rules())
+        """call: the marker, "call:", one offered tool's name and its arguments, whose top-level
+        keys are the tool's declared properties (when it declares any)."""
+        alternatives, rules = [], []
+        for i, t in enumerate(_offered(tools, choice)):
+            alternatives.append(f'{_lark_string(t["name"])} args{i}')
+            props = list((t.get("parameters") or {}).get("properties") or {})
+            key = " | ".join(_lark_string(p) for p in props) if props else "G4_KEY"
+            rules.append(f'args{i}: "{{" (kv{i} ("," kv{i})*)? "}}"\nkv{i}: ({key}) ":" g4_value\n')
+        return (f'call: {self._mark(CALL)} "call:" ({" | ".join(alternatives)}) '
+                f"{self._mark(CALL_END)}\n" + "".join(rules) + self._value_rules())
 
     def _thought_rule(self) -> str:
         close = self._mark(CHANNEL_END)
@@ -164,10 +173,11 @@ class Gemma4Format(ToolFormat):
         if self.special(CALL) is not None:  # text cannot write the marker: free until it
             return (_JSON_OPTIONS + f"start: thought? TEXT? call{more}\nTEXT: /(?s:.+)/\n"
                     + self._thought_rule() + self._call_rule(tools, choice))
-        names = " | ".join(_lark_string(t["name"]) for t in tools)
-        body = f'"call:" ({names}) g4_dict {self._mark(CALL_END)}'
+        rule = self._call_rule(tools, choice)  # call: <marker> "call:" ...: its rest after it
+        rest = rule.split("\n", 1)[0].split('"call:"', 1)[1]
         return (self._lazy_after_marker("rest", choice)
-                + f"rest: {body} ({self._mark(CALL)} {body}){more}\n" + self._value_rules())
+                + f'rest: "call:" {rest} ({self._mark(CALL)} "call:" {rest}){more}\n'
+                + rule.split("\n", 1)[1])
 
     def json_after_thinking(self, schema: dict[str, Any] | bool) -> str:
         """Lark text: an optional thought, then JSON valid against `schema`."""
