@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from .model import Chunk, Transformer, _Activations
 
 _ACT_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_mul"}
-_LAYER_WIDTH = {"q": "q_dim", "k": "kv_dim", "v": "kv_dim"}  # widths that follow the layer
-_FIXED = frozenset({"x", "o", "h", "g", "u"})                  # _Activations' other rows
+_LAYER_WIDTH = {"q": "q_dim", "k": "kv_dim", "v": "kv_dim",  # widths that follow the layer
+                "g": "n_ff", "u": "n_ff"}
+_FIXED = frozenset({"x", "o", "h"})                           # _Activations' other rows
 
 
 def _addr(a: np.ndarray) -> int:
@@ -141,7 +142,7 @@ class GraphBuilder:
         # rope_q: no kv heads, so the task ropes and stores no k, v
         self._node("task_rope_store", tasks.ROPE_STORE, rope=self.op[tr.rope_op], q=_addr(a.q),
                    k=_addr(a.k), v=_addr(a.v), n_head=hp.n_head,
-                   n_kv_head=hp.n_head_kv if store else 0, head_dim=self.dims["head_dim"],
+                   n_kv_head=self.dims["n_head_kv"] if store else 0, head_dim=self.dims["head_dim"],
                    half_rot=n_rot // 2, cos=_addr(cos), sin=_addr(sin), n_table=cos.shape[0],
                    k_cache=_addr(k_cache[0]), v_cache=_addr(v_cache[0]), group=group)
 
@@ -161,7 +162,7 @@ class GraphBuilder:
                       exact=tr.attention.exact_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
                       v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
                       scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
-                      n_kv_head=hp.n_head_kv, head_dim=self.dims["head_dim"], scale=scale,
+                      n_kv_head=self.dims["n_head_kv"], head_dim=self.dims["head_dim"], scale=scale,
                       group=group,
                       window=hp.layer_window(layer), ring=tr.cache.group(layer).ring,
                       softcap=hp.attn_softcap)
@@ -385,8 +386,8 @@ class EagerBuilder:
 
     def rope_store(self, layer: int, store: bool = True) -> None:
         hp, tr, T = self.hp, self.tr, self.positions.shape[0]
-        neox, hd = tr.rope_op == "rope_neox", self.dims["head_dim"]
-        for name, heads in (("q", hp.n_head), ("k", hp.n_head_kv))[:2 if store else 1]:
+        neox, hd, n_kv = tr.rope_op == "rope_neox", self.dims["head_dim"], self.dims["n_head_kv"]
+        for name, heads in (("q", hp.n_head), ("k", n_kv))[:2 if store else 1]:
             x = self.bufs[name].reshape(T, heads, hd)
             self.bufs[name] = rotary.rope(x, self.positions, hp.layer_n_rot(layer),
                                        tr.ropes[layer], neox=neox).reshape(T, -1)
@@ -394,8 +395,8 @@ class EagerBuilder:
             return
         k_cache, v_cache, _ = tr.cache.layer(layer)                     # [slot, rows, n_kv, hd]
         group = tr.cache.group(layer)
-        k = self.bufs["k"].reshape(T, hp.n_head_kv, hd)
-        v = self.bufs["v"].reshape(T, hp.n_head_kv, hd)
+        k = self.bufs["k"].reshape(T, n_kv, hd)
+        v = self.bufs["v"].reshape(T, n_kv, hd)
         for c, (a, b) in zip(self.chunks, self.spans):
             rows = self.positions[a:b] % group.ring
             k_cache[c.slot, rows] = k[a:b]

@@ -53,6 +53,8 @@ class HParams:
     n_rot_swa: int = 0            # their rotated dims (0: n_rot)
     kv_from: tuple[int, ...] = () # per layer: the layer whose KV cache it reads, itself when it
     #                               has its own (gemma4's shared KV; () : every layer its own)
+    n_ff_layers: tuple[int, ...] = ()       # per layer when they differ (n_ff is the widest;
+    n_head_kv_layers: tuple[int, ...] = ()  # n_head_kv the most): a file's per-layer arrays
     extra: Mapping[str, KeyValue] = field(default_factory=dict)  # the family's own keys
     #                               (Key names that are not fields here), e.g. an expert count
 
@@ -71,6 +73,12 @@ class HParams:
         """Keys a query of this layer sees (0: all before it)."""
         return self.window if self.window and self.is_swa(layer) else 0
 
+    def layer_n_ff(self, layer: int) -> int:
+        return self.n_ff_layers[layer] if self.n_ff_layers else self.n_ff
+
+    def layer_n_head_kv(self, layer: int) -> int:
+        return self.n_head_kv_layers[layer] if self.n_head_kv_layers else self.n_head_kv
+
     def layer_head_dim(self, layer: int) -> int:
         return self.head_dim_swa if self.head_dim_swa and self.is_swa(layer) else self.head_dim
 
@@ -88,13 +96,9 @@ class HParams:
     def layer_dims(self, layer: int) -> dict[str, int]:
         """The per-layer dims a declared tensor may name (engine.arch.declare), as this layer
         has them: they differ from the model's between sliding and full layers (gemma4)."""
-        hd = self.layer_head_dim(layer)
-        return {"head_dim": hd, "q_dim": self.n_head * hd, "kv_dim": self.n_head_kv * hd,
-                "half_rot": self.layer_n_rot(layer) // 2}
-
-    @property
-    def max_head_dim(self) -> int:
-        return max(self.layer_head_dim(li) for li in range(self.n_layer))
+        hd, n_kv = self.layer_head_dim(layer), self.layer_n_head_kv(layer)
+        return {"head_dim": hd, "q_dim": self.n_head * hd, "kv_dim": n_kv * hd, "n_head_kv": n_kv,
+                "half_rot": self.layer_n_rot(layer) // 2, "n_ff": self.layer_n_ff(layer)}
 
     def scale(self) -> float:
         return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
@@ -151,11 +155,19 @@ class HParams:
             if n_rot > head_dim or n_rot % 2:
                 raise ModelLoadError(path, f"rope dimension count {n_rot} does not fit head dim "
                                            f"{head_dim}")
+        for name in ("n_ff_layers", "n_head_kv_layers"):
+            values = getattr(hp, name)
+            if values and (len(values) != hp.n_layer or min(values) <= 0):
+                raise ModelLoadError(path, f"{name}: {len(values)} values for {hp.n_layer} "
+                                           "layers, each must be > 0")
+        if any(hp.n_head % hp.layer_n_head_kv(li) for li in range(hp.n_layer)):
+            raise ModelLoadError(path, "a layer's attention heads cannot share its KV heads")
         if hp.swa_pattern and len(hp.swa_pattern) != hp.n_layer:
             raise ModelLoadError(path, f"the sliding-window pattern has {len(hp.swa_pattern)} "
                                        f"layers, the model {hp.n_layer}")
         if hp.kv_from and (len(hp.kv_from) != hp.n_layer or any(
-                not (hp.has_kv(src) and src <= li and hp.is_swa(src) == hp.is_swa(li))
+                not (hp.has_kv(src) and src <= li and hp.is_swa(src) == hp.is_swa(li)
+                     and hp.layer_dims(src)["kv_dim"] == hp.layer_dims(li)["kv_dim"])
                 for li, src in enumerate(hp.kv_from))):
             raise ModelLoadError(path, "a layer shares the KV cache of a layer that is not an "
                                        "earlier one of its kind with a cache of its own")
@@ -175,10 +187,8 @@ def read_keys(meta: Mapping[str, Any], keys: tuple[Key, ...], v: KeyValues) -> K
             value = key.default(v) if callable(key.default) else key.default
         if value is None:
             v.refuse(f"metadata key {full} is missing")
-        if key.kind is tuple:
-            if not isinstance(value, (list, tuple)):
-                v.refuse(f"{full} = {value!r} is not a per-layer array")
-            v[key.name] = tuple(value)
+        if key.kind is tuple:  # one value stands for every layer: the family broadcasts it
+            v[key.name] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
             continue
         if isinstance(value, list):  # per-layer arrays: one value for all layers, as llama's
             if not value or any(x != value[0] for x in value):

@@ -134,7 +134,7 @@ class _Activations:
 
     def __init__(self, hp: HParams, capacity: int, xq_bytes: dict[str, int]) -> None:
         self.capacity = capacity
-        T, E, F = capacity, hp.n_embd, hp.n_ff
+        T, E, F = capacity, hp.n_embd, hp.n_ff  # n_ff: the widest layer's
         self.x = np.empty((T, E), np.float32)            # residual stream
         self.o = np.empty((T, E), np.float32)            # last block's output, added to x next
         self.h = np.empty((T, E), np.float32)            # normed x
@@ -455,8 +455,9 @@ class Transformer:
         """Floats of attention scratch per thread: the scores rows (exact path) or the f16 q rows
         of the heads either path runs together."""
         hp = self.hp
-        return max(exact_scratch_floats(self.n_ctx, hp.n_head, hp.n_head_kv),
-                   f16acc_scratch_floats(hp.n_head, hp.n_head_kv, hp.max_head_dim))
+        return max(max(exact_scratch_floats(self.n_ctx, hp.n_head, d["n_head_kv"]),
+                       f16acc_scratch_floats(hp.n_head, d["n_head_kv"], d["head_dim"]))
+                   for d in map(hp.layer_dims, range(hp.n_layer)))
 
     # -- the eager twin --------------------------------------------------------------------------
     def forward_eager(self, chunks: list[Chunk], output: str = "last") -> list[np.ndarray]:

@@ -39,8 +39,9 @@ class KeyValues(dict[str, Any]):
 class Key:
     """One GGUF metadata key, `{arch}.<gguf>`. default None: the key is required; a callable
     computes the default from the keys declared before it (head_dim from n_embd / n_head).
-    kind tuple: a per-layer array kept whole (gemma4's sliding_window_pattern); the other
-    kinds take an array only when all its values are one."""
+    kind tuple: a per-layer array kept whole (gemma4's sliding_window_pattern), a single value
+    as a tuple of one (the family's finish broadcasts it); the other kinds take an array only
+    when all its values are one."""
     name: str
     gguf: str
     default: KeyValue | Callable[[Mapping[str, Any]], KeyValue] | None = None

@@ -88,7 +88,10 @@ GLOBALS = (  # the per-layer embeddings' model-level tensors (Weights.extra)
     Tensor("ple_proj_norm", "per_layer_proj_norm.weight", ("n_embd_per_layer",), required=False),
 )
 
-KEYS = llama.KEYS + (
+PER_LAYER = ("n_ff", "n_head_kv")  # arrays in files whose layers differ (the converter writes
+#                                   them for double-wide MLPs and the full layers' KV heads)
+KEYS = tuple(Key(k.name, k.gguf, k.default, tuple) if k.name in PER_LAYER else k
+             for k in llama.KEYS) + (
     Key("window", "attention.sliding_window", 0),
     Key("swa_pattern", "attention.sliding_window_pattern", None, tuple),
     Key("n_kv_shared", "attention.shared_kv_layers", 0),
@@ -103,9 +106,17 @@ KEYS = llama.KEYS + (
 
 def finish(v: KeyValues) -> None:
     """llama's checks, then llama.cpp's gemma4 facts: the pattern's layers slide, the shared
-    layers' sources, attention scale 1, the embedding scale sqrtf(n_embd)."""
-    llama.finish(v)
+    layers' sources, attention scale 1, the embedding scale sqrtf(n_embd); per-layer FFN widths
+    and KV head counts as HParams.n_ff_layers / n_head_kv_layers."""
     n_layer = v["n_layer"]
+    for name in PER_LAYER:
+        values = v[name] * n_layer if len(v[name]) == 1 else v[name]
+        if len(values) != n_layer or not all(isinstance(x, int) and x > 0 for x in values):
+            v.refuse(f"{v.arch}: {name} {list(v[name])} is not one value > 0 per layer")
+        v[name] = max(values)
+        if len(set(values)) > 1:
+            v[f"{name}_layers"] = tuple(values)
+    llama.finish(v)
     if v.pop("value_dim_swa") != v["head_dim_swa"]:
         v.refuse(f"{v.arch}.attention.value_length_swa differs from key_length_swa")
     if v["window"] < 0:

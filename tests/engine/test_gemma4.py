@@ -22,6 +22,7 @@ from engine.formats import quants
 from engine.kv import KVCache, KVLayout
 from engine.model import Chunk
 from engine.servable import check_servable
+from tests.support.gemma4_files import N_FF, N_HEAD_KV, write_per_layer_variant
 from tests.support.gemma4_reference import Gemma4Reference
 from tests.support.llama_cpp_checks import assert_greedy_until_a_near_tie, assert_within
 from tests.support.refs import SYNTH3_DIR
@@ -185,3 +186,25 @@ def test_shared_layers_keep_no_cache_and_the_estimate_counts_none() -> None:
         assert np.shares_memory(k4, k2)
     base = estimate_memory(path, 128, 2)
     assert base - estimate_memory(path, 128, 1) == layout.bytes_per_slot()
+
+
+def test_per_layer_ffn_widths_and_kv_heads_follow_the_float64_twin(tmp_path) -> None:
+    """A file with llama.cpp's per-layer arrays (feed_forward_length wider on the shared
+    layers, attention.head_count_kv 2 on the full ones): the header gives each layer its own,
+    the cache keeps 2 heads for the full layers, and the logits follow the float64 twin as
+    closely as on the file without arrays."""
+    path = write_per_layer_variant(SYNTH3_DIR / f"{F32}.gguf", tmp_path / "per_layer.gguf")
+    hp = check_servable(path)
+    assert [hp.layer_n_ff(li) for li in range(6)] == N_FF and hp.n_ff == max(N_FF)
+    assert [hp.layer_n_head_kv(li) for li in range(6)] == N_HEAD_KV
+    ids = np.load(SYNTH3_DIR / f"{F32}.npz")["ids"].tolist()
+    want = Gemma4Reference(str(path)).logits(ids)
+    with engine.load(path, n_ctx=128, n_threads=2, flash_attn=False, n_slots=2) as model:
+        tr = model.transformer
+        assert tr.cache.layer(3)[0].shape[2:] == (2, 32) and tr.cache.layer(0)[0].shape[2:] == (1, 16)
+        fused = tr.forward([Chunk(0, ids, 0)], "all")[0]
+        eager = tr.forward_eager([Chunk(1, ids, 0)], "all")[0]
+    np.testing.assert_array_equal(fused, eager)
+    diff = np.abs(fused - want)
+    assert diff.max() < 0.1 and diff.mean() < 5e-3
+    assert int((fused.argmax(-1) == want.argmax(-1)).sum()) >= 38

@@ -38,7 +38,7 @@ class Gemma4Reference:
             return meta.get(f"gemma4.{key}", default)
 
         self.n_layer, self.n_embd = get("block_count"), get("embedding_length")
-        self.n_head, self.n_head_kv = get("attention.head_count"), get("attention.head_count_kv")
+        self.n_head = get("attention.head_count")  # KV heads and FFN widths: from the tensors
         self.head_dim = get("attention.key_length")
         self.head_dim_swa = get("attention.key_length_swa", self.head_dim)
         self.n_rot = get("rope.dimension_count", self.head_dim)
@@ -88,7 +88,6 @@ class Gemma4Reference:
             ple = (proj + tok * math.sqrt(self.n_pl)) / math.sqrt(2)            # [T, L, n_pl]
         dist = np.arange(T)[:, None] - np.arange(T)[None, :]
         kv: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        group = self.n_head // self.n_head_kv
         for i in range(self.n_layer):
             p = f"blk.{i}."
             hd = self.head_dim_swa if self.swa[i] else self.head_dim
@@ -98,12 +97,13 @@ class Gemma4Reference:
             q = self._rope(q, pos, i)
             src = self.kv_source(i) if shared_kv else i
             if src == i:
-                k = (h @ w[p + "attn_k.weight"].T).reshape(T, self.n_head_kv, hd)
+                k = (h @ w[p + "attn_k.weight"].T).reshape(T, -1, hd)  # KV heads: the layer's
                 wv = w.get(p + "attn_v.weight", w[p + "attn_k.weight"])
-                v = self._rms((h @ wv.T).reshape(T, self.n_head_kv, hd))
+                v = self._rms((h @ wv.T).reshape(T, -1, hd))
                 k = self._rope(self._rms(k, w[p + "attn_k_norm.weight"]), pos, i)
                 kv[i] = (k, v)
             k, v = kv[src]
+            group = self.n_head // k.shape[1]
             visible = (dist >= 0) & (dist < self.window) if self.swa[i] else dist >= 0
             mask = np.where(visible, 0.0, -np.inf)
             out = np.empty_like(q)
