@@ -102,3 +102,30 @@ def test_named_tool_is_a_gemma4_call_whole_and_streamed(server: Any) -> None:
                 entry["name"] += (delta.function.name or "") if delta.function else ""
                 entry["arguments"] += (delta.function.arguments or "") if delta.function else ""
     assert pieces == {0: {"name": "pick", "arguments": call.function.arguments}}
+
+
+def test_a_reasoning_budget_closes_gemmas_own_tag(server: Any) -> None:
+    """A budget for a Gemma 4 model waits for <|channel>thought and forces <channel|> (not
+    <think> / </think>): after 3 thinking tokens the next token is the closing one."""
+    from types import SimpleNamespace
+
+    from engine.gguf import read_header
+    from engine.tokenizer import Tokenizer
+    from engine.tool_formats import detect
+    from gateway.generation.reasoning import budget
+
+    tok = Tokenizer.from_metadata(read_header(PATHS["model"])[0])
+
+    def control(text: str) -> int | None:
+        token = tok.token_id(text)
+        return token if token is not None and tok.is_special(token) else None
+
+    model = SimpleNamespace(tokenizer=tok, tool_format=detect(TEMPLATE.read_text(), control))
+    rule = budget(model, 3, inside=False)  # type: ignore[arg-type]
+    assert rule is not None
+    opened = tok.encode("<|channel>thought", parse_special=True)
+    for token in opened + tok.encode("\nabc def")[:3]:
+        assert rule.forced() is None
+        rule.consume(token)
+    assert rule.forced() == tok.token_id("<channel|>")
+    assert rule.spent == 3
