@@ -71,7 +71,7 @@ class GraphBuilder:
         self.dims = self.hp.layer_dims(0)  # the widths of the layer being laid out
 
     def begin_layer(self, layer: int) -> None:
-        """The next nodes belong to `layer`: q, k and v take its widths."""
+        """The next nodes belong to `layer`: q, k, v, g and u take its widths."""
         self.dims = self.hp.layer_dims(layer)
 
     def _node(self, task: str, layout: tasks.Layout, **fields: int | float) -> np.ndarray:

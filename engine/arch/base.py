@@ -21,7 +21,8 @@ A family may name buffers of its own (gemma4's per-layer inputs): a projection's
 creates one as wide as the matrix's rows, and per-token inputs the family computes from the ids
 (ArchSpec.token_inputs) come in as named buffers; its model-level tensors (ArchSpec.globals)
 reach its prologue, which runs once before the first layer.
-Widths follow the layer: a sliding layer's q, k and v may have another head dim (gemma4).
+Widths follow the layer (HParams.layer_dims): a sliding layer's q, k and v may have another
+head dim, a layer's g and u another FFN width (gemma4); the model calls begin_layer(i) first.
 
 Adding a family that is not llama-like, e.g. a mixture of experts or a recurrent block:
   1. engine/arch/<family>.py: its Keys (llama.KEYS plus, say, expert_count: such a key lands in
