@@ -23,7 +23,12 @@ from engine.formats import quants
 from engine.kv import KVCache, KVLayout
 from engine.model import Chunk
 from engine.servable import check_servable
-from tests.support.gemma4_files import N_FF, N_HEAD_KV, write_per_layer_variant
+from tests.support.gemma4_files import (
+    N_FF,
+    N_HEAD_KV,
+    write_per_layer_variant,
+    write_quantized_projection_variant,
+)
 from tests.support.gemma4_reference import Gemma4Reference
 from tests.support.llama_cpp_checks import (
     assert_greedy_until_a_near_tie,
@@ -209,3 +214,25 @@ def test_per_layer_ffn_widths_and_kv_heads_match_llama_cpp(tmp_path) -> None:
     assert_within(sequential, ref["logits_sequential"], tol, "per-layer arrays, sequential")
     twin = np.abs(fused - Gemma4Reference(str(path)).logits(ids))
     assert twin.max() < 0.1 and twin.mean() < 5e-3
+
+
+def test_a_quantized_per_layer_projection_matches_llama_cpp(tmp_path) -> None:
+    """per_layer_model_proj in Q8_0 (llama_model_quantize kept it F32 in the synth file; a real
+    file may quantize it): the prologue's per-layer row slices are then quantized rows, and the
+    logits match llama.cpp's for that file (gemma4_q8_projection_logits.npz) within the Q8_0
+    tolerance, batched and one token at a time."""
+    ref = np.load(SYNTH3_DIR / "gemma4_q8_projection_logits.npz")
+    q8 = "gemma4_d64_l6_ple_kvshare_q8_0"
+    path = write_quantized_projection_variant(SYNTH3_DIR / f"{q8}.gguf", tmp_path / "q8proj.gguf")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(ref["sha256"])
+    ids = ref["ids"].tolist()
+    with engine.load(path, n_ctx=128, n_threads=2, flash_attn=False, n_slots=3) as model:
+        tr = model.transformer
+        assert tr.weights.extra["ple_model_proj"].qtype.name == "Q8_0"
+        fused = tr.forward([Chunk(0, ids, 0)], "all")[0]
+        eager = tr.forward_eager([Chunk(1, ids, 0)], "all")[0]
+        sequential = np.stack([tr.forward([Chunk(2, [t], i)], "last")[0] for i, t in enumerate(ids)])
+    np.testing.assert_array_equal(fused, eager)
+    tol = ENTRIES[q8]["suggested_tolerance"]
+    assert_within(fused, ref["logits"], tol, "Q8_0 projection, batched")
+    assert_within(sequential, ref["logits_sequential"], tol, "Q8_0 projection, sequential")
