@@ -2,6 +2,7 @@
 
     modelyard serve [--config FILE] [--host H] [--port P] [--no-watch] [--watch-poll [MS]]
     modelyard serve MODEL.gguf [MODEL2.gguf ...]     serve these files, no config needed
+    modelyard serve -m MODEL.gguf                    the same, as llama-server spells it
     modelyard serve --models-dir DIR                 every model under DIR, watched
     modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan/)
     modelyard config-schema [-o FILE]    the JSON Schema of config files (gateway/config/)
@@ -58,11 +59,16 @@ def _parser() -> argparse.ArgumentParser:
         prog="modelyard", description="Self-hosted OpenAI-compatible gateway for GGUF models.")
     parser.add_argument("--version", action="version", version=f"modelyard {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser("serve", help="serve the OpenAI API",
+    # allow_abbrev off: `--model` must never be read as a prefix of `--models-dir`
+    serve = commands.add_parser("serve", help="serve the OpenAI API", allow_abbrev=False,
                                 description="Serve the OpenAI API for the models in a config, "
                                             "the model files given, or a models folder.")
     serve.add_argument("models", nargs="*", type=Path, metavar="MODEL.gguf",
                        help="serve these GGUF files (no config needed)")
+    serve.add_argument("-m", "--model", dest="model_files", action="append", type=Path,
+                       default=[], metavar="FILE",
+                       help="serve this GGUF file, as llama-server's -m (repeatable; the same "
+                            "as naming the file without -m)")
     serve.add_argument("--models-dir", type=Path, metavar="DIR",
                        help="serve every GGUF model under DIR; files added or removed there "
                             "are served or dropped while running")
@@ -217,6 +223,7 @@ def _default_config() -> Config:
 def serve_command(args: argparse.Namespace) -> int:
     from gateway.fleet import zeroconf
 
+    args.models = [*args.models, *args.model_files]
     sources = sum(bool(x) for x in (args.models, args.models_dir, args.config))
     if sources > 1:
         print("modelyard: give model files, --models-dir or --config, not several",
