@@ -5,7 +5,7 @@
     modelyard serve -m MODEL.gguf                    the same, as llama-server spells it
     modelyard serve --models-dir DIR                 every model under DIR, watched
     modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan/)
-    modelyard config-schema [-o FILE]    the JSON Schema of config files (gateway/config/)
+    modelyard config-schema [-o FILE] [--markdown]   the config's JSON Schema, or its reference page
     modelyard --version
 
 Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on first use; offline,
@@ -94,17 +94,22 @@ def _parser() -> argparse.ArgumentParser:
                     "against, for editors: examples/config.schema.json holds a copy.")
     schema.add_argument("-o", "--output", type=Path, metavar="FILE",
                         help="write it to FILE (default: standard output)")
+    schema.add_argument("--markdown", action="store_true",
+                        help="write the configuration reference page instead "
+                             "(docs/configuration/reference.md holds a copy)")
     schema.set_defaults(run=config_schema_command)
     return parser
 
 
 def config_schema_command(args: argparse.Namespace) -> int:
     from gateway.config.json_schema import schema_text
+    from gateway.config.schema_markdown import reference_markdown
 
+    text = reference_markdown() if args.markdown else schema_text()
     if args.output is None:
-        sys.stdout.write(schema_text())
+        sys.stdout.write(text)
     else:
-        args.output.write_text(schema_text(), encoding="utf-8")
+        args.output.write_text(text, encoding="utf-8")
     return 0
 
 

@@ -243,7 +243,7 @@ def test_activity_view_shows_the_servers_counts(console):
     expect(row).to_contain_text(f"{prompt} / {generated}", timeout=10_000)
     expect(page.locator("#activity-chart polyline").first).to_be_attached()
     console.shot("activity")
-    page.locator("#tab-models").click()  # both models used: README's picture (docs/console.png)
+    page.locator("#tab-models").click()  # both models used: the docs' picture (docs/images/)
     expect(page.locator("#models-summary")).to_contain_text("2 ready")
     page.set_viewport_size({"width": 1200, "height": 340})
     console.shot("overview", full_page=False)
