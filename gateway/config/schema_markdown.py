@@ -22,7 +22,7 @@ SECTIONS: list[tuple[str, str, str]] = [
     ("cors", "CorsSettings", "Under `cors`."),
     ("models[] (a model file)", "ModelEntry", "An entry of `models` that serves a GGUF file."),
     ("defaults", "Defaults", "Under `defaults`: merged into every model entry (an entry's own value wins)."),
-    ("models[] (other servers)", "UpstreamEntry", "An entry of `models` that names other servers (`upstream`)."),
+    ("models[] (other servers)", "UpstreamEntry", "An entry of `models` naming other servers."),
     ("upstream servers", "UpstreamServer", "Each server of an entry's `upstream`."),
     ("upstream local members", "LocalMember", "A local entry as one member of an `upstream` pool."),
     ("probe", "ProbeSettings", "An upstream entry's `probe`."),
@@ -54,7 +54,7 @@ def _type(prop: dict[str, Any]) -> str:
     """A short type: the schema's own types, sections linked, the ${VAR} form and null left
     out (any key may be a reference, and null means the default)."""
     if "$ref" in prop:
-        name = prop["$ref"].rsplit("/", 1)[-1]
+        name = str(prop["$ref"]).rsplit("/", 1)[-1]
         return LINKS.get(name, name)
     if "enum" in prop:
         return " \\| ".join(f"`{json.dumps(v)}`" for v in prop["enum"])
