@@ -5,6 +5,7 @@
     modelyard serve -m MODEL.gguf                    the same, as llama-server spells it
     modelyard serve --models-dir DIR                 every model under DIR, watched
     modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan/)
+    modelyard pull owner/repo[:QUANT] | URL [--mmproj] [--dir DIR]   a GGUF from Hugging Face
     modelyard config-schema [-o FILE] [--markdown]   the config's JSON Schema, or its reference page
     modelyard --version
 
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
                        choices=["debug", "info", "warning", "error"], help="default: info")
     serve.set_defaults(run=serve_command)
     _add_scan_command(commands)
+    _add_pull_command(commands)
     schema = commands.add_parser(
         "config-schema", help="write the JSON Schema of the config file",
         description="Write the JSON Schema that config files (YAML, TOML, JSON) validate "
@@ -117,6 +119,18 @@ def _add_scan_command(commands: Any) -> None:
                                  description="Write a config for the GGUF models under DIR.")
     scan.add_scan_arguments(parser)
     parser.set_defaults(run=scan.run_scan)
+
+
+def _add_pull_command(commands: Any) -> None:
+    from gateway import pull
+
+    parser = commands.add_parser(
+        "pull", help="download a GGUF model from Hugging Face into the models folder",
+        description="Download a GGUF model (and with --mmproj its vision projector) from "
+                    "Hugging Face into the models folder, resuming an interrupted download "
+                    "and checking the hub's sha256. HF_TOKEN and HF_ENDPOINT are read.")
+    pull.add_pull_arguments(parser)
+    parser.set_defaults(run=pull.run_pull)
 
 
 class StartupFailed(Exception):
