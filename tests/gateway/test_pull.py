@@ -106,7 +106,7 @@ def test_mmproj_brings_the_projector(hub: Hub, tmp_path: Path) -> None:
 def test_an_interrupted_download_resumes_where_it_stopped(hub: Hub, tmp_path: Path) -> None:
     name = "Tiny-Q4_K_M.gguf"
     hub.publish(REPO, FILES, cut_after={name: 1234})
-    with pytest.raises(HubError, match="broke off.*resume"):
+    with pytest.raises(HubError, match=r"broke off.*resume"):
         pull(REPO, tmp_path, progress=_quiet)
     part = tmp_path / f".{name}.part"
     assert part.stat().st_size == 1234 and not (tmp_path / name).exists()
@@ -129,7 +129,7 @@ def test_a_wrong_digest_is_refused_and_deleted(hub: Hub, tmp_path: Path) -> None
 def test_a_listing_and_a_download_that_disagree_are_refused(hub: Hub, tmp_path: Path) -> None:
     other = hashlib.sha256(b"something else").hexdigest()
     hub.publish(REPO, FILES, linked_sha={"Tiny-Q4_K_M.gguf": other})
-    with pytest.raises(HubError, match="listing says sha256 .* but its download says"):
+    with pytest.raises(HubError, match=r"listing says sha256 .* but its download says"):
         pull(REPO, tmp_path, progress=_quiet)
 
 
@@ -137,16 +137,16 @@ def test_404s_are_explained(hub: Hub, tmp_path: Path) -> None:
     with pytest.raises(HubError, match=r"not found on .* \(answered 404\): check the repository"):
         pull("nobody/Nothing-GGUF", tmp_path, progress=_quiet)
     hub.publish(REPO, FILES)
-    with pytest.raises(PullError, match="no GGUF file for IQ2_XXS.*Tiny-Q4_K_M.gguf"):
+    with pytest.raises(PullError, match=r"no GGUF file for IQ2_XXS.*Tiny-Q4_K_M.gguf"):
         pull(f"{REPO}:IQ2_XXS", tmp_path, progress=_quiet)
-    with pytest.raises(PullError, match="has no file Nope.gguf"):
+    with pytest.raises(PullError, match=r"has no file Nope.gguf"):
         pull(f"https://huggingface.co/{REPO}/resolve/main/Nope.gguf", tmp_path, progress=_quiet)
 
 
 def test_401_is_explained_and_hf_token_opens_it(hub: Hub, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     hub.publish(REPO, FILES, token="hf_secret")
-    with pytest.raises(HubError, match="401: the repository is gated or private.*set HF_TOKEN"):
+    with pytest.raises(HubError, match=r"401: the repository is gated or private.*set HF_TOKEN"):
         pull(REPO, tmp_path, progress=_quiet)
     monkeypatch.setenv("HF_TOKEN", "hf_wrong")
     with pytest.raises(HubError, match="HF_TOKEN is not allowed"):
