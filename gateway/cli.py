@@ -6,6 +6,7 @@
     modelyard serve --models-dir DIR                 every model under DIR, watched
     modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan/)
     modelyard pull owner/repo[:QUANT] | URL [--mmproj] [--dir DIR]   a GGUF from Hugging Face
+    modelyard warmup [MODEL.gguf ... | --config FILE | --models-dir DIR]   compile kernels now
     modelyard config-schema [-o FILE] [--markdown]   the config's JSON Schema, or its reference page
     modelyard --version
 
@@ -32,7 +33,7 @@ from typing import Any
 
 from gateway import scan
 from gateway.config import Config, ConfigError, load_config
-from gateway.config.exposure import open_admin_problem
+from gateway.config.exposure import close_admin_if_exposed, open_admin_problem
 from gateway.fleet.watch import WatchOptions
 from gateway.shutdown import Shutdown
 from gateway.state import app_state
@@ -89,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=serve_command)
     _add_scan_command(commands)
     _add_pull_command(commands)
+    _add_warmup_command(commands)
     schema = commands.add_parser(
         "config-schema", help="write the JSON Schema of the config file",
         description="Write the JSON Schema that config files (YAML, TOML, JSON) validate "
@@ -131,6 +133,18 @@ def _add_pull_command(commands: Any) -> None:
                     "and checking the hub's sha256. HF_TOKEN and HF_ENDPOINT are read.")
     pull.add_pull_arguments(parser)
     parser.set_defaults(run=pull.run_pull)
+
+
+def _add_warmup_command(commands: Any) -> None:
+    from gateway.local import warmup
+
+    parser = commands.add_parser(
+        "warmup", help="compile the engine's kernels ahead of time", allow_abbrev=False,
+        description="Load each model as serve would and close it again, so its kernels are "
+                    "compiled into the cache (MODELYARD_CACHE) before the first request. "
+                    "Without arguments: the default model.")
+    warmup.add_warmup_arguments(parser)
+    parser.set_defaults(run=warmup.run_warmup)
 
 
 class StartupFailed(Exception):
@@ -266,12 +280,15 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"modelyard: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     host = args.host or config.host
+    if not args.config:  # files or a folder: no key exists to guard the admin routes with
+        config = close_admin_if_exposed(config, host)
     if (problem := open_admin_problem(config, host)) is not None:
         print(f"modelyard: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     port = config.port if args.port is None else port_override
     if args.models_dir:
-        load = zeroconf.dir_loader(config.host, config.port)
+        load = zeroconf.dir_loader(config.host, config.port,
+                                   admin_closed=config.auth.admin_closed)
     watched = args.config or args.models_dir
     watch = WatchOptions(enabled=args.watch and watched is not None,
                          force_polling=True if args.watch_poll is not None else None,

@@ -270,6 +270,9 @@ class AuthSettings(BaseModel):
                           "or give admin_key_file")
     public: Annotated[list[str], LIVE] = Field(
         default_factory=lambda: ["/health", "/metrics"], description="paths open without a key")
+    # set by `serve` without a config on a non-loopback address (the container's models-dir
+    # mode): no key can guard the admin routes there, so they answer 403 to everyone
+    admin_closed: Annotated[bool, INTERNAL] = False
 
     @property
     def enabled(self) -> bool:

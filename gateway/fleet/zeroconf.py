@@ -74,10 +74,15 @@ def config_for_dir(root: str | os.PathLike[str], **server: object) -> Config:
     return _config(result.found, root.resolve(), **server)
 
 
-def dir_loader(host: str, port: int) -> object:
-    """Reloader's `load` for a models folder: rescan, keeping where the server listens."""
+def dir_loader(host: str, port: int, admin_closed: bool = False) -> object:
+    """Reloader's `load` for a models folder: rescan, keeping where the server listens and
+    whether its admin routes are closed (gateway/config/exposure.py)."""
     def load(root: Path) -> Config:
-        return config_for_dir(root, host=host, port=port)
+        config = config_for_dir(root, host=host, port=port)
+        if not admin_closed:
+            return config
+        closed = config.auth.model_copy(update={"admin_closed": True})
+        return config.model_copy(update={"auth": closed})
     return load
 
 
