@@ -169,7 +169,7 @@ class AuthMiddleware(HttpMiddleware):
 
 
 # paths that answer as another one does, and so are public exactly when it is
-SAME_AS = {"/v1/health": "/health"}
+SAME_AS = {"/v1/health": "/health", "/metrics/activity": "/metrics"}  # as public as these
 
 
 def _key(request: Request) -> KeyInfo | None:
