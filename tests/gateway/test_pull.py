@@ -193,3 +193,50 @@ def test_the_models_folder_follows_modelyard_cache(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path))
     assert models_dir() == tmp_path / "models"
+
+
+def test_a_server_watching_the_folder_serves_the_pull_at_once(hub: Hub, tmp_path: Path,
+                                                              apps: Any) -> None:
+    """Downloads are hidden .part files until the model is whole, so the watching server sees
+    one model appear (never a half file it would skip or fail on), and serves it."""
+    import time
+
+    import openai
+
+    from gateway.fleet.watch import WatchOptions
+
+    models = tmp_path / "models"
+    models.mkdir()
+    write_tiny_llama(models / "SmolLM2-135M-Instruct.Q8_0.gguf", seed=1)
+    (tmp_path / "src").mkdir()
+    pulled = write_tiny_llama(tmp_path / "src" / "Qwen2.5-0.5B-Instruct-Q4_K_M.gguf", seed=7)
+    hub.publish(REPO, {pulled.name: pulled.read_bytes()})
+    config = zeroconf.config_for_dir(models)
+    server = apps.serve(config, config_path=models, load=zeroconf.dir_loader(config.host,
+                                                                            config.port),
+                        watch=WatchOptions(models_dir=True, step_ms=20, debounce_ms=100))
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    pull(REPO, models, progress=_quiet)
+    deadline = time.monotonic() + 20
+    while "qwen2.5" not in {m.id for m in client.models.list().data}:
+        assert time.monotonic() < deadline, "the pulled model is not served"
+        time.sleep(0.1)
+    assert client.completions.create(model="qwen2.5", prompt="ab", max_tokens=2).model == "qwen2.5"
+
+
+def test_scan_update_adds_the_pull_to_a_config(hub: Hub, tmp_path: Path) -> None:
+    from gateway.config import load_config
+
+    models = tmp_path / "models"
+    models.mkdir()
+    write_tiny_llama(models / "SmolLM2-135M-Instruct.Q8_0.gguf", seed=1)
+    config = tmp_path / "modelyard.yaml"
+    assert cli.main(["scan", str(models), "-o", str(config)]) == 0
+    (tmp_path / "src").mkdir()
+    pulled = write_tiny_llama(tmp_path / "src" / "Qwen2.5-0.5B-Instruct-Q4_K_M.gguf", seed=7)
+    hub.publish(REPO, {pulled.name: pulled.read_bytes()})
+    pull(REPO, models, progress=_quiet)
+    assert cli.main(["scan", str(models), "--update", str(config)]) == 0
+    loaded = load_config(config)
+    assert sorted(e.model.name for e in loaded.models) == sorted(
+        ["SmolLM2-135M-Instruct.Q8_0.gguf", pulled.name])
