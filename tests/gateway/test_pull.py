@@ -240,3 +240,20 @@ def test_scan_update_adds_the_pull_to_a_config(hub: Hub, tmp_path: Path) -> None
     loaded = load_config(config)
     assert sorted(e.model.name for e in loaded.models) == sorted(
         ["SmolLM2-135M-Instruct.Q8_0.gguf", pulled.name])
+
+
+def test_hf_token_is_not_sent_to_the_download_host_it_redirects_to(
+        hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = FILES["Tiny-Q4_K_M.gguf"]
+    sha = hashlib.sha256(body).hexdigest()
+    with serving() as cdn:  # another origin, as the hub's CDN is
+        cdn.routes["/blob"] = Route(body, headers={"ETag": f'"{sha}"'})
+        hub.fake.routes[f"/api/models/{REPO}/tree/main"] = Route(json.dumps([
+            {"type": "file", "path": "Tiny-Q4_K_M.gguf",
+             "lfs": {"oid": sha, "size": len(body)}}]).encode(), token="hf_secret")
+        hub.fake.routes[f"/{REPO}/resolve/main/Tiny-Q4_K_M.gguf"] = Route(
+            redirect=f"{cdn.url}/blob", token="hf_secret", headers={"X-Linked-Etag": f'"{sha}"'})
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")
+        [path] = pull(REPO, tmp_path, progress=_quiet)
+        assert path.read_bytes() == body
+        assert cdn.seen and all("authorization" not in s.headers for s in cdn.seen)
