@@ -21,7 +21,7 @@ and the choice is "required") is a `Freeform`: the whole reply is its input, con
 exactly by its Lark grammar (or regex) through llguidance, so the text is the grammar's to the
 byte. A custom tool the model may call among others (auto) is offered as a function taking
 {"input": string}; its input then follows no grammar (the JSON string around it would have to
-be escaped inside the grammar), which README says.
+be escaped inside the grammar), which docs/api/responses.md says.
 """
 from __future__ import annotations
 
