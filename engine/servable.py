@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .gguf import ModelLoadError, TensorInfo, read_header, split_part_paths
+from .gguf import ModelLoadError, TensorInfo, UndecodedArray, read_header, split_part_paths
 from .hparams import HParams
 from .tokenizer import vocabulary_model
 from .weights import load_weights
@@ -62,14 +62,15 @@ def _check_tensors(f: _HeaderOnlyFile, hp: HParams) -> None:
 
 def read_model_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     """The metadata of `path` and the tensors of every part of it (a split model's later parts
-    add theirs, each tagged with its part number)."""
+    add theirs, each tagged with its part number). The vocabulary's arrays are bounds-checked,
+    not decoded: judging a file needs their lengths only."""
     path = Path(path)
-    meta, tensors = read_header(path)
+    meta, tensors = read_header(path, vocabulary=False)
     tensors = dict(tensors)
     count = meta.get("split.count", 1)
     if isinstance(count, int) and count > 1:
         for no, part in enumerate(split_part_paths(path, count)[1:], start=1):
-            for name, info in read_header(part)[1].items():
+            for name, info in read_header(part, vocabulary=False)[1].items():
                 tensors[name] = TensorInfo(info.name, info.shape, info.qtype, info.offset,
                                            info.n_bytes, part=no)
     return meta, tensors
@@ -90,8 +91,8 @@ def judge_header(path: str | os.PathLike[str], meta: dict[str, Any],
     except ValueError as e:
         raise ModelLoadError(path, f"bad tokenizer metadata: {e}") from None
     tokens = meta.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or len(tokens) != hp.n_vocab:
-        n = len(tokens) if isinstance(tokens, list) else 0
+    if not isinstance(tokens, (list, UndecodedArray)) or len(tokens) != hp.n_vocab:
+        n = len(tokens) if isinstance(tokens, (list, UndecodedArray)) else 0
         raise ModelLoadError(path, f"tokenizer has {n} tokens, the model {hp.n_vocab}")
     _check_tensors(_HeaderOnlyFile(path, meta, tensors), hp)
     return hp
@@ -136,9 +137,11 @@ _answers = _Answers()
 
 
 def _identity(path: str | os.PathLike[str]) -> tuple[str, _Identity]:
-    """The resolved path and its identity (raises OSError as stat does)."""
+    """The absolute path and its identity (raises OSError as stat does). Not resolved: the
+    identity tells whether the file behind a name is still the one judged, and a config
+    hands over resolved paths already."""
     st = os.stat(path)
-    return str(Path(path).resolve()), (st.st_size, st.st_mtime_ns, st.st_ino)
+    return os.path.abspath(path), (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def why_not_servable(path: str | os.PathLike[str]) -> str | None:
