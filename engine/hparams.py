@@ -14,6 +14,7 @@ from typing import Any
 from .arch import SPECS, ArchSpec
 from .arch.declare import Key, KeyValue, KeyValues
 from .gguf import ModelLoadError
+from .rope_settings import RopeSettings, RopeTrain, context_rope
 
 SUPPORTED_ARCHS = tuple(SPECS)
 
@@ -47,12 +48,21 @@ class HParams:
     yarn_beta_fast: float = 32.0  # YaRN's ramp: the pairs turning beta_fast .. beta_slow
     yarn_beta_slow: float = 1.0   #   times in yarn_n_ctx_orig positions
     yarn_n_ctx_orig: int = 0      # the original context YaRN's ramp counts turns in
+    rope_train: RopeTrain | None = None  # the file's rope facts the fields above came from
     extra: Mapping[str, KeyValue] = field(default_factory=dict)  # the family's own keys
     #                               (Key names that are not fields here), e.g. an expert count
 
     @property
     def spec(self) -> ArchSpec[Any]:
         return SPECS[self.arch]
+
+    def with_rope(self, settings: RopeSettings) -> HParams:
+        """These hyperparameters with a load's rope settings over the file's (llama.cpp's
+        context parameters); windowed layers keep the file's base, as llama.cpp's do."""
+        if self.rope_train is None or settings == RopeSettings():
+            return self
+        return dataclasses.replace(self, **vars(context_rope(self.rope_train, settings)),
+                                   rope_base_swa=self.rope_base_swa or self.rope_base)
 
     def layer_window(self, layer: int) -> int:
         """Keys a query of this layer sees (0: all before it)."""

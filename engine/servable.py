@@ -98,10 +98,12 @@ def judge_header(path: str | os.PathLike[str], meta: dict[str, Any],
     return hp
 
 
-MAX_REMEMBERED = 1 << 16  # paths; each answer is a short string or None
+MAX_REMEMBERED = 1 << 16  # paths; each answer is a short string or None and an int
 
 # identity of a file as stat sees it: (size, mtime_ns, inode); a replaced or edited file differs
 _Identity = tuple[int, int, int]
+# why not (None: servable) and a number: the trained context, or bytes of a memory estimate
+_Answer = tuple[str | None, int]
 
 
 class _Answers:
@@ -110,18 +112,18 @@ class _Answers:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # asked from the loop's threads and config reloads alike
-        self._answers: OrderedDict[tuple[str, ...], tuple[tuple[_Identity, ...], str | None]] = (
+        self._answers: OrderedDict[tuple[str, ...], tuple[tuple[_Identity, ...], _Answer]] = (
             OrderedDict())
 
-    def get(self, key: tuple[str, ...], ids: tuple[_Identity, ...]) -> tuple[bool, str | None]:
+    def get(self, key: tuple[str, ...], ids: tuple[_Identity, ...]) -> _Answer | None:
         with self._lock:
             held = self._answers.get(key)
             if held is None or held[0] != ids:
-                return False, None
+                return None
             self._answers.move_to_end(key)
-            return True, held[1]
+            return held[1]
 
-    def put(self, key: tuple[str, ...], ids: tuple[_Identity, ...], answer: str | None) -> None:
+    def put(self, key: tuple[str, ...], ids: tuple[_Identity, ...], answer: _Answer) -> None:
         with self._lock:
             self._answers[key] = (ids, answer)
             self._answers.move_to_end(key)
@@ -146,25 +148,50 @@ def _identity(path: str | os.PathLike[str]) -> tuple[str, _Identity]:
 
 def why_not_servable(path: str | os.PathLike[str]) -> str | None:
     """None when a load of `path` can succeed as far as its header tells; else the reason."""
+    return _judgement(path)[0]
+
+
+def trained_context(path: str | os.PathLike[str]) -> int:
+    """The context length the model of `path` was trained for (0 when it is not servable):
+    what llama.cpp's n_ctx 0 means. Remembered with the judgement."""
+    return _judgement(path)[1]
+
+
+def _judgement(path: str | os.PathLike[str]) -> _Answer:
     try:
         resolved, ident = _identity(path)
     except OSError as e:
-        return f"cannot read {path}: {e.strerror}"
-    known, answer = _answers.get((resolved,), (ident,))
-    if not known:
+        return f"cannot read {path}: {e.strerror}", 0
+    answer = _answers.get((resolved,), (ident,))
+    if answer is None:
         answer = _judged(resolved)
         _answers.put((resolved,), (ident,), answer)
     return answer
 
 
-def _judged(path: str) -> str | None:
+def _judged(path: str) -> _Answer:
     try:
-        check_servable(path)
+        hp = check_servable(path)
     except ModelLoadError as e:
-        return e.problem
+        return e.problem, 0
     except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:  # not foreseen
-        return f"cannot make sense of its header ({type(e).__name__}: {e})"
-    return None
+        return f"cannot make sense of its header ({type(e).__name__}: {e})", 0
+    return None, hp.n_ctx_train
+
+
+def memory_estimate(path: str | os.PathLike[str], n_ctx: int, n_slots: int,
+                    images: bool) -> int:
+    """engine.estimate_memory, remembered for the file's identity (a config reload asks again
+    without reading the header again); raises ModelLoadError as that does."""
+    from .api import estimate_memory
+
+    resolved, ident = _identity(path)
+    key = (resolved, f"memory n_ctx={n_ctx} n_slots={n_slots} images={images}")
+    answer = _answers.get(key, (ident,))
+    if answer is None:
+        answer = None, estimate_memory(path, n_ctx, n_slots, images)
+        _answers.put(key, (ident,), answer)
+    return answer[1]
 
 
 def why_not_a_pair(model: str | os.PathLike[str], mmproj: str | os.PathLike[str]) -> str | None:
@@ -176,11 +203,11 @@ def why_not_a_pair(model: str | os.PathLike[str], mmproj: str | os.PathLike[str]
         (m_path, m_id), (p_path, p_id) = _identity(model), _identity(mmproj)
     except OSError as e:
         return f"cannot read {e.filename}: {e.strerror}"
-    known, answer = _answers.get((m_path, p_path), (m_id, p_id))
-    if not known:
-        answer = _pair_judged(m_path, p_path)
+    answer = _answers.get((m_path, p_path), (m_id, p_id))
+    if answer is None:
+        answer = _pair_judged(m_path, p_path), 0
         _answers.put((m_path, p_path), (m_id, p_id), answer)
-    return answer
+    return answer[0]
 
 
 def _pair_judged(model: str, mmproj: str) -> str | None:

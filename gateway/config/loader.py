@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from gateway.config.context import resolve_trained_context
 from gateway.config.env import expand_env
 from gateway.config.formats import FORMATS, ParseError, format_of, parse
 from gateway.config.llama_cpp import (
@@ -142,7 +143,14 @@ def _build(data: Any, base_dir: Path, problems: Problems, source: Path) -> Confi
                 continue
             entry_fields, alias_locs = prepared
             seen.append((i, alias_locs))
-            entries.append(_validate(ModelEntry, entry_fields, ("models", i), problems))
+            entry = _validate(ModelEntry, entry_fields, ("models", i), problems)
+            if entry is not None and entry.n_ctx == 0:  # gateway/config/context.py
+                own = isinstance(raw, dict) and "n_ctx" in raw
+                entry = resolve_trained_context(
+                    entry, ("models", i, "n_ctx") if own else ("defaults", "n_ctx"),
+                    registry.memory_budget if registry else None, problems,
+                    whose="" if own else f"models.{i} ({entry.model.name})")
+            entries.append(entry)
 
     default_model = data.get("default_model")
     all_prepared = len(seen) == len(entries) + len(upstreams) > 0
