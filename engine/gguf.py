@@ -336,21 +336,29 @@ def _parse(cur: _Cursor, vocabulary: bool = True
     return version, meta, tensors, data_start
 
 
+def _open(path: Path) -> tuple[int, int]:
+    """A read-only descriptor of `path` and the file's size, at least a header's 24 bytes;
+    a ModelLoadError naming the file otherwise (the descriptor closed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise ModelLoadError(path, f"{path.name} does not exist (deleted or moved)") from None
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot open: {e.strerror}") from None
+    size = os.fstat(fd).st_size
+    if size < 24:
+        os.close(fd)
+        raise ModelLoadError(path, f"file is {size} bytes, too short for a GGUF header")
+    return fd, size
+
+
 class _MappedPart:
     """One validated GGUF file and its read-only memory map."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        fd, size = _open(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ModelLoadError(path, f"{path.name} does not exist (deleted or moved)") from None
-        except OSError as e:
-            raise ModelLoadError(path, f"cannot open: {e.strerror}") from None
-        try:
-            size = os.fstat(fd).st_size
-            if size < 24:
-                raise ModelLoadError(path, f"file is {size} bytes, too short for a GGUF header")
             self.map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             self.stat = os.fstat(fd)  # what the file was when mapped: changed() compares
         finally:
@@ -486,17 +494,8 @@ def read_header(path: str | os.PathLike[str], vocabulary: bool = True
     `vocabulary=False` checks the bounds of the tokenizer's big arrays without decoding them
     (VOCABULARY_KEYS are UndecodedArray then)."""
     path = Path(path)
+    fd, size = _open(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise ModelLoadError(path, f"{path.name} does not exist (deleted or moved)") from None
-    except OSError as e:
-        raise ModelLoadError(path, f"cannot open: {e.strerror}") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size < 24:
-            raise ModelLoadError(path, f"file is {size} bytes, too short for a GGUF header")
-
         def prefix(n: int) -> bytes:
             try:
                 return os.pread(fd, n, 0)

@@ -27,6 +27,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,18 +180,15 @@ def _judged(path: str) -> _Answer:
     return None, hp.n_ctx_train
 
 
-def memory_estimate(path: str | os.PathLike[str], n_ctx: int, n_slots: int,
-                    images: bool) -> int:
-    """engine.estimate_memory, remembered for the file's identity (a config reload asks again
-    without reading the header again); raises ModelLoadError as that does."""
-    from .api import estimate_memory
-
+def remembered(path: str | os.PathLike[str], what: str, compute: Callable[[], int]) -> int:
+    """`compute()`'s number about `path` (`what` names it, e.g. a memory estimate and its
+    arguments), remembered for the file's identity like the judgement: a config reload asks
+    again without reading the header again. Raises what `compute` or stat raise."""
     resolved, ident = _identity(path)
-    key = (resolved, f"memory n_ctx={n_ctx} n_slots={n_slots} images={images}")
-    answer = _answers.get(key, (ident,))
+    answer = _answers.get((resolved, what), (ident,))
     if answer is None:
-        answer = None, estimate_memory(path, n_ctx, n_slots, images)
-        _answers.put(key, (ident,), answer)
+        answer = None, compute()
+        _answers.put((resolved, what), (ident,), answer)
     return answer[1]
 
 

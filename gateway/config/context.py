@@ -34,8 +34,9 @@ def resolve_trained_context(entry: ModelEntry, loc: Loc, memory_budget: int | No
     if entry.n_ctx != 0:
         return entry
     problems = _Prefixed(problems, f"for {whose}: " if whose else "")
+    from engine import estimate_memory
     from engine.gguf import ModelLoadError
-    from engine.servable import memory_estimate, trained_context, why_not_servable
+    from engine.servable import remembered, trained_context, why_not_servable
 
     if why_not_servable(entry.model) is not None:
         return entry  # the model path's own problem is reported already
@@ -46,7 +47,11 @@ def resolve_trained_context(entry: ModelEntry, loc: Loc, memory_budget: int | No
         return entry
     if memory_budget is not None:
         try:
-            need = memory_estimate(entry.model, n_ctx, entry.n_parallel, entry.mmproj is not None)
+            images = entry.mmproj is not None
+            need = remembered(entry.model, f"memory n_ctx={n_ctx} n_slots={entry.n_parallel} "
+                                           f"images={images}",
+                              lambda: estimate_memory(entry.model, n_ctx, entry.n_parallel,
+                                                      images))
             # the projector's weights, as the registry counts them (fleet/registry/slots.py)
             need += os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0
         except (ModelLoadError, OSError) as e:

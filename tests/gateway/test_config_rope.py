@@ -153,3 +153,26 @@ def test_a_served_entry_loads_with_its_rope_settings(folder: Path) -> None:
         assert served.model.n_ctx == hp.n_ctx_train == 512  # the file's context_length
     finally:
         served.close()
+
+
+def test_a_reload_with_n_ctx_zero_reads_no_header_again(folder: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trained context and the memory estimate are remembered for the file's identity,
+    like the servability answer (tests/gateway/test_config_reload_cost.py)."""
+    import engine.servable
+
+    reads: list[object] = []
+    real = engine.servable.read_header
+
+    def counting(path: object, *args: object, **kwargs: object) -> object:
+        reads.append(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(engine.servable, "read_header", counting)
+    write_servable(folder / "fresh.gguf")  # not judged by an earlier test
+    path = _config(folder, "models: [{model: fresh.gguf, n_ctx: 0}]\n")
+    assert load_config(path).models[0].n_ctx == TRAINED
+    assert reads  # the judgement and the estimate read it
+    reads.clear()
+    assert load_config(path).models[0].n_ctx == TRAINED
+    assert reads == []
