@@ -169,15 +169,14 @@ class _Cursor:
         One Python pass reads the lengths; the texts are then decoded in bulk: the bytes of all
         strings joined by NUL, decoded once and split. Strings that hold a NUL or invalid UTF-8
         send the array down the one-by-one path instead, which decodes like string(). Without
-        `decode`, only the bounds are checked (by the fastest walk Python has: _strings_fit).
+        `decode`, only the bounds are checked (_skip_strings).
         """
         start = self.pos
         if count * 8 > self.size - start:  # each string takes at least its 8-byte length
             raise self.fail(f"truncated header: {what} holds {count} strings, more than the "
                             f"{self.size - start} bytes left in the file can hold")
         if not decode:
-            if not self._strings_fit(count):
-                self._string_lengths(count, what)  # reads on as needed, or fails naming the spot
+            self._skip_strings(count, what)
             return UndecodedArray(GGUFValueType.STRING, count)
         lengths = self._string_lengths(count, what)
         pos, buf = self.pos, self.buf
@@ -197,21 +196,34 @@ class _Cursor:
         except UnicodeDecodeError:
             return self._strings_one_by_one(start, count, what)
 
-    def _strings_fit(self, count: int) -> bool:
-        """Move past `count` strings when they all lie in the buffer (True), else stay put: the
-        fast walk of a vocabulary that is not decoded (a length past the buffer makes the next
-        read raise, or the sum run past its end)."""
-        buf, pos = self.buf, self.pos
+    def _skip_strings(self, count: int, what: str) -> None:
+        """Move past `count` strings, checking each one's bounds: the fastest walk Python has
+        (one unpack and one compare a string), reading on when a string runs past the buffer
+        and failing, naming the spot, past the end of the file."""
         length = _U64.unpack_from
-        try:
-            for _ in range(count):
-                pos += 8 + length(buf, pos)[0]
-        except (struct.error, OverflowError):  # past the buffer, or past any offset
-            return False
-        if pos > len(buf):
-            return False
-        self.pos = pos
-        return True
+        done = 0
+        while True:
+            buf, pos = self.buf, self.pos
+            end = len(buf)
+            i = done
+            try:
+                for i in range(done, count):
+                    after = pos + 8 + length(buf, pos)[0]
+                    if after > end:
+                        done = i
+                        break
+                    pos = after
+                else:
+                    done = count
+            except (struct.error, OverflowError):  # its length runs past the buffer (or any size)
+                done = i
+            self.pos = pos
+            if done == count:
+                return
+            self.need(8, what)  # string #done runs past the buffer: read on, or fail
+            self.pos = pos + 8
+            self.need(length(self.buf, pos)[0], what)
+            self.pos = pos
 
     def _string_lengths(self, count: int, what: str) -> list[int]:
         """The lengths of `count` strings from pos, moving past them; reads on as needed."""
