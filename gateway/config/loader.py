@@ -343,14 +343,12 @@ def _model_path(value: Any, base_dir: Path, loc: Loc, problems: Problems) -> Any
         problems.add(loc, "must be the path of a GGUF file (a string)")
         return value
     path = _resolved(base_dir, value)
-    if not path.is_file():
-        problems.add(loc, f"model file not found: {path}")
-        return path
     from engine.servable import why_not_servable  # the judgement scan and serve share
 
-    reason = why_not_servable(path)
+    reason = why_not_servable(path)  # its stat is the one a good file costs
     if reason is not None:
-        problems.add(loc, f"cannot serve {path}: {reason}")
+        problems.add(loc, f"cannot serve {path}: {reason}" if path.is_file() else
+                          f"model file not found: {path}")
     return path
 
 
