@@ -10,8 +10,9 @@ from .constraint import Constraint, ConstraintError, TokenizerAdapter
 from .gguf import ModelLoadError
 from .model import ContextOverflowError
 from .prompt import EmbeddingSpan, Prompt, TokenSpan
+from .rope_settings import RopeSettings
 from .sampling import Sampled, SamplingParams
 
 __all__ = ["Constraint", "ConstraintError", "ContextOverflowError", "EmbeddingSpan", "Model",
-           "ModelLoadError", "Prompt", "Sampled", "SamplingParams", "TokenSpan", "TokenizerAdapter",
-           "estimate_memory", "load"]
+           "ModelLoadError", "Prompt", "RopeSettings", "Sampled", "SamplingParams", "TokenSpan",
+           "TokenizerAdapter", "estimate_memory", "load"]

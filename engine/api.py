@@ -19,6 +19,7 @@ from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .prompt import Prompt, as_prompt, common_prefix
+from .rope_settings import RopeSettings
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -29,7 +30,8 @@ class Model:
     """One loaded model. Single-threaded: one caller at a time (the server's scheduler)."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
-                 n_slots: int = 1, flash_attn: bool = True, images: bool = False) -> None:
+                 n_slots: int = 1, flash_attn: bool = True, images: bool = False,
+                 rope: RopeSettings | None = None) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -37,7 +39,8 @@ class Model:
         self._file = GGUFFile(self.path)
         try:
             self.metadata: dict[str, Any] = self._file.metadata
-            self.hparams = HParams.from_metadata(self.metadata, str(self.path))
+            self.hparams = HParams.from_metadata(self.metadata, str(self.path)).with_rope(
+                rope or RopeSettings())
             try:
                 self.tokenizer = Tokenizer.from_metadata(self.metadata)
             except (KeyError, ValueError, TypeError, IndexError) as e:
@@ -161,20 +164,21 @@ class Model:
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
          n_slots: int = 1, flash_attn: bool = True, images: bool = False,
-         name: str | None = None) -> Model:
+         name: str | None = None, rope: RopeSettings | None = None) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
     attention (the default) or its plain path (q and probabilities rounded to f16), as
     llama.cpp runs with flash attention off. images: it will be fed image spans (an mmproj is
     paired with it), which some families attend to bidirectionally (engine.model.Transformer).
-    Kernels compiled on the way (a cold cache) are logged as being compiled for `name` (default:
-    the file's stem), with progress."""
+    rope: a load's rope settings over the file's (llama.cpp's context parameters:
+    engine.rope_settings). Kernels compiled on the way (a cold cache) are logged as being
+    compiled for `name` (default: the file's stem), with progress."""
     from .kernels import jit
 
     with jit.reporting(name or Path(path).stem):
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
-                     flash_attn=flash_attn, images=images)
+                     flash_attn=flash_attn, images=images, rope=rope)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,

@@ -18,6 +18,7 @@ import mmap
 import os
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ MAX_DIMS = 4
 # any nesting), and a hostile file nesting thousands deep must be a ModelLoadError, not a
 # RecursionError
 MAX_ARRAY_DEPTH = 4
+# read_header's first read: most headers but the vocabulary fit; a longer one is read on, doubling
+HEADER_READ = 1 << 16
 
 
 class ModelLoadError(Exception):
@@ -68,70 +71,123 @@ _SCALARS: dict[GGUFValueType, str] = {
 }
 
 
+_U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+_SCALAR_STRUCTS: dict[int, struct.Struct] = {t: struct.Struct(fmt) for t, fmt in _SCALARS.items()}
+_DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_DIMS + 1)]  # a tensor's shape: n_dims u64
+_TYPE_OFFSET = struct.Struct("<IQ")                              # its ggml type and data offset
+_QTYPES: dict[int, GGMLQuantizationType] = {int(q): q for q in GGMLQuantizationType}
+
+# The tokenizer's vocabulary-sized arrays. A header-only read for judging a file
+# (read_header(..., vocabulary=False)) checks their bounds like any other value but does not
+# decode them: it needs their length only, and decoding 150k strings is most of a header's cost.
+VOCABULARY_KEYS = frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                             "tokenizer.ggml.scores", "tokenizer.ggml.merges"})
+
+
+@dataclass(frozen=True)
+class UndecodedArray:
+    """A metadata array whose bounds were checked but whose items were not decoded."""
+
+    item_type: GGUFValueType
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
 
 
 class _Cursor:
-    """Bounds-checked little-endian reads over a buffer."""
+    """Bounds-checked little-endian reads over a buffer holding the first bytes of a file of
+    `size` bytes (all of them unless a `more` reader is given, which returns a longer prefix
+    when a read runs past the buffer: a header is read without reading the weights after it)."""
 
-    def __init__(self, buf: memoryview, path: str) -> None:
+    def __init__(self, buf: memoryview | bytes, path: str, size: int | None = None,
+                 more: Callable[[int], bytes] | None = None) -> None:
         self.buf = buf
         self.pos = 0
         self.path = path
+        self.size = len(buf) if size is None else size
+        self._more = more
 
     def fail(self, problem: str) -> ModelLoadError:
         return ModelLoadError(self.path, problem)
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > len(self.buf):
-            raise self.fail(f"truncated header: {what} at byte {self.pos} runs past the end "
-                            f"of the file ({len(self.buf)} bytes)")
+            self._grow(n, what)
+
+    def _grow(self, n: int, what: str) -> None:
+        """Read further into the file so that n bytes from pos are in the buffer, or fail."""
+        end = self.pos + n
+        if n >= 0 and end <= self.size and self._more is not None:
+            self.buf = self._more(min(self.size, max(end, 2 * len(self.buf))))
+            if end <= len(self.buf):
+                return
+        raise self.fail(f"truncated header: {what} at byte {self.pos} runs past the end "
+                        f"of the file ({self.size} bytes)")
 
     def unpack(self, fmt: str, what: str) -> Any:
-        size = struct.calcsize(fmt)
-        self.need(size, what)
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += size
-        return value
+        return self.unpack_s(struct.Struct(fmt), what)
+
+    def unpack_s(self, s: struct.Struct, what: str, whole: bool = False) -> Any:
+        """One value of `s` (or, `whole`, the tuple of all its values)."""
+        pos = self.pos
+        if pos + s.size > len(self.buf):
+            self._grow(s.size, what)
+        self.pos = pos + s.size
+        values = s.unpack_from(self.buf, pos)
+        return values if whole else values[0]
 
     def string(self, what: str) -> str:
-        n = self.unpack("<Q", what)
-        self.need(n, what)
-        raw = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return raw.decode("utf-8", errors="replace")
+        pos = self.pos
+        if pos + 8 > len(self.buf):
+            self._grow(8, what)
+        (n,) = _U64.unpack_from(self.buf, pos)
+        pos = self.pos = pos + 8
+        if n > len(self.buf) - pos:
+            self._grow(n, what)
+        self.pos = pos + n
+        return bytes(self.buf[pos:pos + n]).decode("utf-8", errors="replace")
 
-    def strings(self, count: int, what: str) -> list[str]:
+    def tensor_entry(self, i: int) -> tuple[str, tuple[int, ...], int, int]:
+        """Tensor #i's entry in the tensor table: name, shape, ggml type id, data offset."""
+        name = self.string(f"tensor #{i} name")
+        n_dims = self.unpack_s(_U32, f"tensor {name} dims")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise self.fail(f"tensor {name}: {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        dims = _DIMS[n_dims]
+        pos = self.pos
+        if pos + dims.size + _TYPE_OFFSET.size > len(self.buf):
+            self._grow(dims.size + _TYPE_OFFSET.size, f"tensor {name} shape, type and offset")
+        self.pos = pos + dims.size + _TYPE_OFFSET.size
+        qtype_id, offset = _TYPE_OFFSET.unpack_from(self.buf, pos + dims.size)
+        return name, dims.unpack_from(self.buf, pos), qtype_id, offset
+
+    def strings(self, count: int, what: str, decode: bool = True) -> list[str] | UndecodedArray:
         """`count` strings in a row (vocabularies hold ~100k of them).
 
         One Python pass reads the lengths; the texts are then decoded in bulk: the bytes of all
         strings joined by NUL, decoded once and split. Strings that hold a NUL or invalid UTF-8
-        send the array down the one-by-one path instead, which decodes like string().
+        send the array down the one-by-one path instead, which decodes like string(). Without
+        `decode`, only the bounds are checked (_skip_strings).
         """
-        buf, start, end = self.buf, self.pos, len(self.buf)
-        pos = start
-        length = _U64.unpack_from
-        lengths = [0] * count
-        for i in range(count):
-            if pos + 8 > end:
-                self.pos = pos
-                self.need(8, what)
-            (n,) = length(buf, pos)
-            pos += 8
-            if n > end - pos:
-                self.pos = pos
-                self.need(n, what)
-            lengths[i] = n
-            pos += n
-        self.pos = pos
+        start = self.pos
+        if count * 8 > self.size - start:  # each string takes at least its 8-byte length
+            raise self.fail(f"truncated header: {what} holds {count} strings, more than the "
+                            f"{self.size - start} bytes left in the file can hold")
+        if not decode:
+            self._skip_strings(count, what)
+            return UndecodedArray(GGUFValueType.STRING, count)
+        lengths = self._string_lengths(count, what)
+        pos, buf = self.pos, self.buf
         if count == 0:
             return []
         region = np.frombuffer(buf, dtype=np.uint8, count=pos - start, offset=start)
         lens = np.array(lengths, dtype=np.int64)                        # [count]
         heads = np.cumsum(lens + 8) - lens - 8                          # [count] prefix offsets
-        keep = np.ones(region.shape[0], dtype=bool)
-        keep[(heads[:, None] + np.arange(1, 8)).ravel()] = False        # drop 7 of the 8 bytes
-        joined = region[keep]                                           # 1 byte + text per string
+        kept = np.ones(region.shape[0], dtype=bool)
+        kept[(heads[:, None] + np.arange(1, 8)).ravel()] = False        # drop 7 of the 8 bytes
+        joined = region[kept]                                           # 1 byte + text per string
         joined[np.cumsum(lens + 1) - lens - 1] = 0                      # each string starts with NUL
         if np.count_nonzero(joined) != joined.shape[0] - count:  # a NUL inside some string
             return self._strings_one_by_one(start, count, what)
@@ -140,43 +196,90 @@ class _Cursor:
         except UnicodeDecodeError:
             return self._strings_one_by_one(start, count, what)
 
+    def _skip_strings(self, count: int, what: str) -> None:
+        """Move past `count` strings, checking each one's bounds: the fastest walk Python has
+        (one unpack and one compare a string), reading on when a string runs past the buffer
+        and failing, naming the spot, past the end of the file."""
+        length = _U64.unpack_from
+        done = 0
+        while True:
+            buf, pos = self.buf, self.pos
+            end = len(buf)
+            i = done
+            try:
+                for i in range(done, count):
+                    after = pos + 8 + length(buf, pos)[0]
+                    if after > end:
+                        done = i
+                        break
+                    pos = after
+                else:
+                    done = count
+            except (struct.error, OverflowError):  # its length runs past the buffer (or any size)
+                done = i
+            self.pos = pos
+            if done == count:
+                return
+            self.need(8, what)  # string #done runs past the buffer: read on, or fail
+            self.pos = pos + 8
+            self.need(length(self.buf, pos)[0], what)
+            self.pos = pos
+
+    def _string_lengths(self, count: int, what: str) -> list[int]:
+        """The lengths of `count` strings from pos, moving past them; reads on as needed."""
+        buf, end, pos = self.buf, len(self.buf), self.pos
+        length = _U64.unpack_from
+        lengths: list[int] = []
+        keep = lengths.append
+        for _ in range(count):
+            if pos + 8 > end or (n := length(buf, pos)[0]) > end - pos - 8:
+                # this string runs past the buffer: read on (or fail past the end of the file)
+                self.pos = pos
+                self.need(8, what)
+                (n,) = length(self.buf, pos)
+                self.pos = pos + 8
+                self.need(n, what)
+                buf, end = self.buf, len(self.buf)
+            pos += 8 + n
+            keep(n)
+        self.pos = pos
+        return lengths
+
     def _strings_one_by_one(self, start: int, count: int, what: str) -> list[str]:
         end_pos, self.pos = self.pos, start
         out = [self.string(what) for _ in range(count)]
         assert self.pos == end_pos
         return out
 
-    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
-        try:
-            t = GGUFValueType(vtype)
-        except ValueError:
-            raise self.fail(f"{what}: unknown value type {vtype}") from None
-        if t in _SCALARS:
-            return self.unpack(_SCALARS[t], what)
-        if t == GGUFValueType.STRING:
+    def value(self, vtype: int, what: str, depth: int = 0, decode: bool = True) -> Any:
+        scalar = _SCALAR_STRUCTS.get(vtype)
+        if scalar is not None:
+            return self.unpack_s(scalar, what)
+        if vtype == GGUFValueType.STRING:
             return self.string(what)
-        if t == GGUFValueType.ARRAY:
-            if depth >= MAX_ARRAY_DEPTH:
-                raise self.fail(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
-            item_type = self.unpack("<I", what)
-            count = self.unpack("<Q", what)
-            if count > len(self.buf):
-                raise self.fail(f"{what}: array length {count} is larger than the file")
-            try:
-                it = GGUFValueType(item_type)
-            except ValueError:
-                raise self.fail(f"{what}: unknown array item type {item_type}") from None
-            if it in _SCALARS:
-                fmt = _SCALARS[it]
-                size = struct.calcsize(fmt) * count
-                self.need(size, what)
-                arr = np.frombuffer(self.buf, dtype=np.dtype(fmt), count=count, offset=self.pos)
-                self.pos += size
-                return arr.tolist()
-            if it == GGUFValueType.STRING:
-                return self.strings(count, what)
-            return [self.value(item_type, what, depth + 1) for _ in range(count)]
-        raise self.fail(f"{what}: unsupported value type {t.name}")
+        if vtype != GGUFValueType.ARRAY:
+            raise self.fail(f"{what}: unknown value type {vtype}")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise self.fail(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
+        item_type = self.unpack_s(_U32, what)
+        count = self.unpack_s(_U64, what)
+        if count > self.size:
+            raise self.fail(f"{what}: array length {count} is larger than the file")
+        item = _SCALAR_STRUCTS.get(item_type)
+        if item is not None:
+            size = item.size * count
+            self.need(size, what)
+            start = self.pos
+            self.pos += size
+            if not decode:
+                return UndecodedArray(GGUFValueType(item_type), count)
+            return np.frombuffer(self.buf, dtype=np.dtype(item.format), count=count,
+                                 offset=start).tolist()
+        if item_type == GGUFValueType.STRING:
+            return self.strings(count, what, decode)
+        if item_type != GGUFValueType.ARRAY:
+            raise self.fail(f"{what}: unknown array item type {item_type}")
+        return [self.value(item_type, what, depth + 1) for _ in range(count)]
 
 
 def tensor_nbytes(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
@@ -187,20 +290,23 @@ def tensor_nbytes(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
     return math.prod(shape) // block_elems * block_bytes
 
 
-def _parse(buf: memoryview, path: str, file_size: int
+def _parse(cur: _Cursor, vocabulary: bool = True
            ) -> tuple[int, dict[str, Any], dict[str, TensorInfo], int]:
-    cur = _Cursor(buf, path)
+    """The header under `cur` (at its start); `vocabulary=False` leaves VOCABULARY_KEYS
+    undecoded (UndecodedArray, bounds checked)."""
+    file_size = cur.size
     cur.need(4, "magic")
-    if bytes(buf[:4]) != MAGIC:
-        raise cur.fail(f"not a GGUF file (magic {bytes(buf[:4])!r}, expected {MAGIC!r})")
+    magic = bytes(cur.buf[:4])
+    if magic != MAGIC:
+        raise cur.fail(f"not a GGUF file (magic {magic!r}, expected {MAGIC!r})")
     cur.pos = 4
-    version = cur.unpack("<I", "version")
+    version = cur.unpack_s(_U32, "version")
     if version not in (2, 3):
         if version & 0xFFFF == 0 and version:
             raise cur.fail("big-endian GGUF files are not supported")
         raise cur.fail(f"unsupported GGUF version {version} (supported: 2, 3)")
-    n_tensors = cur.unpack("<Q", "tensor count")
-    n_kv = cur.unpack("<Q", "metadata count")
+    n_tensors = cur.unpack_s(_U64, "tensor count")
+    n_kv = cur.unpack_s(_U64, "metadata count")
     # each entry takes at least 8+4 (kv) or 8+4+4+8 (tensor) bytes: reject absurd counts early
     if n_kv * 12 + n_tensors * 24 > file_size:
         raise cur.fail(f"header claims {n_kv} metadata entries and {n_tensors} tensors, more "
@@ -208,29 +314,23 @@ def _parse(buf: memoryview, path: str, file_size: int
     meta: dict[str, Any] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
-        vtype = cur.unpack("<I", f"type of {key}")
-        meta[key] = cur.value(vtype, key)
+        vtype = cur.unpack_s(_U32, key)
+        scalar = _SCALAR_STRUCTS.get(vtype)  # most values: read here, without value()'s checks
+        if scalar is not None:
+            meta[key] = cur.unpack_s(scalar, key)
+        else:
+            meta[key] = cur.value(vtype, key, decode=vocabulary or key not in VOCABULARY_KEYS)
     alignment = meta.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise cur.fail(f"general.alignment {alignment!r} is not a power of two")
-    raw_infos = []
-    for i in range(n_tensors):
-        name = cur.string(f"tensor #{i} name")
-        n_dims = cur.unpack("<I", f"tensor {name} dims")
-        if not 1 <= n_dims <= MAX_DIMS:
-            raise cur.fail(f"tensor {name}: {n_dims} dimensions (1..{MAX_DIMS} allowed)")
-        shape = tuple(cur.unpack("<Q", f"tensor {name} shape") for _ in range(n_dims))
-        qtype_id = cur.unpack("<I", f"tensor {name} type")
-        offset = cur.unpack("<Q", f"tensor {name} offset")
-        raw_infos.append((name, shape, qtype_id, offset))
+    raw_infos = [cur.tensor_entry(i) for i in range(n_tensors)]
     data_start = (cur.pos + alignment - 1) // alignment * alignment
     tensors: dict[str, TensorInfo] = {}
     for name, shape, qtype_id, offset in raw_infos:
-        try:
-            qtype = GGMLQuantizationType(qtype_id)
-        except ValueError:
-            raise cur.fail(f"tensor {name}: unknown tensor type {qtype_id}") from None
-        if any(d <= 0 for d in shape):
+        qtype = _QTYPES.get(qtype_id)
+        if qtype is None:
+            raise cur.fail(f"tensor {name}: unknown tensor type {qtype_id}")
+        if min(shape) <= 0:
             raise cur.fail(f"tensor {name}: bad shape {list(shape)}")
         try:
             n_bytes = tensor_nbytes(qtype, shape)
@@ -248,21 +348,29 @@ def _parse(buf: memoryview, path: str, file_size: int
     return version, meta, tensors, data_start
 
 
+def _open(path: Path) -> tuple[int, int]:
+    """A read-only descriptor of `path` and the file's size, at least a header's 24 bytes;
+    a ModelLoadError naming the file otherwise (the descriptor closed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise ModelLoadError(path, f"{path.name} does not exist (deleted or moved)") from None
+    except OSError as e:
+        raise ModelLoadError(path, f"cannot open: {e.strerror}") from None
+    size = os.fstat(fd).st_size
+    if size < 24:
+        os.close(fd)
+        raise ModelLoadError(path, f"file is {size} bytes, too short for a GGUF header")
+    return fd, size
+
+
 class _MappedPart:
     """One validated GGUF file and its read-only memory map."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        fd, size = _open(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ModelLoadError(path, f"{path.name} does not exist (deleted or moved)") from None
-        except OSError as e:
-            raise ModelLoadError(path, f"cannot open: {e.strerror}") from None
-        try:
-            size = os.fstat(fd).st_size
-            if size < 24:
-                raise ModelLoadError(path, f"file is {size} bytes, too short for a GGUF header")
             self.map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             self.stat = os.fstat(fd)  # what the file was when mapped: changed() compares
         finally:
@@ -272,7 +380,8 @@ class _MappedPart:
         self._guard = sigbus.guard(np.frombuffer(self.map, np.uint8).ctypes.data, size)
         view = memoryview(self.map)
         try:
-            self.version, self.metadata, self.tensors, self.data_start = _parse(view, str(path), size)
+            self.version, self.metadata, self.tensors, self.data_start = _parse(
+                _Cursor(view, str(path)))
         except ModelLoadError:
             view.release()
             self.close()
@@ -390,11 +499,23 @@ class GGUFFile:
             part.close()
 
 
-def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-    """Metadata and tensor table of this one file (a split model's part on its own), without
-    keeping anything mapped: for scans and estimates."""
-    part = _MappedPart(Path(path))
+def read_header(path: str | os.PathLike[str], vocabulary: bool = True
+                ) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    """Metadata and tensor table of this one file (a split model's part on its own), for scans,
+    estimates and servability checks: read with pread up to the header's end, nothing mapped.
+    `vocabulary=False` checks the bounds of the tokenizer's big arrays without decoding them
+    (VOCABULARY_KEYS are UndecodedArray then)."""
+    path = Path(path)
+    fd, size = _open(path)
     try:
-        return part.metadata, part.tensors
+        def prefix(n: int) -> bytes:
+            try:
+                return os.pread(fd, n, 0)
+            except OSError as e:
+                raise ModelLoadError(path, f"cannot read: {e.strerror}") from None
+
+        cur = _Cursor(prefix(min(size, HEADER_READ)), str(path), size, prefix)
+        _, meta, tensors, _ = _parse(cur, vocabulary)
+        return meta, tensors
     finally:
-        part.close()
+        os.close(fd)

@@ -14,6 +14,7 @@ from typing import Any
 from .arch import SPECS, ArchSpec
 from .arch.declare import Key, KeyValue, KeyValues
 from .gguf import ModelLoadError
+from .rope_settings import RopeSettings, RopeTrain, context_rope
 
 SUPPORTED_ARCHS = tuple(SPECS)
 
@@ -55,6 +56,7 @@ class HParams:
     #                               has its own (gemma4's shared KV; () : every layer its own)
     n_ff_layers: tuple[int, ...] = ()       # per layer when they differ (n_ff is the widest;
     n_head_kv_layers: tuple[int, ...] = ()  # n_head_kv the most): a file's per-layer arrays
+    rope_train: RopeTrain | None = None  # the file's rope facts the fields above came from
     extra: Mapping[str, KeyValue] = field(default_factory=dict)  # the family's own keys
     #                               (Key names that are not fields here), e.g. an expert count
 
@@ -68,6 +70,14 @@ class HParams:
         if self.swa_pattern:
             return self.swa_pattern[layer]
         return bool(self.swa_period) and layer % self.swa_period < self.swa_period - 1
+
+    def with_rope(self, settings: RopeSettings) -> HParams:
+        """These hyperparameters with a load's rope settings over the file's (llama.cpp's
+        context parameters); windowed layers keep the file's base, as llama.cpp's do."""
+        if self.rope_train is None or settings == RopeSettings():
+            return self
+        return dataclasses.replace(self, **vars(context_rope(self.rope_train, settings)),
+                                   rope_base_swa=self.rope_base_swa or self.rope_base)
 
     def layer_window(self, layer: int) -> int:
         """Keys a query of this layer sees (0: all before it)."""

@@ -27,12 +27,13 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .gguf import ModelLoadError, TensorInfo, read_header, split_part_paths
+from .gguf import ModelLoadError, TensorInfo, UndecodedArray, read_header, split_part_paths
 from .hparams import HParams
 from .tokenizer import vocabulary_model
 from .weights import load_weights
@@ -62,14 +63,15 @@ def _check_tensors(f: _HeaderOnlyFile, hp: HParams) -> None:
 
 def read_model_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     """The metadata of `path` and the tensors of every part of it (a split model's later parts
-    add theirs, each tagged with its part number)."""
+    add theirs, each tagged with its part number). The vocabulary's arrays are bounds-checked,
+    not decoded: judging a file needs their lengths only."""
     path = Path(path)
-    meta, tensors = read_header(path)
+    meta, tensors = read_header(path, vocabulary=False)
     tensors = dict(tensors)
     count = meta.get("split.count", 1)
     if isinstance(count, int) and count > 1:
         for no, part in enumerate(split_part_paths(path, count)[1:], start=1):
-            for name, info in read_header(part)[1].items():
+            for name, info in read_header(part, vocabulary=False)[1].items():
                 tensors[name] = TensorInfo(info.name, info.shape, info.qtype, info.offset,
                                            info.n_bytes, part=no)
     return meta, tensors
@@ -90,17 +92,19 @@ def judge_header(path: str | os.PathLike[str], meta: dict[str, Any],
     except ValueError as e:
         raise ModelLoadError(path, f"bad tokenizer metadata: {e}") from None
     tokens = meta.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, list) or len(tokens) != hp.n_vocab:
-        n = len(tokens) if isinstance(tokens, list) else 0
+    if not isinstance(tokens, (list, UndecodedArray)) or len(tokens) != hp.n_vocab:
+        n = len(tokens) if isinstance(tokens, (list, UndecodedArray)) else 0
         raise ModelLoadError(path, f"tokenizer has {n} tokens, the model {hp.n_vocab}")
     _check_tensors(_HeaderOnlyFile(path, meta, tensors), hp)
     return hp
 
 
-MAX_REMEMBERED = 1 << 16  # paths; each answer is a short string or None
+MAX_REMEMBERED = 1 << 16  # paths; each answer is a short string or None and an int
 
 # identity of a file as stat sees it: (size, mtime_ns, inode); a replaced or edited file differs
 _Identity = tuple[int, int, int]
+# why not (None: servable) and a number: the trained context, or bytes of a memory estimate
+_Answer = tuple[str | None, int]
 
 
 class _Answers:
@@ -109,18 +113,18 @@ class _Answers:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # asked from the loop's threads and config reloads alike
-        self._answers: OrderedDict[tuple[str, ...], tuple[tuple[_Identity, ...], str | None]] = (
+        self._answers: OrderedDict[tuple[str, ...], tuple[tuple[_Identity, ...], _Answer]] = (
             OrderedDict())
 
-    def get(self, key: tuple[str, ...], ids: tuple[_Identity, ...]) -> tuple[bool, str | None]:
+    def get(self, key: tuple[str, ...], ids: tuple[_Identity, ...]) -> _Answer | None:
         with self._lock:
             held = self._answers.get(key)
             if held is None or held[0] != ids:
-                return False, None
+                return None
             self._answers.move_to_end(key)
-            return True, held[1]
+            return held[1]
 
-    def put(self, key: tuple[str, ...], ids: tuple[_Identity, ...], answer: str | None) -> None:
+    def put(self, key: tuple[str, ...], ids: tuple[_Identity, ...], answer: _Answer) -> None:
         with self._lock:
             self._answers[key] = (ids, answer)
             self._answers.move_to_end(key)
@@ -136,32 +140,56 @@ _answers = _Answers()
 
 
 def _identity(path: str | os.PathLike[str]) -> tuple[str, _Identity]:
-    """The resolved path and its identity (raises OSError as stat does)."""
+    """The absolute path and its identity (raises OSError as stat does). Not resolved: the
+    identity tells whether the file behind a name is still the one judged, and a config
+    hands over resolved paths already."""
     st = os.stat(path)
-    return str(Path(path).resolve()), (st.st_size, st.st_mtime_ns, st.st_ino)
+    return os.path.abspath(path), (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def why_not_servable(path: str | os.PathLike[str]) -> str | None:
     """None when a load of `path` can succeed as far as its header tells; else the reason."""
+    return _judgement(path)[0]
+
+
+def trained_context(path: str | os.PathLike[str]) -> int:
+    """The context length the model of `path` was trained for (0 when it is not servable):
+    what llama.cpp's n_ctx 0 means. Remembered with the judgement."""
+    return _judgement(path)[1]
+
+
+def _judgement(path: str | os.PathLike[str]) -> _Answer:
     try:
         resolved, ident = _identity(path)
     except OSError as e:
-        return f"cannot read {path}: {e.strerror}"
-    known, answer = _answers.get((resolved,), (ident,))
-    if not known:
+        return f"cannot read {path}: {e.strerror}", 0
+    answer = _answers.get((resolved,), (ident,))
+    if answer is None:
         answer = _judged(resolved)
         _answers.put((resolved,), (ident,), answer)
     return answer
 
 
-def _judged(path: str) -> str | None:
+def _judged(path: str) -> _Answer:
     try:
-        check_servable(path)
+        hp = check_servable(path)
     except ModelLoadError as e:
-        return e.problem
+        return e.problem, 0
     except (ValueError, TypeError, KeyError, IndexError, RecursionError) as e:  # not foreseen
-        return f"cannot make sense of its header ({type(e).__name__}: {e})"
-    return None
+        return f"cannot make sense of its header ({type(e).__name__}: {e})", 0
+    return None, hp.n_ctx_train
+
+
+def remembered(path: str | os.PathLike[str], what: str, compute: Callable[[], int]) -> int:
+    """`compute()`'s number about `path` (`what` names it, e.g. a memory estimate and its
+    arguments), remembered for the file's identity like the judgement: a config reload asks
+    again without reading the header again. Raises what `compute` or stat raise."""
+    resolved, ident = _identity(path)
+    answer = _answers.get((resolved, what), (ident,))
+    if answer is None:
+        answer = None, compute()
+        _answers.put((resolved, what), (ident,), answer)
+    return answer[1]
 
 
 def why_not_a_pair(model: str | os.PathLike[str], mmproj: str | os.PathLike[str]) -> str | None:
@@ -173,11 +201,11 @@ def why_not_a_pair(model: str | os.PathLike[str], mmproj: str | os.PathLike[str]
         (m_path, m_id), (p_path, p_id) = _identity(model), _identity(mmproj)
     except OSError as e:
         return f"cannot read {e.filename}: {e.strerror}"
-    known, answer = _answers.get((m_path, p_path), (m_id, p_id))
-    if not known:
-        answer = _pair_judged(m_path, p_path)
+    answer = _answers.get((m_path, p_path), (m_id, p_id))
+    if answer is None:
+        answer = _pair_judged(m_path, p_path), 0
         _answers.put((m_path, p_path), (m_id, p_id), answer)
-    return answer
+    return answer[0]
 
 
 def _pair_judged(model: str, mmproj: str) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..formats import quants
+from ..rope_settings import RopeTrain, context_rope
 from .base import ArchSpec, Builder, Layer
 from .declare import Key, KeyValues, Tensor
 
@@ -36,7 +37,7 @@ KEYS = (
     Key("value_dim", "attention.value_length", lambda v: v["head_dim"]),
     Key("n_rot", "rope.dimension_count", lambda v: v["head_dim"]),
     Key("rope_base", "rope.freq_base", 10000.0, float),
-    Key("rope_scaling", "rope.scaling.type", "none", str),
+    Key("rope_scaling", "rope.scaling.type", "linear", str),  # llama.cpp's default, as the factor
     Key("rope_scaling_factor", "rope.scaling.factor", 1.0, float),
     Key("rope_attn_factor", "rope.scaling.attn_factor", 1.0, float),
     Key("n_ctx_orig", "rope.scaling.original_context_length", 0),
@@ -49,8 +50,9 @@ KEYS = (
 
 
 def finish(v: KeyValues) -> None:
-    """Refuse what llama's block cannot honour; the rope scaling keys become rope_freq_scale and
-    the YaRN parameters (llama-model.cpp's hparams, then llama-context.cpp's cparams)."""
+    """Refuse what llama's block cannot honour; the rope keys become the file's RopeTrain and,
+    through engine.rope_settings with nothing overridden, rope_freq_scale and the YaRN
+    parameters (llama-model.cpp's hparams, then llama-context.cpp's cparams)."""
     n_head, n_head_kv = v["n_head"], v["n_head_kv"]
     if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
         v.refuse(f"{n_head} attention heads cannot share {n_head_kv} KV heads")
@@ -59,26 +61,13 @@ def finish(v: KeyValues) -> None:
     scaling, factor = v.pop("rope_scaling"), v.pop("rope_scaling_factor") or 1.0
     if scaling not in ("none", "linear", "yarn") and factor != 1.0:
         v.refuse(f"rope scaling {scaling!r} is not supported")
-    v["rope_freq_scale"] = 1.0 / factor if scaling in ("linear", "yarn") else 1.0
-    ext_factor = v.pop("yarn_ext_factor")
-    if ext_factor < 0:  # not set: YaRN's files mix, the others do not
-        ext_factor = 1.0 if scaling == "yarn" else 0.0
-    v["yarn_ext_factor"] = ext_factor
-    attn_factor = v["yarn_attn_factor"]
-    if ext_factor != 0:  # llama.cpp cancels the mscale ggml's rope_yarn applies (PR 17945)
-        attn_factor = _yarn_attn_factor(1.0 / v["rope_freq_scale"])
-    v["yarn_attn_factor"] = float(np.float32(attn_factor) * np.float32(v.pop("rope_attn_factor") or 1.0))
-    v["yarn_n_ctx_orig"] = v["n_ctx_orig"] or v["n_ctx_train"]  # n_ctx_orig_yarn's default
-
-
-def _yarn_attn_factor(factor: float) -> float:
-    """llama-context.cpp's cparams.yarn_attn_factor under YaRN, in float32:
-    get_mscale(factor, 1) * 1 / (1 + 0.1 ln factor), which the float32 roundings leave a few
-    ulps from 1 (ggml then multiplies by 1 + 0.1 ln factor itself)."""
-    f32 = np.float32
-    log = f32(np.log(np.float64(f32(factor))))
-    mscale = f32(1) if f32(factor) <= 1 else f32(0.1) * log + f32(1)
-    return float(mscale * (f32(1) / (f32(1) + f32(0.1) * log)))
+    train = RopeTrain(
+        freq_base=v["rope_base"], scaling=scaling, freq_scale=float(np.float32(1) / np.float32(factor)),
+        attn_factor=v.pop("rope_attn_factor") or 1.0, yarn_ext_factor=v.pop("yarn_ext_factor"),
+        yarn_attn_factor=v["yarn_attn_factor"], yarn_beta_fast=v["yarn_beta_fast"],
+        yarn_beta_slow=v["yarn_beta_slow"], n_ctx_orig=v["n_ctx_orig"] or v["n_ctx_train"])
+    v["rope_train"] = train
+    v.update(vars(context_rope(train)))  # the file as it is: no setting overrides it
 
 
 @dataclass(kw_only=True)

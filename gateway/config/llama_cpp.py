@@ -9,6 +9,9 @@ from __future__ import annotations
 MODEL_ALIAS = "model_alias"  # its one alias per entry: the first of ours
 API_KEY = "api_key"          # its one key: a client key named "api_key" (see loader._auth)
 CLIP_MODEL_PATH = "clip_model_path"  # its name for an entry's `mmproj`
+# its rope_scaling_type is llama.cpp's enum llama_rope_scaling_type (3, longrope, comes only from
+# a file's own rope_factors tensors here)
+ROPE_SCALING_BY_NUMBER: dict[int, str | None] = {-1: None, 0: "none", 1: "linear", 2: "yarn"}
 
 # llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet), as
 # of its 0.3.36 (tests/data/llama_cpp_python/config_file.json holds every key it has).
@@ -19,9 +22,7 @@ LLAMA_CPP_SERVER_KEYS = frozenset({
 LLAMA_CPP_MODEL_KEYS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap",
     "use_mlock", "kv_overrides", "rpc_servers", "n_batch", "n_ubatch", "n_threads_batch",
-    "rope_scaling_type", "rope_freq_base", "rope_freq_scale", "yarn_ext_factor",
-    "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx", "mul_mat_q",
-    "logits_all", "embedding", "offload_kqv", "last_n_tokens_size", "lora_base",
+    "mul_mat_q", "logits_all", "embedding", "offload_kqv", "last_n_tokens_size", "lora_base",
     "lora_path", "numa", "cache", "cache_type", "cache_size",
     "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
     "draft_model", "draft_model_num_pred_tokens", "type_k", "type_v", "verbose",

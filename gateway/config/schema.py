@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from gateway.config.aliases import is_glob
-from gateway.config.llama_cpp import CLIP_MODEL_PATH, MODEL_ALIAS
+from gateway.config.llama_cpp import CLIP_MODEL_PATH, MODEL_ALIAS, ROPE_SCALING_BY_NUMBER
 from gateway.config.problems import Loc, Problems, dotted
 from gateway.config.reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
 from gateway.config.upstream import UpstreamEntry, check_pool_members
@@ -112,7 +112,8 @@ class EntrySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     n_ctx: Annotated[int, RELOAD] = Field(
-        4096, description="context size in tokens (the KV cache is sized for it)")
+        4096, description="context size in tokens (the KV cache is sized for it); 0 = the "
+                          "model's trained context, if it fits memory_budget")
     n_threads: Annotated[int, RELOAD] = Field(
         2, description="threads for this model's computation; -1 = every core")
     n_parallel: Annotated[int, RELOAD] = Field(
@@ -131,6 +132,31 @@ class EntrySettings(BaseModel):
                           "(engine/chat_formats.py)")
     pinned: Annotated[bool, LIVE] = Field(
         False, description="load at start-up; never evicted or unloaded for idleness")
+    # Rope over the file's own values, as llama.cpp's context parameters (engine/rope_settings.py);
+    # each default is llama.cpp's "not set": the file's value
+    rope_freq_base: Annotated[float, RELOAD] = Field(
+        0.0, ge=0, allow_inf_nan=False, description="rope base frequency; 0 = the file's")
+    rope_freq_scale: Annotated[float, RELOAD] = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="rope frequency scale, 1 / the context's stretch (0.25: 4x); 0 = the file's")
+    rope_scaling_type: Annotated[Literal["none", "linear", "yarn", -1, 0, 1, 2] | None, RELOAD] = (
+        Field(None, description="none, linear or yarn (llama.cpp's 0, 1, 2; -1 or null = the "
+                                "file's); none ignores rope_freq_scale"))
+    yarn_ext_factor: Annotated[float, RELOAD] = Field(
+        -1.0, allow_inf_nan=False,
+        description="YaRN's extrapolation mix; negative = 1 under yarn scaling, else 0")
+    yarn_attn_factor: Annotated[float, RELOAD] = Field(
+        -1.0, allow_inf_nan=False, description="rope's cos/sin factor, read only while "
+                                               "yarn_ext_factor is 0; negative = the file's")
+    yarn_beta_fast: Annotated[float, RELOAD] = Field(
+        -1.0, allow_inf_nan=False, description="YaRN ramp's fast end (turns); negative = the "
+                                               "file's, else 32")
+    yarn_beta_slow: Annotated[float, RELOAD] = Field(
+        -1.0, allow_inf_nan=False, description="YaRN ramp's slow end (turns); negative = the "
+                                               "file's, else 1")
+    yarn_orig_ctx: Annotated[int, RELOAD] = Field(
+        0, ge=0, description="the context YaRN's ramp counts turns in; 0 = the file's "
+                             "original context, else its trained context")
     flash_attn: Annotated[bool, RELOAD] = Field(
         True, description="follow llama.cpp's flash-attention numerics; false: its plain "
                           "attention path (llama-cpp-python's key)")
@@ -171,12 +197,15 @@ class EntrySettings(BaseModel):
     @field_validator("n_ctx")
     @classmethod
     def _positive_context(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("0 (llama-cpp-python's 'the model's own context size') is not "
-                             "supported yet; give a size such as 4096")
-        if v < 1:
-            raise ValueError("must be at least 1")
+        if v < 0:
+            raise ValueError("must be at least 1 (or 0: the model's trained context)")
         return v
+
+    @field_validator("rope_scaling_type")
+    @classmethod
+    def _scaling_name(cls, v: str | int | None) -> str | int | None:
+        # llama-cpp-python writes llama.cpp's enum (-1 unspecified, 0 none, 1 linear, 2 yarn)
+        return ROPE_SCALING_BY_NUMBER.get(v) if isinstance(v, int) else v
 
     @field_validator("chat_format")
     @classmethod

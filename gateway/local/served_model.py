@@ -194,12 +194,24 @@ def _template_for(model: LoadedModel, entry: ModelEntry) -> tuple[ChatTemplate, 
     return template, choice
 
 
+def rope_settings(entry: ModelEntry) -> engine.RopeSettings:
+    """The entry's rope keys as the engine takes them (its scaling type validated to a name)."""
+    scaling = entry.rope_scaling_type
+    return engine.RopeSettings(
+        rope_freq_base=entry.rope_freq_base, rope_freq_scale=entry.rope_freq_scale,
+        rope_scaling_type=scaling if isinstance(scaling, str) else None,
+        yarn_ext_factor=entry.yarn_ext_factor, yarn_attn_factor=entry.yarn_attn_factor,
+        yarn_beta_fast=entry.yarn_beta_fast, yarn_beta_slow=entry.yarn_beta_slow,
+        yarn_orig_ctx=entry.yarn_orig_ctx)
+
+
 def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) -> ServedModel:
     """The registry's loader: load the GGUF (compiling kernels) with `n_parallel` KV-cache slots
     and start its scheduler."""
     model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
                         n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
-                        images=entry.mmproj is not None, name=entry.name)
+                        images=entry.mmproj is not None, name=entry.name,
+                        rope=rope_settings(entry))
     vision: VisionModel | None = None
     try:
         template, choice = _template_for(model, entry)

@@ -2,14 +2,17 @@
 ModelLoadError naming the file and the problem, never crash."""
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
-from engine.gguf import GGUFFile, ModelLoadError, read_header
+import engine.gguf
+from engine.gguf import VOCABULARY_KEYS, GGUFFile, ModelLoadError, UndecodedArray, read_header
 from tests.support.ggufgen import tensor_type_field, write_tiny_llama
 
 
@@ -66,7 +69,15 @@ def test_truncated_file_is_rejected(tiny: Path, tmp_path: Path, fraction: float)
                      "truncated|too short|can hold")
 
 
-def test_every_header_truncation_is_rejected(tiny: Path, tmp_path: Path) -> None:
+def _read_header_in_small_steps(path: Path) -> None:
+    read_header(path, vocabulary=False)
+
+
+@pytest.mark.parametrize("reader", [GGUFFile, read_header, _read_header_in_small_steps])
+def test_every_header_truncation_is_rejected(tiny: Path, tmp_path: Path, reader: Any,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    if reader is _read_header_in_small_steps:
+        monkeypatch.setattr(engine.gguf, "HEADER_READ", 40)  # read on many times
     data = tiny.read_bytes()
     f = GGUFFile(tiny)
     header_end = f.data_start
@@ -74,8 +85,66 @@ def test_every_header_truncation_is_rejected(tiny: Path, tmp_path: Path) -> None
     cut = tmp_path / "cut.gguf"
     for n in range(0, header_end, max(1, header_end // 300)):
         cut.write_bytes(data[:n])
-        with pytest.raises(ModelLoadError):
-            GGUFFile(cut)
+        with pytest.raises(ModelLoadError) as e:
+            reader(cut)
+        assert str(cut) in str(e.value)
+
+
+@pytest.mark.parametrize("first_read", [24, 100, 4096, 1 << 16])
+def test_read_header_reads_what_the_mapped_file_holds(tiny: Path, first_read: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """However little it reads first (then reading on, doubling), read_header's metadata and
+    tensor table are the mapped reader's."""
+    monkeypatch.setattr(engine.gguf, "HEADER_READ", first_read)
+    meta, tensors = read_header(tiny)
+    f = GGUFFile(tiny)
+    assert meta == f.metadata and tensors == f.tensors
+    f.close()
+
+
+def test_read_header_reads_the_header_not_the_weights(tiny: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    f = GGUFFile(tiny)
+    header_end, size = f.data_start, f.file_size
+    f.close()
+    assert header_end * 10 < size  # the weights are most of the file
+    read: list[int] = []
+    real = os.pread
+
+    def counting(fd: int, n: int, offset: int) -> bytes:
+        data = real(fd, n, offset)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "pread", counting)
+    monkeypatch.setattr(engine.gguf, "HEADER_READ", 256)
+    read_header(tiny)
+    assert header_end <= sum(read) <= 4 * header_end  # doubling: each read at most twice the last
+
+
+def test_without_the_vocabulary_its_arrays_are_bounds_checked_not_decoded(
+        tiny: Path, tmp_path: Path) -> None:
+    full, tensors = read_header(tiny)
+    meta, same_tensors = read_header(tiny, vocabulary=False)
+    assert same_tensors == tensors and meta.keys() == full.keys()
+    skipped = [key for key in meta if key in VOCABULARY_KEYS]
+    assert {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"} <= set(skipped)
+    for key, value in meta.items():
+        if key in VOCABULARY_KEYS:
+            assert isinstance(value, UndecodedArray) and len(value) == len(full[key]), key
+        else:
+            assert value == full[key], key
+    # a token whose length runs past the end of the file is refused all the same
+    data = bytearray(tiny.read_bytes())
+    key = b"tokenizer.ggml.tokens"
+    first_length = data.index(key) + len(key) + 4 + 4 + 8  # value type, item type, count
+    for length in (len(data), 2**64 - 1):
+        struct.pack_into("<Q", data, first_length, length)
+        bad = tmp_path / "long-token.gguf"
+        bad.write_bytes(bytes(data))
+        with pytest.raises(ModelLoadError, match=r"truncated header: tokenizer\.ggml\.tokens") as e:
+            read_header(bad, vocabulary=False)
+        assert str(bad) in str(e.value)
 
 
 def test_tensor_offset_past_the_end(tiny: Path, tmp_path: Path) -> None:

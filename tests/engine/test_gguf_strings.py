@@ -31,10 +31,14 @@ def test_bulk_decoding_equals_one_by_one(strings: list[bytes]) -> None:
     expected = [s.decode("utf-8", errors="replace") for s in strings]
     assert cur.strings(len(strings), "s") == _one_by_one(raw, len(strings)) == expected
     assert raw[cur.pos:] == b"tail"
+    skipped = _Cursor(memoryview(raw), "test")
+    assert len(skipped.strings(len(strings), "s", decode=False)) == len(strings)
+    assert skipped.pos == cur.pos  # bounds walked, texts not decoded
 
 
 def test_truncated_array_is_a_load_error() -> None:
     raw = _array([b"one", b"two", b"three"])
     for cut in (len(raw) - 2, len(raw) - 9, 5):
-        with pytest.raises(ModelLoadError, match="truncated header"):
-            _Cursor(memoryview(raw[:cut]), "test").strings(3, "tokens")
+        for decode in (True, False):
+            with pytest.raises(ModelLoadError, match="truncated header"):
+                _Cursor(memoryview(raw[:cut]), "test").strings(3, "tokens", decode)

@@ -195,7 +195,8 @@ def test_settings_key_changes_only_with_what_shapes_a_loaded_model(tmp_path: Pat
     same = entry.model_copy(update={"aliases": ["b"], "pinned": True, "idle_timeout": 5.0})
     assert same.settings_key() == entry.settings_key()
     for change in ({"n_ctx": 8192}, {"n_threads": 4}, {"chat_template": "{{ x }}"},
-                   {"model": tmp_path / "b.gguf"}, {"n_parallel": 1}):
+                   {"model": tmp_path / "b.gguf"}, {"n_parallel": 1},
+                   {"rope_freq_base": 5e5}, {"rope_scaling_type": "yarn"}, {"yarn_orig_ctx": 8}):
         assert entry.model_copy(update=change).settings_key() != entry.settings_key()
     hash(entry.settings_key())
 
@@ -208,7 +209,11 @@ def test_every_config_field_says_when_a_change_to_it_applies() -> None:
 def test_the_reload_marks_match_what_the_registry_and_the_reloader_act_on() -> None:
     assert set(marked(ModelEntry, RELOAD)) == {"model", "n_ctx", "n_threads", "n_parallel",
                                                "max_queue", "chat_template", "chat_format",
-                                               "flash_attn", "mmproj"}
+                                               "flash_attn", "mmproj", "rope_freq_base",
+                                               "rope_freq_scale", "rope_scaling_type",
+                                               "yarn_ext_factor", "yarn_attn_factor",
+                                               "yarn_beta_fast", "yarn_beta_slow",
+                                               "yarn_orig_ctx"}
     assert marked(Config, RESTART) == ("host", "port")
 
 
@@ -546,10 +551,12 @@ def test_chat_template_inline_text_and_compile_errors(folder: Path) -> None:
     assert error.startswith(f"{path}:3: models.0.chat_template: chat template does not compile")
 
 
-def test_n_ctx_zero_from_llama_cpp_python_is_explained(folder: Path) -> None:
+def test_n_ctx_zero_from_llama_cpp_python_is_the_trained_context(folder: Path) -> None:
+    # tests/gateway/test_config_rope.py has the rest: defaults, the memory budget
     path = write(folder, "c.yaml", "models:\n  - {model: models/small.gguf, n_ctx: 0}\n")
-    [error] = errors_of(path)
-    assert "models.0.n_ctx: 0 (llama-cpp-python's" in error
+    from engine.servable import trained_context
+
+    assert load_config(path).models[0].n_ctx == trained_context(folder / "models/small.gguf") > 0
 
 
 @pytest.mark.real_model

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import engine.servable
-from gateway.config import load_config
+from gateway.config import ConfigError, load_config
 from tests.support.ggufgen import write_servable
 
 N_FILES = 300  # more than the 256 answers the header check used to keep
@@ -33,9 +33,9 @@ def header_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     reads: list[Path] = []
     real = engine.servable.read_header
 
-    def counting(path: Any) -> Any:
+    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
         reads.append(Path(path))
-        return real(path)
+        return real(path, *args, **kwargs)
 
     monkeypatch.setattr(engine.servable, "read_header", counting)
     return reads
@@ -80,3 +80,42 @@ def test_the_remembered_answers_stay_bounded(tmp_path: Path,
     assert header_reads == []
     engine.servable.why_not_servable(files[0])  # the oldest was forgotten: read again
     assert header_reads == [files[0].resolve()]
+
+
+def test_a_file_replaced_by_another_of_the_same_size_and_mtime_is_read_again(
+        tmp_path: Path, header_reads: list[Path]) -> None:
+    """Size and mtime alike (a copy made with `cp -p`, then moved over): the inode tells."""
+    config = _config(tmp_path, 3)
+    load_config(config)
+    target = tmp_path / "m1.gguf"
+    st = target.stat()
+    copy = write_servable(tmp_path / "copy.tmp")
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+    copy.replace(target)
+    new = target.stat()
+    assert (new.st_size, new.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert new.st_ino != st.st_ino
+    header_reads.clear()
+    load_config(config)
+    assert header_reads == [target.resolve()]
+
+
+def test_an_edited_file_is_judged_anew_on_reload(tmp_path: Path) -> None:
+    """The remembered answer is for the bytes it was given: a file made unservable between two
+    loads fails the second with its reason, and made whole again passes the third."""
+    config = _config(tmp_path, 2)
+    load_config(config)
+    target = tmp_path / "m0.gguf"
+    good, mtime = target.read_bytes(), target.stat().st_mtime_ns
+
+    def rewrite(data: bytes, seconds_later: int) -> None:
+        # an in-place rewrite of the same size: only the mtime tells, and two writes within a
+        # filesystem's timestamp granularity could share one, so each is dated explicitly
+        target.write_bytes(data)
+        os.utime(target, ns=(mtime, mtime + seconds_later * 1_000_000_000))
+
+    rewrite(good.replace(b"llama.block_count", b"llama.block_cOunt"), 1)
+    with pytest.raises(ConfigError, match=r"m0\.gguf.*block_count"):
+        load_config(config)
+    rewrite(good, 2)
+    assert len(load_config(config).models) == 2

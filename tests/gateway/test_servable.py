@@ -64,6 +64,13 @@ def _ffn_length(data: bytearray) -> None:
     data[at:at + 4] = (999).to_bytes(4, "little")
 
 
+def _vocab_size(data: bytearray) -> None:
+    # the header check counts the tokens without decoding them (read_header vocabulary=False)
+    key = b"llama.vocab_size"
+    at = bytes(data).index(key) + len(key) + 4
+    data[at:at + 4] = (int.from_bytes(data[at:at + 4], "little") + 1).to_bytes(4, "little")
+
+
 BROKEN = {
     "architecture": (_architecture, "unsupported architecture 'bogus'"),
     "tokenizer": (_tokenizer_model, "unsupported tokenizer model 'wpm2'"),
@@ -71,6 +78,7 @@ BROKEN = {
     "norm type": (_tensor_type("output_norm.weight"), "output_norm.weight: type I32"),
     "missing tensor": (_missing, "tensor blk.0.ffn_down.weight is missing"),
     "shape": (_ffn_length, "has shape"),
+    "vocabulary size": (_vocab_size, "tokens, the model"),
 }
 
 
