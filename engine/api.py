@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .constraint import Constraint
-from .formats.repack import estimate_repacked
+from .formats.repack import estimate_repacked, estimate_repacked_stacks
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
@@ -194,6 +194,9 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     count = meta.get("split.count", 1)
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
     shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items() if len(t.shape) == 2}
+    stacks = {n: (t.qtype, t.shape[1], t.shape[0], t.shape[2]) for n, t in tensors.items()
+              if len(t.shape) == 3}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
     return (sum(os.path.getsize(f) for f in files) + layout.bytes_per_slot() * n_slots
-            + estimate_repacked(shapes, host_repacks))
+            + estimate_repacked(shapes, host_repacks)
+            + estimate_repacked_stacks(stacks, host_repacks))

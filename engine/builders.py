@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .formats import quants
-from .formats.activations import packed_activation_bytes
 from .kernels import moe, moe_oai, moe_tasks, ops, rotary, tasks
 from .kernels.pool import Graph
 
@@ -257,7 +256,7 @@ class GraphBuilder:
             k = self.tr.matmul_kernels.kernels_for(stack.matrix(0))
             if k.act is None or k.act in inputs:
                 continue
-            row_bytes = packed_activation_bytes(k.act, n, moe.PAD_ROWS) // moe.PAD_ROWS
+            row_bytes = k.act_bytes(n, moe.PAD_ROWS) // moe.PAD_ROWS  # either layout's
             xq = a.scratch(f"moe_xq_{k.act}_{n}", ((dst.shape[0] + (moe.PAD_ROWS - 1) * r.n_expert)
                                                    * row_bytes,), np.uint8)
             inputs[k.act] = (_addr(xq), row_bytes)

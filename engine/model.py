@@ -183,7 +183,8 @@ def _prepared(w: Weights, mk: MatmulKernels) -> Weights:
     token_embd stays mapped for the lookups, which read a few of its rows a step: its pages are
     released after the repack and come back from the page cache as the lookups read them."""
     # a prepared matrix may be a RepackedMatrix: the kernels take it wherever a QuantMatrix goes
-    layers = [layer.with_matrices(lambda m: mk.prepare(m, file_backed=True)) for layer in w.layers]
+    layers = [layer.with_matrices(lambda m: mk.prepare(m, file_backed=True))
+              .with_stacks(lambda s: mk.prepare_stack(s, file_backed=True)) for layer in w.layers]
     output = mk.prepare(w.output, file_backed=True)
     return dataclasses.replace(w, layers=layers, output=cast(Any, output))
 

@@ -9,6 +9,8 @@ whole (one pool dispatch per step, as the engine runs it) and node by node (each
 dispatch, timed alone). The node-by-node sum less the whole step's time is what the per-node
 dispatches add; the rest is each task's own time. Decode matmuls print bytes read and GB/s.
 Numbers are medians over the steps; on a shared machine compare runs interleaved, not figures.
+A mixture's expert matmuls (moe_matmul) count the bytes of the experts a step can choose
+(n_expert_used of n_expert per token, at most all of them).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def main() -> None:
     args = ap.parse_args()
 
     import engine
-    from engine.kernels import tasks
+    from engine.formats import quants
+    from engine.kernels import moe_oai, moe_tasks, tasks
     from engine.model import Chunk
 
     model = engine.load(args.model, n_ctx=1024, n_threads=args.threads, n_slots=args.batch)
@@ -42,12 +45,19 @@ def main() -> None:
     for s in range(args.batch):
         tr.forward([Chunk(s, ids[s:s + 32], 0)], "last")
     names = {addr: name for name, addr in tr.tasks.address.items()}
+    names.update({addr: name for name, addr in moe_tasks.task_addresses().items()})
+    names.update({addr: name for name, addr in moe_oai.load_moe_oai().address.items()})
     mat_names: dict[int, str] = {}
-    for layer in tr.weights.layers:
-        for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-            mat_names[getattr(layer, n).address] = n
-    mat_names[tr.weights.output.address] = "output"
     mat_bytes = {m.address: m.nbytes for m in tr.weights.matrices()}
+    for layer in tr.weights.layers:
+        for n, m in vars(layer).items():
+            if isinstance(m, quants.StackedMatrix):  # a mixture's experts: bytes of the chosen
+                mat_names[m.address] = n
+                share = tr.hp.dim("n_expert_used") / tr.hp.dim("n_expert")
+                mat_bytes[m.address] = int(m.n_mat * m.matrix_bytes * min(1.0, share * args.batch))
+            elif hasattr(m, "address") and hasattr(m, "n_rows"):
+                mat_names[m.address] = n
+    mat_names[tr.weights.output.address] = "output"
     pool = tr.pool
     real_run = pool.run
     per_node: dict[int, list[float]] = defaultdict(list)
@@ -89,8 +99,9 @@ def main() -> None:
         t = statistics.median(per_node[i])
         node_total += t
         name = names[int(task)].removeprefix("task_")
-        if name == "matmul":
-            w = int(graph._keep[i][tasks.MATMUL.offset("w") // 8])
+        if name in ("matmul", "moe_matmul"):
+            layout = tasks.MATMUL if name == "matmul" else moe_tasks.EXPERT_MATMUL
+            w = int(graph._keep[i][layout.offset("w") // 8])
             label = mat_names.get(w, "?")
             mats[label][0] += t
             mats[label][1] += mat_bytes.get(w, 0)

@@ -67,11 +67,17 @@ class Layer:
         return out
 
     def with_matrices(self, prepare: Callable[[quants.QuantMatrix], Any]) -> Self:
-        """A copy with every matrix replaced by prepare(it) (engine.formats.repack's layouts).
-        Stacked experts stay in the file's layout: their kernels take a view per expert."""
+        """A copy with every matrix replaced by prepare(it) (engine.formats.repack's layouts);
+        stacked experts are with_stacks'."""
         return dataclasses.replace(self, **{
             f.name: prepare(cast(quants.QuantMatrix, v)) for f in dataclasses.fields(self)
             if isinstance(v := getattr(self, f.name), quants.HostMatrix)})
+
+    def with_stacks(self, prepare: Callable[[quants.StackedMatrix], Any]) -> Self:
+        """A copy with every stack of experts replaced by prepare(it) (repacked experts)."""
+        return dataclasses.replace(self, **{
+            f.name: prepare(v) for f in dataclasses.fields(self)
+            if isinstance(v := getattr(self, f.name), quants.StackedMatrix)})
 
 
 class Builder(Protocol):

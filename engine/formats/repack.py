@@ -84,9 +84,11 @@ kernels promise.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -98,7 +100,7 @@ from engine.formats.activations import (
 from engine.formats.ggml_types import GGMLQuantizationType
 from engine.formats.quant_iq import iq4_xs_scales
 from engine.formats.quant_k import q3_k_scales
-from engine.formats.quants import HostMatrix, QuantMatrix, quant_type, row_bytes
+from engine.formats.quants import HostMatrix, QuantMatrix, StackedMatrix, quant_type, row_bytes
 
 T = GGMLQuantizationType
 ROWS = 16  # weight rows per group: the 32-bit lanes of a 512-bit vector
@@ -237,6 +239,58 @@ def repack(w: QuantMatrix, compiled: Callable[[QuantMatrix, np.ndarray], None] |
     return RepackedMatrix(data, w)
 
 
+@dataclass(frozen=True, eq=False)
+class RepackedStack(StackedMatrix):
+    """A mixture's stacked experts with every matrix repacked, one after another in `data`
+    (uint8 [n_mat, stack_stride]: each matrix's repacked bytes, then padding to 64 bytes):
+    matrix(e) is expert e as a RepackedMatrix (a view), address + e * matrix_bytes its first
+    byte, so the expert tasks take it as a StackedMatrix. `raw` stays the file's stack (the
+    sources)."""
+
+    data: np.ndarray
+
+    @functools.cached_property
+    def matrices(self) -> tuple[QuantMatrix, ...]:
+        # a RepackedMatrix goes wherever a QuantMatrix does (the kernels pick its layout)
+        return tuple(cast(QuantMatrix, RepackedMatrix(
+            self.data[e],  # with its padding: the matrices' nbytes sum to the copy's
+            QuantMatrix(self.raw[e], self.qtype, self.n_rows, self.n_cols)))
+            for e in range(self.n_mat))
+
+    @functools.cached_property
+    def address(self) -> int:
+        return int(self.data.ctypes.data)
+
+    @property
+    def matrix_bytes(self) -> int:
+        return int(self.data[0].nbytes)
+
+
+def _head(row: np.ndarray, n: int) -> np.ndarray:
+    return row[:n]
+
+
+def stack_stride(one_bytes: int) -> int:
+    """A repacked stack's bytes per matrix: one matrix's, rounded up to 64 (aligned starts)."""
+    return -(-one_bytes // 64) * 64
+
+
+def repack_stack(stack: StackedMatrix,
+                 repack_one: Callable[[QuantMatrix, Callable[[int], np.ndarray]], RepackedMatrix],
+                 alloc: Callable[[int], np.ndarray] = hugepages.anonymous) -> RepackedStack:
+    """Every expert of `stack` repacked by repack_one(matrix, alloc) into its slice of one
+    allocation (alloc(n_mat * bytes of one))."""
+    if not can_repack(stack.qtype, stack.n_rows, stack.n_cols):
+        raise ValueError(f"cannot repack {stack.qtype.name} {stack.n_rows}x{stack.n_cols} experts")
+    one = stack.n_rows // ROWS * (stack.n_cols // BLOCK_ELEMS[stack.qtype]) \
+        * GROUP_BLOCK_BYTES[stack.qtype]
+    stride = stack_stride(one)
+    data = alloc(stack.n_mat * stride).reshape(stack.n_mat, stride)
+    for e in range(stack.n_mat):
+        repack_one(stack.matrix(e), functools.partial(_head, data[e]))
+    return RepackedStack(stack.raw, stack.qtype, stack.n_mat, stack.n_rows, stack.n_cols, data)
+
+
 CHUNK_ROWS = 1024
 
 
@@ -369,4 +423,21 @@ def estimate_repacked(tensors: dict[str, tuple[GGMLQuantizationType, int, int]],
         size = repacked_nbytes(qtype, rows, cols) if repacks(qtype) else 0
         if size:
             total += size - (0 if n == "token_embd.weight" else row_bytes(qtype, cols) * rows)
+    return total
+
+
+# the stacked experts engine.model._prepared repacks (engine.kernels.matmul's prepare_stack)
+EXPERT_WEIGHT = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")
+
+
+def estimate_repacked_stacks(tensors: dict[str, tuple[GGMLQuantizationType, int, int, int]],
+                             repacks: Callable[[GGMLQuantizationType], bool]) -> int:
+    """What estimate_repacked says for a mixture's stacked experts: name -> (type, n_rows,
+    n_cols, n_mat); each repacked stack adds its copy and releases the file's pages."""
+    total = 0
+    for n in (n for n in tensors if EXPERT_WEIGHT.fullmatch(n)):
+        qtype, rows, cols, n_mat = tensors[n]
+        size = repacked_nbytes(qtype, rows, cols) if repacks(qtype) else 0
+        if size:
+            total += n_mat * (stack_stride(size) - row_bytes(qtype, cols) * rows)
     return total

@@ -9,8 +9,9 @@
 
 Why grouped: a decode step or a prompt chunk runs each chosen expert's matrices once, as one
 matmul over all of its tokens, and an expert no token chose is never read (qwen3moe's 30B
-reads 3B of weights per token). The matmuls themselves are the ordinary kernels on a view of
-one expert's rows (quants.StackedMatrix); their inputs are quantized per run, whose packed
+reads 3B of weights per token). The matmuls themselves are the ordinary kernels on one
+expert's rows (a view of quants.StackedMatrix, or of formats.repack.RepackedStack for the
+row-interleaved kernels); their inputs are quantized per run, whose packed
 layout (engine.formats.activations) starts at a run's `padded` row: runs padded to 8 rows, so
 a run's packed bytes never overlap the next run's.
 

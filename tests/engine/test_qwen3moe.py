@@ -105,7 +105,7 @@ def test_a_different_routing_moves_the_logits_as_llama_cpp_saw(n_used: int, effe
 @pytest.mark.parametrize("name", list(ENTRIES))
 def test_the_memory_estimate_is_the_whole_file_and_its_cache(name: str) -> None:
     """Every expert is mapped (any may be chosen next step), so the estimate counts the whole
-    file; the experts stay in the file's layout, so nothing repacked is added for them."""
+    file, and what the repacked experts add (Q8_0's groups are its blocks' size: nothing)."""
     path = SYNTH3_DIR / f"{name}.gguf"
     with _load(name, n_slots=2) as model:
         assert engine.estimate_memory(path, 128, n_slots=2) == model.memory_bytes

@@ -118,9 +118,12 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
                      rope_base: float = 10000.0, seed: int = 0, name: str = "Tiny Llama",
                      chat_template: str | None = CHATML, split_max_tensors: int = 0,
                      metadata: dict[str, float | int | str] | None = None,
-                     extra_specials: tuple[str, ...] = ()) -> Path:
+                     extra_specials: tuple[str, ...] = (),
+                     experts: tuple[int, int, int] | None = None) -> Path:
     """Write a valid llama-architecture GGUF with random weights; returns its path.
-    `extra_specials` are control tokens after ChatML's (e.g. Harmony's markers).
+    `extra_specials` are control tokens after ChatML's (e.g. Harmony's markers). `experts`
+    (n_expert, n_expert_used, n_ff_exp) makes it a qwen3moe instead: q/k norms, a float32
+    router and stacked experts of `qtype` in place of the FFN.
 
     K-quant and IQ4_XS types need n_embd and n_ff to be multiples of 256. With split_max_tensors, the model
     is split in parts of that many tensors (NAME-00001-of-0000N.gguf); the first part is returned.
@@ -135,7 +138,8 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     n_vocab = len(tokens)
     head_dim = n_embd // n_head
 
-    w = GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
+    arch = "llama" if experts is None else "qwen3moe"
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx_train)
@@ -147,6 +151,10 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
+    if experts is not None:
+        w.add_expert_count(experts[0])
+        w.add_expert_used_count(experts[1])
+        w.add_expert_feed_forward_length(experts[2])
     w.add_file_type(int(FILE_TYPE[qtype]))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -178,6 +186,16 @@ def write_tiny_llama(path: str | Path, *, qtype: GGMLQuantizationType = GGMLQuan
         add(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd, qtype)
         add(f"blk.{i}.attn_output.weight", n_embd, n_head * head_dim, qtype)
         add_norm(f"blk.{i}.ffn_norm.weight", n_embd)
+        if experts is not None:
+            n_exp, _, n_ff_exp = experts
+            add_norm(f"blk.{i}.attn_q_norm.weight", head_dim)
+            add_norm(f"blk.{i}.attn_k_norm.weight", head_dim)
+            add(f"blk.{i}.ffn_gate_inp.weight", n_exp, n_embd, GGMLQuantizationType.F32)
+            for name, rows, cols in (("gate", n_ff_exp, n_embd), ("up", n_ff_exp, n_embd),
+                                     ("down", n_embd, n_ff_exp)):
+                data = np.stack([_random_tensor(qtype, rows, cols, rng) for _ in range(n_exp)])
+                w.add_tensor(f"blk.{i}.ffn_{name}_exps.weight", data, raw_dtype=qtype)
+            continue
         add(f"blk.{i}.ffn_gate.weight", n_ff, n_embd, qtype)
         add(f"blk.{i}.ffn_up.weight", n_ff, n_embd, qtype)
         add(f"blk.{i}.ffn_down.weight", n_embd, n_ff, qtype)

@@ -26,8 +26,8 @@ from engine.formats.activations import (
     packed_activation_bytes,
 )
 from engine.formats.ggml_types import GGMLQuantizationType
-from engine.formats.quants import SUPPORTED, QuantMatrix, quant_type
-from engine.formats.repack import RepackedMatrix, can_repack
+from engine.formats.quants import SUPPORTED, QuantMatrix, StackedMatrix, quant_type
+from engine.formats.repack import RepackedMatrix, RepackedStack, can_repack, repack_stack
 from engine.kernels import jit, tasks
 from engine.kernels.gemm.facade import GemmKernels, GemmTypeKernels
 from engine.kernels.ir.builder import address
@@ -140,6 +140,20 @@ class MatmulKernels:
         packed = self._gemm.repack(w, self._alloc)
         if file_backed:
             hugepages.release_file_pages(w.raw)
+        return packed
+
+    def prepare_stack(self, stack: StackedMatrix,
+                      file_backed: bool = False) -> StackedMatrix | RepackedStack:
+        """A mixture's stacked experts as prepare gives one matrix: every expert repacked, one
+        after another (so each chosen expert's rows stream through the interleaved kernels
+        as the dense matrices' do), or `stack` itself."""
+        if not self.repacks(stack.matrix(0)):
+            return stack
+        gemm = self._gemm
+        assert gemm is not None
+        packed = repack_stack(stack, gemm.repack, self._alloc)
+        if file_backed:
+            hugepages.release_file_pages(stack.raw)
         return packed
 
     def kernels_for(self, w: QuantMatrix | RepackedMatrix) -> TypeKernels | GemmTypeKernels:
