@@ -9,6 +9,7 @@
                            capabilities, template, parameters
     GET  /api/ps           loaded models with `expires_at` from keep_alive or the idle timeout
     GET  /api/version      the Ollama release whose API this follows
+    GET  /                 "Ollama is running" (browsers get the console: gateway/api/console)
     pull, push, create, copy, delete, blobs: a 501 saying the config file manages models
 
 Errors are Ollama's `{"error": "..."}` (registered below with gateway/errors.py shape_errors).
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from engine.tool_formats import detect
@@ -292,6 +293,12 @@ async def show(request: Request) -> Response:
 
 async def version(request: Request) -> Response:
     return JSONResponse({"version": OLLAMA_VERSION})
+
+
+async def running(request: Request) -> Response:
+    """GET / for what is not a browser (gateway/api/console answers browsers): Ollama's
+    liveness answer, which its CLI, ollama-python users and Open WebUI probe for."""
+    return PlainTextResponse("Ollama is running")
 
 
 async def managed_by_config(request: Request) -> Response:
