@@ -182,6 +182,15 @@ def lark_grammar(text: str) -> str:
     return llg.LLMatcher.grammar_from_lark(text)
 
 
+def with_subgrammars(grammar: str, named: dict[str, str]) -> str:
+    """One grammar from a Lark `grammar` that refers to others by name (`@name` in its rules)
+    and their Lark texts: each keeps its own lexer and %-options (a freeform tool's input)."""
+    if not named:
+        return grammar
+    return json.dumps({"grammars": [{"lark_grammar": grammar}] + [
+        {"name": name, "lark_grammar": text} for name, text in named.items()]})
+
+
 def gbnf_grammar(text: str) -> str:
     """llama.cpp's GBNF (or Lark) text; raises ConstraintError when it does not convert."""
     try:
