@@ -255,6 +255,12 @@ class GenericFormat(ToolFormat):
         return out, None
 
     def read(self, text: str, final: bool) -> Reply:
+        reasoning, rest, closed = self._split_thinking(text, final)  # a <think> span first
+        reply = self._read_object(rest, final) if closed else Reply()
+        reply.reasoning = reasoning
+        return reply
+
+    def _read_object(self, text: str, final: bool) -> Reply:
         body = text.lstrip()
         if not body:
             return Reply()

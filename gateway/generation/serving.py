@@ -20,7 +20,7 @@ import numpy as np
 
 import engine
 from engine.thinking_budget import ThinkingBudget
-from engine.tool_formats import ThinkingFormat
+from engine.tool_formats import THINK_CLOSE, ThinkingFormat
 from gateway import protocol as p
 from gateway.config import LimitSettings
 from gateway.errors import APIError, context_length_exceeded, invalid_request
@@ -208,6 +208,9 @@ async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
         prompt = engine.Prompt.of_tokens(ids)
     if inside and output.tool_format is None:  # the reply starts in the block the prompt opened
         output.tool_format = ThinkingFormat(served.tool_format.special)
+    if inside:  # and a schema or tool grammar waits for its end
+        close = served.tool_format.special(THINK_CLOSE)
+        output.after_opened_block(f"<[{close}]>" if close is not None else THINK_CLOSE)
     budget = reasoning.budget(served, settings.budget, inside)
     return Plan([_generation(served, req, prompt, i, "messages", budget) for i in range(req.n)],
                 len(prompt), prompt_of=[0] * req.n, output=output, reasoning=settings,

@@ -21,6 +21,7 @@ from engine.constraint import (
     Constraint,
     ConstraintError,
     TokenizerAdapter,
+    after_block,
     check_grammar,
     gbnf_grammar,
     json_schema_grammar,
@@ -51,6 +52,17 @@ class Output:
     @property
     def constrained(self) -> bool:
         return self.grammar is not None or self.gbnf is not None
+
+    def after_opened_block(self, close: str) -> None:
+        """The prompt opened the thinking block (reasoning.opens_block): a schema or tool
+        grammar applies once the block closes (`close`: the tag as a Lark item); the reasoning
+        before it is free. A raw `grammar` stays whole-reply, as llama.cpp applies it."""
+        if self.grammar is None or self.gbnf is not None:
+            return
+        body = self.grammar
+        if self.json is not None:  # a schema (never beside tools): the block is over, so
+            body = json_schema_grammar(self.json)  # not json_after_thinking's optional one
+        self.grammar = after_block(body, close)
 
     async def compile(self, tokenizer: ModelTokenizer) -> Constraint | None:
         if not self.constrained:
