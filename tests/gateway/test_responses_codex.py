@@ -8,8 +8,9 @@ stores nothing: `store: false`, `stream: true`), a `shell` function tool and the
 user message; then the shell call and its output; then an apply_patch call and its output with
 the assistant's text and a reasoning item. Every reply's SSE frames are checked: an `event:`
 line naming the data's type, sequence numbers 0, 1, 2, ..., every event valid as
-openai-python's own type, response.completed last with exactly the items of the output_item.done events, no [DONE];
-an apply_patch call's input is parsed by the `lark` package under Codex's grammar.
+openai-python's own type, response.completed last with exactly the items of the
+output_item.done events, no [DONE]; an apply_patch call's input is parsed by the `lark`
+package under Codex's grammar.
 """
 from __future__ import annotations
 
