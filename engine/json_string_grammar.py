@@ -16,8 +16,8 @@ Earley parser carries what the lexer cannot:
     "literal"       a sequence of its characters' JSON text ("literal"i: the letters fold)
     "a".."z"        one character of the range
     /regex/flags    parsed (Python's re parser: Lark's own regex dialect) into the same
-                    sequences, choices and repeats, each single-character item X becoming
-                    (/[X--[controls"\\]]/ | the escapes of the controls, " and \\ X matches)
+                    sequences, choices and repeats, each single-character item X becoming one
+                    lexeme /[X--[controls"\\]]|the escapes of the controls, " and \\ X matches/
     NAME: ...       the rule esc_name (references follow)
     %import common.NAME   the common terminals, defined here (then as above)
 
@@ -227,9 +227,11 @@ def _item(op: Any, arg: Any, flags: int) -> str:
     if op in (C.NOT_LITERAL, C.ANY, C.IN):
         cls, specials = _one_char(op, arg, flags)
         safe = f"[{cls}{NOT_SPECIAL}]"
-        lexemes = [f"/(?i:{safe})/" if flags & re.I else f"/{safe}/"]
-        lexemes += [json.dumps(ESCAPE[c]) for c in specials]
-        return "(" + " | ".join(lexemes) + ")"
+        # one lexeme for the whole character, escaped or not: an alternative per escape
+        # would multiply the parser's items by up to 35 at every character
+        options = [f"(?i:{safe})" if flags & re.I else safe]
+        options += ["".join(_hex(e) for e in ESCAPE[c]) for c in specials]
+        return "/" + "|".join(options) + "/"
     if op is C.SUBPATTERN:
         _group, add, remove, body = arg
         return _sequence(list(body), (flags | add) & ~remove)
