@@ -6,7 +6,8 @@
     POST /api/embeddings   the legacy form: prompt -> one raw embedding
     GET  /api/tags         every alias as `name:tag`, with size, digest and details
     POST /api/show         details, model_info (`<arch>.context_length`: the entry's n_ctx),
-                           capabilities, template, parameters
+                           capabilities (completion, tools, embedding; thinking, vision),
+                           template, parameters
     GET  /api/ps           loaded models with `expires_at` from keep_alive or the idle timeout
     GET  /api/version      the Ollama release whose API this follows
     GET  /                 "Ollama is running" (browsers get the console: gateway/api/console)
@@ -251,13 +252,16 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": models})
 
 
-def capabilities(template: str | None) -> list[str]:
-    """What /api/show says a model does: every entry completes and takes tools here (formats
-    without native calls get the generic one); `thinking` when its template opens <think>."""
+def capabilities(template: str | None, entry: ModelEntry) -> list[str]:
+    """What /api/show says a model does: every entry completes, takes tools (formats without
+    native calls get the generic one) and embeds (/api/embed); `thinking` when its template
+    opens <think>, `vision` when the entry has an image projector (mmproj)."""
     out = ["completion", "tools"]
     if detect(template).thinking:
         out.append("thinking")
-    return out
+    if entry.mmproj is not None:
+        out.append("vision")
+    return out + ["embedding"]
 
 
 async def show(request: Request) -> Response:
@@ -286,7 +290,7 @@ async def show(request: Request) -> Response:
         "model_info": {"general.architecture": arch,
                        "general.parameter_count": facts.n_params or 0,
                        f"{arch}.context_length": entry.n_ctx},
-        "capabilities": capabilities(template),
+        "capabilities": capabilities(template, entry),
         "modified_at": _iso(mtime),
     })
 
