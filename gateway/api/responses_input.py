@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from engine.constraint import check_grammar
 from engine.json_string_grammar import json_string_lark
 from gateway import protocol as p
 from gateway.errors import invalid_request
@@ -172,6 +173,10 @@ def _input_grammars(tools: list[r.Tool]) -> dict[str, str]:
     for i, tool in enumerate(tools):
         if isinstance(tool, r.CustomTool) and isinstance(tool.format, r.GrammarInputFormat):
             where = f"tools[{i}].format.definition"
+            problem = check_grammar(_lark_text(tool.format))  # as written: its own errors
+            if problem is not None:
+                raise invalid_request(f"'{where}' is not a grammar llguidance reads: {problem}",
+                                      where)
             try:
                 out[tool.name] = json_string_lark(_lark_text(tool.format))
             except ValueError as exc:

@@ -205,6 +205,12 @@ def test_a_grammar_a_json_string_cannot_hold_is_a_400_under_auto(client):
         client.responses.create(model="smol", input="x", tools=[WEATHER, ignoring])
     assert err.value.body["param"] == "tools[1].format.definition"
     assert "%ignore" in err.value.body["message"]
+    broken = {**NOTE_TOOL, "format": {"type": "grammar", "syntax": "lark",
+                                      "definition": "start: missing_rule"}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="smol", input="x", tools=[WEATHER, broken])
+    assert err.value.body["param"] == "tools[1].format.definition"
+    assert "missing_rule" in err.value.body["message"]
 
 
 def test_a_broken_grammar_is_a_400_naming_it(client):
