@@ -160,15 +160,21 @@ class Model:
 
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
-         n_slots: int = 1, flash_attn: bool = True, images: bool = False) -> Model:
+         n_slots: int = 1, flash_attn: bool = True, images: bool = False,
+         name: str | None = None) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
     attention (the default) or its plain path (q and probabilities rounded to f16), as
     llama.cpp runs with flash attention off. images: it will be fed image spans (an mmproj is
-    paired with it), which some families attend to bidirectionally (engine.model.Transformer)."""
-    return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, flash_attn=flash_attn,
-                 images=images)
+    paired with it), which some families attend to bidirectionally (engine.model.Transformer).
+    Kernels compiled on the way (a cold cache) are logged as being compiled for `name` (default:
+    the file's stem), with progress."""
+    from .kernels import jit
+
+    with jit.reporting(name or Path(path).stem):
+        return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
+                     flash_attn=flash_attn, images=images)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from .model import Chunk, Transformer, _Activations
 
 _ACT_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_mul"}
+_LAYER_WIDTH = {"q": "q_dim", "k": "kv_dim", "v": "kv_dim",  # widths that follow the layer
+                "g": "n_ff", "u": "n_ff"}
+_FIXED = frozenset({"x", "o", "h"})                           # _Activations' other rows
 
 
 def _addr(a: np.ndarray) -> int:
@@ -65,15 +68,29 @@ class GraphBuilder:
         self.o_pending = False  # o holds a sublayer's output not yet added to x
         self.q_scaled = False   # q already carries the attention scale
         self.routing: _Routing  # set by route, read by the expert_ffn after it
+        self.dims = self.hp.layer_dims(0)  # the widths of the layer being laid out
+
+    def begin_layer(self, layer: int) -> None:
+        """The next nodes belong to `layer`: q, k, v, g and u take its widths."""
+        self.dims = self.hp.layer_dims(layer)
 
     def _node(self, task: str, layout: tasks.Layout, **fields: int | float) -> np.ndarray:
         args = layout.pack(**fields)
         self.graph.add(self.task[task], args)
         return args
 
-    def _buf(self, name: str) -> np.ndarray:
-        buf: np.ndarray = getattr(self.a, name)
-        return buf
+    def _buf(self, name: str, width: int | None = None) -> np.ndarray:
+        """A named activation buffer [capacity, its width]: q, k, v as wide as this layer has
+        them (a view of the widest layer's rows), a family's own by name (made `width` wide
+        at its first use)."""
+        if name in _LAYER_WIDTH:
+            full: np.ndarray = getattr(self.a, name)
+            w = self.dims[_LAYER_WIDTH[name]]
+            return full.reshape(-1)[:full.shape[0] * w].reshape(full.shape[0], w)
+        if name in _FIXED:
+            buf: np.ndarray = getattr(self.a, name)
+            return buf
+        return self.a.named(name, width)
 
     # -- Builder ---------------------------------------------------------------------------------
     def add_norm(self, weight: np.ndarray) -> None:
@@ -87,8 +104,25 @@ class GraphBuilder:
 
     def project(self, src: str, targets: list[tuple[quants.QuantMatrix, str]]) -> None:
         s = self._buf(src)
-        self.matmuls(s, s.shape[1], [(w, self._buf(dst)) for w, dst in targets])
+        self.matmuls(s, s.shape[1], [(w, self._buf(dst, w.n_rows)) for w, dst in targets])
         self.o_pending = self.o_pending or any(dst == "o" for _, dst in targets)
+
+    def add(self, buf: str, other: str) -> None:
+        x = self._buf(buf)
+        self._node("task_glu", tasks.GLU, fn=self.op["add"], gate=_addr(x),
+                   up=_addr(self._buf(other, x.shape[1])), n=x.shape[1], m_at=tasks.M_TOKENS)
+
+    def scale(self, buf: str, c: float) -> None:
+        x = self._buf(buf)
+        self._node("task_scale", tasks.SCALE, fn=self.op["scale"], x=_addr(x), n=x.shape[1],
+                   c=c, m_at=tasks.M_TOKENS)
+
+    def add_residual(self, scale: float = 1.0) -> None:
+        if self.o_pending:
+            self.add("x", "o")
+            self.o_pending = False
+        if scale != 1.0:
+            self.scale("x", scale)
 
     def add_bias(self, buf: str, bias: np.ndarray) -> None:
         x = self._buf(buf)
@@ -96,24 +130,27 @@ class GraphBuilder:
                    n=x.shape[1], m_at=tasks.M_TOKENS)
 
     def head_norm(self, buf: str, weight: np.ndarray) -> None:
-        x, hd = self._buf(buf), self.hp.head_dim
+        x, hd = self._buf(buf), self.dims["head_dim"]
         self._node("task_head_norm", tasks.HEAD_NORM, fn=self.op["rms_norm"], x=_addr(x),
                    weight=_addr(weight), n_head=x.shape[1] // hd, head_dim=hd, eps=self.hp.rms_eps)
 
-    def rope_store(self, layer: int) -> None:
+    def rope_store(self, layer: int, store: bool = True) -> None:
         tr, a, hp = self.tr, self.a, self.hp
-        cos, sin = rotary.rope_tables(hp.n_rot, tr.ropes[layer], tr.n_ctx)
+        n_rot = hp.layer_n_rot(layer)
+        cos, sin = rotary.rope_tables(n_rot, tr.ropes[layer], tr.n_ctx)
         k_cache, v_cache, group = tr.cache.layer(layer)
+        # rope_q: no kv heads, so the task ropes and stores no k, v
         self._node("task_rope_store", tasks.ROPE_STORE, rope=self.op[tr.rope_op], q=_addr(a.q),
-                   k=_addr(a.k), v=_addr(a.v), n_head=hp.n_head, n_kv_head=hp.n_head_kv,
-                   head_dim=hp.head_dim, half_rot=hp.n_rot // 2, cos=_addr(cos), sin=_addr(sin),
-                   n_table=cos.shape[0], k_cache=_addr(k_cache[0]), v_cache=_addr(v_cache[0]),
-                   group=group)
+                   k=_addr(a.k), v=_addr(a.v), n_head=hp.n_head,
+                   n_kv_head=self.dims["n_head_kv"] if store else 0, head_dim=self.dims["head_dim"],
+                   half_rot=n_rot // 2, cos=_addr(cos), sin=_addr(sin), n_table=cos.shape[0],
+                   k_cache=_addr(k_cache[0]), v_cache=_addr(v_cache[0]), group=group)
+
+    def rope_q(self, layer: int) -> None:
+        self.rope_store(layer, store=False)
 
     def scale_q(self) -> None:
-        a = self.a
-        self._node("task_scale", tasks.SCALE, fn=self.op["scale"], x=_addr(a.q), n=a.q.shape[1],
-                   c=self.hp.scale(), m_at=tasks.M_TOKENS)
+        self.scale("q", self.hp.scale())
         self.q_scaled = True
 
     def attention(self, layer: int, sinks: np.ndarray | None = None) -> None:
@@ -125,7 +162,8 @@ class GraphBuilder:
                       exact=tr.attention.exact_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
                       v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
                       scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
-                      n_kv_head=hp.n_head_kv, head_dim=hp.head_dim, scale=scale, group=group,
+                      n_kv_head=self.dims["n_head_kv"], head_dim=self.dims["head_dim"], scale=scale,
+                      group=group,
                       window=hp.layer_window(layer), ring=tr.cache.group(layer).ring,
                       softcap=hp.attn_softcap)
         bidirectional = tr.attention.bidirectional  # gemma3: its own task and kernel
@@ -138,11 +176,11 @@ class GraphBuilder:
                            tasks.ATTENTION_SINKS.pack(**fields, sinks=_addr(sinks)))
         self.graph.barrier()
 
-    def glu(self, act: str) -> None:
-        a = self.a
+    def glu(self, act: str, gate: str = "g", up: str = "u") -> None:
+        g = self._buf(gate)
         self.graph.barrier()
-        self._node("task_glu", tasks.GLU, fn=self.op[_ACT_OPS[act]], gate=_addr(a.g),
-                   up=_addr(a.u), n=a.g.shape[1], m_at=tasks.M_TOKENS)
+        self._node("task_glu", tasks.GLU, fn=self.op[_ACT_OPS[act]], gate=_addr(g),
+                   up=_addr(self._buf(up, g.shape[1])), n=g.shape[1], m_at=tasks.M_TOKENS)
 
     def route(self, router: quants.QuantMatrix, k: int, bias: np.ndarray | None = None,
               gating: str = "softmax") -> None:
@@ -305,6 +343,10 @@ class EagerBuilder:
         self.o_pending = False
         self.q_scaled = False
         self.routing: _Routing  # set by route, read by the expert_ffn after it
+        self.dims = self.hp.layer_dims(0)
+
+    def begin_layer(self, layer: int) -> None:
+        self.dims = self.hp.layer_dims(layer)
 
     def add_norm(self, weight: np.ndarray) -> None:
         x = self.bufs["x"]
@@ -324,22 +366,37 @@ class EagerBuilder:
     def add_bias(self, buf: str, bias: np.ndarray) -> None:
         ops.add_bias(self.bufs[buf], bias, out=self.bufs[buf])
 
+    def add(self, buf: str, other: str) -> None:
+        ops.add(self.bufs[buf], self.bufs[other], out=self.bufs[buf])
+
+    def scale(self, buf: str, c: float) -> None:
+        ops.scale(self.bufs[buf], c, out=self.bufs[buf])
+
+    def add_residual(self, scale: float = 1.0) -> None:
+        if self.o_pending:
+            self.add("x", "o")
+            self.o_pending = False
+        if scale != 1.0:
+            self.scale("x", scale)
+
     def head_norm(self, buf: str, weight: np.ndarray) -> None:
         x = self.bufs[buf]
-        T, hd = x.shape[0], self.hp.head_dim
+        T, hd = x.shape[0], self.dims["head_dim"]
         self.bufs[buf] = ops.rms_norm(x.reshape(T, -1, hd), weight, self.hp.rms_eps).reshape(T, -1)
 
-    def rope_store(self, layer: int) -> None:
+    def rope_store(self, layer: int, store: bool = True) -> None:
         hp, tr, T = self.hp, self.tr, self.positions.shape[0]
-        neox = tr.rope_op == "rope_neox"
-        for name, heads in (("q", hp.n_head), ("k", hp.n_head_kv)):
-            x = self.bufs[name].reshape(T, heads, hp.head_dim)
-            self.bufs[name] = rotary.rope(x, self.positions, hp.n_rot, tr.ropes[layer],
-                                       neox=neox).reshape(T, -1)
+        neox, hd, n_kv = tr.rope_op == "rope_neox", self.dims["head_dim"], self.dims["n_head_kv"]
+        for name, heads in (("q", hp.n_head), ("k", n_kv))[:2 if store else 1]:
+            x = self.bufs[name].reshape(T, heads, hd)
+            self.bufs[name] = rotary.rope(x, self.positions, hp.layer_n_rot(layer),
+                                       tr.ropes[layer], neox=neox).reshape(T, -1)
+        if not store:
+            return
         k_cache, v_cache, _ = tr.cache.layer(layer)                     # [slot, rows, n_kv, hd]
         group = tr.cache.group(layer)
-        k = self.bufs["k"].reshape(T, hp.n_head_kv, hp.head_dim)
-        v = self.bufs["v"].reshape(T, hp.n_head_kv, hp.head_dim)
+        k = self.bufs["k"].reshape(T, n_kv, hd)
+        v = self.bufs["v"].reshape(T, n_kv, hd)
         for c, (a, b) in zip(self.chunks, self.spans):
             rows = self.positions[a:b] % group.ring
             k_cache[c.slot, rows] = k[a:b]
@@ -348,6 +405,9 @@ class EagerBuilder:
                 mirrored = rows < group.mirror
                 k_cache[c.slot, rows[mirrored] + group.ring] = k[a:b][mirrored]
                 v_cache[c.slot, rows[mirrored] + group.ring] = v[a:b][mirrored]
+
+    def rope_q(self, layer: int) -> None:
+        self.rope_store(layer, store=False)
 
     def scale_q(self) -> None:
         ops.scale(self.bufs["q"], self.hp.scale(), out=self.bufs["q"])
@@ -358,7 +418,7 @@ class EagerBuilder:
         k_cache, v_cache, _ = tr.cache.layer(layer)
         ring = tr.cache.group(layer).ring
         scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
-        q = self.bufs["q"].reshape(T, hp.n_head, hp.head_dim)
+        q = self.bufs["q"].reshape(T, hp.n_head, self.dims["head_dim"])
         out = np.empty_like(q)
         for ci, (c, (a, b)) in enumerate(zip(self.chunks, self.spans)):
             bi = self.bidirectional[ci]
@@ -366,11 +426,11 @@ class EagerBuilder:
                          scale=scale, window=hp.layer_window(layer), ring=ring,
                          softcap=hp.attn_softcap, sinks=sinks,
                          bidirectional=(int(bi[0]), int(bi[1])) if tr.attention.bidirectional else None)
-        self.bufs["q"] = out.reshape(T, hp.q_dim)
+        self.bufs["q"] = out.reshape(T, -1)
 
-    def glu(self, act: str) -> None:
+    def glu(self, act: str, gate: str = "g", up: str = "u") -> None:
         fn = ops.silu_mul if act == "silu" else ops.gelu_mul
-        self.bufs["g"] = fn(self.bufs["g"], self.bufs["u"])
+        self.bufs[gate] = fn(self.bufs[gate], self.bufs[up])
 
     def route(self, router: quants.QuantMatrix, k: int, bias: np.ndarray | None = None,
               gating: str = "softmax") -> None:

@@ -43,6 +43,36 @@ _GEMMA = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 
+# Gemma 4: "<|turn>role\n ... <turn|>\n" (text parts trimmed one by one), a system turn
+# (system/developer message; also opened for the thinking switch, which writes <|think|> at its
+# top); a model turn's old thought channels are dropped; with thinking off the generation prompt
+# closes an empty thought. Tools are not described (a file's own template does that).
+_GEMMA4 = (
+    "{%- set think = enable_thinking is defined and enable_thinking -%}"
+    "{%- set has_system = messages and messages[0]['role'] in ['system', 'developer'] -%}"
+    "{%- macro text(m) -%}"
+    "{%- if m['content'] is string -%}{{ m['content'] }}"
+    "{%- elif m['content'] -%}{%- for part in m['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- macro without_thoughts(t) -%}"
+    "{%- for part in t.split('<channel|>') -%}{{ part.split('<|channel>')[0] }}{%- endfor -%}"
+    "{%- endmacro -%}"
+    "{%- if think or has_system -%}"
+    "{{ '<|turn>system\n' }}{%- if think -%}{{ '<|think|>\n' }}{%- endif -%}"
+    "{%- if has_system -%}{{ text(messages[0]) | trim }}{%- endif -%}{{ '<turn|>\n' }}"
+    "{%- endif -%}"
+    "{%- for m in (messages[1:] if has_system else messages) -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{{ '<|turn>model\n' + without_thoughts(text(m)) | trim + '<turn|>\n' }}"
+    "{%- elif m['role'] != 'tool' -%}"
+    "{{ '<|turn>' + m['role'] + '\n' + text(m) | trim + '<turn|>\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|turn>model\n' }}"
+    "{%- if not think -%}{{ '<|channel>thought\n<channel|>' }}{%- endif -%}{%- endif -%}")
+
 _LLAMA3 = (
     "{% for m in messages %}"
     "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n'"
@@ -99,7 +129,7 @@ _VICUNA = (
     "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
 
 BUILTIN_TEMPLATES: dict[str, str] = {
-    "chatml": _CHATML, "gemma": _GEMMA, "llama-3": _LLAMA3, "llama-2": _LLAMA2,
+    "chatml": _CHATML, "gemma": _GEMMA, "gemma4": _GEMMA4, "llama-3": _LLAMA3, "llama-2": _LLAMA2,
     "mistral-instruct": _MISTRAL, "phi3": _PHI3, "zephyr": _ZEPHYR, "vicuna": _VICUNA,
 }
 
@@ -123,6 +153,7 @@ def builtin_name(name: str) -> str | None:
 # Evidence in the vocabulary, strongest first: (tokens that must all exist, format)
 _BY_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<start_of_turn>", "<end_of_turn>"), "gemma"),
+    (("<|turn>", "<turn|>"), "gemma4"),
     (("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), "llama-3"),
     (("<|im_start|>", "<|im_end|>"), "chatml"),
     (("<|assistant|>", "<|end|>"), "phi3"),
@@ -130,8 +161,8 @@ _BY_TOKENS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("[INST]", "[/INST]"), "mistral-instruct"),
 )
 _BY_ARCH: dict[str, str] = {
-    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "qwen2": "chatml", "qwen3": "chatml",
-    "phi3": "phi3",
+    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma4": "gemma4", "qwen2": "chatml",
+    "qwen3": "chatml", "phi3": "phi3",
 }
 
 

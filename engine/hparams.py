@@ -47,6 +47,14 @@ class HParams:
     yarn_beta_fast: float = 32.0  # YaRN's ramp: the pairs turning beta_fast .. beta_slow
     yarn_beta_slow: float = 1.0   #   times in yarn_n_ctx_orig positions
     yarn_n_ctx_orig: int = 0      # the original context YaRN's ramp counts turns in
+    swa_pattern: tuple[bool, ...] = ()  # per layer: sliding-window (a file's own pattern,
+    #                               gemma4; () : swa_period decides)
+    head_dim_swa: int = 0         # the sliding-window layers' head dim (0: head_dim; gemma4)
+    n_rot_swa: int = 0            # their rotated dims (0: n_rot)
+    kv_from: tuple[int, ...] = () # per layer: the layer whose KV cache it reads, itself when it
+    #                               has its own (gemma4's shared KV; () : every layer its own)
+    n_ff_layers: tuple[int, ...] = ()       # per layer when they differ (n_ff is the widest;
+    n_head_kv_layers: tuple[int, ...] = ()  # n_head_kv the most): a file's per-layer arrays
     extra: Mapping[str, KeyValue] = field(default_factory=dict)  # the family's own keys
     #                               (Key names that are not fields here), e.g. an expert count
 
@@ -54,11 +62,43 @@ class HParams:
     def spec(self) -> ArchSpec[Any]:
         return SPECS[self.arch]
 
+    def is_swa(self, layer: int) -> bool:
+        """A sliding-window layer by the file's pattern (its window aside: a window of 0 keeps
+        the layer's own head dim and rope)."""
+        if self.swa_pattern:
+            return self.swa_pattern[layer]
+        return bool(self.swa_period) and layer % self.swa_period < self.swa_period - 1
+
     def layer_window(self, layer: int) -> int:
         """Keys a query of this layer sees (0: all before it)."""
-        if self.window and self.swa_period and layer % self.swa_period < self.swa_period - 1:
-            return self.window
-        return 0
+        return self.window if self.window and self.is_swa(layer) else 0
+
+    def layer_n_ff(self, layer: int) -> int:
+        return self.n_ff_layers[layer] if self.n_ff_layers else self.n_ff
+
+    def layer_n_head_kv(self, layer: int) -> int:
+        return self.n_head_kv_layers[layer] if self.n_head_kv_layers else self.n_head_kv
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_swa(layer) else self.head_dim
+
+    def layer_n_rot(self, layer: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(layer) else self.n_rot
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose KV cache this one reads (itself unless it shares an earlier one's)."""
+        return self.kv_from[layer] if self.kv_from else layer
+
+    def has_kv(self, layer: int) -> bool:
+        """The layer computes and stores its own keys and values."""
+        return self.kv_layer(layer) == layer
+
+    def layer_dims(self, layer: int) -> dict[str, int]:
+        """The per-layer dims a declared tensor may name (engine.arch.declare), as this layer
+        has them: they differ from the model's between sliding and full layers (gemma4)."""
+        hd, n_kv = self.layer_head_dim(layer), self.layer_n_head_kv(layer)
+        return {"head_dim": hd, "q_dim": self.n_head * hd, "kv_dim": n_kv * hd, "n_head_kv": n_kv,
+                "half_rot": self.layer_n_rot(layer) // 2, "n_ff": self.layer_n_ff(layer)}
 
     def scale(self) -> float:
         return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
@@ -72,16 +112,22 @@ class HParams:
         return self.n_head * self.head_dim
 
     def kv_bytes_per_token(self) -> int:
-        """f16 keys + values over all layers for one cached token, windows aside (engine.kv
-        sizes the cache, rings included)."""
-        return 2 * 2 * self.n_layer * self.kv_dim
+        """f16 keys + values over the layers that keep their own, for one cached token, windows
+        aside (engine.kv sizes the cache, rings included)."""
+        return 2 * 2 * sum(self.layer_dims(li)["kv_dim"] for li in range(self.n_layer)
+                           if self.has_kv(li))
 
     @property
     def half_rot(self) -> int:
         return self.n_rot // 2
 
-    def dim(self, name: str) -> int:
-        """A declared tensor dim (engine.arch.declare) by name: a field, a property, or extra's."""
+    def dim(self, name: str, layer: int | None = None) -> int:
+        """A declared tensor dim (engine.arch.declare) by name: a field, a property, or extra's;
+        of one layer when given (layer_dims: a sliding layer's head dim may differ)."""
+        if layer is not None and name in (dims := self.layer_dims(layer)):
+            return dims[name]
+        if name.isdigit():  # a literal size (gemma4's one-float layer_output_scale)
+            return int(name)
         value = getattr(self, name) if name in _DIMS else self.extra.get(name)
         if not isinstance(value, int):
             raise KeyError(f"{name} is not a hyperparameter of {self.arch}")
@@ -101,12 +147,30 @@ class HParams:
         for name in ("n_vocab", "n_embd", "n_layer", "head_dim", "n_ff"):
             if getattr(hp, name) <= 0:
                 raise ModelLoadError(path, f"hyperparameter {name} = {getattr(hp, name)} must be > 0")
-        if hp.head_dim % 8:
-            raise ModelLoadError(path, f"head dim {hp.head_dim} is not a multiple of 8 (the "
-                                       "attention kernel's vectors)")
-        if hp.n_rot > hp.head_dim or hp.n_rot % 2:
-            raise ModelLoadError(path, f"rope dimension count {hp.n_rot} does not fit head dim "
-                                       f"{hp.head_dim}")
+        for li in range(hp.n_layer):
+            head_dim, n_rot = hp.layer_head_dim(li), hp.layer_n_rot(li)
+            if head_dim % 8:
+                raise ModelLoadError(path, f"head dim {head_dim} is not a multiple of 8 (the "
+                                           "attention kernel's vectors)")
+            if n_rot > head_dim or n_rot % 2:
+                raise ModelLoadError(path, f"rope dimension count {n_rot} does not fit head dim "
+                                           f"{head_dim}")
+        for name in ("n_ff_layers", "n_head_kv_layers"):
+            values = getattr(hp, name)
+            if values and (len(values) != hp.n_layer or min(values) <= 0):
+                raise ModelLoadError(path, f"{name}: {len(values)} values for {hp.n_layer} "
+                                           "layers, each must be > 0")
+        if any(hp.n_head % hp.layer_n_head_kv(li) for li in range(hp.n_layer)):
+            raise ModelLoadError(path, "a layer's attention heads cannot share its KV heads")
+        if hp.swa_pattern and len(hp.swa_pattern) != hp.n_layer:
+            raise ModelLoadError(path, f"the sliding-window pattern has {len(hp.swa_pattern)} "
+                                       f"layers, the model {hp.n_layer}")
+        if hp.kv_from and (len(hp.kv_from) != hp.n_layer or any(
+                not (hp.has_kv(src) and src <= li and hp.is_swa(src) == hp.is_swa(li)
+                     and hp.layer_dims(src)["kv_dim"] == hp.layer_dims(li)["kv_dim"])
+                for li, src in enumerate(hp.kv_from))):
+            raise ModelLoadError(path, "a layer shares the KV cache of a layer that is not an "
+                                       "earlier one of its kind with a cache of its own")
         return hp
 
 
@@ -123,12 +187,16 @@ def read_keys(meta: Mapping[str, Any], keys: tuple[Key, ...], v: KeyValues) -> K
             value = key.default(v) if callable(key.default) else key.default
         if value is None:
             v.refuse(f"metadata key {full} is missing")
+        if key.kind is tuple:  # one value stands for every layer: the family broadcasts it
+            v[key.name] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+            continue
         if isinstance(value, list):  # per-layer arrays: one value for all layers, as llama's
             if not value or any(x != value[0] for x in value):
                 v.refuse(f"{full}: per-layer values are not supported")
             value = value[0]
+        kind: Any = key.kind  # int, float or str here
         try:
-            v[key.name] = key.kind(value)
+            v[key.name] = kind(value)
         except (TypeError, ValueError):
             v.refuse(f"{full} = {value!r} is not a {key.kind.__name__}")
     return v

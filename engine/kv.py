@@ -13,7 +13,10 @@ most a window, so mirror = window - 1; where a load takes bidirectional spans (g
 images) a query inside a span also reads the span's later keys, up to a chunk's worth ahead, so
 there the mirror is ring - 1 (a window and a whole chunk fit). So Gemma 3 270M at n_ctx 32768 keeps
 1023 + 511 rows per slot (1023 + 1022 when fed images) in its 15 local layers and 32768 in its 3
-global ones.
+global ones. Layers of another head dim or KV head count are a group of their own (gemma4's
+full layers), and a
+layer that reads an earlier layer's cache (HParams.kv_layer: gemma4's shared KV) keeps none:
+`where` sends it to its source's rows, and the memory estimate counts only the sources.
 
     group g:  k[g], v[g]  f16 [slot, layer of the group, rows, n_kv_head, head_dim]
     token at position p of slot s  ->  row  s * n_layers(g) * rows(g) + p % ring(g)
@@ -54,6 +57,8 @@ class CacheGroup:
     window: int               # keys a query sees, itself included (0: every earlier one)
     is_ring: bool             # ring < n_ctx: positions wrap, old ones are overwritten
     mirror: int = 0           # a ring's first rows stored again past its end (0: not a ring)
+    head_dim: int = 0         # its layers' head dim (gemma4's sliding and full layers differ)
+    n_head_kv: int = 0        # and KV heads
 
     @property
     def rows(self) -> int:
@@ -68,23 +73,27 @@ class KVLayout:
         """`bidirectional`: the load takes bidirectional spans (a family that attends so, fed
         images), whose rings mirror ring - 1 rows."""
         self.n_ctx = n_ctx
-        self.kv_dim = hp.kv_dim
-        by_window: dict[int, list[int]] = {}
+        by_kind: dict[tuple[int, int, int], list[int]] = {}
         for li in range(hp.n_layer):
-            by_window.setdefault(hp.layer_window(li), []).append(li)
+            if hp.has_kv(li):  # a layer sharing an earlier one's cache keeps none
+                kind = (hp.layer_window(li), hp.layer_head_dim(li), hp.layer_n_head_kv(li))
+                by_kind.setdefault(kind, []).append(li)
         groups = []
-        for window, layers in sorted(by_window.items()):
+        for (window, head_dim, n_head_kv), layers in sorted(by_kind.items()):
             ring = n_ctx if window == 0 else min(n_ctx, window + MAX_CHUNK - 1)
             # a causal query reads a window; a bidirectional one up to a chunk further
             mirror = 0 if ring == n_ctx else ring - 1 if bidirectional else window - 1
-            groups.append(CacheGroup(tuple(layers), ring, window, ring < n_ctx, mirror))
+            groups.append(CacheGroup(tuple(layers), ring, window, ring < n_ctx, mirror, head_dim,
+                                     n_head_kv))
         self.groups: tuple[CacheGroup, ...] = tuple(groups)
-        self.where: dict[int, tuple[int, int]] = {  # layer -> (group, index in the group)
-            li: (g, i) for g, grp in enumerate(self.groups) for i, li in enumerate(grp.layers)}
+        own = {li: (g, i) for g, grp in enumerate(self.groups) for i, li in enumerate(grp.layers)}
+        self.where: dict[int, tuple[int, int]] = {  # layer -> (group, index in the group): a
+            li: own[hp.kv_layer(li)] for li in range(hp.n_layer)}  # sharer's is its source's
 
     def bytes_per_slot(self) -> int:
-        """f16 keys + values of one slot over all layers."""
-        return sum(2 * 2 * len(g.layers) * g.rows * self.kv_dim for g in self.groups)
+        """f16 keys + values of one slot over the layers that keep their own."""
+        return sum(2 * 2 * len(g.layers) * g.rows * g.n_head_kv * g.head_dim
+                   for g in self.groups)
 
     def max_chunk(self) -> int:
         """Most tokens one chunk may hold (a ring must keep its first query's window)."""
@@ -148,7 +157,7 @@ class KVCache:
         self.k: list[np.ndarray] = []  # per group: [slot, layer of the group, rows, kv_head, head_dim]
         self.v: list[np.ndarray] = []
         for g in self.layout.groups:
-            shape = (n_slots, len(g.layers), g.rows, hp.n_head_kv, hp.head_dim)
+            shape = (n_slots, len(g.layers), g.rows, g.n_head_kv, g.head_dim)
             self.k.append(np.zeros(shape, dtype=np.float16))
             self.v.append(np.zeros(shape, dtype=np.float16))
         self.n_ctx = n_ctx

@@ -134,13 +134,14 @@ class _Activations:
 
     def __init__(self, hp: HParams, capacity: int, xq_bytes: dict[str, int]) -> None:
         self.capacity = capacity
-        T, E, F = capacity, hp.n_embd, hp.n_ff
+        T, E, F = capacity, hp.n_embd, hp.n_ff  # n_ff: the widest layer's
         self.x = np.empty((T, E), np.float32)            # residual stream
         self.o = np.empty((T, E), np.float32)            # last block's output, added to x next
         self.h = np.empty((T, E), np.float32)            # normed x
-        self.q = np.empty((T, hp.q_dim), np.float32)     # queries, then attention output in place
-        self.k = np.empty((T, hp.kv_dim), np.float32)
-        self.v = np.empty((T, hp.kv_dim), np.float32)
+        widest = [max(hp.layer_dims(li)[d] for li in range(hp.n_layer)) for d in ("q_dim", "kv_dim")]
+        self.q = np.empty((T, widest[0]), np.float32)    # queries, then attention output in place
+        self.k = np.empty((T, widest[1]), np.float32)    # (each layer's rows as wide as it has
+        self.v = np.empty((T, widest[1]), np.float32)    #  them: engine.builders)
         self.g = np.empty((T, F), np.float32)            # gate, then silu(gate) * up in place
         self.u = np.empty((T, F), np.float32)            # up
         # activations quantized for the matmuls, one buffer per block format (quants.pack_activations)
@@ -156,6 +157,16 @@ class _Activations:
             buf = self._named[name] = quants.empty_packed(nbytes).view(dtype).reshape(shape)
         elif buf.shape != shape or buf.dtype != dtype:  # graphs point into the first one
             raise ValueError(f"scratch {name} is {buf.dtype} {buf.shape}, asked {dtype} {shape}")
+        return buf
+
+    def named(self, name: str, width: int | None) -> np.ndarray:
+        """A family's float32 rows [capacity, width] by name (engine.arch.base: a projection's
+        target, a per-token input); width None: one made before."""
+        if width is not None:
+            return self.scratch(name, (self.capacity, width), np.float32)
+        buf = self._named.get(name)
+        if buf is None:
+            raise ValueError(f"no activation rows named {name!r}")
         return buf
 
 
@@ -264,6 +275,12 @@ class Transformer:
             x[looked_up if self.hp.spec.raw_spans else slice(None)] *= scale
         return x
 
+    def token_inputs(self, inputs: _Inputs) -> dict[str, np.ndarray]:
+        """The family's own per-token rows (ArchSpec.token_inputs: gemma4's per-layer token
+        embeddings), by buffer name, float32 [T, width]."""
+        make = self.hp.spec.token_inputs
+        return {} if make is None else make(self.weights.extra, self.hp, inputs.ids)
+
     def _finish_logits(self, logits: np.ndarray) -> np.ndarray:
         if self.hp.final_softcap:
             ops.softcap(logits, self.hp.final_softcap, out=logits)
@@ -353,6 +370,8 @@ class Transformer:
         acts = self._activations_for(T)
         graph, out_args = self._graph(output)
         acts.x[:T] = self.embed(inputs)
+        for name, rows in self.token_inputs(inputs).items():
+            acts.named(name, rows.shape[1])[:T] = rows
 
         counts = [b - a for a, b in spans]
         positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c), dtype=np.int64)
@@ -418,13 +437,17 @@ class Transformer:
         b = GraphBuilder(self, a)
         if self._scratch.size < self.pool.n_threads * self._scratch_stride():
             self._scratch = np.empty(self.pool.n_threads * self._scratch_stride(), np.float32)
+        if self.hp.spec.prologue is not None:
+            self.hp.spec.prologue(b, w.extra)
         for li, layer in enumerate(w.layers):
+            b.begin_layer(li)
             self.block(b, layer, li)
+        o = a.o if b.o_pending else None  # a block may end with o added already (gemma4)
         if output == "hidden":
-            b.norm_rows(a.x, a.o, w.output_norm, a.h)                          # h = rms_norm(x += o)
+            b.norm_rows(a.x, o, w.output_norm, a.h)                            # h = rms_norm(x += o)
             return b.graph, None
         m_at = tasks.M_OUT if output == "last" else tasks.M_TOKENS
-        b.norm_rows(a.x, a.o, w.output_norm, a.h, m_at=m_at, gather=output == "last")
+        b.norm_rows(a.x, o, w.output_norm, a.h, m_at=m_at, gather=output == "last")
         out_args = b.matmuls(a.h, self.hp.n_embd, [(w.output, None)], m_at=m_at)[0]  # h @ Wout
         return b.graph, out_args
 
@@ -432,8 +455,9 @@ class Transformer:
         """Floats of attention scratch per thread: the scores rows (exact path) or the f16 q rows
         of the heads either path runs together."""
         hp = self.hp
-        return max(exact_scratch_floats(self.n_ctx, hp.n_head, hp.n_head_kv),
-                   f16acc_scratch_floats(hp.n_head, hp.n_head_kv, hp.head_dim))
+        return max(max(exact_scratch_floats(self.n_ctx, hp.n_head, d["n_head_kv"]),
+                       f16acc_scratch_floats(hp.n_head, d["n_head_kv"], d["head_dim"]))
+                   for d in map(hp.layer_dims, range(hp.n_layer)))
 
     # -- the eager twin --------------------------------------------------------------------------
     def forward_eager(self, chunks: list[Chunk], output: str = "last") -> list[np.ndarray]:
@@ -444,7 +468,11 @@ class Transformer:
         inputs, spans = self._check(chunks)
         positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c)) for c in chunks])
         b = EagerBuilder(self, self.embed(inputs), chunks, spans, positions, inputs.bidirectional)
+        b.bufs.update(self.token_inputs(inputs))
+        if hp.spec.prologue is not None:
+            hp.spec.prologue(b, self.weights.extra)
         for li, layer in enumerate(self.weights.layers):
+            b.begin_layer(li)
             self.block(b, layer, li)
         x = b.residual()                                                    # [T, n_embd]
         for c in chunks:

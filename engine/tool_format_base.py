@@ -69,6 +69,8 @@ class ToolFormat:
     marker = ""
     system_note = False   # True: the template knows no tools; a system message explains the format
     reads_own_reasoning = False  # True: without tools it still reads its replies (no ThinkingFormat)
+    think_open, think_close = THINK_OPEN, THINK_CLOSE  # its reasoning block's tags (a budget
+    #                                                    forces the closing one)
 
     def __init__(self, special: Callable[[str], int | None] = lambda text: None,
                  thinking: bool = False) -> None:

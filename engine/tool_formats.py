@@ -12,6 +12,9 @@ The family is recognised by the markers its template contains, as llama.cpp does
     llama3        [<|python_tag|>]{"name": n, "parameters": {..}}          "<|start_header_id|>ipython"
     mistral       [TOOL_CALLS][{"name": n, "arguments": {..}}, ..]         "[TOOL_CALLS]"
     mistral-args  [TOOL_CALLS]n[ARGS]{..} per call                         "[TOOL_CALLS]" + "[ARGS]"
+    gemma4        <|tool_call>call:n{key:<|"|>text<|"|>}<tool_call|>       "<|tool_call>call:" or
+                  (reasoning in <|channel>thought..<channel|>:             "<|channel>thought"
+                  engine/gemma4_format.py)                                 (Gemma 4)
     generic       {"tool_calls": [{"name": n, "arguments": {..}}]}        anything else; a system
                   or {"response": "text"}                                  note tells the model so
 
@@ -32,6 +35,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from .gemma4_format import Gemma4Format
 from .harmony import HarmonyFormat
 from .tool_call_text import CallText, calls_in, json_string_prefix, read_call, skip_ws, value_end
 from .tool_format_base import (
@@ -51,7 +55,7 @@ from .tool_format_base import (
     _ws_re,
 )
 
-__all__ = ["THINK_CLOSE", "THINK_OPEN", "Choice", "GenericFormat", "HarmonyFormat",
+__all__ = ["THINK_CLOSE", "THINK_OPEN", "Choice", "Gemma4Format", "GenericFormat", "HarmonyFormat",
            "HermesFormat", "Llama3Format", "MistralArgsFormat", "MistralFormat", "Reply",
            "ThinkingFormat", "ToolFormat", "detect"]
 
@@ -307,6 +311,8 @@ def detect(template: str | None, special: Callable[[str], int | None] = lambda t
     thinking = THINK_OPEN in source
     if "<|channel|>" in source and "<|message|>" in source:  # gpt-oss's Harmony
         return HarmonyFormat(special)
+    if "<|tool_call>call:" in source or "<|channel>thought" in source:  # Gemma 4
+        return Gemma4Format(special)
     if "<tool_call>" in source:
         return HermesFormat(special, thinking)
     if "[TOOL_CALLS]" in source:

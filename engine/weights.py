@@ -12,8 +12,8 @@ experts' stacked ffn_*_exps) is a quants.StackedMatrix whose matrices are views 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,9 +42,13 @@ class Weights:
     #                                 (the matrices may be RepackedMatrix once a Transformer prepares them)
     rope_freqs: np.ndarray | None   # float32 [n_rot / 2] per-frequency divisors (llama 3.1,
     #                                 phi3's LongRoPE factors)
+    extra: dict[str, Any] = field(default_factory=dict)  # the family's own model-level tensors
+    #                                 (ArchSpec.globals), by declared name
 
     def matrices(self) -> list[quants.QuantMatrix]:
         out = [self.token_embd, self.output]
+        out += [cast(quants.QuantMatrix, m) for m in self.extra.values()
+                if isinstance(m, quants.HostMatrix)]
         for layer in self.layers:
             out += layer.matrices()
         return out
@@ -62,28 +66,34 @@ class _TensorReader:
         self.f, self.hp, self.path = f, hp, str(f.path)
         self.used: set[str] = set()
 
-    def walk(self, declared: tuple[Declared, ...], prefix: str) -> dict[str, Any]:
+    def walk(self, declared: tuple[Declared, ...], prefix: str,
+             layer: int | None = None) -> dict[str, Any]:
         """Field name -> matrix or float32 vector for each declared tensor the file holds;
-        a required one it lacks is a ModelLoadError naming it."""
+        a required one it lacks is a ModelLoadError naming it. `layer`: dims are that layer's
+        (HParams.layer_dims)."""
         out: dict[str, Any] = {}
+
+        def dim(name: str) -> int:
+            return self.hp.dim(name, layer)
+
         for t in declared:
             name = prefix + t.gguf
             if not t.required and name not in self.f.tensors:
                 continue
             if isinstance(t, Fused):
-                rows = [self.hp.dim(r) for _, r in t.parts]
-                whole = self.matrix(name, self.hp.dim(t.cols), sum(rows))
+                rows = [dim(r) for _, r in t.parts]
+                whole = self.matrix(name, dim(t.cols), sum(rows))
                 for (field, _), start, n in zip(t.parts, np.cumsum([0] + rows), rows):
                     out[field] = row_range(whole, int(start), n)
             elif t.floats:
-                out[t.name] = self.floats(name, tuple(self.hp.dim(d) for d in t.dims))
+                out[t.name] = self.floats(name, tuple(dim(d) for d in t.dims))
             elif len(t.dims) == 1:
-                out[t.name] = self.vector(name, self.hp.dim(t.dims[0]))
+                out[t.name] = self.vector(name, dim(t.dims[0]))
             elif len(t.dims) == 3:
-                out[t.name] = self.stacked(name, *(self.hp.dim(d) for d in t.dims))
+                out[t.name] = self.stacked(name, *(dim(d) for d in t.dims))
             else:
                 n_cols, n_rows = t.dims
-                out[t.name] = self.matrix(name, self.hp.dim(n_cols), self.hp.dim(n_rows))
+                out[t.name] = self.matrix(name, dim(n_cols), dim(n_rows))
         return out
 
     def info(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
@@ -124,7 +134,7 @@ class _TensorReader:
 
 def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
     spec, read = hp.spec, _TensorReader(f, hp)
-    layers = [spec.layer(**read.walk(spec.tensors, f"blk.{i}.")) for i in range(hp.n_layer)]
+    layers = [spec.layer(**read.walk(spec.tensors, f"blk.{i}.", i)) for i in range(hp.n_layer)]
     m = read.walk(MODEL_TENSORS, "")
     rope_freqs = m.get("rope_freqs")
     long, short = m.get("rope_factors_long"), m.get("rope_factors_short")
@@ -133,7 +143,7 @@ def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
         if rope_freqs is None:
             raise ModelLoadError(read.path, "LongRoPE needs both rope_factors_long and _short")
     weights = Weights(m["token_embd"], layers, m["output_norm"], m.get("output", m["token_embd"]),
-                      rope_freqs)
+                      rope_freqs, read.walk(spec.globals, ""))
     unused = sorted(set(f.tensors) - read.used)
     if unused:
         raise ModelLoadError(read.path, f"tensor {unused[0]} is not part of the engine's "

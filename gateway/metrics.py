@@ -43,6 +43,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from gateway.activity import ActivityHistory
 from gateway.generation.events import Event, Finished, GenerationRequest, TextDelta
 
 if TYPE_CHECKING:  # the registry records into these metrics: no import at run time
@@ -132,6 +133,7 @@ class Metrics(MetricsSink):
                                      ["key", "status"], registry=r)
         for result in ("ok", "error"):  # both series exist from the start, at 0
             self._reloads.labels(result)
+        self.activity = ActivityHistory()  # the console's first view of the last minutes
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -141,13 +143,16 @@ class Metrics(MetricsSink):
     def request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         self._requests.labels(model, endpoint, str(status)).inc()
         self._request_seconds.labels(model, endpoint).observe(seconds)
+        self.activity.request(model, status)
 
     def first_token(self, model: str, seconds: float) -> None:
         self._first_token.labels(model).observe(seconds)
+        self.activity.first_token(model, seconds)
 
     def tokens(self, model: str, prompt: int, completion: int) -> None:
         self._prompt_tokens.labels(model).inc(prompt)
         self._completion_tokens.labels(model).inc(completion)
+        self.activity.tokens(model, prompt, completion)
 
     def model_loaded(self, model: str, seconds: float) -> None:
         self._loads.labels(model).inc()
@@ -173,6 +178,7 @@ class Metrics(MetricsSink):
 
     def observe_batch(self, model: str, size: int) -> None:
         self._batch.labels(model).observe(size)
+        self.activity.batch(model, size)
 
     def add_prompt_cache_hits(self, model: str, n: int) -> None:
         self._cache_hits.labels(model).inc(n)

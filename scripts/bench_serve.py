@@ -11,10 +11,12 @@ tokens are banned by default so every answer has the full length). Printed per l
     stream tok/s    per request: tokens after the first / time from first to last token (mean)
     TTFT p50, p95   time from sending to the first content token
 
-With --peer (e.g. llama-cpp-python's server on the same model and thread count; start it with
-`--interrupt_requests False`, or it cuts a running stream short for each new request) the same
-run is made against it. A stream that ends without a finish_reason counts as an error. Ends with
-one JSON line of every figure.
+With --peer (llama.cpp's llama-server with `-np 8`, which batches; or llama-cpp-python's server,
+started with `--interrupt_requests False` or it cuts a running stream short for each new
+request) the same load is run against it, interleaved: for each of `--rounds` rounds, each level
+runs on modelyard and then on the peer, and the medians over the rounds are printed with their
+ratio. A stream that ends without a finish_reason counts as an error. Ends with one JSON line of
+every figure.
 """
 from __future__ import annotations
 
@@ -148,6 +150,46 @@ def bench(name: str, url: str, model: str, args: argparse.Namespace) -> list[dic
     return rows
 
 
+def _warm(url: str, model: str, args: argparse.Namespace) -> None:
+    warm = argparse.Namespace(**{**vars(args), "max_tokens": 8, "requests": 1})
+    one_stream(_client(url), model, "Hello!", warm)
+    run_level(url, model, max(args.levels), warm)
+
+
+def interleaved(args: argparse.Namespace) -> dict[str, Any]:
+    """Every level on both servers, `args.rounds` times, alternating; medians per level."""
+    servers = {"modelyard": (args.url, args.model),
+               "peer": (args.peer, args.peer_model or args.model)}
+    for url, model in servers.values():
+        _warm(url, model, args)
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in args.levels}
+                                                         for n in servers}
+    for r in range(args.rounds):
+        for n in args.levels:
+            for name, (url, model) in servers.items():
+                row = run_level(url, model, n, args)
+                runs[name][n].append(row)
+                print(f"round {r + 1} {name:>9} {n:>3} clients: {row['total_tok_s']:>7} tok/s "
+                      f"(errors {row['errors']})", file=sys.stderr)
+    medians: dict[str, list[dict[str, Any]]] = {}
+    for name in servers:
+        medians[name] = [{
+            "clients": n,
+            "total_tok_s": statistics.median(x["total_tok_s"] for x in rows),
+            "ttft_p50_s": statistics.median(x["ttft_p50_s"] or 0 for x in rows),
+            "errors": sum(x["errors"] for x in rows),
+            "rounds": [x["total_tok_s"] for x in rows]} for n, rows in runs[name].items()]
+    print(f"\nmedians of {args.rounds} rounds, total tok/s "
+          f"({args.max_tokens} tokens per streamed chat request)", file=sys.stderr)
+    print(f"{'clients':>7} {'modelyard':>10} {'peer':>10} {'ratio':>6}", file=sys.stderr)
+    for ours, theirs in zip(medians["modelyard"], medians["peer"]):
+        ratio = ours["total_tok_s"] / theirs["total_tok_s"] if theirs["total_tok_s"] else 0
+        print(f"{ours['clients']:>7} {ours['total_tok_s']:>10} {theirs['total_tok_s']:>10} "
+              f"{ratio:>6.2f}", file=sys.stderr)
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature,
+            "requests_per_client": args.requests, "rounds": args.rounds, **medians}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("url", help="modelyard's base URL, e.g. http://127.0.0.1:8080")
@@ -160,7 +202,12 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--ban", nargs="*", default=SMOLLM2_EOG,
                     help="token ids to ban (logit_bias -100); default SmolLM2's end tokens")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --peer: rounds of every level on both servers, interleaved")
     args = ap.parse_args()
+    if args.peer:
+        print(json.dumps(interleaved(args)))
+        return
     result: dict[str, Any] = {"max_tokens": args.max_tokens, "temperature": args.temperature,
                               "requests_per_client": args.requests,
                               "modelyard": bench("modelyard", args.url, args.model, args)}

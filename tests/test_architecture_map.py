@@ -8,7 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # where a bare module name in the map is looked up, after the path as written
 PLACES = ["", "gateway/", "engine/", "engine/kernels/", "engine/kernels/matmul/", "gateway/config/",
           "gateway/backends/", "gateway/api/", "gateway/http/", "gateway/generation/",
-          "gateway/local/", "gateway/fleet/", "gateway/fleet/registry/", "tests/", "tests/support/"]
+          "gateway/local/", "gateway/fleet/", "gateway/fleet/registry/", "gateway/pull/", "tests/",
+          "tests/support/"]
 
 
 def test_every_path_the_map_names_exists() -> None:

@@ -17,6 +17,12 @@ A mixture of experts routes h first (route: each token's k experts and their wei
 grouped by expert) and then runs the chosen experts' FFNs into o (expert_ffn).
 The residual add rides on the next norm: add_norm(w) is x += o (when o holds a sublayer's
 output), h = rms_norm(x) * w, so a block reads like pre-norm transformer algebra.
+A family may name buffers of its own (gemma4's per-layer inputs): a projection's target
+creates one as wide as the matrix's rows, and per-token inputs the family computes from the ids
+(ArchSpec.token_inputs) come in as named buffers; its model-level tensors (ArchSpec.globals)
+reach its prologue, which runs once before the first layer.
+Widths follow the layer (HParams.layer_dims): a sliding layer's q, k and v may have another
+head dim, a layer's g and u another FFN width (gemma4); the model calls begin_layer(i) first.
 
 Adding a family that is not llama-like, e.g. a mixture of experts or a recurrent block:
   1. engine/arch/<family>.py: its Keys (llama.KEYS plus, say, expert_count: such a key lands in
@@ -31,7 +37,7 @@ Nothing in hparams.py, weights.py or servable.py names a family.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, Self, TypeVar, cast
 
@@ -91,6 +97,19 @@ class Builder(Protocol):
     def rope_store(self, layer: int) -> None:
         """rope q and k at their positions (this layer's base); k, v -> this layer's cache."""
 
+    def rope_q(self, layer: int) -> None:
+        """rope q only: a layer that reads an earlier layer's cache (HParams.kv_layer) stores
+        nothing."""
+
+    def add(self, buf: str, other: str) -> None:
+        """buf += other, elementwise (other's rows as wide as buf's)."""
+
+    def scale(self, buf: str, c: float) -> None:
+        """buf *= c."""
+
+    def add_residual(self, scale: float = 1.0) -> None:
+        """x += o (if a sublayer wrote o), then x *= scale (gemma4's layer_output_scale)."""
+
     def scale_q(self) -> None:
         """q *= the attention scale, and the next attention scales by 1 (gemma's order: llama.cpp
         scales q before q . k, so q's f16 rounding sees the scaled values)."""
@@ -99,8 +118,8 @@ class Builder(Protocol):
         """q = attention(q, this layer's cache): causal, its window, softcap and scale; sinks
         (float32 [n_head], a family with ArchSpec.attn_sinks): one more logit per head."""
 
-    def glu(self, act: str) -> None:
-        """g = act(g) * u, act "silu" or "gelu_tanh"."""
+    def glu(self, act: str, gate: str = "g", up: str = "u") -> None:
+        """gate = act(gate) * up, act "silu" or "gelu_tanh"."""
 
     def route(self, router: quants.QuantMatrix, k: int, bias: np.ndarray | None = None,
               gating: str = "softmax") -> None:
@@ -144,6 +163,12 @@ class ArchSpec(Generic[L]):
     bidirectional_spans: bool = False   # an embedding span's rows may see each other (gemma3)
     raw_spans: bool = False             # an embedding span's rows skip the embedding scale
     #                                     (gemma3: llama.cpp scales a batch of token ids only)
+    globals: tuple[Declared, ...] = ()  # model-level tensors of the family's own (Weights.extra)
+    prologue: Callable[[Builder, Mapping[str, Any]], None] | None = None  # before layer 0,
+    #                                     given Weights.extra
+    token_inputs: Callable[[Mapping[str, Any], HParams, np.ndarray],
+                           dict[str, np.ndarray]] | None = None  # (extra, hp, ids int64 [T]) ->
+    #                                     named float32 [T, width] rows the block reads
 
     def __post_init__(self) -> None:
         """The declaration and the layer type agree: every declared tensor is a field, every

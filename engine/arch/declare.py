@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from ..gguf import ModelLoadError
 
-KeyValue = int | float | str
+KeyValue = int | float | str | tuple[int | float | bool, ...]  # a tuple: a per-layer array
 
 
 class KeyValues(dict[str, Any]):
@@ -38,11 +38,14 @@ class KeyValues(dict[str, Any]):
 @dataclass(frozen=True)
 class Key:
     """One GGUF metadata key, `{arch}.<gguf>`. default None: the key is required; a callable
-    computes the default from the keys declared before it (head_dim from n_embd / n_head)."""
+    computes the default from the keys declared before it (head_dim from n_embd / n_head).
+    kind tuple: a per-layer array kept whole (gemma4's sliding_window_pattern), a single value
+    as a tuple of one (the family's finish broadcasts it); the other kinds take an array only
+    when all its values are one."""
     name: str
     gguf: str
     default: KeyValue | Callable[[Mapping[str, Any]], KeyValue] | None = None
-    kind: type[int] | type[float] | type[str] = int
+    kind: type[int] | type[float] | type[str] | type[tuple[Any, ...]] = int
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,15 @@ and any edit to the sources sends it back to building (and compiling, if the IR 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ import llvmlite
 import llvmlite.binding as llvm
 
 log = logging.getLogger(__name__)
+report_log = logging.getLogger("modelyard.kernels")  # what a user sees while a load compiles
+REPORT_EVERY = 2.0  # seconds between progress lines while compiling
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -135,8 +139,13 @@ class CompiledLibrary:
         elif ir_text is None:
             raise FileNotFoundError(path)
         else:
+            reporter = getattr(_reporting, "reporter", None)
+            if reporter is not None:
+                reporter.starting()
             obj = _optimize_to_object(ir_text)
             _store(path, obj)
+            if reporter is not None:
+                reporter.compiled()
         triple = llvm.get_process_triple()
         empty = llvm.parse_assembly(f'target triple = "{triple}"\n')
         self._engine = llvm.create_mcjit_compiler(empty, _target_machine())
@@ -156,6 +165,55 @@ class CompiledLibrary:
             fn = ctypes.CFUNCTYPE(restype, *argtypes)(self.address(name))
             self._functions[name] = fn
         return fn
+
+
+class CompileReport:
+    """Says, for one load, that kernels are being compiled (only a cold cache compiles), how
+    far it got every REPORT_EVERY seconds, and how long it took; silent when all was cached."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.count = 0
+        self.started: float | None = None
+        self.last_said = 0.0
+
+    def starting(self) -> None:
+        now = time.monotonic()
+        if self.started is None:
+            self.started = self.last_said = now
+            report_log.info("compiling kernels for %s (first run only; cached in %s)",
+                            self.label, cache_dir())
+        elif now - self.last_said >= REPORT_EVERY:
+            self.last_said = now
+            report_log.info("compiling kernels for %s: %d compiled so far (%.0fs)",
+                            self.label, self.count, now - self.started)
+
+    def compiled(self) -> None:
+        self.count += 1
+
+    def finish(self) -> None:
+        if self.started is not None:
+            report_log.info("compiled %d kernels for %s in %.1fs", self.count, self.label,
+                            time.monotonic() - self.started)
+
+
+_reporting = threading.local()
+
+
+@contextlib.contextmanager
+def reporting(label: str) -> Iterator[CompileReport]:
+    """Report the kernels compiled on this thread while the block runs (a model's load). Inside
+    another report (warmup's around a load) the outer one goes on counting."""
+    outer: CompileReport | None = getattr(_reporting, "reporter", None)
+    if outer is not None:
+        yield outer
+        return
+    report = _reporting.reporter = CompileReport(label)
+    try:
+        yield report
+    finally:
+        _reporting.reporter = None
+        report.finish()
 
 
 _libraries: dict[str, CompiledLibrary] = {}

@@ -7,6 +7,7 @@
     silu_mul(gate, up)              silu(gate) * up, elementwise
     gelu_mul(gate, up)              gelu_tanh(gate) * up, elementwise (gemma's FFN)
     add_bias(x, bias)               x + bias, per row (qwen2's q/k/v biases)
+    add(x, y)                       x + y, elementwise (gemma4's per-layer inputs and residual)
     softcap(x, cap)                 cap * tanh(x / cap), elementwise (gemma 2's final logits)
     scale(x, c)                     x * c, elementwise (gemma scales q before q . k)
     softmax(x)                      over the last axis, max-subtracted
@@ -213,6 +214,19 @@ def _build_add_bias(module: ir.Module) -> None:
     b.ret_void()
 
 
+def _build_add(module: ir.Module) -> None:
+    # void add(float* x [n], float* y [n], float* out [n], i64 n): the gated ops' signature, so
+    # the GLU task runs it over rows
+    b, (x, y, out, n) = define(module, "add", ir.VoidType(), [
+        ("x", F32P), ("y", F32P), ("out", F32P), ("n", I64)])
+
+    def body(j: ir.Value, ty: ir.Type) -> None:
+        store(b, b.fadd(load(b, x, j, ty), load(b, y, j, ty)), out, j)
+
+    elementwise(b, n, body)
+    b.ret_void()
+
+
 def _build_scalar_op(module: ir.Module, name: str,
                      fn: Callable[[ir.IRBuilder, ir.Value, ir.Value], ir.Value]) -> None:
     # void name(float* x [n], float* out [n], i64 n, float c): out = fn(x, c), elementwise
@@ -294,6 +308,7 @@ def build_ops_module() -> ir.Module:
     _build_silu_mul(module)
     _build_gelu_mul(module)
     _build_add_bias(module)
+    _build_add(module)
     _build_softcap(module)
     _build_scale(module)
     _build_softmax(module)
@@ -312,12 +327,13 @@ class _Ops:
         self.silu_mul = lib.function("silu_mul", None, p, p, p, n)
         self.gelu_mul = lib.function("gelu_mul", None, p, p, p, n)
         self.add_bias = lib.function("add_bias", None, p, p, p, n, n)
+        self.add = lib.function("add", None, p, p, p, n)
         self.softcap = lib.function("softcap", None, p, p, n, f)
         self.scale = lib.function("scale", None, p, p, n, f)
         self.softmax = lib.function("softmax", None, p, p, n, n)
         # addresses for task graphs (engine.kernels.tasks calls these through pointers)
         self.address = {name: lib.address(name) for name in (
-            "rms_norm", "rope", "rope_neox", "silu_mul", "gelu_mul", "add_bias", "scale")}
+            "rms_norm", "rope", "rope_neox", "silu_mul", "gelu_mul", "add_bias", "add", "scale")}
 
 
 _ops: _Ops | None = None
@@ -425,6 +441,15 @@ def add_bias(x: np.ndarray, bias: np.ndarray, out: np.ndarray | None = None) -> 
         n = x.shape[-1]
         load_ops().add_bias(address(x), address(bias), address(out), x.size // n, n)
     return out
+
+
+def add(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """x + y as float32, elementwise; any shape (both the same). out may be x or y."""
+    return _gated("add", x, y, out)
+
+
+def add_reference(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float64) + y.astype(np.float64)).astype(np.float32)
 
 
 def softcap(x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndarray:

@@ -18,6 +18,7 @@ import regex
 from .bpe import BpeEncoder
 from .decode import IncrementalDecoder
 from .encoder import Encoder, VocabTables
+from .gemma4 import Gemma4Encoder
 from .metadata import K as _K
 from .metadata import flag, num_list, str_list
 from .pretokenizers import split_words
@@ -26,7 +27,8 @@ from .spm import SpmEncoder
 log = logging.getLogger("engine.tokenizer")
 
 # tokenizer.ggml.model -> its encoder class
-ENCODERS: dict[str, type[Encoder]] = {cls.model: cls for cls in (BpeEncoder, SpmEncoder)}
+ENCODERS: dict[str, type[Encoder]] = {cls.model: cls for cls in (BpeEncoder, SpmEncoder,
+                                                                  Gemma4Encoder)}
 
 
 class TokenType(IntEnum):
@@ -155,7 +157,8 @@ class Tokenizer:
             meta, VocabTables(texts, scores, self._id_of), self.unk_id)
         self.pre_tokenizer = self._encoder.pre_tokenizer
         self.add_space_prefix = self._encoder.add_space_prefix
-        self.add_bos = flag(meta, _K + "add_bos_token", self._encoder.default_add_bos)
+        self.add_bos = (flag(meta, _K + "add_bos_token", self._encoder.default_add_bos)
+                        or self._encoder.forces_add_bos)
         self.add_eos = flag(meta, _K + "add_eos_token", False)
         for add, role in (("add_bos", "bos"), ("add_eos", "eos")):
             if getattr(self, add) and ids[role] is None:

@@ -52,6 +52,11 @@ async def metrics(request: Request) -> Response:
     return Response(app_state(request.app).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+async def activity(request: Request) -> Response:
+    """The last minutes of per-model totals (gateway/activity.py): the console's chart history."""
+    return JSONResponse(app_state(request.app).metrics.activity.history())
+
+
 async def status(request: Request) -> Response:
     return JSONResponse(status_body(request.app))
 
@@ -119,6 +124,7 @@ async def unload_model(request: Request) -> Response:
 ENDPOINTS: endpoints.Table = {
     "GET /health": health,
     "GET /metrics": metrics,
+    "GET /metrics/activity": activity,
     "GET /admin/status": status,
     "POST /admin/reload": reload,
     "GET /admin/models": list_models,

@@ -128,7 +128,7 @@ def config_schema() -> dict[str, Any]:
     api_key["required"] = ["name"]
     api_key["anyOf"] = [{"required": ["key"]}, {"required": ["key_file"]}]
 
-    about = ("A modelyard config file (README.md, \"Configuration reference\"); "
+    about = ("A modelyard config file (docs/configuration/index.md); "
              "llama-cpp-python's --config_file form validates too.")
     rest = {k: v for k, v in schema.items() if k not in ("title", "description", "$defs")}
     return {"$schema": DIALECT, "title": "modelyard config", "description": about, **rest,

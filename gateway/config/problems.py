@@ -15,12 +15,14 @@ Loc = tuple[str | int, ...]  # a key path: ("models", 1, "aliases")
 class ConfigError(Exception):
     """The config file is invalid; `errors` lists every problem, one line each."""
 
-    def __init__(self, source: str, errors: list[str]):
+    def __init__(self, source: str, errors: list[str], *, heading: str | None = None):
+        """`heading` replaces "invalid config SOURCE" where the source is no file (the command
+        line, a models folder), so the message names what it is."""
         self.source = source
         self.errors = errors
         count = f"{len(errors)} problem" + ("s" if len(errors) != 1 else "")
         listed = "\n".join(f"  {e}" for e in errors)
-        super().__init__(f"invalid config {source} ({count}):\n{listed}")
+        super().__init__(f"{heading or f'invalid config {source}'} ({count}):\n{listed}")
 
 
 class Problems:

@@ -6,7 +6,8 @@ models (`TOP_KEYS`, `ENTRY_KEYS`), as does the JSON Schema of the file (json_sch
 
 Adding a key: declare the field here with its mark and a description; the loader, the reload
 diff and the JSON Schema follow. Then `modelyard config-schema -o examples/config.schema.json`
-(a test fails until the copy is current), and a line in README.md's "Configuration reference".
+and `modelyard config-schema --markdown -o docs/configuration/reference.md` (a test fails until
+each copy is current); more than a line's worth goes in docs/configuration/index.md.
 """
 from __future__ import annotations
 
@@ -269,6 +270,9 @@ class AuthSettings(BaseModel):
                           "or give admin_key_file")
     public: Annotated[list[str], LIVE] = Field(
         default_factory=lambda: ["/health", "/metrics"], description="paths open without a key")
+    # set by `serve` without a config on a non-loopback address (the container's models-dir
+    # mode): no key can guard the admin routes there, so they answer 403 to everyone
+    admin_closed: Annotated[bool, INTERNAL] = False
 
     @property
     def enabled(self) -> bool:

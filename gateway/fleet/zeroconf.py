@@ -53,7 +53,8 @@ def config_for_files(paths: Sequence[str | os.PathLike[str]], **server: object) 
             seen.add(result.path.resolve())
             found.append(result)
     if problems:
-        raise ConfigError("the command line", problems)
+        raise ConfigError("the command line", problems,
+                          heading="cannot serve the model files on the command line")
     return _config(found, None, **server)
 
 
@@ -61,20 +62,27 @@ def config_for_dir(root: str | os.PathLike[str], **server: object) -> Config:
     """A config serving every model under `root`; ConfigError if there is none."""
     root = Path(root)
     if not root.is_dir():
-        raise ConfigError(str(root), [f"{root}: not a directory"])
+        raise ConfigError(str(root), [f"{root}: not a directory"],
+                          heading="cannot serve the models folder given on the command line")
     result = scan.scan_dir(root)
     for skipped in result.skipped:
         if skipped.reason != scan.NOT_GGUF:
             log.warning("skipping %s: %s", skipped.path, skipped.reason)
     if not result.found:
-        raise ConfigError(str(root), [f"{root}: no servable GGUF model in this folder"])
+        raise ConfigError(str(root), [f"{root}: no servable GGUF model in this folder"],
+                          heading=f"cannot serve the models folder {root}")
     return _config(result.found, root.resolve(), **server)
 
 
-def dir_loader(host: str, port: int) -> object:
-    """Reloader's `load` for a models folder: rescan, keeping where the server listens."""
+def dir_loader(host: str, port: int, admin_closed: bool = False) -> object:
+    """Reloader's `load` for a models folder: rescan, keeping where the server listens and
+    whether its admin routes are closed (gateway/config/exposure.py)."""
     def load(root: Path) -> Config:
-        return config_for_dir(root, host=host, port=port)
+        config = config_for_dir(root, host=host, port=port)
+        if not admin_closed:
+            return config
+        closed = config.auth.model_copy(update={"admin_closed": True})
+        return config.model_copy(update={"auth": closed})
     return load
 
 

@@ -85,6 +85,7 @@ def budget(model: GenerativeModel, limit: int | None, inside: bool) -> ThinkingB
     """The rule that closes the block after `limit` tokens, for a model that thinks."""
     if limit is None or not (model.tool_format.thinking or inside):
         return None
-    tokenizer = model.tokenizer
+    tokenizer, fmt = model.tokenizer, model.tool_format
     return ThinkingBudget(limit, tokenizer.token_bytes,
-                          lambda text: tokenizer.encode(text, parse_special=True), inside)
+                          lambda text: tokenizer.encode(text, parse_special=True), inside,
+                          fmt.think_open.encode(), fmt.think_close.encode())

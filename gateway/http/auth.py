@@ -1,6 +1,7 @@
 """API keys, per-key limits, and which models a key may use.
 
     request -> public path (auth.public: /health, /metrics; the console's page) -> through
+            -> admin path while the admin routes are closed (no config, exposed)? -> 403
             -> no keys configured at all? ------------------------------------> through
             -> key from `Authorization: Bearer K` or `X-Api-Key: K`
                none -> 401 | no match -> 401 (invalid_api_key)
@@ -123,6 +124,13 @@ class AuthMiddleware(HttpMiddleware):
         settings = state.config.auth
         path, method = scope["path"], scope["method"]
         public = SAME_AS.get(path, path) in settings.public
+        if settings.admin_closed and is_admin_path(method, path):
+            closed = _error(403, "The admin routes are closed: this server was started "
+                                    "without a config on an address beyond loopback, where no "
+                                    "key guards them. Serve a config with auth.admin_key to use "
+                                    f"{path}.", "permission_denied")
+            await error_response(closed, path)(scope, receive, send)
+            return
         if (not settings.enabled or public or method == "OPTIONS"
                 or (method in ("GET", "HEAD") and is_console_path(path))):
             await self.app(scope, receive, send)
@@ -161,7 +169,7 @@ class AuthMiddleware(HttpMiddleware):
 
 
 # paths that answer as another one does, and so are public exactly when it is
-SAME_AS = {"/v1/health": "/health"}
+SAME_AS = {"/v1/health": "/health", "/metrics/activity": "/metrics"}  # as public as these
 
 
 def _key(request: Request) -> KeyInfo | None:

@@ -199,7 +199,7 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
     and start its scheduler."""
     model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
                         n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
-                        images=entry.mmproj is not None)
+                        images=entry.mmproj is not None, name=entry.name)
     vision: VisionModel | None = None
     try:
         template, choice = _template_for(model, entry)

@@ -3,8 +3,8 @@
 Ordered like OpenAI's reference (and openai-python's types/responses/*): the input items, the
 tools, tool_choice, text.format and reasoning of a request; then the reply's output items,
 usage and the Response object. The stream's events are built by gateway/api/responses_wire.py
-from these same items. Fields we accept without acting on them are listed in README's table
-of what /v1/responses accepts; fields we cannot honour are 400s (gateway/api/responses_input.py).
+from these same items. Fields we accept without acting on them are listed in the table of
+docs/api/responses.md; fields we cannot honour are 400s (gateway/api/responses_input.py).
 """
 from __future__ import annotations
 

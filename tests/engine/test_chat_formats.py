@@ -39,6 +39,10 @@ EXPECTED = {
     "zephyr": "<|system|>\nBe brief.<|endoftext|>\n<|user|>\nHi<|endoftext|>\n<|assistant|>\n"
               "Hello.<|endoftext|>\n<|user|>\nWhy?<|endoftext|>\n<|assistant|>\n",
     "vicuna": "Be brief.\n\nUSER: Hi\nASSISTANT: Hello.</s>\nUSER: Why?\nASSISTANT:",
+    # no llama.cpp built-in: Google's template's text (tests/engine/test_gemma4_chat.py renders
+    # that template itself), thinking off
+    "gemma4": "<|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello."
+              "<turn|>\n<|turn>user\nWhy?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>",
 }
 
 

@@ -274,6 +274,16 @@ def test_add_bias_is_exact(n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_add_matches_its_twin_exactly(n):
+    x, y = rand((3, n), n), rand((3, n), n + 1)
+    assert np.array_equal(ops.add(x, y), ops.add_reference(x, y))  # one rounding, both sides
+    ops.add(x, y, out=x)
+    assert np.array_equal(x, ops.add_reference(rand((3, n), n), y))
+    with pytest.raises(ValueError, match="shape"):
+        ops.add(x, y[:1])
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_softcap_and_scale_match_twins(n):
     x = rand(n, n, scale=30.0)
     np.testing.assert_allclose(ops.softcap(x, 12.0), ops.softcap_reference(x, 12.0), rtol=2e-6, atol=3e-6)

@@ -45,3 +45,46 @@ def test_an_exposed_bind_with_a_key_passes_the_check(tmp_path: Path, auth: dict)
 
     assert open_admin_problem(load_config(_config(tmp_path, auth)), "0.0.0.0") is None
     assert open_admin_problem(load_config(_config(tmp_path, None)), "127.0.0.1") is None
+
+
+# ------------------------------------------ no config on an exposed address: admin closed
+
+def test_files_or_a_folder_on_an_exposed_bind_serve_with_the_admin_routes_closed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The container's mode (serve --models-dir /models --host 0.0.0.0): no key exists to
+    guard the admin routes, so they close and the server starts, rather than refusing."""
+    from gateway import cli
+
+    seen: list = []
+
+    async def fake_serve(config, sock, config_path, watch, load) -> None:
+        sock.close()
+        seen.append((config, load))
+
+    monkeypatch.setattr(cli, "_serve", fake_serve)
+    (tmp_path / "models").mkdir()
+    write_tiny_llama(tmp_path / "models" / "m.gguf", seed=1)
+    assert main(["serve", "--models-dir", str(tmp_path / "models"), "--host", "0.0.0.0",
+                 "--port", "0"]) == 0
+    config, load = seen[0]
+    assert config.auth.admin_closed and not config.auth.enabled
+    assert load(tmp_path / "models").auth.admin_closed  # a rescan keeps them closed
+    assert main(["serve", "--models-dir", str(tmp_path / "models"), "--port", "0"]) == 0
+    assert not seen[1][0].auth.admin_closed  # on loopback they stay open, as before
+
+
+def test_closed_admin_routes_answer_403_and_the_api_stays_open(tmp_path: Path, apps) -> None:
+    from gateway.config import load_config
+    from gateway.config.exposure import close_admin_if_exposed
+
+    config = close_admin_if_exposed(load_config(_config(tmp_path, None)), "0.0.0.0")
+    client = apps.client(config)
+    for method, path in [("GET", "/admin/models"), ("POST", "/admin/reload"),
+                         ("POST", "/models/load"), ("GET", "/admin/status")]:
+        r = client.request(method, path, json={"model": "m"})
+        assert r.status_code == 403, path
+        assert "admin routes are closed" in r.json()["error"]["message"]
+    assert client.get("/v1/models").status_code == 200
+    r = client.post("/v1/chat/completions", json={
+        "model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200

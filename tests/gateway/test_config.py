@@ -143,19 +143,22 @@ def test_yml_suffix_is_yaml(folder: Path) -> None:
     assert load_config(write(folder, "c.yml", YAML)).default_model == "smol"
 
 
-def test_shipped_example_loads_when_its_files_exist(tmp_path: Path) -> None:
-    shutil.copy(ROOT / "examples" / "config.yaml", tmp_path / "config.yaml")
-    (tmp_path / "models").mkdir()
-    for name in ("SmolLM2-135M-Instruct.Q4_1.gguf", "other.gguf"):
-        write_servable(tmp_path / "models" / name)
-    (tmp_path / "templates").mkdir()
-    (tmp_path / "templates" / "other.jinja").write_text("{% for m in messages %}{% endfor %}")
+def test_shipped_example_loads_when_its_files_exist(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its model is the default model in the cache (MODELYARD_CACHE); its template file ships
+    beside it (tests/system/test_example_config.py serves it as its header says)."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.setenv("MODELYARD_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    write_servable(tmp_path / "cache" / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
-    c = load_config(tmp_path / "config.yaml")
+    c = load_config(tmp_path / "examples" / "config.yaml")
     assert c.resolve(None).aliases == ["smol", "gpt-3.5-turbo"]
     assert c.registry.memory_budget == 4 * GiB and c.registry.idle_timeout == 600
     assert c.registry.load_timeout == 120 and c.models[0].idle_timeout == 300
-    assert c.models[1].aliases == ["other"] and c.models[1].pinned
+    assert c.models[1].aliases == ["smol-long"] and c.models[1].pinned
+    assert c.models[0].model == c.models[1].model == tmp_path / "cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert c.models[1].n_ctx == 8192 and c.models[0].n_ctx == 4096
     assert c.warnings == []
 
 

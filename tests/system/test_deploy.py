@@ -3,8 +3,10 @@ paths are routes the app serves, ports and config paths match, the config in the
 and the stop sequence (preStop, drain, grace period) fits the config's shutdown_timeout."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +75,84 @@ def test_the_dockerfile_runs_as_a_non_root_user_and_checks_health() -> None:
     check = d["HEALTHCHECK"][0]
     url = re.search(r"http://127\.0\.0\.1:(\d+)(/\S*?)'", check)
     assert url is not None and url.group(1) == "8080" and url.group(2) in _health_paths()
-    entry = yaml.safe_load(d["ENTRYPOINT"][0]) + yaml.safe_load(d["CMD"][0])  # JSON arrays
-    assert entry[:2] == ["modelyard", "serve"]
-    args = _serve_args(entry[2:])
-    assert (str(args.config), args.host, args.port) == (
-        "/etc/modelyard/config.yaml", "0.0.0.0", "8080")
+    [entry] = yaml.safe_load(d["ENTRYPOINT"][0])  # a JSON array: the entrypoint script alone
+    copies = {c.split()[-1]: c.split()[0] for c in d["COPY"]}
+    assert copies[f"/usr/local/bin/{entry}"] == "deploy/entrypoint.sh"  # on the image's PATH
+    assert "CMD" not in d  # no arguments: the script chooses (tests below)
+
+
+def test_the_image_warms_up_the_default_model_as_its_own_user() -> None:
+    """`modelyard warmup` runs at build time after USER, so the kernels and the default model
+    land in MODELYARD_CACHE owned by the user that serves (the cache is chowned to it)."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    runs = _dockerfile()["RUN"]
+    assert "modelyard warmup" in runs
+    assert text.index("USER 10001") < text.index("RUN modelyard warmup")
+    assert any('chown modelyard:modelyard "$MODELYARD_CACHE"' in r for r in runs)
+    args = _parser().parse_args(["warmup"])
+    assert args.models == [] and args.config is None  # no arguments: the default model
+
+
+def _entrypoint(tmp_path: Path, *args: str, config: bool = False,
+                models: bool = False) -> tuple[list[str], str]:
+    """Run deploy/entrypoint.sh with a stand-in `modelyard` that prints its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "modelyard"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    (tmp_path / "models").mkdir(exist_ok=True)
+    if models:
+        write_tiny_llama(tmp_path / "models" / "tiny.gguf", seed=2)
+    if config:
+        (tmp_path / "config.yaml").write_text("models: []\n")
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               MODELYARD_CONFIG=str(tmp_path / "config.yaml"),
+               MODELYARD_MODELS=str(tmp_path / "models"))
+    done = subprocess.run(["sh", str(DEPLOY / "entrypoint.sh"), *args], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines(), done.stderr
+
+
+def test_docker_run_with_a_models_folder_serves_it_with_no_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`docker run -p 8080:8080 -v ~/models:/models IMAGE`: the folder, watched, on 0.0.0.0,
+    and that command really starts (the admin routes closed, not a refusal)."""
+    argv, _ = _entrypoint(tmp_path, models=True)
+    assert argv[0] == "serve"
+    args = _serve_args(argv[1:])
+    assert (str(args.models_dir), args.host, args.port, args.config) == (
+        str(tmp_path / "models"), "0.0.0.0", "8080", None)
+    import gateway.cli as cli
+
+    seen: list[Any] = []
+
+    async def fake_serve(config: Any, sock: Any, *rest: Any) -> None:
+        sock.close()
+        seen.append(config)
+
+    monkeypatch.setattr(cli, "_serve", fake_serve)
+    assert cli.main([*argv[:-2], "--port", "0"]) == 0  # the same command, on a free port
+    assert [e.model.name for e in seen[0].models] == ["tiny.gguf"]
+    assert seen[0].auth.admin_closed
+
+
+def test_a_mounted_config_wins_and_arguments_replace_the_choice(tmp_path: Path) -> None:
+    argv, _ = _entrypoint(tmp_path, config=True, models=True)
+    args = _serve_args(argv[1:])
+    assert (str(args.config), args.host, args.port) == (str(tmp_path / "config.yaml"),
+                                                        "0.0.0.0", "8080")
+    k8s = _container()["args"]  # the Deployment passes serve's arguments
+    argv, _ = _entrypoint(tmp_path, *k8s, config=True)
+    assert argv == ["serve", *k8s]
+
+
+def test_with_nothing_mounted_it_serves_the_default_model(tmp_path: Path) -> None:
+    argv, err = _entrypoint(tmp_path)
+    args = _serve_args(argv[1:])
+    assert (args.models, args.models_dir, args.config, args.host) == ([], None, None, "0.0.0.0")
+    assert "serving the default model" in err
 
 
 def test_the_deployment_probes_health_on_the_port_the_server_listens_on() -> None:

@@ -1,10 +1,13 @@
 // Activity view: reads the server's Prometheus text (/metrics) every 2 s and keeps the last
 // minutes of samples in the page: generated tokens/s per model (a chart), requests, errors,
 // time to first token, batch sizes (see gateway/metrics.py for what each series counts).
+// On opening it first reads the server's own history of the last 15 minutes
+// (/metrics/activity, gateway/activity.py: the same totals, in the same sample format), so the
+// chart shows what happened before the page was open.
 import { api, cardTable, el, errorText, seconds } from "./api.js";
 
 const EVERY_MS = 2000;
-const WINDOW_S = 300;
+const WINDOW_S = 900; // the server keeps this much history (gateway/activity.py)
 const COLORS = ["#2457c5", "#1f7a3a", "#b3261e", "#9a5b00", "#7b3fb8", "#00838f", "#c2185b"];
 const NO_MODEL = "-";
 
@@ -17,7 +20,7 @@ const { body, labelled } = cardTable(document.getElementById("activity-table-wra
     "Avg batch size", "Prompt / generated tokens"],
 });
 const message = document.getElementById("activity-message");
-const samples = []; // {t: seconds, models: {alias: totals}}
+const samples = []; // {t: unix seconds, models: {alias: totals}}
 
 // Prometheus text exposition -> [{name, labels, value}]
 export function parseMetrics(text) {
@@ -60,7 +63,7 @@ async function sample() {
   try {
     const res = await api("/metrics");
     if (!res.ok) throw new Error(await errorText(res));
-    const t = performance.now() / 1000;
+    const t = Date.now() / 1000;
     samples.push({ t, models: totals(parseMetrics(await res.text())) });
     while (samples.length > 2 && t - samples[0].t > WINDOW_S) samples.shift();
     message.textContent = "";
@@ -120,8 +123,21 @@ function draw() {
   }));
 }
 
-export function init() {
+// the server's history first, then live samples after it
+async function history() {
+  try {
+    const res = await api("/metrics/activity");
+    if (!res.ok) return;
+    const past = (await res.json()).samples ?? [];
+    samples.unshift(...past.filter((s) => !samples.length || s.t < samples[0].t));
+  } catch (err) {
+    // no history is no loss: the live samples still come
+  }
+}
+
+export async function init() {
   document.getElementById("activity-window").textContent = String(WINDOW_S / 60);
+  await history();
   sample();
   setInterval(sample, EVERY_MS);
 }

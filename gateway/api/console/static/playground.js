@@ -27,21 +27,31 @@ export function init() {
   window.addEventListener("modelyard-key", showRaw);
   // before the admin stream answers (or when the key may not use it), the public model list
   api("/v1/models").then((r) => r.ok && r.json()).then((list) => {
-    if (list && !select.options.length) setAliases(list.data.map((m) => m.id));
+    if (list && !select.options.length) {
+      setEntries(list.data.map((m) => m.modelyard?.aliases ?? [m.id]));
+    }
   }).catch(() => {});
   showRaw();
 }
 
 export function update(live, name) {
-  if (name === "status" && live.status) setAliases(live.status.models.aliases);
+  if (name === "models" && live.models.length) {
+    setEntries(live.models.filter((r) => !r.retiring).map((r) => r.aliases));
+  }
 }
 
-function setAliases(aliases) {
-  const current = [...select.options].map((o) => o.value);
-  if (JSON.stringify(current) === JSON.stringify(aliases)) return;
+// One option per entry, not per alias: its first alias is what is sent, the others are named
+// beside it. `groups`: each entry's aliases (from /admin/models rows, or /v1/models' modelyard
+// field, where every alias of an entry lists the same group).
+function setEntries(groups) {
+  const seen = new Set();
+  const entries = groups.filter((g) => g.length && !seen.has(g[0]) && seen.add(g[0]));
+  const current = [...select.options].map((o) => o.textContent);
+  const labels = entries.map(([first, ...rest]) => rest.length ? `${first} (also ${rest.join(", ")})` : first);
+  if (JSON.stringify(current) === JSON.stringify(labels)) return;
   const chosen = select.value;
-  select.replaceChildren(...aliases.map((a) => el("option", { value: a }, a)));
-  if (aliases.includes(chosen)) select.value = chosen;
+  select.replaceChildren(...entries.map((g, i) => el("option", { value: g[0] }, labels[i])));
+  if (entries.some((g) => g[0] === chosen)) select.value = chosen;
   showRaw();
 }
 
