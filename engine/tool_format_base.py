@@ -38,7 +38,10 @@ def _union(schemas: list[dict[str, Any]]) -> dict[str, Any]:
 
 # A freeform tool (a Responses custom tool) offered beside others is called as a function taking
 # {"input": string}; its tool dict names, under this key, the sub-grammar its input follows
+# written inside a JSON string; RAW_SUFFIX added to that name: the grammar as written (for
+# families whose strings escape nothing, Gemma 4's)
 INPUT_GRAMMAR = "input_grammar"
+RAW_SUFFIX = "_raw"
 FREEFORM_OPEN, FREEFORM_CLOSE = '{"input": "', '"}'
 
 

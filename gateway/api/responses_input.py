@@ -58,8 +58,8 @@ class Turn:
     custom: set[str] = field(default_factory=set)  # names of the custom tools offered
     freeform: Freeform | None = None
     image_params: list[str] = field(default_factory=list)  # where each image part was, in order
-    input_grammars: dict[str, str] = field(default_factory=dict)  # tool -> its input's grammar
-                                                                   # inside a JSON string
+    # tool -> its input's grammar (as written, and inside a JSON string)
+    input_grammars: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _image_url(part: r.InputImage, where: str, role: str) -> str:
@@ -167,8 +167,8 @@ def _lark_text(fmt: r.GrammarInputFormat) -> str:
             else "start: /" + fmt.definition.replace("/", "\\/") + "/")
 
 
-def _input_grammars(tools: list[r.Tool]) -> dict[str, str]:
-    """The grammar of each custom tool's input written inside a JSON string (see above)."""
+def _input_grammars(tools: list[r.Tool]) -> dict[str, tuple[str, str]]:
+    """Each custom tool's input grammar: as written, and inside a JSON string (see above)."""
     out = {}
     for i, tool in enumerate(tools):
         if isinstance(tool, r.CustomTool) and isinstance(tool.format, r.GrammarInputFormat):
@@ -178,7 +178,8 @@ def _input_grammars(tools: list[r.Tool]) -> dict[str, str]:
                 raise invalid_request(f"'{where}' is not a grammar llguidance reads: {problem}",
                                       where)
             try:
-                out[tool.name] = json_string_lark(_lark_text(tool.format))
+                text = _lark_text(tool.format)
+                out[tool.name] = (text, json_string_lark(text))
             except ValueError as exc:
                 raise invalid_request(f"'{where}' cannot constrain the tool's input when the "
                                       f"model may call other tools: {exc}; name the tool in "
@@ -233,7 +234,7 @@ def turn(req: r.ResponsesInput, history: list[dict[str, Any]]) -> Turn:
         raise invalid_request("'input' is empty", "input")
     body: dict[str, Any] = {"model": req.model, "messages": messages,
                             **_format(req.text, bool(req.tools) and freeform is None)}
-    input_grammars: dict[str, str] = {}
+    input_grammars: dict[str, tuple[str, str]] = {}
     if req.tools and freeform is None and req.tool_choice != "none":
         input_grammars = _input_grammars(req.tools)
         body["tools"] = _tools(req.tools)

@@ -183,7 +183,7 @@ def chat_image_parts(req: p.ChatCompletionRequest,
 async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
                     limits: LimitSettings = DEFAULT_LIMITS, also_reasoning: bool = False,
                     image_params: Sequence[str] = (),
-                    input_grammars: Mapping[str, str] | None = None) -> Plan:
+                    input_grammars: Mapping[str, tuple[str, str]] | None = None) -> Plan:
     """`req`'s reasoning fields (gateway/generation/reasoning.py) reach the template, the
     reply's reader and, as a budget, each choice; `image_params`: see chat_image_parts;
     `input_grammars`: freeform tools' (see structured.chat_output)."""

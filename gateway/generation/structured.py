@@ -29,7 +29,7 @@ from engine.constraint import (
     with_subgrammars,
 )
 from engine.loaded import ModelTokenizer
-from engine.tool_format_base import INPUT_GRAMMAR
+from engine.tool_format_base import INPUT_GRAMMAR, RAW_SUFFIX
 from engine.tool_formats import ThinkingFormat, ToolFormat
 from gateway import protocol as p
 from gateway.errors import invalid_request
@@ -213,11 +213,11 @@ def completion_output(req: p.CompletionRequest) -> Output:
 
 
 def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat,
-                input_grammars: Mapping[str, str] | None = None) -> Output:
+                input_grammars: Mapping[str, tuple[str, str]] | None = None) -> Output:
     """The constraint and the template input (messages, tools) of a chat request.
-    `input_grammars`: tool name -> the Lark grammar of a freeform tool's input written inside a
-    JSON string (engine/json_string_grammar.py); such a tool takes {"input": string}, and its
-    calls follow that grammar exactly whatever the choice."""
+    `input_grammars`: tool name -> (the Lark grammar of a freeform tool's input, the same
+    written inside a JSON string: engine/json_string_grammar.py); such a tool takes {"input":
+    string}, and its calls follow that grammar exactly whatever the choice."""
     out = _generation_output(req)
     history = _history(req)
     choice = req.tool_choice
@@ -254,8 +254,8 @@ def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat,
     subgrammars: dict[str, str] = {}
     for f in constrained:
         if input_grammars and f["name"] in input_grammars:
-            f[INPUT_GRAMMAR] = ref = f"input_{len(subgrammars)}"
-            subgrammars[ref] = input_grammars[f["name"]]
+            f[INPUT_GRAMMAR] = ref = f"input_{len(subgrammars) // 2}"
+            subgrammars[ref + RAW_SUFFIX], subgrammars[ref] = input_grammars[f["name"]]
     # a named choice is one call, as OpenAI's is: a small model would otherwise repeat it
     parallel = req.parallel_tool_calls and mode in ("auto", "required")
     grammar = with_subgrammars(lark_grammar(tool_format.grammar(constrained, mode, parallel)),

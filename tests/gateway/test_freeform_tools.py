@@ -1,6 +1,7 @@
 """A freeform tool (a Responses custom tool with a Lark grammar) offered beside functions: every
 family's tool grammar takes its call as a function call whose {"input": ...} string holds text
-of the tool's grammar, under auto and required alike.
+of the tool's grammar (escaped for JSON; Gemma 4's quoted strings escape nothing, so there the
+grammar as written), under auto and required alike.
 
 As in test_tool_formats.py, each model's own chat template is the expectation for how a call
 is written (it renders an assistant message with the call); the `lark` package is the
@@ -14,8 +15,9 @@ import lark
 import pytest
 
 from engine.constraint import lark_grammar, with_subgrammars
+from engine.gemma4_format import Gemma4Format
 from engine.json_string_grammar import json_string_lark
-from engine.tool_format_base import INPUT_GRAMMAR
+from engine.tool_format_base import INPUT_GRAMMAR, RAW_SUFFIX
 from engine.tool_formats import GenericFormat, ToolFormat, detect
 from tests.gateway.test_tool_formats import (
     ADAPTER,
@@ -40,7 +42,8 @@ TOOLS_WITH_PATCH = TOOLS + [PATCH_TOOL]
 PATCH = '*** Begin Patch\n*** Update File: a.py\n@@\n-x = "a\\tb"\n+x = 1\n*** End Patch\n'
 NOT_A_PATCH = '*** Begin Patch\n*** Update File: a.py\nx = "a\\tb"\n*** End Patch\n'
 HARMONY = Case("openai-gpt-oss-120b", ToolFormat)
-FAMILIES = CASES + [HARMONY]
+GEMMA4 = Case("google-gemma-4-31B-it", Gemma4Format)  # its strings escape nothing: the raw grammar
+FAMILIES = CASES + [HARMONY, GEMMA4]
 
 
 def parses(text: str) -> bool:
@@ -58,6 +61,11 @@ def rendered_call(case: Case, name: str, arguments: dict[str, object]) -> str:
     if case is HARMONY:
         return (f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
                 f"{json.dumps(arguments)}<|call|>")
+    if case is GEMMA4:  # as Google's template writes one (tests/engine/test_gemma4_chat.py)
+        values = {k: f'<|"|>{v}<|"|>' if isinstance(v, str) else json.dumps(v)
+                  for k, v in arguments.items()}
+        return ("<|tool_call>call:" + name + "{" + ",".join(f"{k}:{v}" for k, v in values.items())
+                + "}<tool_call|>")
     fmt = detect((TEMPLATES / f"{case.template}.jinja").read_text(), VOCAB.special_id)
     template = template_for(case)
     tools = [{"type": "function", "function": {k: v for k, v in t.items() if k != INPUT_GRAMMAR}}
@@ -81,7 +89,8 @@ def rendered_call(case: Case, name: str, arguments: dict[str, object]) -> str:
 
 def accepts(fmt: ToolFormat, choice: str, text: str) -> bool:
     grammar = with_subgrammars(lark_grammar(fmt.grammar(TOOLS_WITH_PATCH, choice, True)),
-                               {"input_0": json_string_lark(CODEX_PATCH)})
+                               {"input_0": json_string_lark(CODEX_PATCH),
+                                "input_0" + RAW_SUFFIX: CODEX_PATCH})
     c = ADAPTER.compile(grammar)
     for token in VOCAB.encode(text, parse_special=True):
         if not c.allowed()[token]:
