@@ -182,6 +182,36 @@ def lark_grammar(text: str) -> str:
     return llg.LLMatcher.grammar_from_lark(text)
 
 
+def with_subgrammars(grammar: str, named: dict[str, str]) -> str:
+    """One grammar from a Lark `grammar` that refers to others by name (`@name` in its rules)
+    and their Lark texts: each keeps its own lexer and %-options (a freeform tool's input)."""
+    if not named:
+        return grammar
+    return json.dumps({"grammars": [{"lark_grammar": grammar}] + [
+        {"name": name, "lark_grammar": text} for name, text in named.items()]})
+
+
+def after_block(grammar: str, close: str) -> str:
+    """`grammar` after the rest of a block the prompt opened: free text up to the block's
+    closing tag (`close`: its text, or `<[id]>` when it is a control token), a little
+    whitespace, then `grammar` (Lark text or a top-level grammar) from its start."""
+    top = json.loads(grammar) if grammar.lstrip().startswith("{") else {
+        "grammars": [{"lark_grammar": grammar}]}
+    body, *others = top["grammars"]
+    if close.startswith("<["):  # text can never contain a control token: free text, then it
+        rest = f"start: REST? {close} WS @after_block\nREST: /(?s:.+)/\n"
+    else:  # the first closing tag ends the free text (a lazy lexeme)
+        rest = (f"start: rest WS @after_block\n"
+                f"rest[lazy]: /(?s:.*){_regex_literal(close)}/\n")
+    rest += "WS: /[ \\t\\r\\n]{0,4}/\n"
+    return json.dumps({"grammars": [{"lark_grammar": rest}, {**body, "name": "after_block"},
+                                    *others]})
+
+
+def _regex_literal(text: str) -> str:
+    return "".join(f"\\x{{{ord(c):x}}}" if not c.isalnum() else c for c in text)
+
+
 def gbnf_grammar(text: str) -> str:
     """llama.cpp's GBNF (or Lark) text; raises ConstraintError when it does not convert."""
     try:

@@ -33,7 +33,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .tool_call_text import CallText
-from .tool_format_base import _JSON_OPTIONS, Choice, Reply, ToolFormat, _lark_string, _offered
+from .tool_format_base import (
+    _JSON_OPTIONS,
+    INPUT_GRAMMAR,
+    RAW_SUFFIX,
+    Choice,
+    Reply,
+    ToolFormat,
+    _lark_string,
+    _offered,
+)
 
 TURN = "<|turn>model\n"
 CHANNEL, CHANNEL_END = "<|channel>", "<channel|>"
@@ -150,6 +159,11 @@ class Gemma4Format(ToolFormat):
         alternatives, rules = [], []
         for i, t in enumerate(_offered(tools, choice)):
             alternatives.append(f'{_lark_string(t["name"])} args{i}')
+            if INPUT_GRAMMAR in t:  # a freeform tool: its input between quotes, unescaped
+                quote = self._mark(QUOTE)
+                rules.append(f'args{i}: "{{input:" {quote} @{t[INPUT_GRAMMAR]}{RAW_SUFFIX} '
+                             f'{quote} "}}"\n')
+                continue
             props = list((t.get("parameters") or {}).get("properties") or {})
             key = " | ".join(_lark_string(p) for p in props) if props else "G4_KEY"
             rules.append(f'args{i}: "{{" (kv{i} ("," kv{i})*)? "}}"\nkv{i}: ({key}) ":" g4_value\n')

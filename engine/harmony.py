@@ -101,7 +101,7 @@ class HarmonyFormat(ToolFormat):
         alternatives = [
             f'{self._header("commentary")} " to={FUNCTIONS}{t["name"]} " {self._mark(CONSTRAIN)}'
             f' "json" {self._mark(MESSAGE)} '
-            f'{self._json(t.get("parameters") or {"type": "object"})} {self._mark(CALL)}'
+            f'{self._arguments(t, {"type": "object"})} {self._mark(CALL)}'
             for t in _offered(tools, choice)]
         return "call: " + " | ".join(alternatives) + "\n"
 

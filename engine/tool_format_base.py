@@ -36,6 +36,19 @@ def _union(schemas: list[dict[str, Any]]) -> dict[str, Any]:
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
+# A freeform tool (a Responses custom tool) offered beside others is called as a function taking
+# {"input": string}; its tool dict names, under this key, the sub-grammar its input follows
+# written inside a JSON string; RAW_SUFFIX added to that name: the grammar as written (for
+# families whose strings escape nothing, Gemma 4's)
+INPUT_GRAMMAR = "input_grammar"
+RAW_SUFFIX = "_raw"
+FREEFORM_OPEN, FREEFORM_CLOSE = '{"input": "', '"}'
+
+
+def _freeform(tools: list[dict[str, Any]]) -> bool:
+    return any(INPUT_GRAMMAR in t for t in tools)
+
+
 def _offered(tools: list[dict[str, Any]], choice: Choice) -> list[dict[str, Any]]:
     if choice in ("auto", "required"):
         return tools
@@ -127,7 +140,28 @@ class ToolFormat:
 
     def _offered_call_grammar(self, tools: list[dict[str, Any]], choice: Choice) -> str:
         """The grammar of one call to any tool `choice` allows, written as a JSON object."""
-        return self._json(self._offered_calls(tools, choice))
+        offered = _offered(tools, choice)
+        if not _freeform(offered):
+            return self._json(self._offered_calls(tools, choice))
+        return "(" + " | ".join(self._call_object(t) for t in offered) + ")"
+
+    def _call_object(self, tool: dict[str, Any], after: str = "") -> str:
+        """One call to `tool` as the JSON object _call_schema describes, written out: the
+        literals before and after its arguments are what the schema's grammar writes (fixed
+        separators), so a freeform tool's input can sit between them (`after`: more members)."""
+        head = "{" + f'"name": {json.dumps(tool["name"])}, "{self.args_key}": '
+        return f"{_lark_string(head)} {self._arguments(tool)}{after} {_lark_string('}')}"
+
+    def _arguments(self, tool: dict[str, Any],
+                   default: dict[str, Any] | None = None) -> str:
+        """A call's arguments: a JSON object valid against the tool's parameters, or, for a
+        freeform tool ("input_grammar" names the grammar of its input escaped as a JSON
+        string's body: engine/json_string_grammar.py), {"input": "<that text>"}."""
+        ref = tool.get(INPUT_GRAMMAR)
+        if ref is None:
+            return self._json(tool.get("parameters") or default or
+                              {"type": "object", "properties": {}})
+        return f"{_lark_string(FREEFORM_OPEN)} @{ref} {_lark_string(FREEFORM_CLOSE)}"
 
     # -- reading ---------------------------------------------------------------------------------
     def read(self, text: str, final: bool) -> Reply:

@@ -47,6 +47,7 @@ from .tool_format_base import (
     Reply,
     ToolFormat,
     _call_schema,
+    _freeform,
     _lark_string,
     _offered,
     _settled,
@@ -121,6 +122,12 @@ class MistralFormat(ToolFormat):
         return {**schema, "properties": props}
 
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
+        if _freeform(tools):  # the array written out, so a freeform input can sit inside
+            call_id = ' (", \\"id\\": \\"" /[a-zA-Z0-9]{9}/ "\\"")?'
+            calls = " | ".join(self._call_object(t, call_id) for t in _offered(tools, choice))
+            more = ' (", " call)*' if parallel else ""
+            return (self._lazy_after_marker("calls", choice)
+                    + f'calls: {_WS} "[" call{more} "]"\ncall: {calls}\n')
         item = _union([self._with_id(_call_schema(t, self.args_key))
                        for t in _offered(tools, choice)])
         array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
@@ -160,7 +167,7 @@ class MistralArgsFormat(MistralFormat):
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
         mark, args = self._mark(self.marker), self._mark(self.args_marker)
         alternatives = [f"{_lark_string(t['name'])} {args} "
-                        f"{self._json(t.get('parameters') or {'type': 'object'})}"
+                        f"{self._arguments(t, {'type': 'object'})}"
                         for t in _offered(tools, choice)]
         more = f" ({mark} call)*" if parallel else ""
         return (self._lazy_after_marker("calls", choice) + f"calls: call{more}\n"
@@ -180,6 +187,9 @@ class MistralArgsFormat(MistralFormat):
             reply.calls.append(CallText(name.strip(), raw.strip() if end is None else raw[:end].strip(),
                                         end is not None))
         return reply
+
+
+GENERIC_CALLS, GENERIC_ANSWER = '{"tool_calls": [', '{"response": '
 
 
 class GenericFormat(ToolFormat):
@@ -203,7 +213,17 @@ class GenericFormat(ToolFormat):
         return {"anyOf": [with_calls, answer]}
 
     def grammar(self, tools: list[dict[str, Any]], choice: Choice, parallel: bool) -> str:
-        return _JSON_OPTIONS + f"start: {self._json(self.schema(tools, choice, parallel))}\n"
+        if not _freeform(tools):
+            return _JSON_OPTIONS + f"start: {self._json(self.schema(tools, choice, parallel))}\n"
+        # written out (a freeform input cannot sit in a JSON schema): the same objects, with
+        # the schema's separators; every alternative a literal first, as nested grammars
+        # must not start where another lexeme could
+        more = f" ({_lark_string(', ')} call)*" if parallel else ""
+        calls = f'calls: {_lark_string(GENERIC_CALLS)} call{more} "]}}"'
+        answer = f'{_lark_string(GENERIC_ANSWER)} %json {{"type": "string"}} "}}"'
+        start = "start: calls" if choice != "auto" else f"start: calls | {answer}"
+        return (_JSON_OPTIONS + start + "\n" + calls + "\n"
+                + f"call: {self._offered_call_grammar(tools, choice)}\n")
 
     def note(self, tools: list[dict[str, Any]]) -> str:
         listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
@@ -239,6 +259,12 @@ class GenericFormat(ToolFormat):
         return out, None
 
     def read(self, text: str, final: bool) -> Reply:
+        reasoning, rest, closed = self._split_thinking(text, final)  # a <think> span first
+        reply = self._read_object(rest, final) if closed else Reply()
+        reply.reasoning = reasoning
+        return reply
+
+    def _read_object(self, text: str, final: bool) -> Reply:
         body = text.lstrip()
         if not body:
             return Reply()

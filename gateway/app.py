@@ -108,7 +108,8 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
 
     app = Starlette(
         routes=(routes() + anthropic.routes() + admin.routes() + llama_api.routes()
-                + ollama_api.routes() + events.routes() + console.routes() + responses_api.routes()
+                + ollama_api.routes() + events.routes() + responses_api.routes()
+                + console.routes(other=ollama_api.running)  # GET /: the page or Ollama's answer
                 + forward.routes()),  # last: only what no route above serves
         lifespan=lifespan,
         exception_handlers=dict.fromkeys(HANDLED, handle_exception),

@@ -14,7 +14,10 @@ Without a config it serves SmolLM2 as `smollm2` (downloaded into the cache on fi
 it says how to serve a local file instead). Files and folders are served as `modelyard scan`
 would configure them (gateway/fleet/zeroconf.py). A config with problems, a port that is taken or
 invalid, is reported (one line for the port) and exits with status 2, before anything starts;
-"serving on" is logged once the socket is bound, with the real port.
+"serving on" is logged once the socket is bound, with the real port. `ollama_address` in the
+config binds a second address (Ollama's 11434, for clients that cannot be pointed elsewhere)
+serving the same app, under the same rule: no non-loopback address while the admin routes are
+open.
 While serving, saving the config file reloads it (gateway/fleet/watch.py), and so does SIGHUP.
 SIGINT/SIGTERM drain for `shutdown_timeout` (gateway/shutdown.py), then unload models; a pinned
 model that cannot load stops the start with status 2.
@@ -187,8 +190,9 @@ def _base_url(sock: socket.socket) -> str:
     return f"http://{_bind(host, port)}"
 
 
-async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
+async def _serve(config: Config, socks: list[socket.socket], config_path: Path | None,
                  watch: WatchOptions, load: Any) -> None:
+    """Serve the app on `socks` (the main address first; then the Ollama port, if any)."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.utils import LifespanFailureError
@@ -210,15 +214,18 @@ async def _serve(config: Config, sock: socket.socket, config_path: Path | None,
         loop.add_signal_handler(sig, shutdown.signal, sig.name)
     loop.add_signal_handler(signal.SIGHUP, reload_on_hangup)
 
-    url = _base_url(sock)
+    url = _base_url(socks[0])
+    also = [_base_url(sock) for sock in socks[1:]]
     hconfig = HypercornConfig()
-    hconfig.bind = [f"fd://{sock.detach()}"]  # hypercorn takes over the bound socket
+    hconfig.bind = [f"fd://{sock.detach()}" for sock in socks]  # hypercorn takes them over
     hconfig.accesslog = None        # RequestLog writes one line per request instead
     hconfig.errorlog = logging.getLogger("hypercorn.error")
     # the drain happened before the trigger (gateway/shutdown.py): what is left is sending the
     # last bytes of streams that were just ended
     hconfig.graceful_timeout = 5.0
     log.info("serving %s on %s (OpenAI base URL %s/v1)", ", ".join(config.aliases()), url, url)
+    for other in also:
+        log.info("also on %s (ollama_address, for clients wired to Ollama's port)", other)
     try:
         await serve(app, hconfig, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
     except LifespanFailureError:  # its message is a traceback; app.py kept the reason
@@ -296,13 +303,22 @@ def serve_command(args: argparse.Namespace) -> int:
     # absolute but not resolved: a symlinked config (a ConfigMap mount) is re-read through
     # its link, so a swapped link is followed on reload
     config_path = Path(watched).absolute() if watched else None
+    ollama = config.ollama_bind()
+    if ollama is not None and (problem := open_admin_problem(config, ollama[0])) is not None:
+        print(f"modelyard: ollama_address: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
+    socks: list[socket.socket] = []
     try:
-        sock = listen(host, port)
+        socks.append(listen(host, port))
+        if ollama is not None:
+            socks.append(listen(*ollama))
     except BindError as exc:
+        for sock in socks:
+            sock.close()
         print(f"modelyard: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        asyncio.run(_serve(config, sock, config_path, watch, load))
+        asyncio.run(_serve(config, socks, config_path, watch, load))
     except StartupFailed as exc:  # a pinned model cannot load
         print(f"modelyard: cannot start: {exc}", file=sys.stderr)
         return EXIT_CONFIG

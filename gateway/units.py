@@ -75,3 +75,20 @@ def format_duration(seconds: float) -> str:
     minutes, secs = divmod(rest, 60)
     parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
     return "".join(parts)
+
+
+LISTEN_HINT = 'use "HOST:PORT" ("127.0.0.1:11434", "[::1]:11434") or a port alone'
+
+
+def parse_listen(value: str, default_host: str) -> tuple[str, int]:
+    """(host, port) from `HOST:PORT`, `[V6]:PORT` or `PORT` (then on `default_host`)."""
+    text = value.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = default_host, text
+    host = host.strip("[]") if host.startswith("[") else host
+    if not host or (":" in host and not text.startswith("[")) or not port_text.isdigit() \
+            or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{value!r} is not an address to listen on: {LISTEN_HINT} "
+                         "(port 1-65535)")
+    return host, int(port_text)

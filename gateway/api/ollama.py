@@ -6,9 +6,11 @@
     POST /api/embeddings   the legacy form: prompt -> one raw embedding
     GET  /api/tags         every alias as `name:tag`, with size, digest and details
     POST /api/show         details, model_info (`<arch>.context_length`: the entry's n_ctx),
-                           capabilities, template, parameters
+                           capabilities (completion, tools, embedding; thinking, vision),
+                           template, parameters
     GET  /api/ps           loaded models with `expires_at` from keep_alive or the idle timeout
     GET  /api/version      the Ollama release whose API this follows
+    GET  /                 "Ollama is running" (browsers get the console: gateway/api/console)
     pull, push, create, copy, delete, blobs: a 501 saying the config file manages models
 
 Errors are Ollama's `{"error": "..."}` (registered below with gateway/errors.py shape_errors).
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
 from engine.tool_formats import detect
@@ -250,13 +252,16 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": models})
 
 
-def capabilities(template: str | None) -> list[str]:
-    """What /api/show says a model does: every entry completes and takes tools here (formats
-    without native calls get the generic one); `thinking` when its template opens <think>."""
+def capabilities(template: str | None, entry: ModelEntry) -> list[str]:
+    """What /api/show says a model does: every entry completes, takes tools (formats without
+    native calls get the generic one) and embeds (/api/embed); `thinking` when its template
+    opens <think>, `vision` when the entry has an image projector (mmproj)."""
     out = ["completion", "tools"]
     if detect(template).thinking:
         out.append("thinking")
-    return out
+    if entry.mmproj is not None:
+        out.append("vision")
+    return out + ["embedding"]
 
 
 async def show(request: Request) -> Response:
@@ -285,13 +290,19 @@ async def show(request: Request) -> Response:
         "model_info": {"general.architecture": arch,
                        "general.parameter_count": facts.n_params or 0,
                        f"{arch}.context_length": entry.n_ctx},
-        "capabilities": capabilities(template),
+        "capabilities": capabilities(template, entry),
         "modified_at": _iso(mtime),
     })
 
 
 async def version(request: Request) -> Response:
     return JSONResponse({"version": OLLAMA_VERSION})
+
+
+async def running(request: Request) -> Response:
+    """GET / for what is not a browser (gateway/api/console answers browsers): Ollama's
+    liveness answer, which its CLI, ollama-python users and Open WebUI probe for."""
+    return PlainTextResponse("Ollama is running")
 
 
 async def managed_by_config(request: Request) -> Response:

@@ -30,7 +30,7 @@ from gateway import protocol as p
 from gateway.config import LimitSettings
 from gateway.errors import APIError, invalid_request
 from gateway.fleet.registry import Lease
-from gateway.generation import defaults, serving
+from gateway.generation import defaults, reasoning, serving
 from gateway.generation.choices import ChoiceResult, choice_events
 from gateway.generation.events import Finished, PromptProgress, TokenInfo
 from gateway.generation.model import GenerativeModel
@@ -198,10 +198,14 @@ def generate_request(req: o.GenerateRequest, n_ctx: int
 
 
 def with_defaults(req: R, lease: Lease, served: GenerativeModel) -> R:
-    """As /v1/chat/completions fills them; raw generate gets the chat budget too (Ollama's
-    num_predict defaults to "until the model stops", never OpenAI's 16)."""
-    return defaults.fill(req, lease.entry, served.sampling_defaults,
-                         defaults.chat_max_tokens(lease.entry, served.n_ctx))
+    """As /v1/chat/completions fills them, the entry's reasoning defaults included; raw
+    generate gets the chat budget too (Ollama's num_predict defaults to "until the model
+    stops", never OpenAI's 16)."""
+    filled = defaults.fill(req, lease.entry, served.sampling_defaults,
+                           defaults.chat_max_tokens(lease.entry, served.n_ctx))
+    if isinstance(filled, p.ChatCompletionRequest):
+        return reasoning.with_entry_defaults(filled, lease.entry)
+    return filled
 
 
 # --------------------------------------------------------------------------------- replies

@@ -19,9 +19,10 @@ defaults are /v1/chat/completions' machinery:
 A custom tool the request makes the model call (tool_choice names it, or it is the one tool
 and the choice is "required") is a `Freeform`: the whole reply is its input, constrained
 exactly by its Lark grammar (or regex) through llguidance, so the text is the grammar's to the
-byte. A custom tool the model may call among others (auto) is offered as a function taking
-{"input": string}; its input then follows no grammar (the JSON string around it would have to
-be escaped inside the grammar), which docs/api/responses.md says.
+byte. A custom tool the model may call among others (auto, required) is offered as a function
+taking {"input": string}, and the string's body follows its grammar escaped for JSON
+(engine/json_string_grammar.py; `Turn.input_grammars`), so the decoded input is the grammar's
+to the byte too. A grammar that cannot be written inside a JSON string is a 400 naming it.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from engine.constraint import check_grammar
+from engine.json_string_grammar import json_string_lark
 from gateway import protocol as p
 from gateway.errors import invalid_request
 from gateway.generation.model import GenerativeModel
@@ -55,6 +58,8 @@ class Turn:
     custom: set[str] = field(default_factory=set)  # names of the custom tools offered
     freeform: Freeform | None = None
     image_params: list[str] = field(default_factory=list)  # where each image part was, in order
+    # tool -> its input's grammar (as written, and inside a JSON string)
+    input_grammars: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _image_url(part: r.InputImage, where: str, role: str) -> str:
@@ -154,9 +159,32 @@ def _freeform(req: r.ResponsesInput) -> Freeform | None:
     fmt = tool.format
     if not isinstance(fmt, r.GrammarInputFormat):
         return Freeform(tool.name, None, f"tools[{index}].format")
-    grammar = (fmt.definition if fmt.syntax == "lark"
-               else "start: /" + fmt.definition.replace("/", "\\/") + "/")
-    return Freeform(tool.name, grammar, f"tools[{index}].format.definition")
+    return Freeform(tool.name, _lark_text(fmt), f"tools[{index}].format.definition")
+
+
+def _lark_text(fmt: r.GrammarInputFormat) -> str:
+    return (fmt.definition if fmt.syntax == "lark"
+            else "start: /" + fmt.definition.replace("/", "\\/") + "/")
+
+
+def _input_grammars(tools: list[r.Tool]) -> dict[str, tuple[str, str]]:
+    """Each custom tool's input grammar: as written, and inside a JSON string (see above)."""
+    out = {}
+    for i, tool in enumerate(tools):
+        if isinstance(tool, r.CustomTool) and isinstance(tool.format, r.GrammarInputFormat):
+            where = f"tools[{i}].format.definition"
+            problem = check_grammar(_lark_text(tool.format))  # as written: its own errors
+            if problem is not None:
+                raise invalid_request(f"'{where}' is not a grammar llguidance reads: {problem}",
+                                      where)
+            try:
+                text = _lark_text(tool.format)
+                out[tool.name] = (text, json_string_lark(text))
+            except ValueError as exc:
+                raise invalid_request(f"'{where}' cannot constrain the tool's input when the "
+                                      f"model may call other tools: {exc}; name the tool in "
+                                      "tool_choice to use it alone", where) from None
+    return out
 
 
 def _tool_choice(choice: r.ToolChoice | None) -> Any:
@@ -206,7 +234,9 @@ def turn(req: r.ResponsesInput, history: list[dict[str, Any]]) -> Turn:
         raise invalid_request("'input' is empty", "input")
     body: dict[str, Any] = {"model": req.model, "messages": messages,
                             **_format(req.text, bool(req.tools) and freeform is None)}
+    input_grammars: dict[str, tuple[str, str]] = {}
     if req.tools and freeform is None and req.tool_choice != "none":
+        input_grammars = _input_grammars(req.tools)
         body["tools"] = _tools(req.tools)
         body["parallel_tool_calls"] = req.parallel_tool_calls
         if req.tool_choice is not None:
@@ -223,4 +253,4 @@ def turn(req: r.ResponsesInput, history: list[dict[str, Any]]) -> Turn:
     chat = p.parse_request(p.ChatCompletionRequest, json.dumps(body).encode())
     custom = {t.name for t in req.tools or [] if isinstance(t, r.CustomTool)}
     stored = [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in items]
-    return Turn(chat, stored, custom, freeform, images)
+    return Turn(chat, stored, custom, freeform, images, input_grammars)

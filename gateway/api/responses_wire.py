@@ -211,7 +211,8 @@ class ResponsesWire:
                    limits: LimitSettings) -> ResponsesPlan:
         check_reasoning(req, model)
         chat = openai_wire.with_defaults(self.turn.chat, lease, model)
-        plan = await serving.plan_chat(model, chat, limits, image_params=self.turn.image_params)
+        plan = await serving.plan_chat(model, chat, limits, image_params=self.turn.image_params,
+                                       input_grammars=self.turn.input_grammars)
         freeform = self.turn.freeform
         if freeform is not None:  # the whole reply is the tool's input, exactly its grammar
             plan.output = Output(grammar=None, param=freeform.param) if freeform.grammar is None \

@@ -34,7 +34,7 @@ from gateway.config.llama_cpp import CLIP_MODEL_PATH, MODEL_ALIAS, ROPE_SCALING_
 from gateway.config.problems import Loc, Problems, dotted
 from gateway.config.reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
 from gateway.config.upstream import UpstreamEntry, check_pool_members
-from gateway.units import parse_duration, parse_size
+from gateway.units import parse_duration, parse_listen, parse_size
 
 GiB = 1024**3
 
@@ -337,6 +337,22 @@ class ServerSettings(BaseModel):
                     "entry answers to (anthropic: whatever Claude Code asks for)")
     shutdown_timeout: Annotated[Duration, LIVE] = Field(
         60.0, ge=0, description="on SIGTERM/SIGINT, how long running requests may go on")
+    ollama_address: Annotated[str | None, RESTART] = Field(
+        None, description="a second address the same server answers on, for clients wired to "
+                          "Ollama's port: \"127.0.0.1:11434\" (a port alone: on `host`); "
+                          "off by default")
+
+    @field_validator("ollama_address")
+    @classmethod
+    def _an_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_listen(value, "127.0.0.1")
+        return value
+
+    def ollama_bind(self) -> tuple[str, int] | None:
+        """Where the second listener binds, if one is configured."""
+        return None if self.ollama_address is None else parse_listen(self.ollama_address,
+                                                                     self.host)
 
 
 class Config(ServerSettings):

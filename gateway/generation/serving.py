@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -20,7 +20,7 @@ import numpy as np
 
 import engine
 from engine.thinking_budget import ThinkingBudget
-from engine.tool_formats import ThinkingFormat
+from engine.tool_formats import THINK_CLOSE, ThinkingFormat
 from gateway import protocol as p
 from gateway.config import LimitSettings
 from gateway.errors import APIError, context_length_exceeded, invalid_request
@@ -182,13 +182,15 @@ def chat_image_parts(req: p.ChatCompletionRequest,
 
 async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
                     limits: LimitSettings = DEFAULT_LIMITS, also_reasoning: bool = False,
-                    image_params: Sequence[str] = ()) -> Plan:
+                    image_params: Sequence[str] = (),
+                    input_grammars: Mapping[str, tuple[str, str]] | None = None) -> Plan:
     """`req`'s reasoning fields (gateway/generation/reasoning.py) reach the template, the
-    reply's reader and, as a budget, each choice; `image_params`: see chat_image_parts."""
+    reply's reader and, as a budget, each choice; `image_params`: see chat_image_parts;
+    `input_grammars`: freeform tools' (see structured.chat_output)."""
     _check_logit_bias(served, req.logit_bias)
     parts = chat_image_parts(req, image_params)
     images.check_takes_images(served, str(req.model), parts)  # before the template's work
-    output = chat_output(req, served.tool_format)
+    output = chat_output(req, served.tool_format, input_grammars)
     settings = reasoning.settings(req)
     output.template_vars = served.tool_format.template_vars(dict(settings.template_vars))
     if parts:
@@ -206,6 +208,9 @@ async def plan_chat(served: GenerativeModel, req: p.ChatCompletionRequest,
         prompt = engine.Prompt.of_tokens(ids)
     if inside and output.tool_format is None:  # the reply starts in the block the prompt opened
         output.tool_format = ThinkingFormat(served.tool_format.special)
+    if inside:  # and a schema or tool grammar waits for its end
+        close = served.tool_format.special(THINK_CLOSE)
+        output.after_opened_block(f"<[{close}]>" if close is not None else THINK_CLOSE)
     budget = reasoning.budget(served, settings.budget, inside)
     return Plan([_generation(served, req, prompt, i, "messages", budget) for i in range(req.n)],
                 len(prompt), prompt_of=[0] * req.n, output=output, reasoning=settings,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +21,15 @@ from engine.constraint import (
     Constraint,
     ConstraintError,
     TokenizerAdapter,
+    after_block,
     check_grammar,
     gbnf_grammar,
     json_schema_grammar,
     lark_grammar,
+    with_subgrammars,
 )
 from engine.loaded import ModelTokenizer
+from engine.tool_format_base import INPUT_GRAMMAR, RAW_SUFFIX
 from engine.tool_formats import ThinkingFormat, ToolFormat
 from gateway import protocol as p
 from gateway.errors import invalid_request
@@ -48,6 +52,17 @@ class Output:
     @property
     def constrained(self) -> bool:
         return self.grammar is not None or self.gbnf is not None
+
+    def after_opened_block(self, close: str) -> None:
+        """The prompt opened the thinking block (reasoning.opens_block): a schema or tool
+        grammar applies once the block closes (`close`: the tag as a Lark item); the reasoning
+        before it is free. A raw `grammar` stays whole-reply, as llama.cpp applies it."""
+        if self.grammar is None or self.gbnf is not None:
+            return
+        body = self.grammar
+        if self.json is not None:  # a schema (never beside tools): the block is over, so
+            body = json_schema_grammar(self.json)  # not json_after_thinking's optional one
+        self.grammar = after_block(body, close)
 
     async def compile(self, tokenizer: ModelTokenizer) -> Constraint | None:
         if not self.constrained:
@@ -197,8 +212,12 @@ def completion_output(req: p.CompletionRequest) -> Output:
     return _generation_output(req)
 
 
-def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat) -> Output:
-    """The constraint and the template input (messages, tools) of a chat request."""
+def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat,
+                input_grammars: Mapping[str, tuple[str, str]] | None = None) -> Output:
+    """The constraint and the template input (messages, tools) of a chat request.
+    `input_grammars`: tool name -> (the Lark grammar of a freeform tool's input, the same
+    written inside a JSON string: engine/json_string_grammar.py); such a tool takes {"input":
+    string}, and its calls follow that grammar exactly whatever the choice."""
     out = _generation_output(req)
     history = _history(req)
     choice = req.tool_choice
@@ -232,10 +251,16 @@ def chat_output(req: p.ChatCompletionRequest, tool_format: ToolFormat) -> Output
     template_tools = [{"type": "function", "function": f} for f in functions]
     messages, template_tools_out = tool_format.prompt(history, template_tools)
     constrained = [{**f, "parameters": closed(f["parameters"])} for f in functions]
+    subgrammars: dict[str, str] = {}
+    for f in constrained:
+        if input_grammars and f["name"] in input_grammars:
+            f[INPUT_GRAMMAR] = ref = f"input_{len(subgrammars) // 2}"
+            subgrammars[ref + RAW_SUFFIX], subgrammars[ref] = input_grammars[f["name"]]
     # a named choice is one call, as OpenAI's is: a small model would otherwise repeat it
     parallel = req.parallel_tool_calls and mode in ("auto", "required")
-    return Output(lark_grammar(tool_format.grammar(constrained, mode, parallel)),
-                  "tools", schemas, tool_format, messages, template_tools_out)
+    grammar = with_subgrammars(lark_grammar(tool_format.grammar(constrained, mode, parallel)),
+                               subgrammars)
+    return Output(grammar, "tools", schemas, tool_format, messages, template_tools_out)
 
 
 def _history(req: p.ChatCompletionRequest) -> list[dict[str, Any]]:

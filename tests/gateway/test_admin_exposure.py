@@ -57,8 +57,9 @@ def test_files_or_a_folder_on_an_exposed_bind_serve_with_the_admin_routes_closed
 
     seen: list = []
 
-    async def fake_serve(config, sock, config_path, watch, load) -> None:
-        sock.close()
+    async def fake_serve(config, socks, config_path, watch, load) -> None:
+        for sock in socks:
+            sock.close()
         seen.append((config, load))
 
     monkeypatch.setattr(cli, "_serve", fake_serve)

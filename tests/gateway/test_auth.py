@@ -243,7 +243,8 @@ def test_keep_alive_0_unloads_after_the_request_and_minus_1_keeps_it(apps, model
 
 
 def test_the_console_page_loads_without_a_key_but_its_admin_calls_need_one(server):
-    page = httpx.get(server.url + "/")
+    page = httpx.get(server.url + "/", headers={"Accept": "text/html"})
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert httpx.get(server.url + "/").text == "Ollama is running"  # public too, as Ollama's
     assert httpx.get(server.url + "/admin/events").status_code == 401
     assert httpx.post(server.url + "/", json={}).status_code == 401  # only GET/HEAD are public

@@ -17,8 +17,9 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Configs `serve` would run, captured instead of serving them."""
     seen: list[Any] = []
 
-    async def fake_serve(config: Any, sock: Any, *rest: Any) -> None:
-        sock.close()
+    async def fake_serve(config: Any, socks: Any, *rest: Any) -> None:
+        for sock in socks:  # the main address, then ollama_address's if configured
+            sock.close()
         seen.append(config)
 
     monkeypatch.setattr(cli, "_serve", fake_serve)

@@ -214,7 +214,7 @@ def test_the_reload_marks_match_what_the_registry_and_the_reloader_act_on() -> N
                                                "yarn_ext_factor", "yarn_attn_factor",
                                                "yarn_beta_fast", "yarn_beta_slow",
                                                "yarn_orig_ctx"}
-    assert marked(Config, RESTART) == ("host", "port")
+    assert marked(Config, RESTART) == ("host", "port", "ollama_address")
 
 
 # ----------------------------------------------------------------------------- env expansion
@@ -436,7 +436,8 @@ def test_unknown_top_level_key_is_rejected(folder: Path) -> None:
         model = "models/small.gguf"
     """)
     assert errors_of(path) == [f"{path}: listen: unknown key (known: host, port, "
-                               "default_model, default_models, shutdown_timeout, registry, "
+                               "default_model, default_models, shutdown_timeout, "
+                               "ollama_address, registry, "
                                "limits, auth, cors, responses, defaults, models)"]
 
 

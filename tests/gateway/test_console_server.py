@@ -27,16 +27,40 @@ def client(apps: Apps, config_path: Path) -> TestClient:
     return apps.client(config_path, loader=Loader())
 
 
+# what Chromium and Firefox send for a page they navigate to
+BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,"
+                     "image/webp,*/*;q=0.8"}
+
+
 def test_the_page_is_served_at_root_and_ui_with_the_files_bytes(client: TestClient) -> None:
     page = (STATIC / "index.html").read_bytes()
     for path in ("/", "/ui/"):
-        r = client.get(path)
+        r = client.get(path, headers=BROWSER)
         assert r.status_code == 200 and r.content == page
         assert r.headers["content-type"] == "text/html; charset=utf-8"
     assert client.get("/ui", follow_redirects=False).headers["location"] == "/ui/"
     r = client.get("/ui/main.js")
     assert r.content == (STATIC / "main.js").read_bytes()
     assert r.headers["content-type"].startswith("text/javascript")
+
+
+@pytest.mark.parametrize("accept", [None, "*/*", "application/json"])
+def test_root_answers_ollama_clients_as_ollama_does(client: TestClient,
+                                                    accept: str | None) -> None:
+    # Ollama's server answers GET / and HEAD / with 200 "Ollama is running" (text/plain);
+    # its CLI, ollama-python's users and Open WebUI probe it. curl sends */*, no Accept at all
+    # is what a bare HTTP probe sends, ollama-python sends application/json
+    headers = {"Accept": accept} if accept is not None else {}
+    if accept is None:
+        client.headers.pop("accept", None)
+    r = client.get("/", headers=headers)
+    assert r.status_code == 200 and r.text == "Ollama is running"
+    assert r.headers["content-type"].startswith("text/plain")
+    assert r.headers["vary"] == "Accept"
+    head = client.head("/", headers=headers)
+    assert head.status_code == 200 and head.content == b""
+    assert client.get("/", headers=BROWSER).headers["vary"] == "Accept"
+    assert client.head("/", headers=BROWSER).headers["content-type"].startswith("text/html")
 
 
 def test_every_file_the_page_names_is_served(client: TestClient) -> None:

@@ -211,3 +211,15 @@ def test_ollama_image_refusals_name_the_image(server: Any) -> None:
     r = _post(server, "/api/generate", {"model": MODEL, "stream": False, "prompt": QUESTION,
                                         "raw": True, "images": [B64]})
     _ollama_refusal(r, ["images", "raw"])
+
+
+def test_ollama_show_says_vision_only_for_the_entry_with_a_projector(server: Any) -> None:
+    # Open WebUI and editors offer image upload by this list; every entry also embeds
+    for model, vision in ((MODEL, True), ("text-only", False)):
+        shown = _post(server, "/api/show", {"model": model})
+        assert shown.status_code == 200, shown.text
+        capabilities = shown.json()["capabilities"]
+        assert ("vision" in capabilities) is vision
+        assert {"completion", "tools", "embedding"} <= set(capabilities)
+        embedded = _post(server, "/api/embed", {"model": model, "input": "hi"})
+        assert embedded.status_code == 200 and len(embedded.json()["embeddings"]) == 1

@@ -54,6 +54,16 @@ def test_chat_matches_v1_and_streams_the_same_text(server, client):
     assert parts[-1].model == "smol:latest" and parts[-1].eval_count == whole.eval_count
 
 
+def test_root_says_ollama_is_running_to_the_client(server, client):
+    # what the client's own connection (its headers: Accept application/json) gets at GET /
+    # and HEAD /, the probes Open WebUI and the ollama CLI make before anything else
+    r = client._client.get("/")
+    assert r.status_code == 200 and r.text == "Ollama is running"
+    assert client._client.head("/").status_code == 200
+    browser = httpx.get(server.url + "/", headers={"Accept": "text/html,*/*;q=0.8"})
+    assert browser.status_code == 200 and "<html" in browser.text.lower()
+
+
 def test_the_stream_is_ndjson_one_object_per_line(server):
     with httpx.stream("POST", server.url + "/api/chat", timeout=60, json={
             "model": "smol", "messages": ASK, "options": GREEDY}) as r:

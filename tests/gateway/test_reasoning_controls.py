@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import jinja2
+import jsonschema
 import pytest
 
 from gateway.app import create_app
@@ -39,8 +40,9 @@ PROMPT_OPENED = 'root ::= [a-z]{1,8} "</think>" [a-z]*'
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     d = tmp_path_factory.mktemp("reasoning")
-    model = str(write_tiny_llama(d / "tiny.gguf", chat_template=OPENS))
-    entry = {"model": model, "n_ctx": 256, "n_parallel": 1, "temperature": 0.0}
+    # room for a tool's description (the generic format explains itself in a system note)
+    model = str(write_tiny_llama(d / "tiny.gguf", chat_template=OPENS, n_ctx_train=1024))
+    entry = {"model": model, "n_ctx": 1024, "n_parallel": 1, "temperature": 0.0}
     config = write_config(d / "modelyard.yaml", {"models": [
         {**entry, "aliases": ["opens"]},
         {**entry, "aliases": ["prompted"], "chat_template": PROMPTED},
@@ -182,3 +184,84 @@ def test_streamed_deltas_carry_both_fields_and_add_up(server: Any) -> None:
             content += delta.get("content", "")
     assert (reasoning, also, content) == (whole["reasoning_content"], whole["reasoning"],
                                           whole["content"])
+
+
+# --------------------------------------------------------------------------------- after the block
+# "budgeted" opens the block in the prompt and closes it after 2 tokens: a schema or a tool's
+# grammar must take over only then. The expectation for the block is the same request with
+# nothing to follow (greedy: the same 2 free tokens; this tiny model's are blank, so the
+# reasoning reads empty); for the rest, the schema itself. A grammar applied from the first
+# token would write JSON into the block, and the closing tag the budget forces would end it.
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                           "ok": {"type": "boolean"}},
+          "required": ["n", "ok"], "additionalProperties": False}
+LOOKUP = {"name": "lookup", "description": "Look a number up", "parameters": SCHEMA}
+
+
+@pytest.fixture(scope="module")
+def free_block(server: Any) -> list[str]:
+    """The free run's tokens up to the closing tag's first one (the 2 the budget allows)."""
+    texts = token_texts(chat(server, "budgeted", logprobs=True))
+    return texts[:2]
+
+
+def test_chat_json_schema_applies_after_the_block_the_prompt_opened(
+        server: Any, free_block: list[str]) -> None:
+    reply = chat(server, "budgeted", max_tokens=60, logprobs=True, response_format={
+        "type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}})
+    assert token_texts(reply)[:2] == free_block
+    message = reply["choices"][0]["message"]
+    assert message.get("reasoning_content", "") == "".join(free_block).strip()
+    jsonschema.validate(json.loads(message["content"]), SCHEMA)
+
+
+def test_chat_tool_grammar_applies_after_the_block_the_prompt_opened(
+        server: Any, free_block: list[str]) -> None:
+    reply = chat(server, "budgeted", max_tokens=200, logprobs=True, tool_choice="required",
+                 tools=[{"type": "function", "function": LOOKUP}])
+    assert token_texts(reply)[:2] == free_block
+    [call] = reply["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "lookup"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMA)
+
+
+def test_responses_text_format_applies_after_the_block(server: Any,
+                                                       free_block: list[str]) -> None:
+    r = httpx.post(server.url + "/v1/responses", timeout=60, json={
+        "model": "budgeted", "input": MESSAGES[0]["content"], "max_output_tokens": 60,
+        "text": {"format": {"type": "json_schema", "name": "n", "schema": SCHEMA}}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "completed"
+    reasoning = [i["content"][0]["text"] for i in body["output"] if i["type"] == "reasoning"]
+    assert "".join(reasoning) == "".join(free_block).strip()
+    [message] = [i for i in body["output"] if i["type"] == "message"]
+    jsonschema.validate(json.loads(message["content"][0]["text"]), SCHEMA)
+
+
+def test_ollama_format_applies_after_the_block(server: Any, free_block: list[str]) -> None:
+    # the entry's reasoning defaults (this budget) reach /api/chat as every other route
+    r = httpx.post(server.url + "/api/chat", timeout=60, json={
+        "model": "budgeted", "messages": MESSAGES, "format": SCHEMA, "stream": False,
+        "think": True, "options": {"num_predict": 60}})
+    assert r.status_code == 200, r.text
+    assert r.json()["done_reason"] == "stop"
+    message = r.json()["message"]
+    assert (message.get("thinking") or "") == "".join(free_block).strip()
+    jsonschema.validate(json.loads(message["content"]), SCHEMA)
+
+
+def test_anthropic_tool_use_applies_after_the_block(server: Any, free_block: list[str]) -> None:
+    r = httpx.post(server.url + "/v1/messages", timeout=60, json={
+        "model": "budgeted", "max_tokens": 200, "messages": MESSAGES,
+        "tool_choice": {"type": "any"},
+        "tools": [{"name": "lookup", "description": LOOKUP["description"],
+                   "input_schema": SCHEMA}]})
+    assert r.status_code == 200, r.text
+    blocks = r.json()["content"]
+    thinking = [b["thinking"] for b in blocks if b["type"] == "thinking"]
+    assert "".join(thinking) == "".join(free_block).strip()
+    [use] = [b for b in blocks if b["type"] == "tool_use"]
+    assert use["name"] == "lookup" and r.json()["stop_reason"] == "tool_use"
+    jsonschema.validate(use["input"], SCHEMA)

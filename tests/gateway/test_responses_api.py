@@ -166,6 +166,53 @@ def test_custom_tool_streams_its_input(client):
     assert done.input == call.input and matches(PATCH_GRAMMAR, call.input)
 
 
+NOTE_GRAMMAR = 'start: "NOTE: " /[a-z "]{1,20}/\n'  # quotes: the JSON string must escape them
+NOTE_TOOL = {"type": "custom", "name": "note", "description": "Write a short note",
+             "format": {"type": "grammar", "syntax": "lark", "definition": NOTE_GRAMMAR}}
+GRAMMARS = {"apply_patch": PATCH_GRAMMAR, "note": NOTE_GRAMMAR}
+
+
+@pytest.mark.parametrize("prompt", ["Add a file hello.txt containing hi.",
+                                    "Write a note saying hello."])
+def test_custom_tools_follow_their_grammars_under_auto(client, prompt):
+    # the model may answer or call either tool; SmolLM2 calls one (seeded, greedy), and its
+    # input, read back from the JSON string it was written in, is its grammar's to the byte
+    reply = client.responses.create(model="smol", input=prompt, tools=[PATCH_TOOL, NOTE_TOOL],
+                                    tool_choice="auto", temperature=0, max_output_tokens=120)
+    calls = [item for item in reply.output if item.type == "custom_tool_call"]
+    assert reply.status == "completed" and len(calls) == 1, reply.output
+    assert matches(GRAMMARS[calls[0].name], calls[0].input), calls[0].input
+
+
+def test_custom_tools_stream_their_input_under_required(client):
+    with client.responses.stream(model="smol", input="Write a note saying hello.",
+                                 tools=[NOTE_TOOL, PATCH_TOOL], tool_choice="required",
+                                 parallel_tool_calls=False,  # as Codex: a small model repeats
+                                 temperature=0, max_output_tokens=120) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    item = final.output[-1]
+    assert final.status == "completed" and item.type == "custom_tool_call", final.output
+    done = next(e for e in events if e.type == "response.custom_tool_call_input.done")
+    assert done.input == item.input and matches(GRAMMARS[item.name], item.input)
+    assert [e.type for e in events].count("response.output_item.done") == len(final.output)
+
+
+def test_a_grammar_a_json_string_cannot_hold_is_a_400_under_auto(client):
+    ignoring = {**NOTE_TOOL, "format": {"type": "grammar", "syntax": "lark", "definition":
+                                        'start: "a" "b"\n%ignore " "\n'}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="smol", input="x", tools=[WEATHER, ignoring])
+    assert err.value.body["param"] == "tools[1].format.definition"
+    assert "%ignore" in err.value.body["message"]
+    broken = {**NOTE_TOOL, "format": {"type": "grammar", "syntax": "lark",
+                                      "definition": "start: missing_rule"}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="smol", input="x", tools=[WEATHER, broken])
+    assert err.value.body["param"] == "tools[1].format.definition"
+    assert "missing_rule" in err.value.body["message"]
+
+
 def test_a_broken_grammar_is_a_400_naming_it(client):
     broken = {**PATCH_TOOL, "format": {"type": "grammar", "syntax": "lark",
                                        "definition": "start: missing_rule"}}

@@ -3,12 +3,14 @@
 The request bodies follow codex-rs's ResponsesApiRequest (codex-api/src/common.rs) as its docs
 and issue threads show it: `instructions`, the whole history as `input` items every turn (it
 stores nothing: `store: false`, `stream: true`), a `shell` function tool and the freeform
-`apply_patch` custom tool with a Lark grammar, `tool_choice: "auto"`, `parallel_tool_calls:
-false`, `reasoning: null`, `include: []`, `prompt_cache_key`. A turn is a user message; then
-the shell call and its output; then an apply_patch call and its output with the assistant's
-text and a reasoning item. Every reply's SSE frames are checked: an `event:` line naming the
-data's type, sequence numbers 0, 1, 2, ..., every event valid as openai-python's own type,
-response.completed last with exactly the items of the output_item.done events, no [DONE].
+`apply_patch` custom tool with its Lark grammar (tests/data/codex), `tool_choice: "auto"`,
+`parallel_tool_calls: false`, `reasoning: null`, `include: []`, `prompt_cache_key`. A turn is a
+user message; then the shell call and its output; then an apply_patch call and its output with
+the assistant's text and a reasoning item. Every reply's SSE frames are checked: an `event:`
+line naming the data's type, sequence numbers 0, 1, 2, ..., every event valid as
+openai-python's own type, response.completed last with exactly the items of the
+output_item.done events, no [DONE]; an apply_patch call's input is parsed by the `lark`
+package under Codex's grammar.
 """
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import json
 import uuid
 
 import httpx
+import lark
 import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from tests.support.paths import DATA
 from tests.support.servers import Server, write_config
 
 pytestmark = pytest.mark.real_model
@@ -37,12 +41,19 @@ SHELL = {"type": "function", "name": "shell", "description": "Runs a shell comma
              "required": ["command"], "additionalProperties": False}}
 APPLY_PATCH = {"type": "custom", "name": "apply_patch",
                "description": "Use the `apply_patch` tool to edit files.",
-               "format": {"type": "grammar", "syntax": "lark", "definition": (
-                   'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n'
-                   'end_patch: "*** End Patch" LF?\nhunk: add_hunk | delete_hunk\n'
-                   'add_hunk: "*** Add File: " filename LF add_line+\n'
-                   'delete_hunk: "*** Delete File: " filename LF\nfilename: /(.+)/\n'
-                   'add_line: "+" /(.*)/ LF -> line\n%import common.LF\n')}}
+               "format": {"type": "grammar", "syntax": "lark",
+                          "definition": (DATA / "codex" / "apply_patch.lark").read_text()}}
+
+
+def is_patch(text: str) -> bool:
+    """The `lark` package's verdict under Codex's grammar (its Earley takes no zero-width
+    regex: /(.*)/ becomes /(.+)/?, the same language)."""
+    grammar = str(APPLY_PATCH["format"]["definition"]).replace("/(.*)/", "/(.+)/?")  # type: ignore[index]
+    try:
+        lark.Lark(grammar, parser="earley").parse(text)
+    except lark.LarkError:
+        return False
+    return True
 
 
 def user(text: str) -> dict[str, object]:
@@ -55,7 +66,7 @@ def request(items: list[dict[str, object]]) -> dict[str, object]:
             "reasoning": None, "store": False, "stream": True, "include": [],
             "prompt_cache_key": str(uuid.uuid4()),
             # not Codex's: keeps a small model's turns short and repeatable
-            "max_output_tokens": 40, "temperature": 0}
+            "max_output_tokens": 80, "temperature": 0}
 
 
 TURN_1 = [user(ENVIRONMENT), user("List the files here.")]
@@ -124,7 +135,8 @@ def test_every_codex_turn_gets_a_well_formed_stream(server, items):
             assert item["name"] == "shell"
             assert isinstance(json.loads(item["arguments"]), dict)
         elif item["type"] == "custom_tool_call":
-            assert item["name"] == "apply_patch" and isinstance(item["input"], str)
+            # under auto too: the input follows Codex's grammar exactly
+            assert item["name"] == "apply_patch" and is_patch(item["input"]), item["input"]
         else:
             assert item["type"] == "message"
 

@@ -277,3 +277,14 @@ def test_a_schema_applies_after_a_free_thinking_span():
     assert not ok('<think>x</think>{"a": "one"}')
     read = thinking.read('<think>\nhm\n</think>\n\n{"a": 1}', final=True)
     assert read.reasoning == "hm" and read.content == '{"a": 1}'
+
+
+def test_the_generic_format_reads_a_thinking_span_before_its_object():
+    # a template with <think> but no tool syntax (the tiny thinking templates, Gemma-likes)
+    fmt = GenericFormat(VOCAB.special_id, thinking=True)
+    call = '{"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 40}}]}'
+    read = fmt.read("<think>add them</think>\n" + call, final=True)
+    assert read.reasoning == "add them" and read.content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in read.calls] == [("add", {"a": 2, "b": 40})]
+    assert fmt.read('<think>hm</think>{"response": "hi"}', final=True).content == "hi"
+    assert fmt.read("<think>still thinking", final=False).content == ""

@@ -128,8 +128,9 @@ def test_docker_run_with_a_models_folder_serves_it_with_no_config(
 
     seen: list[Any] = []
 
-    async def fake_serve(config: Any, sock: Any, *rest: Any) -> None:
-        sock.close()
+    async def fake_serve(config: Any, socks: Any, *rest: Any) -> None:
+        for sock in socks:
+            sock.close()
         seen.append(config)
 
     monkeypatch.setattr(cli, "_serve", fake_serve)

@@ -1,5 +1,9 @@
 """The web console: a single page at GET / and /ui/, its files under /ui/NAME.
 
+GET / is also where Ollama clients (ollama-python, Open WebUI, the ollama CLI's HEAD /) look for
+"Ollama is running": a request whose Accept names text/html (a browser) gets the page, any other
+the `other` handler `routes` is given (gateway/api/ollama.py's), so both work on one port.
+
 The page is plain HTML, CSS and JavaScript in static/ (no build step, no CDN: it works offline).
 The files are read once, when the routes are made, and served from memory with an ETag, so the
 console costs the API nothing per request. Everything the page shows it asks the server for over
@@ -60,12 +64,27 @@ def _serve(request: Request, file: _File) -> Response:
     return Response(file.body, media_type=file.media_type, headers=headers)
 
 
-def routes(directory: Path = STATIC) -> list[BaseRoute]:
+def wants_page(request: Request) -> bool:
+    """A browser: its Accept names text/html (clients of the APIs send */* or JSON)."""
+    return any(part.split(";")[0].strip().lower() == "text/html"
+               for part in request.headers.get("accept", "").split(","))
+
+
+def routes(directory: Path = STATIC, other: endpoints.Handler | None = None) -> list[BaseRoute]:
+    """The console's routes; `other` answers GET / for what is not a browser."""
     files = _read(directory)
     index = files[INDEX]
 
     async def page(request: Request) -> Response:
         return _serve(request, index)
+
+    async def root(request: Request) -> Response:
+        if other is None or wants_page(request):
+            response = _serve(request, index)
+        else:
+            response = await other(request)
+        response.headers["Vary"] = "Accept"  # one URL, two bodies: caches must tell them apart
+        return response
 
     async def asset(request: Request) -> Response:
         file = files.get(request.path_params["name"])
@@ -77,7 +96,7 @@ def routes(directory: Path = STATIC) -> list[BaseRoute]:
         return RedirectResponse(PREFIX, status_code=308)
 
     return endpoints.routes({
-        "GET HEAD /": page,
+        "GET HEAD /": root,
         "GET HEAD /ui": to_page,
         f"GET HEAD {PREFIX}": page,
         f"GET HEAD {PREFIX}{{name}}": asset,
