@@ -1,0 +1,220 @@
+"""A register-blocked float GEMM over packed weight panels: many activation rows at once (a ViT's
+4096 patches, an attention block's queries), where the row kernels of engine.kernels.matmul
+re-read the activations for every weight row.
+
+    out[m, r] = dot(W[r, :], x[m, :])    W [N, K] F16 or F32    x float32 [M, K]    out [M, N]
+
+Weights are packed once (pack_panels): panels of PANEL = 32 weight rows, each stored k-major,
+panel[p, k, j] = W[32 p + j, k] (rows past N are zeros), in the weight's own type. The kernel
+
+    for kb in K by KC:                        a KC slice of every panel fits L1, of x L2
+        for mb in M by MC:
+            for p in [p0, p1):                the thread's panels
+                for each tile of TILE_M rows in mb:
+                    acc[12][2] = kb ? out : 0                 24 <16 x float> accumulators
+                    for k in kb: w = panel[p, k] (2 vectors); acc[i] += w * x[m0 + i, k]
+                    out = acc                                  (masked past N)
+
+one broadcast of x[m, k] per row and 2 weight loads per k feed 24 FMAs; x stays row-major (no
+packing per call). A tile past M reads row M - 1 again and stores nothing for it. Summation
+over k is in order within a KC slice, slices added in order: not the row kernels' bits, so
+callers that must match other paths bit for bit keep those (the vision encoder does not).
+
+gemm_panels_<f16|f32>(w, x, out, K, r0, r1, M, N) has the row kernels' signature, so
+engine.kernels.tasks' task_matmul splits it across a pool by weight rows (a thread takes the
+panels starting in its range). Numpy twin: `reference`.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.formats.ggml_types import GGMLQuantizationType as T
+from engine.kernels import jit, tasks
+from engine.kernels.ir.builder import address
+from engine.kernels.ir.consts import V16F
+from engine.kernels.ir.vectors import KernelFn
+from engine.kernels.pool import Pool
+
+PANEL = 32      # weight rows per panel: two <16 x float> vectors
+TILE_M = 12     # activation rows per tile: 24 accumulators, 2 weight vectors, 1 broadcast
+KC = 256        # k per slice: a panel slice (16 KB f16) stays in L1 across a block's tiles
+MC = 192        # rows per block: a block's x slice (192 KB) stays in L2 across the panels
+_ELEM = {T.F16: ("half", 2), T.F32: ("float", 4)}
+_MASKED = ("declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32 immarg, <16 x i1>)\n"
+           "declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32 immarg, <16 x i1>, <16 x float>)\n"
+           "declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)\n")
+
+
+def _build(qtype: T) -> str:
+    elem, esize = _ELEM[qtype]
+    name = qtype.name.lower()
+    f = KernelFn(f"void @gemm_panels_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %out, "
+                 f"i64 %K, i64 %r0, i64 %r1, i64 %M, i64 %N) #0")
+    p0 = f.let(f"udiv i64 {f.add('%r0', PANEL - 1)}, {PANEL}")
+    p1 = f.let(f"udiv i64 {f.add('%r1', PANEL - 1)}, {PANEL}")
+    panel_bytes = f.mul("%K", PANEL * esize)
+    x_row = f.mul("%K", 4)
+    out_row = f.mul("%N", 4)
+    last_row = f.let("sub i64 %M, 1")
+    lanes = "<16 x i64> <" + ", ".join(f"i64 {j}" for j in range(16)) + ">"
+    n_kb = f.let(f"udiv i64 {f.add('%K', KC - 1)}, {KC}")
+    n_mb = f.let(f"udiv i64 {f.add('%M', MC - 1)}, {MC}")
+
+    def k_slice(kb: str) -> None:
+        k0 = f.mul(kb, KC)
+        kn = f.let(f"sub i64 %K, {k0}")
+        kn = f.let(f"select i1 {f.let(f'icmp ult i64 {kn}, {KC}')}, i64 {kn}, i64 {KC}")
+        first = f.let(f"icmp eq i64 {kb}, 0")
+
+        def m_block(mb: str) -> None:
+            m_lo = f.mul(mb, MC)
+            m_hi = f.let(f"select i1 {f.let(f'icmp ult i64 {f.add(m_lo, MC)}, %M')}, "
+                         f"i64 {f.add(m_lo, MC)}, i64 %M")
+            n_tiles = f.let(f"udiv i64 {f.add(f.let(f'sub i64 {m_hi}, {m_lo}'), TILE_M - 1)}, {TILE_M}")
+
+            def panel(p: str) -> None:
+                wp = f.gep("%w", f.add(f.mul(p, panel_bytes), f.mul(k0, PANEL * esize)))
+                n0 = f.mul(p, PANEL)
+                # columns of this panel that exist: masks of the two vectors
+                left = f.let(f"sub i64 %N, {n0}")
+                masks = []
+                for v in range(2):
+                    lim = f.let(f"insertelement <16 x i64> poison, i64 {f.let(f'sub i64 {left}, {16 * v}')}, i64 0")
+                    lim = f.let(f"shufflevector <16 x i64> {lim}, <16 x i64> poison, <16 x i32> zeroinitializer")
+                    masks.append(f.let(f"icmp slt {lanes}, {lim}"))
+
+                def tile(t: str) -> None:
+                    m0 = f.add(m_lo, f.mul(t, TILE_M))
+                    rows = []
+                    for i in range(TILE_M):
+                        m = f.add(m0, i)
+                        m = f.let(f"select i1 {f.let(f'icmp ult i64 {m}, %M')}, i64 {m}, i64 {last_row}")
+                        rows.append(m)
+                    xs = [f.gep("%x", f.add(f.mul(m, x_row), f.mul(k0, 4))) for m in rows]
+                    outs = [f.gep("%out", f.add(f.mul(m, out_row), f.mul(n0, 4))) for m in rows]
+
+                    init = []  # out's partial sums, or zeros on the first slice (out unread)
+                    for o in outs:
+                        for v in range(2):
+                            prev = f.let(f"call {V16F} @llvm.masked.load.v16f32.p0(ptr {f.gep(o, 64 * v)}, "
+                                         f"i32 4, <16 x i1> {masks[v]}, {V16F} zeroinitializer)")
+                            init.append(f.select(first, V16F, "zeroinitializer", prev))
+
+                    def step(k: str, acc: list[str]) -> list[str]:
+                        off = f.mul(k, PANEL * esize)
+                        ws = []
+                        for v in range(2):
+                            raw = f.load(f"<16 x {elem}>", wp, f.add(off, 16 * esize * v), esize)
+                            ws.append(raw if elem == "float" else f.let(f"fpext <16 x half> {raw} to {V16F}"))
+                        new = []
+                        for i in range(TILE_M):
+                            xb = f.splat_float(f.load("float", xs[i], f.mul(k, 4), 4), 16)
+                            for v in range(2):
+                                new.append(f.let(f"call {V16F} @llvm.fma.v16f32({V16F} {ws[v]}, "
+                                                 f"{V16F} {xb}, {V16F} {acc[2 * i + v]})"))
+                        return new
+
+                    acc = f.loop(kn, list(zip([V16F] * (2 * TILE_M), init)), step)
+                    for i in range(TILE_M):
+                        def put(i: int = i) -> None:
+                            for v in range(2):
+                                f.do(f"call void @llvm.masked.store.v16f32.p0({V16F} {acc[2 * i + v]}, "
+                                     f"ptr {f.gep(outs[i], 64 * v)}, i32 4, <16 x i1> {masks[v]})")
+                        f.if_then(f.let(f"icmp ult i64 {f.add(m0, i)}, %M"), put)
+
+                f.each(n_tiles, tile)
+
+            f.loop_range(p0, p1, panel)
+
+        f.each(n_mb, m_block)
+
+    f.each(n_kb, k_slice)
+    f.do("ret void")
+    return f.text()
+
+
+def build_ir() -> str:
+    # AVX-512 hosts prefer 256-bit vectors unless a function asks for 512 (min-legal-vector-width)
+    return (_MASKED + _build(T.F16) + _build(T.F32)
+            + 'attributes #0 = { "min-legal-vector-width"="512" }\n')
+
+
+def pack_panels(w: np.ndarray) -> np.ndarray:
+    """W [N, K] (float16 or float32) -> [ceil(N / 32), K, 32] of the same type, zero rows past N."""
+    n, k = w.shape
+    n_p = -(-n // PANEL)
+    padded = np.zeros((n_p * PANEL, k), w.dtype)
+    padded[:n] = w
+    return np.ascontiguousarray(padded.reshape(n_p, PANEL, k).transpose(0, 2, 1))
+
+
+def reference(panels: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
+    """The numpy twin: out [M, n] = x @ W^T from the packed panels, in float64."""
+    w = panels.astype(np.float64).transpose(0, 2, 1).reshape(-1, panels.shape[1])[:n]
+    return np.asarray(x, np.float64) @ w.T
+
+
+@dataclass(frozen=True)
+class PanelMatrix:
+    """A weight matrix packed for the panel GEMM; `data` [ceil(N / 32), K, 32] F16 or F32."""
+    data: np.ndarray
+    n_rows: int
+    n_cols: int
+
+    @property
+    def qtype(self) -> T:
+        return T.F16 if self.data.dtype == np.float16 else T.F32
+
+    @property
+    def address(self) -> int:
+        return address(self.data)
+
+    @classmethod
+    def pack(cls, w: np.ndarray) -> PanelMatrix:
+        if w.dtype not in (np.float16, np.float32) or w.ndim != 2:
+            raise ValueError(f"panels take a 2-D float16 or float32 matrix, got {w.dtype} {w.shape}")
+        return cls(pack_panels(w), w.shape[0], w.shape[1])
+
+
+_SIG = (None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p) + (ctypes.c_int64,) * 5
+
+
+class PanelGemm:
+    """The compiled kernels; `matmul` splits across `pool` by panels (one thread without)."""
+
+    def __init__(self, pool: Pool | None = None) -> None:
+        lib = jit.compile_cached("panel_gemm", (PANEL, TILE_M, KC, MC), build_ir)
+        self._fn = {q: lib.function(f"gemm_panels_{q.name.lower()}", *_SIG) for q in _ELEM}
+        self._addr = {q: lib.address(f"gemm_panels_{q.name.lower()}") for q in _ELEM}
+        self._pool = pool
+        self._split = tasks.load_tasks(jit.host_has("f16c")).address["task_matmul"] if pool else 0
+        self._step = np.zeros(len(tasks.STEP.fields), np.int64)
+        self._lock = threading.Lock()
+
+    def matmul(self, w: PanelMatrix, x: np.ndarray, out: np.ndarray | None = None,
+               threads: bool = True) -> np.ndarray:
+        """out [M, N] = x [M, K] @ W^T; `threads=False` runs on the calling thread alone (for
+        callers that parallelise above, e.g. attention heads)."""
+        if x.ndim != 2 or x.shape[1] != w.n_cols or x.dtype != np.float32 or not x.flags.c_contiguous:
+            raise ValueError(f"x must be C-contiguous float32 [M, {w.n_cols}], got {x.dtype} {x.shape}")
+        m = x.shape[0]
+        if out is None:
+            out = np.empty((m, w.n_rows), np.float32)
+        elif out.shape != (m, w.n_rows) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be C-contiguous float32 {(m, w.n_rows)}")
+        if m == 0:
+            return out
+        if not threads or self._pool is None or self._pool.n_threads == 1:
+            self._fn[w.qtype](w.address, address(x), address(out), w.n_cols, 0, w.n_rows, m, w.n_rows)
+            return out
+        with self._lock:
+            tasks.STEP.fill(self._step, n_tokens=m)
+            args = tasks.MATMUL.pack(fn=self._addr[w.qtype], w=w.address, x=address(x),
+                                     out=address(out), nb=w.n_cols, n_rows=w.n_rows,
+                                     m_at=tasks.M_TOKENS)
+            self._pool.run_task(self._split, args, address(self._step))
+        return out
