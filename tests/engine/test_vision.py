@@ -183,3 +183,28 @@ def test_chunk_keys_follow_the_image_content(models: dict[str, VisionModel]) -> 
     assert [c.key for c in a.chunks] == [c.key for c in again.chunks]
     assert len({c.key for c in a.chunks}) == len(a.chunks)
     assert not {c.key for c in a.chunks} & {c.key for c in b.chunks}
+
+
+def test_gemma3_pools_4x4_when_the_file_leaves_the_scale_factor_out() -> None:
+    """Published Gemma 3 mmproj files carry no clip.vision.projector.scale_factor: mtmd's
+    default (clip.cpp, PROJECTOR_TYPE_GEMMA3: n_merge = 4) makes 64x64 patches 256 rows."""
+    from engine.gguf import GGUFFile
+    from engine.vision import check_header
+
+    f = GGUFFile(VLM_DIR / "gemma3_vlm_mmproj_f32.gguf")
+    try:
+        md = dict(f.metadata)
+        assert md.pop("clip.vision.projector.scale_factor") == 2   # the tiny file names its own
+        md["clip.vision.image_size"], md["clip.vision.patch_size"] = 896, 14
+        assert check_header("x.gguf", md, f.tensors).scale_factor == 4
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_two_threads_give_one_threads_bits(models: dict[str, VisionModel], base: str) -> None:
+    """Heads spread over threads, GEMMs split by panels, norms by rows: each value is computed
+    by one thread in the same order, so the threaded encoder is bit-identical."""
+    pixels = models[base].preprocess((VLM_DIR / "image1_64x64.png").read_bytes()).tiles[0]
+    with VisionModel(VLM_DIR / f"{base}_mmproj_f32.gguf", n_threads=2) as threaded:
+        assert np.array_equal(threaded.encode_pixels(pixels), models[base].encode_pixels(pixels))
