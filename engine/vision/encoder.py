@@ -17,7 +17,7 @@ weights go through the row kernels of engine/kernels/matmul as they are. Attenti
 per head (heads spread over the threads) and per block of ATTN_BLOCK queries, scores = panel
 GEMM of the head's packed keys, scale + softmax in place, then the panel GEMM of its packed
 values, so a block's [ATTN_BLOCK, n_pos] scores stay in cache instead of [n_pos, n_pos] per head
-going through memory. Biases, softmax and the tanh GELU are the glue kernels of
+going through memory; its softmax is engine/kernels/row_softmax (16 lanes, f32 sums). Biases and the tanh GELU are the glue kernels of
 engine/kernels/ops (GELU with ggml's f16 table). LayerNorm and quick-GELU are numpy here (no
 compiled kernel for them yet); tests/support/vision_reference.py is the float64 twin of the
 whole encoder, and llama.cpp's own embeddings (tests/data/vlm/) the outside check.
@@ -36,6 +36,7 @@ from engine.kernels import ops
 from engine.kernels.matmul import MatmulKernels
 from engine.kernels.panel_gemm import PanelGemm, PanelMatrix
 from engine.kernels.pool import Pool
+from engine.kernels.row_softmax import LANES, softmax_rows
 from engine.vision.mmproj import Projector, VisionLayer, VisionParams
 
 ATTN_BLOCK = 192  # queries per attention block: [192, 4096] f32 scores are 3 MB
@@ -190,7 +191,7 @@ class VisionEncoder:
             for q0 in range(0, n, ATTN_BLOCK):
                 s = scores[:min(ATTN_BLOCK, n - q0)]
                 self.gemm.matmul(keys, qh[q0:q0 + s.shape[0]], out=s, threads=False)  # [b, n_k]
-                ops.softmax(s, out=s)
+                softmax_rows(s) if n % LANES == 0 else ops.softmax(s, out=s)
                 heads[q0:q0 + s.shape[0], h] = self.gemm.matmul(values, s, threads=False)  # [b, dh]
 
         if self._heads is None:
