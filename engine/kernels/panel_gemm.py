@@ -4,8 +4,9 @@ re-read the activations for every weight row.
 
     out[m, r] = dot(W[r, :], x[m, :])    W [N, K] F16 or F32    x float32 [M, K]    out [M, N]
 
-Weights are packed once (pack_panels): panels of PANEL = 32 weight rows, each stored k-major,
-panel[p, k, j] = W[32 p + j, k] (rows past N are zeros), in the weight's own type. The kernel
+Weights are packed once (pack_panels): panels of P = 32 or 64 weight rows (TILES), each stored
+k-major, panel[p, k, j] = W[P p + j, k] (rows past N are zeros), in the weight's own type. The
+kernel (P = 32 shown; P = 64 takes 6 rows and 4 weight vectors)
 
     for kb in K by KC:                        a KC slice of every panel fits L1, of x L2
         for mb in M by MC:
@@ -20,7 +21,7 @@ packing per call). A tile past M reads row M - 1 again and stores nothing for it
 over k is in order within a KC slice, slices added in order: not the row kernels' bits, so
 callers that must match other paths bit for bit keep those (the vision encoder does not).
 
-gemm_panels_<f16|f32>(w, x, out, K, r0, r1, M, N) has the row kernels' signature, so
+gemm_panels_<f16|f32>_<P>(w, x, out, K, r0, r1, M, N) has the row kernels' signature, so
 engine.kernels.tasks' task_matmul splits it across a pool by weight rows (a thread takes the
 panels starting in its range). Numpy twin: `reference`.
 """
@@ -39,8 +40,11 @@ from engine.kernels.ir.consts import V16F
 from engine.kernels.ir.vectors import KernelFn
 from engine.kernels.pool import Pool
 
-PANEL = 32      # weight rows per panel: two <16 x float> vectors
-TILE_M = 12     # activation rows per tile: 24 accumulators, 2 weight vectors, 1 broadcast
+# panel width (weight rows, 16 per vector) -> activation rows per tile: 24 accumulators either
+# way; the wider panel needs fewer broadcasts per FMA (measured 122 -> 150 GFLOPS on attention's
+# QK^T), the narrower one wastes less on a ragged N (attention's P V, N = 72)
+TILES = {32: 12, 64: 6}
+PANEL, TILE_M = 32, 12  # the default panel and its tile
 KC = 256        # k per slice: a panel slice (16 KB f16) stays in L1 across a block's tiles
 MC = 192        # rows per block: a block's x slice (192 KB) stays in L2 across the panels
 _ELEM = {T.F16: ("half", 2), T.F32: ("float", 4)}
@@ -49,14 +53,16 @@ _MASKED = ("declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32 imm
            "declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)\n")
 
 
-def _build(qtype: T) -> str:
+def _build(qtype: T, panel: int, tile_m: int) -> str:
+    assert MC % tile_m == 0, "a row block is whole tiles (a tile past it would add twice)"
+    nv = panel // 16  # weight vectors per k
     elem, esize = _ELEM[qtype]
-    name = qtype.name.lower()
+    name = f"{qtype.name.lower()}_{panel}"
     f = KernelFn(f"void @gemm_panels_{name}(ptr noalias %w, ptr noalias %x, ptr noalias %out, "
                  f"i64 %K, i64 %r0, i64 %r1, i64 %M, i64 %N) #0")
-    p0 = f.let(f"udiv i64 {f.add('%r0', PANEL - 1)}, {PANEL}")
-    p1 = f.let(f"udiv i64 {f.add('%r1', PANEL - 1)}, {PANEL}")
-    panel_bytes = f.mul("%K", PANEL * esize)
+    p0 = f.let(f"udiv i64 {f.add('%r0', panel - 1)}, {panel}")
+    p1 = f.let(f"udiv i64 {f.add('%r1', panel - 1)}, {panel}")
+    panel_bytes = f.mul("%K", panel * esize)
     x_row = f.mul("%K", 4)
     out_row = f.mul("%N", 4)
     last_row = f.let("sub i64 %M, 1")
@@ -74,23 +80,23 @@ def _build(qtype: T) -> str:
             m_lo = f.mul(mb, MC)
             m_hi = f.let(f"select i1 {f.let(f'icmp ult i64 {f.add(m_lo, MC)}, %M')}, "
                          f"i64 {f.add(m_lo, MC)}, i64 %M")
-            n_tiles = f.let(f"udiv i64 {f.add(f.let(f'sub i64 {m_hi}, {m_lo}'), TILE_M - 1)}, {TILE_M}")
+            n_tiles = f.let(f"udiv i64 {f.add(f.let(f'sub i64 {m_hi}, {m_lo}'), tile_m - 1)}, {tile_m}")
 
-            def panel(p: str) -> None:
-                wp = f.gep("%w", f.add(f.mul(p, panel_bytes), f.mul(k0, PANEL * esize)))
-                n0 = f.mul(p, PANEL)
+            def one_panel(p: str) -> None:
+                wp = f.gep("%w", f.add(f.mul(p, panel_bytes), f.mul(k0, panel * esize)))
+                n0 = f.mul(p, panel)
                 # columns of this panel that exist: masks of the two vectors
                 left = f.let(f"sub i64 %N, {n0}")
                 masks = []
-                for v in range(2):
+                for v in range(nv):
                     lim = f.let(f"insertelement <16 x i64> poison, i64 {f.let(f'sub i64 {left}, {16 * v}')}, i64 0")
                     lim = f.let(f"shufflevector <16 x i64> {lim}, <16 x i64> poison, <16 x i32> zeroinitializer")
                     masks.append(f.let(f"icmp slt {lanes}, {lim}"))
 
                 def tile(t: str) -> None:
-                    m0 = f.add(m_lo, f.mul(t, TILE_M))
+                    m0 = f.add(m_lo, f.mul(t, tile_m))
                     rows = []
-                    for i in range(TILE_M):
+                    for i in range(tile_m):
                         m = f.add(m0, i)
                         m = f.let(f"select i1 {f.let(f'icmp ult i64 {m}, %M')}, i64 {m}, i64 {last_row}")
                         rows.append(m)
@@ -99,36 +105,36 @@ def _build(qtype: T) -> str:
 
                     init = []  # out's partial sums, or zeros on the first slice (out unread)
                     for o in outs:
-                        for v in range(2):
+                        for v in range(nv):
                             prev = f.let(f"call {V16F} @llvm.masked.load.v16f32.p0(ptr {f.gep(o, 64 * v)}, "
                                          f"i32 4, <16 x i1> {masks[v]}, {V16F} zeroinitializer)")
                             init.append(f.select(first, V16F, "zeroinitializer", prev))
 
                     def step(k: str, acc: list[str]) -> list[str]:
-                        off = f.mul(k, PANEL * esize)
+                        off = f.mul(k, panel * esize)
                         ws = []
-                        for v in range(2):
+                        for v in range(nv):
                             raw = f.load(f"<16 x {elem}>", wp, f.add(off, 16 * esize * v), esize)
                             ws.append(raw if elem == "float" else f.let(f"fpext <16 x half> {raw} to {V16F}"))
                         new = []
-                        for i in range(TILE_M):
+                        for i in range(tile_m):
                             xb = f.splat_float(f.load("float", xs[i], f.mul(k, 4), 4), 16)
-                            for v in range(2):
+                            for v in range(nv):
                                 new.append(f.let(f"call {V16F} @llvm.fma.v16f32({V16F} {ws[v]}, "
-                                                 f"{V16F} {xb}, {V16F} {acc[2 * i + v]})"))
+                                                 f"{V16F} {xb}, {V16F} {acc[nv * i + v]})"))
                         return new
 
-                    acc = f.loop(kn, list(zip([V16F] * (2 * TILE_M), init)), step)
-                    for i in range(TILE_M):
+                    acc = f.loop(kn, list(zip([V16F] * (nv * tile_m), init)), step)
+                    for i in range(tile_m):
                         def put(i: int = i) -> None:
-                            for v in range(2):
-                                f.do(f"call void @llvm.masked.store.v16f32.p0({V16F} {acc[2 * i + v]}, "
+                            for v in range(nv):
+                                f.do(f"call void @llvm.masked.store.v16f32.p0({V16F} {acc[nv * i + v]}, "
                                      f"ptr {f.gep(outs[i], 64 * v)}, i32 4, <16 x i1> {masks[v]})")
                         f.if_then(f.let(f"icmp ult i64 {f.add(m0, i)}, %M"), put)
 
                 f.each(n_tiles, tile)
 
-            f.loop_range(p0, p1, panel)
+            f.loop_range(p0, p1, one_panel)
 
         f.each(n_mb, m_block)
 
@@ -139,17 +145,18 @@ def _build(qtype: T) -> str:
 
 def build_ir() -> str:
     # AVX-512 hosts prefer 256-bit vectors unless a function asks for 512 (min-legal-vector-width)
-    return (_MASKED + _build(T.F16) + _build(T.F32)
+    return (_MASKED + "".join(_build(q, p, t) for q in _ELEM for p, t in TILES.items())
             + 'attributes #0 = { "min-legal-vector-width"="512" }\n')
 
 
-def pack_panels(w: np.ndarray) -> np.ndarray:
-    """W [N, K] (float16 or float32) -> [ceil(N / 32), K, 32] of the same type, zero rows past N."""
+def pack_panels(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
+    """W [N, K] (float16 or float32) -> [ceil(N / panel), K, panel] of the same type, zero rows
+    past N."""
     n, k = w.shape
-    n_p = -(-n // PANEL)
-    padded = np.zeros((n_p * PANEL, k), w.dtype)
+    n_p = -(-n // panel)
+    padded = np.zeros((n_p * panel, k), w.dtype)
     padded[:n] = w
-    return np.ascontiguousarray(padded.reshape(n_p, PANEL, k).transpose(0, 2, 1))
+    return np.ascontiguousarray(padded.reshape(n_p, panel, k).transpose(0, 2, 1))
 
 
 def reference(panels: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
@@ -160,7 +167,7 @@ def reference(panels: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PanelMatrix:
-    """A weight matrix packed for the panel GEMM; `data` [ceil(N / 32), K, 32] F16 or F32."""
+    """A weight matrix packed for the panel GEMM; `data` [ceil(N / panel), K, panel] F16 or F32."""
     data: np.ndarray
     n_rows: int
     n_cols: int
@@ -170,14 +177,20 @@ class PanelMatrix:
         return T.F16 if self.data.dtype == np.float16 else T.F32
 
     @property
+    def panel(self) -> int:
+        return int(self.data.shape[2])
+
+    @property
     def address(self) -> int:
         return address(self.data)
 
     @classmethod
-    def pack(cls, w: np.ndarray) -> PanelMatrix:
+    def pack(cls, w: np.ndarray, panel: int = PANEL) -> PanelMatrix:
         if w.dtype not in (np.float16, np.float32) or w.ndim != 2:
             raise ValueError(f"panels take a 2-D float16 or float32 matrix, got {w.dtype} {w.shape}")
-        return cls(pack_panels(w), w.shape[0], w.shape[1])
+        if panel not in TILES:
+            raise ValueError(f"panel must be one of {sorted(TILES)}, got {panel}")
+        return cls(pack_panels(w, panel), w.shape[0], w.shape[1])
 
 
 _SIG = (None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p) + (ctypes.c_int64,) * 5
@@ -187,9 +200,10 @@ class PanelGemm:
     """The compiled kernels; `matmul` splits across `pool` by panels (one thread without)."""
 
     def __init__(self, pool: Pool | None = None) -> None:
-        lib = jit.compile_cached("panel_gemm", (PANEL, TILE_M, KC, MC), build_ir)
-        self._fn = {q: lib.function(f"gemm_panels_{q.name.lower()}", *_SIG) for q in _ELEM}
-        self._addr = {q: lib.address(f"gemm_panels_{q.name.lower()}") for q in _ELEM}
+        lib = jit.compile_cached("panel_gemm", (tuple(TILES.items()), KC, MC), build_ir)
+        names = {(q, p): f"gemm_panels_{q.name.lower()}_{p}" for q in _ELEM for p in TILES}
+        self._fn = {key: lib.function(name, *_SIG) for key, name in names.items()}
+        self._addr = {key: lib.address(name) for key, name in names.items()}
         self._pool = pool
         self._split = tasks.load_tasks(jit.host_has("f16c")).address["task_matmul"] if pool else 0
         self._step = np.zeros(len(tasks.STEP.fields), np.int64)
@@ -209,11 +223,11 @@ class PanelGemm:
         if m == 0:
             return out
         if not threads or self._pool is None or self._pool.n_threads == 1:
-            self._fn[w.qtype](w.address, address(x), address(out), w.n_cols, 0, w.n_rows, m, w.n_rows)
+            self._fn[w.qtype, w.panel](w.address, address(x), address(out), w.n_cols, 0, w.n_rows, m, w.n_rows)
             return out
         with self._lock:
             tasks.STEP.fill(self._step, n_tokens=m)
-            args = tasks.MATMUL.pack(fn=self._addr[w.qtype], w=w.address, x=address(x),
+            args = tasks.MATMUL.pack(fn=self._addr[w.qtype, w.panel], w=w.address, x=address(x),
                                      out=address(out), nb=w.n_cols, n_rows=w.n_rows,
                                      m_at=tasks.M_TOKENS)
             self._pool.run_task(self._split, args, address(self._step))

@@ -32,7 +32,7 @@ _DECLS = ("declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16
 
 def _f(v: float) -> str:
     """A float constant as LLVM text wants it: the hex of the double the f32 value is."""
-    return "0x%016X" % struct.unpack("<Q", struct.pack("<d", float(np.float32(v))))[0]
+    return f"0x{struct.unpack('<Q', struct.pack('<d', float(np.float32(v))))[0]:016X}"
 
 
 def _splat(v: float) -> str:

@@ -15,11 +15,12 @@ packed at load into the panel GEMM's layout (engine/kernels/panel_gemm: register
 across the threads by weight rows), Q, K and V as one [3 width, width] matrix; BF16 and Q8_0
 weights go through the row kernels of engine/kernels/matmul as they are. Attention is blocked:
 per head (heads spread over the threads) and per block of ATTN_BLOCK queries, scores = panel
-GEMM of the head's packed keys, scale + softmax in place, then the panel GEMM of its packed
-values, so a block's [ATTN_BLOCK, n_pos] scores stay in cache instead of [n_pos, n_pos] per head
-going through memory; its softmax is engine/kernels/row_softmax (16 lanes, f32 sums). Biases and the tanh GELU are the glue kernels of
-engine/kernels/ops (GELU with ggml's f16 table). LayerNorm and quick-GELU are numpy here (no
-compiled kernel for them yet); tests/support/vision_reference.py is the float64 twin of the
+GEMM of the head's packed keys (queries scaled first), softmax in place
+(engine/kernels/row_softmax: 16 lanes, f32 sums), then the panel GEMM of its packed values, so
+a block's [ATTN_BLOCK, n_pos] scores stay in cache instead of [n_pos, n_pos] per head going
+through memory. Biases and the tanh GELU are the glue kernels of engine/kernels/ops (GELU with
+ggml's f16 table); LayerNorm and quick-GELU are numpy (no compiled kernel for them yet); all
+three split by rows over the threads. tests/support/vision_reference.py is the float64 twin of the
 whole encoder, and llama.cpp's own embeddings (tests/data/vlm/) the outside check.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ from engine.kernels.row_softmax import LANES, softmax_rows
 from engine.vision.mmproj import Projector, VisionLayer, VisionParams
 
 ATTN_BLOCK = 192  # queries per attention block: [192, 4096] f32 scores are 3 MB
+WIDE = 64         # panel of weights and keys (fewer broadcasts per FMA); values (N = head size) 32
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -85,7 +87,7 @@ def panel_matrix(m: quants.QuantMatrix) -> PanelMatrix | None:
     dtype = {T.F16: np.float16, T.F32: np.float32}.get(m.qtype)
     if dtype is None:
         return None
-    return PanelMatrix.pack(m.raw.view(dtype).reshape(m.n_rows, m.n_cols))
+    return PanelMatrix.pack(m.raw.view(dtype).reshape(m.n_rows, m.n_cols), WIDE)
 
 
 def _stack(ms: list[quants.QuantMatrix]) -> quants.QuantMatrix | None:
@@ -182,7 +184,7 @@ class VisionEncoder:
         scale = np.float32(1.0 / math.sqrt(dh))
 
         def head(h: int) -> None:
-            keys = PanelMatrix.pack(np.ascontiguousarray(k[:, h * dh:(h + 1) * dh]))    # [n, dh]
+            keys = PanelMatrix.pack(np.ascontiguousarray(k[:, h * dh:(h + 1) * dh]), WIDE)  # [n, dh]
             values = PanelMatrix.pack(np.ascontiguousarray(v[:, h * dh:(h + 1) * dh].T))  # [dh, n]
             # scaled before QK^T (softmax(s * c) in ggml: the same up to f32 rounding), so the
             # scores take one pass fewer
@@ -202,7 +204,6 @@ class VisionEncoder:
         return self.linear(layer.out, heads.reshape(n, hp.width), layer.out_b)
 
     def block(self, i: int, layer: VisionLayer, x: np.ndarray) -> np.ndarray:
-        hp = self.hp
         x = x + self.attention(i, layer, self.layer_norm(x, layer.ln1_w, layer.ln1_b))
         h = self.act(self.linear(layer.up, self.layer_norm(x, layer.ln2_w, layer.ln2_b), layer.up_b))
         out: np.ndarray = x + self.linear(layer.down, h, layer.down_b)

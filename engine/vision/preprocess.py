@@ -2,8 +2,8 @@
 
     decode      Pillow: PNG, JPEG, WebP, GIF (first frame), ... -> RGB u8 (alpha dropped);
                 an image over PIXEL_BUDGET is reduced by the smallest whole factor that fits
-                it (box filter; JPEG decodes at a reduced scale), one whose header says more than BOMB_PIXELS is refused
-                before anything is allocated (a decompression bomb)
+                it (box filter; JPEG decodes at a reduced scale); one whose header says more
+                than BOMB_PIXELS is refused before anything is allocated (a decompression bomb)
     resize      per projector (below); llama.cpp's resizer is a port of Pillow's, so Pillow's
                 Image.resize reproduces its pixels bit for bit (the vlm references check it)
     normalise   x / 255, then (x - mean) / std with the file's mean/std, f32, planar [3, H, W]

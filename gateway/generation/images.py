@@ -14,11 +14,11 @@
 
 Every refusal is a 400 naming the part (`param`): a model without an mmproj, bad base64, a
 data URL that is not an image, a remote URL while fetching is off (or a host not allowed, a
-body too large, too slow), an undecodable or truncated image, a decompression bomb (engine/vision/preprocess.py
-BOMB_PIXELS; an image over PIXEL_BUDGET is scaled down, not refused), more images than the
-context holds. Decoding
-and encoding never run on the event loop, so a large image delays only its own request (and the
-model's other preparations queued behind it), never the stream of another.
+body too large, too slow), an undecodable or truncated image, a decompression bomb
+(engine/vision/preprocess.py BOMB_PIXELS; an image over PIXEL_BUDGET is scaled down, not
+refused), more images than the context holds. Decoding and encoding never run on the event
+loop (nor does base64 of a large data URL), so a large image delays only its own request (and
+the model's other preparations queued behind it), never the stream of another.
 """
 from __future__ import annotations
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.kernels.panel_gemm import KC, MC, PANEL, TILE_M, PanelGemm, PanelMatrix, pack_panels, reference
+from engine.kernels.panel_gemm import (
+    KC,
+    MC,
+    PANEL,
+    TILE_M,
+    TILES,
+    PanelGemm,
+    PanelMatrix,
+    pack_panels,
+    reference,
+)
 from engine.kernels.pool import Pool
 
 SHAPES = [(1, 1, 1), (5, 7, 3), (TILE_M + 1, PANEL + 16, KC + 5), (MC + 7, 3 * PANEL - 5, 2 * KC + 31),
@@ -18,20 +28,24 @@ def gemm() -> PanelGemm:
     return PanelGemm()
 
 
-def test_panels_are_k_major_32_row_slabs_padded_with_zeros() -> None:
-    w = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
-    p = pack_panels(w)
-    assert p.shape == (2, 3, PANEL)
-    for r in range(64):
+@pytest.mark.parametrize("panel", sorted(TILES))
+def test_panels_are_k_major_slabs_padded_with_zeros(panel: int) -> None:
+    w = np.arange(70 * 3, dtype=np.float32).reshape(70, 3)
+    p = pack_panels(w, panel)
+    n_p = -(-70 // panel)
+    assert p.shape == (n_p, 3, panel)
+    for r in range(n_p * panel):
         for k in range(3):
-            assert p[r // PANEL, k, r % PANEL] == (w[r, k] if r < 40 else 0)
+            assert p[r // panel, k, r % panel] == (w[r, k] if r < 70 else 0)
 
 
+@pytest.mark.parametrize("panel", sorted(TILES))
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_the_kernel_is_the_float64_product(gemm: PanelGemm, dtype: type, m: int, n: int, k: int) -> None:
+def test_the_kernel_is_the_float64_product(gemm: PanelGemm, panel: int, dtype: type, m: int, n: int,
+                                           k: int) -> None:
     rng = np.random.default_rng(m * 1000 + n + k)
-    w = PanelMatrix.pack(rng.standard_normal((n, k)).astype(dtype))
+    w = PanelMatrix.pack(rng.standard_normal((n, k)).astype(dtype), panel)
     x = rng.standard_normal((m, k)).astype(np.float32)
     got = gemm.matmul(w, x)
     want = reference(w.data, x, n)
@@ -54,9 +68,10 @@ def test_columns_past_n_and_rows_past_m_are_never_written(gemm: PanelGemm) -> No
     assert np.allclose(buf[:m * n].reshape(m, n), reference(w.data, x, n), rtol=1e-5, atol=1e-5)
 
 
-def test_split_across_a_pool_gives_the_same_bits(gemm: PanelGemm) -> None:
+@pytest.mark.parametrize("panel", sorted(TILES))
+def test_split_across_a_pool_gives_the_same_bits(gemm: PanelGemm, panel: int) -> None:
     rng = np.random.default_rng(2)
-    w = PanelMatrix.pack(rng.standard_normal((5 * PANEL + 9, 300)).astype(np.float16))
+    w = PanelMatrix.pack(rng.standard_normal((5 * panel + 9, 300)).astype(np.float16), panel)
     x = rng.standard_normal((77, 300)).astype(np.float32)
     with Pool(2) as pool:
         split = PanelGemm(pool).matmul(w, x)
@@ -69,3 +84,5 @@ def test_bad_operands_are_refused(gemm: PanelGemm) -> None:
         gemm.matmul(w, np.zeros((2, 9), np.float32))
     with pytest.raises(ValueError, match="float16 or float32"):
         PanelMatrix.pack(np.zeros((4, 8), np.float64))
+    with pytest.raises(ValueError, match="panel must be"):
+        PanelMatrix.pack(np.zeros((4, 8), np.float32), 48)
