@@ -19,9 +19,10 @@ GEMM of the head's packed keys (queries scaled first), softmax in place
 (engine/kernels/row_softmax: 16 lanes, f32 sums), then the panel GEMM of its packed values, so
 a block's [ATTN_BLOCK, n_pos] scores stay in cache instead of [n_pos, n_pos] per head going
 through memory. Biases and the tanh GELU are the glue kernels of engine/kernels/ops (GELU with
-ggml's f16 table); LayerNorm and quick-GELU are numpy (no compiled kernel for them yet); all
-three split by rows over the threads. tests/support/vision_reference.py is the float64 twin of the
-whole encoder, and llama.cpp's own embeddings (tests/data/vlm/) the outside check.
+ggml's f16 table), LayerNorm engine/kernels/layer_norm (the numpy `layer_norm` here is its
+twin and serves other widths), quick-GELU numpy; all split by rows over the threads.
+tests/support/vision_reference.py is the float64 twin of the whole encoder, and llama.cpp's own
+embeddings (tests/data/vlm/) the outside check.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ import numpy as np
 from engine.formats import quants
 from engine.formats.ggml_types import GGMLQuantizationType as T
 from engine.kernels import ops
+from engine.kernels.layer_norm import LANES as NORM_LANES
+from engine.kernels.layer_norm import layer_norm_rows
 from engine.kernels.matmul import MatmulKernels
 from engine.kernels.panel_gemm import PanelGemm, PanelMatrix
 from engine.kernels.pool import Pool
@@ -143,6 +146,10 @@ class VisionEncoder:
 
     def layer_norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
         eps = self.hp.eps
+        if x.shape[1] % NORM_LANES == 0:  # the compiled kernel (the numpy one is its twin)
+            def rows_kernel(xs: np.ndarray, out: np.ndarray) -> None:
+                layer_norm_rows(xs, w, b, eps, out=out)
+            return self.rows(rows_kernel, x)
 
         def block(xs: np.ndarray, out: np.ndarray) -> None:
             out[:] = layer_norm(xs, w, b, eps)
