@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from engine import hugepages
 from engine.formats import quants
 from engine.formats.ggml_types import GGMLQuantizationType as T
 from engine.kernels import ops
@@ -125,11 +126,15 @@ class VisionEncoder:
             packed = panel_matrix(m)
             if packed is not None:
                 self._panels[id(m)] = packed
+                hugepages.release_file_pages(m.raw)  # the packed copy serves; the file's pages go
         for ly in proj.layers:
             qkv = _stack([ly.q, ly.k, ly.v])
             packed = panel_matrix(qkv) if qkv is not None else None
             self._qkv.append(None if packed is None else
                              (packed, np.concatenate([ly.q_b, ly.k_b, ly.v_b]).astype(np.float32)))
+            if packed is not None:
+                for m in (ly.q, ly.k, ly.v):
+                    hugepages.release_file_pages(m.raw)
 
     def rows(self, fn: Callable[[np.ndarray, np.ndarray], None], x: np.ndarray) -> np.ndarray:
         """out[r] = fn(x[r]) by blocks of rows spread over the threads (numpy and the compiled
