@@ -28,7 +28,9 @@ panels starting in its range). Numpy twin: `reference`.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +52,7 @@ PANEL, TILE_M = 32, 12  # the default panel and its tile
 # (one thread, F16, 64-wide): KC 128 / 256 / 1024 / 2048 -> ~95 / 110 / 125 / 126 GFLOPS
 KC = 1024
 MC = 192
+CHUNKS_PER_THREAD = 4  # an executor's chunks: balance against each chunk re-reading x
 _ELEM = {T.F16: ("half", 2), T.F32: ("float", 4)}
 _MASKED = ("declare void @llvm.masked.store.v16f32.p0(<16 x float>, ptr, i32 immarg, <16 x i1>)\n"
            "declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32 immarg, <16 x i1>, <16 x float>)\n"
@@ -200,14 +203,19 @@ _SIG = (None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p) + (ctypes.c_int
 
 
 class PanelGemm:
-    """The compiled kernels; `matmul` splits across `pool` by panels (one thread without)."""
+    """The compiled kernels. `matmul` splits by panels: across `pool` in equal shares (its
+    native workers, task_matmul), or, given `executor` (threads), into CHUNKS_PER_THREAD chunks
+    per thread that free threads take in turn, so a thread the OS holds back (a busy machine)
+    delays its own chunk, not half the work. One thread without either."""
 
-    def __init__(self, pool: Pool | None = None) -> None:
+    def __init__(self, pool: Pool | None = None, executor: Executor | None = None,
+                 n_threads: int = 1) -> None:
         lib = jit.compile_cached("panel_gemm", (tuple(TILES.items()), KC, MC), build_ir)
         names = {(q, p): f"gemm_panels_{q.name.lower()}_{p}" for q in _ELEM for p in TILES}
         self._fn = {key: lib.function(name, *_SIG) for key, name in names.items()}
         self._addr = {key: lib.address(name) for key, name in names.items()}
         self._pool = pool
+        self._executor, self._n_threads = executor, n_threads
         self._split = tasks.load_tasks(jit.host_has("f16c")).address["task_matmul"] if pool else 0
         self._step = np.zeros(len(tasks.STEP.fields), np.int64)
         self._lock = threading.Lock()
@@ -225,13 +233,21 @@ class PanelGemm:
             raise ValueError(f"out must be C-contiguous float32 {(m, w.n_rows)}")
         if m == 0:
             return out
+        fn, args = self._fn[w.qtype, w.panel], (w.address, address(x), address(out), w.n_cols)
+        if threads and self._executor is not None and self._n_threads > 1:
+            n_panels = -(-w.n_rows // w.panel)
+            n_chunks = min(n_panels, CHUNKS_PER_THREAD * self._n_threads)
+            edges = [w.panel * (n_panels * c // n_chunks) for c in range(n_chunks + 1)]
+            ranges = [(lo, min(hi, w.n_rows)) for lo, hi in itertools.pairwise(edges) if lo < hi]
+            list(self._executor.map(lambda r: fn(*args, r[0], r[1], m, w.n_rows), ranges))
+            return out
         if not threads or self._pool is None or self._pool.n_threads == 1:
-            self._fn[w.qtype, w.panel](w.address, address(x), address(out), w.n_cols, 0, w.n_rows, m, w.n_rows)
+            fn(*args, 0, w.n_rows, m, w.n_rows)
             return out
         with self._lock:
             tasks.STEP.fill(self._step, n_tokens=m)
-            args = tasks.MATMUL.pack(fn=self._addr[w.qtype, w.panel], w=w.address, x=address(x),
-                                     out=address(out), nb=w.n_cols, n_rows=w.n_rows,
-                                     m_at=tasks.M_TOKENS)
-            self._pool.run_task(self._split, args, address(self._step))
+            packed = tasks.MATMUL.pack(fn=self._addr[w.qtype, w.panel], w=w.address, x=address(x),
+                                       out=address(out), nb=w.n_cols, n_rows=w.n_rows,
+                                       m_at=tasks.M_TOKENS)
+            self._pool.run_task(self._split, packed, address(self._step))
         return out

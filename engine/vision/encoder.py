@@ -116,8 +116,9 @@ class VisionEncoder:
         self.n_threads = n_threads
         self._pool = Pool(n_threads) if n_threads > 1 else None
         self.mk = MatmulKernels(types, pool=self._pool)
-        self.gemm = PanelGemm(self._pool)
+        # the ViT's threads: heads, row blocks and GEMM chunks are taken by whichever is free
         self._heads = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
+        self.gemm = PanelGemm(executor=self._heads, n_threads=n_threads)
         self._ones = np.ones((0, 0), np.float32)
         # packed copies of the float weights, by id of the file's QuantMatrix
         self._panels: dict[int, PanelMatrix] = {}

@@ -3,6 +3,8 @@ cross every edge of its loop nest: M past a row block and not a whole tile, N no
 K over several k slices and not a whole one; split across a pool it gives the same bits."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -76,6 +78,9 @@ def test_split_across_a_pool_gives_the_same_bits(gemm: PanelGemm, panel: int) ->
     with Pool(2) as pool:
         split = PanelGemm(pool).matmul(w, x)
     assert np.array_equal(split, gemm.matmul(w, x))
+    with ThreadPoolExecutor(3) as ex:  # chunks taken by free threads
+        chunked = PanelGemm(executor=ex, n_threads=3).matmul(w, x)
+    assert np.array_equal(chunked, gemm.matmul(w, x))
 
 
 def test_bad_operands_are_refused(gemm: PanelGemm) -> None:
