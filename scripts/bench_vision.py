@@ -2,6 +2,7 @@
 
     flock /tmp/modelyard-bench.lock python scripts/bench_vision.py \
         [--rounds 3] [--threads 2] [--peer-bin /work/llama/build/bin] [--layers 27]
+        [--check [--peer-python /opt/llama-venv/bin/python]]
 
 The files are made here (random weights, fixed seed, cached in --dir): a Gemma 3 projector of
 SigLIP-400M's shape (27 blocks, width 1152, FFN 4304, 16 heads, patch 14, 896 px: 4096 patches,
@@ -12,7 +13,9 @@ one; its speed is not measured). The image is an 896x896 PNG, so neither side re
 Rounds alternate: ours (engine.vision.VisionModel.encode_pixels, the model loaded once) then
 llama-mtmd-cli (a fresh process each round; its own "image slice encoded in N ms" line, which
 times mtmd_encode_chunk: the same ViT + projector work). Medians are reported, and the ratio
-ours/peer in speed (peer ms / our ms): the issue's bar is >= 1.5 at 2 threads.
+ours/peer in speed (peer ms / our ms): the issue's bar is >= 1.5 at 2 threads. CPU seconds
+are printed beside (a shared machine's wall time swings with the neighbours' load). --check
+first compares our projector output with mtmd's (llama-cpp-python's mtmd_cpp) for the file.
 """
 from __future__ import annotations
 
@@ -195,6 +198,56 @@ def peer(bin_dir: Path, text: Path, mmproj: Path, image: Path, threads: int) -> 
     return float(m.group(1)), _children_cpu() - c0
 
 
+# run by --peer-python (llama-cpp-python's venv): mtmd's projector output for one RGB image
+MTMD_EMBD = r"""
+import ctypes, sys
+import numpy as np
+import llama_cpp
+from llama_cpp import mtmd_cpp
+text, mmproj, image, out = sys.argv[1:5]
+llama_cpp.llama_backend_init()
+model = llama_cpp.llama_model_load_from_file(text.encode(), llama_cpp.llama_model_default_params())
+cp = mtmd_cpp.mtmd_context_params_default()
+cp.use_gpu, cp.n_threads, cp.warmup = False, 2, False
+ctx = mtmd_cpp.mtmd_init_from_file(mmproj.encode(), model, cp)
+img = np.ascontiguousarray(np.load(image))
+u8 = img.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte))
+bmp = mtmd_cpp.mtmd_bitmap_init(img.shape[1], img.shape[0], u8)
+chunks = mtmd_cpp.mtmd_input_chunks_init()
+t = mtmd_cpp.mtmd_input_text()
+t.text, t.text_len, t.add_special, t.parse_special = b"<__media__>", 11, False, True
+assert mtmd_cpp.mtmd_tokenize(ctx, chunks, ctypes.byref(t), (ctypes.c_void_p * 1)(bmp), 1) == 0
+n_embd = llama_cpp.llama_model_n_embd(model)
+for i in range(mtmd_cpp.mtmd_input_chunks_size(chunks)):
+    ch = mtmd_cpp.mtmd_input_chunks_get(chunks, i)
+    if mtmd_cpp.mtmd_input_chunk_get_type(ch) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+        assert mtmd_cpp.mtmd_encode_chunk(ctx, ch) == 0
+        n = mtmd_cpp.mtmd_input_chunk_get_n_tokens(ch)
+        p = ctypes.cast(mtmd_cpp.mtmd_get_output_embd(ctx), ctypes.POINTER(ctypes.c_float))
+        np.save(out, np.ctypeslib.as_array(p, shape=(n * n_embd,)).reshape(n, n_embd).copy())
+"""
+
+
+def check(peer_python: Path, text: Path, mmproj: Path, image: Path, ours_rows: np.ndarray) -> None:
+    """Our embeddings against mtmd's for the same file and image (max difference / max |mtmd|)."""
+    import tempfile
+
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rgb, out, script = Path(tmp) / "rgb.npy", Path(tmp) / "embd.npy", Path(tmp) / "embd.py"
+        np.save(rgb, np.asarray(Image.open(image).convert("RGB")))
+        script.write_text(MTMD_EMBD)
+        r = subprocess.run([str(peer_python), str(script), str(text), str(mmproj), str(rgb), str(out)],
+                           capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            raise RuntimeError(f"mtmd_cpp failed:\n{r.stderr[-3000:]}")
+        ref = np.load(out)
+    rel = float(np.abs(ours_rows - ref).max() / np.abs(ref).max())
+    print(f"check: ours {ours_rows.shape} vs mtmd {ref.shape}: max |diff| / max |mtmd| = {rel:.2e}"
+          f" (the vlm references' tolerance: 1e-3)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -203,6 +256,9 @@ def main() -> None:
     ap.add_argument("--text-width", type=int, default=2560)
     ap.add_argument("--peer-bin", type=Path, default=Path("/work/llama/build/bin"))
     ap.add_argument("--no-peer", action="store_true", help="time ours only")
+    ap.add_argument("--check", action="store_true",
+                    help="also compare our embeddings with mtmd's (llama-cpp-python's mtmd_cpp)")
+    ap.add_argument("--peer-python", type=Path, default=Path("/opt/llama-venv/bin/python"))
     ap.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "modelyard" / "bench_vision")
     args = ap.parse_args()
 
@@ -225,6 +281,8 @@ def main() -> None:
     pixels = model.preprocess(image.read_bytes()).tiles[0]
     rows = model.encode_pixels(pixels)  # warm-up: first touches of the weights, scratch buffers
     print(f"ours: {rows.shape[0]} rows of {rows.shape[1]} per image", flush=True)
+    if args.check:
+        check(args.peer_python, text, mmproj, image, rows)
     mine: list[tuple[float, float]] = []
     theirs: list[tuple[float, float]] = []
     for r in range(args.rounds):
