@@ -86,7 +86,8 @@ def check_header(path: str | os.PathLike[str], md: dict[str, Any],
         eps=float(md.get(k + "attention.layer_norm_epsilon", 1e-6)),
         mean=(mean[0], mean[1], mean[2]), std=(std[0], std[1], std[2]),
         use_gelu=bool(md.get("clip.use_gelu", False)),
-        scale_factor=_int(md, k + "projector.scale_factor", p, 2 if proj == "gemma3" else 1),
+        # Gemma 3's files leave it out: mtmd's default pool is 4x4 (64 patches a side -> 256 rows)
+        scale_factor=_int(md, k + "projector.scale_factor", p, 4 if proj == "gemma3" else 1),
         preproc_image_size=_int(md, k + "preproc_image_size", p, 0))
     if hp.patch_size == 0 or hp.image_size % hp.patch_size or hp.n_head == 0 or hp.width % hp.n_head:
         raise ModelLoadError(p, f"image size {hp.image_size}, patch {hp.patch_size}, width "

@@ -1,6 +1,9 @@
 """Image bytes -> the encoder's input pixels, exactly as llama.cpp's mtmd prepares them.
 
-    decode      Pillow: PNG, JPEG, WebP, GIF (first frame), ... -> RGB u8 (alpha dropped)
+    decode      Pillow: PNG, JPEG, WebP, GIF (first frame), ... -> RGB u8 (alpha dropped);
+                an image over PIXEL_BUDGET is reduced by the smallest whole factor that fits
+                it (box filter; JPEG decodes at a reduced scale); one whose header says more
+                than BOMB_PIXELS is refused before anything is allocated (a decompression bomb)
     resize      per projector (below); llama.cpp's resizer is a port of Pillow's, so Pillow's
                 Image.resize reproduces its pixels bit for bit (the vlm references check it)
     normalise   x / 255, then (x - mean) / std with the file's mean/std, f32, planar [3, H, W]
@@ -12,12 +15,14 @@ The rules, one per projector type:
     idefics3  longest side -> preproc_image_size (the other int(L / aspect), made even), LANCZOS;
               again LANCZOS up to multiples of image_size; cut tiles row by row; then the
               overview: the refined image LANCZOS-resized to image_size, last
-An image already at the target size is used as it is.
+An image already at the target size is used as it is. Only images over the budget differ from
+mtmd's pixels (mtmd resizes the full decoded image; here it was scaled down once before).
 """
 from __future__ import annotations
 
 import io
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,8 +30,11 @@ from PIL import Image, UnidentifiedImageError
 
 from engine.vision.mmproj import VisionParams
 
-# pixels a decoded image may have before it is refused (a decompression bomb is not resized)
-MAX_PIXELS = 40_000_000
+# pixels an image keeps when decoded: larger ones are scaled down to fit (every projector's
+# input is far smaller: Gemma 3 896x896, SmolVLM's tiles at most a few Mpx)
+PIXEL_BUDGET = 40_000_000
+# pixels a header may claim at all: beyond (a decompression bomb, ~1 GB of RGB) refused undecoded
+BOMB_PIXELS = 300_000_000
 _MLP_PAD = (122, 116, 104)
 
 
@@ -41,21 +49,42 @@ class Preprocessed:
     grid: tuple[int, int]           # (rows, cols) of tiles before the overview; (0, 0): none
 
 
+def reduce_factor(size: tuple[int, int], budget: int | None = None) -> int:
+    """The smallest integer factor that brings `size` within `budget` pixels (1: it fits)."""
+    w, h = size
+    budget = PIXEL_BUDGET if budget is None else budget
+    f = max(1, math.ceil(math.sqrt(w * h / budget)))
+    while math.ceil(w / f) * math.ceil(h / f) > budget:
+        f += 1
+    return f
+
+
 def decode(data: bytes) -> Image.Image:
-    """RGB image from encoded bytes; ImageError says why not."""
+    """RGB image from encoded bytes, within PIXEL_BUDGET; ImageError says why not."""
     try:
-        img = Image.open(io.BytesIO(data))
-        if img.width * img.height > MAX_PIXELS:
-            raise ImageError(f"image is {img.width}x{img.height}, over the {MAX_PIXELS} pixel budget")
-        img.seek(0)  # an animation's first frame, as mtmd's stb_image takes
-        img.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # BOMB_PIXELS rules
+            img = Image.open(io.BytesIO(data))
+            if img.width * img.height > BOMB_PIXELS:  # read at call time (tests lower them)
+                raise ImageError(f"image is {img.width}x{img.height}: over {BOMB_PIXELS} pixels, "
+                                 "refused as a decompression bomb")
+            img.seek(0)  # an animation's first frame, as mtmd's stb_image takes
+            f = reduce_factor(img.size)
+            if f > 1:  # JPEG: decode at 1/2, 1/4 or 1/8 scale, still at least the reduced size
+                img.draft("RGB", (math.ceil(img.width / f), math.ceil(img.height / f)))
+            img.load()
     except ImageError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError,
+            MemoryError) as e:
         raise ImageError(f"cannot decode the image ({e})") from None
     if img.width < 1 or img.height < 1:
         raise ImageError("image has no pixels")
-    return img.convert("RGB")
+    rgb = img if img.mode == "RGB" else img.convert("RGB")
+    f = reduce_factor(rgb.size)
+    # a box filter by a whole factor: one cheap pass (a 64 Mpx image: 4000x4000 in well under
+    # a second), where a resampling filter over the full image takes many seconds
+    return rgb.reduce(f) if f > 1 else rgb
 
 
 def normalise(img: Image.Image, hp: VisionParams) -> np.ndarray:

@@ -14,13 +14,15 @@
 
 Every refusal is a 400 naming the part (`param`): a model without an mmproj, bad base64, a
 data URL that is not an image, a remote URL while fetching is off (or a host not allowed, a
-body too large, too slow), an undecodable or truncated image, one over the decoder's pixel
-budget (engine/vision/preprocess.py MAX_PIXELS), more images than the context holds. Decoding
-and encoding never run on the event loop, so a large image delays only its own request (and the
-model's other preparations queued behind it), never the stream of another.
+body too large, too slow), an undecodable or truncated image, a decompression bomb
+(engine/vision/preprocess.py BOMB_PIXELS; an image over PIXEL_BUDGET is scaled down, not
+refused), more images than the context holds. Decoding and encoding never run on the event
+loop (nor does base64 of a large data URL), so a large image delays only its own request (and
+the model's other preparations queued behind it), never the stream of another.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from collections.abc import Callable, Sequence
@@ -32,6 +34,7 @@ from gateway.config import LimitSettings
 from gateway.errors import context_length_exceeded, invalid_request
 from gateway.generation.model import GenerativeModel
 
+_INLINE_BASE64 = 256 << 10  # data URLs longer than this are decoded on a worker thread
 MEDIA_MARKER = "<__media__>"  # llama-server's (mtmd's default): where an image goes in a prompt
 
 
@@ -90,7 +93,10 @@ async def load_images(parts: Sequence[ImagePart], limits: LimitSettings) -> list
             continue
         url = (part.url or "").strip()
         scheme = urlsplit(url).scheme.lower()
-        if scheme == "data":
+        if scheme == "data" and len(url) > _INLINE_BASE64:  # ~10 ms per MB: off the loop
+            out.append(LoadedImage(part.param,
+                                   await asyncio.to_thread(data_url_bytes, url, part.param)))
+        elif scheme == "data":
             out.append(LoadedImage(part.param, data_url_bytes(url, part.param)))
         elif scheme in ("http", "https"):
             out.append(LoadedImage(part.param, await _fetch(url, part.param, limits)))

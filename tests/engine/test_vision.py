@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ from gguf.quants import quantize
 from PIL import Image
 
 from engine.gguf import ModelLoadError
-from engine.vision import ImageError, VisionModel
+from engine.vision import ImageError, VisionModel, preprocess
 from tests.support.refs import VLM_DIR
 from tests.support.vision_reference import encode_reference
 
@@ -135,6 +137,39 @@ def test_bad_images_are_refused_with_a_reason(models: dict[str, VisionModel]) ->
         vm.encode(good[: len(good) // 2])
 
 
+def _png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header says width x height, with almost no pixel data (a bomb's shape)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+            + chunk(b"IEND", b""))
+
+
+def test_a_decompression_bomb_is_refused_before_decoding() -> None:
+    side = int(preprocess.BOMB_PIXELS ** 0.5) + 1
+    with pytest.raises(ImageError, match="decompression bomb"):
+        preprocess.decode(_png_claiming(side, side))
+    with pytest.raises(ImageError, match="cannot decode"):  # under the bar: decoding finds no data
+        preprocess.decode(_png_claiming(8000, 8000))
+
+
+def test_an_image_over_the_pixel_budget_is_box_reduced_to_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    rgb = rng.integers(0, 256, (60, 100, 3), dtype=np.uint8)           # 6000 pixels
+    monkeypatch.setattr(preprocess, "PIXEL_BUDGET", 1000)
+    got = np.asarray(preprocess.decode(_png(Image.fromarray(rgb))))
+    # factor 3 is the smallest that fits (factor 2: 50 x 30 = 1500 > 1000): 34 x 20
+    assert got.shape == (20, 34, 3)
+    # whole 3x3 blocks are their mean (Pillow rounds in fixed point: within one unit); the last
+    # column's blocks are partial
+    want = rgb[:60, :99].reshape(20, 3, 33, 3, 3).mean(axis=(1, 3))
+    assert np.abs(got[:, :33].astype(np.float64) - want).max() <= 1.0
+    monkeypatch.setattr(preprocess, "PIXEL_BUDGET", 6000)               # at the budget: untouched
+    assert np.array_equal(np.asarray(preprocess.decode(_png(Image.fromarray(rgb)))), rgb)
+
+
 def test_a_text_model_is_not_a_projector() -> None:
     with pytest.raises(ModelLoadError, match="clip"):
         VisionModel(VLM_DIR / "gemma3_vlm_text_f32.gguf")
@@ -148,3 +183,28 @@ def test_chunk_keys_follow_the_image_content(models: dict[str, VisionModel]) -> 
     assert [c.key for c in a.chunks] == [c.key for c in again.chunks]
     assert len({c.key for c in a.chunks}) == len(a.chunks)
     assert not {c.key for c in a.chunks} & {c.key for c in b.chunks}
+
+
+def test_gemma3_pools_4x4_when_the_file_leaves_the_scale_factor_out() -> None:
+    """Published Gemma 3 mmproj files carry no clip.vision.projector.scale_factor: mtmd's
+    default (clip.cpp, PROJECTOR_TYPE_GEMMA3: n_merge = 4) makes 64x64 patches 256 rows."""
+    from engine.gguf import GGUFFile
+    from engine.vision import check_header
+
+    f = GGUFFile(VLM_DIR / "gemma3_vlm_mmproj_f32.gguf")
+    try:
+        md = dict(f.metadata)
+        assert md.pop("clip.vision.projector.scale_factor") == 2   # the tiny file names its own
+        md["clip.vision.image_size"], md["clip.vision.patch_size"] = 896, 14
+        assert check_header("x.gguf", md, f.tensors).scale_factor == 4
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_two_threads_give_one_threads_bits(models: dict[str, VisionModel], base: str) -> None:
+    """Heads spread over threads, GEMMs split by panels, norms by rows: each value is computed
+    by one thread in the same order, so the threaded encoder is bit-identical."""
+    pixels = models[base].preprocess((VLM_DIR / "image1_64x64.png").read_bytes()).tiles[0]
+    with VisionModel(VLM_DIR / f"{base}_mmproj_f32.gguf", n_threads=2) as threaded:
+        assert np.array_equal(threaded.encode_pixels(pixels), models[base].encode_pixels(pixels))

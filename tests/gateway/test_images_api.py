@@ -8,8 +8,10 @@ Served entries run as the references were made: flash attention off, n_ctx 256."
 from __future__ import annotations
 
 import base64
+import io
 import json
 import struct
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 import requests
 import yaml
+from PIL import Image
 
 from engine.api import Model
 from engine.prompt import Prompt
@@ -241,7 +244,8 @@ def test_an_image_for_a_model_without_mmproj_is_a_400(server: Any) -> None:
 @pytest.mark.parametrize("what,data,words", [
     ("not an image", b"this is plain text, not a picture", "cannot decode"),
     ("truncated", (VLM_DIR / "image1_64x64.png").read_bytes()[:120], "cannot decode"),
-    ("8000x8000", _png_header_only(8000, 8000), "pixel budget"),
+    ("8000x8000 header, no pixels", _png_header_only(8000, 8000), "cannot decode"),
+    ("decompression bomb", _png_header_only(20000, 20000), "decompression bomb"),
 ])
 def test_unusable_images_are_400s_naming_the_part(server: Any, what: str, data: bytes,
                                                   words: str) -> None:
@@ -251,6 +255,46 @@ def test_unusable_images_are_400s_naming_the_part(server: Any, what: str, data: 
         "prompt_string": "a <__media__> b <__media__>",
         "multimodal_data": [_b64(_image(CASES[0][1])), _b64(data)]}, "n_predict": 1})
     _refused(r, "prompt.multimodal_data[1]", words)
+
+
+def test_a_huge_image_is_scaled_down_and_answered(server: Any) -> None:
+    """8000x8000 (64 Mpx, over the 40 Mpx budget) is box-reduced, not refused."""
+    buf = io.BytesIO()
+    Image.linear_gradient("L").resize((8000, 8000)).convert("RGB").save(buf, "PNG", compress_level=1)
+    r = _chat_with(server, "gemma3_vlm", "data:image/png;base64," + _b64(buf.getvalue()))
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    small = _chat_with(server, "gemma3_vlm", "data:image/png;base64," + _b64(_image(CASES[0][1])))
+    assert usage["prompt_tokens"] == small.json()["usage"]["prompt_tokens"]  # one image, same size
+
+
+def test_other_requests_are_answered_while_an_image_is_encoded(
+        server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image's encode is held until the other requests are done: if decoding or encoding ran
+    on the event loop, nothing else could be answered and this test would time out."""
+    entered, release = threading.Event(), threading.Event()
+    encode = VisionModel.encode
+
+    def held(self: VisionModel, data: bytes) -> Any:
+        entered.set()
+        release.wait(60)
+        return encode(self, data)
+
+    monkeypatch.setattr(VisionModel, "encode", held)
+    url = "data:image/png;base64," + _b64(_image(CASES[0][1]))
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(_chat_with, server, "gemma3_vlm", url)
+        try:
+            assert entered.wait(60)
+            assert requests.get(server.url + "/health", timeout=30).status_code == 200
+            r = _post(server, "/v1/chat/completions", {
+                "model": "text-only", "max_tokens": 2, **GREEDY,
+                "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+            assert not pending.done()  # the image request was still held all along
+        finally:
+            release.set()
+        assert pending.result(timeout=120).status_code == 200
 
 
 def test_bad_base64_and_urls_are_400s(server: Any) -> None:

@@ -380,3 +380,89 @@ models:
     finally:
         page.close()
         server.stop()
+
+
+# ------------------------------------------------------------------------------- images
+
+def test_the_playground_attaches_an_image_for_a_model_that_takes_images(browser, tmp_path):
+    """The picker shows only for an entry /v1/models says takes images; the chosen PNG goes as
+    an image_url data: URL of the file's own bytes, the reply comes back, and its usage is what
+    the API gives the same request sent without the page. A pasted image attaches too."""
+    import base64
+    import json
+
+    from tests.support.refs import VLM_DIR
+
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf", seed=4)
+    config = tmp_path / "modelyard.yaml"
+    config.write_text(f"""\
+models:
+  - model: {tiny}
+    aliases: [tiny]
+    n_ctx: 256
+  - model: {VLM_DIR / "gemma3_vlm_text_f32.gguf"}
+    mmproj: {VLM_DIR / "gemma3_vlm_mmproj_f32.gguf"}
+    aliases: [vision]
+    n_ctx: 256
+""")
+    png = VLM_DIR / "image1_64x64.png"
+    url = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
+    server = ThreadedServer(create_app(load_config(config)))
+    server.start_serving()
+    page, errors = new_page(browser)
+    sent: list[Any] = []
+    page.on("request", lambda r: sent.append(json.loads(r.post_data))
+            if r.url.endswith("/v1/chat/completions") and r.method == "POST" else None)
+    try:
+        page.goto(server.url + "/#playground")
+        expect(page.locator("#pg-model option")).to_have_count(2)
+        page.get_by_label("Model", exact=True).select_option("tiny")
+        expect(page.locator("#pg-attach")).to_be_hidden()
+        page.get_by_label("Model", exact=True).select_option("vision")
+        expect(page.locator("#pg-attach")).to_be_visible()
+
+        page.get_by_label("Attach an image", exact=True).set_input_files(str(png))
+        expect(page.locator("#pg-image-preview img")).to_be_visible()
+        page.locator("#pg-raw summary").click()
+        expect(page.locator("#pg-raw-body")).to_contain_text('"image_url"')
+        page.get_by_label("Temperature", exact=True).fill("0")
+        page.get_by_label("max_tokens", exact=True).fill("3")
+        page.get_by_label("Message", exact=True).fill("What is this?")
+        page.get_by_role("button", name="Send").click()
+        stats = page.locator("#transcript li.assistant .stats").last
+        expect(stats).to_contain_text("finish:", timeout=60_000)
+        expect(page.locator("#transcript li.user img")).to_be_visible()
+        expect(page.locator("#pg-image-preview img")).to_have_count(0)  # sent: attachment cleared
+
+        content = sent[-1]["messages"][-1]["content"]
+        assert content == [{"type": "text", "text": "What is this?"},
+                           {"type": "image_url", "image_url": {"url": url}}]
+        direct = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "vision", "max_tokens": 3, "temperature": 0,
+            "messages": [{"role": "user", "content": content}]}).json()
+        shown = re.search(r"usage: (\d+) prompt \+ (\d+) completion", stats.inner_text())
+        assert int(shown.group(1)) == direct["usage"]["prompt_tokens"]
+        text_only = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "vision", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "What is this?"}]}).json()
+        # the image's rows count: 48 px / patch 8 = 6x6 patches, pooled 2x2 -> 9 (plus markers)
+        assert direct["usage"]["prompt_tokens"] >= text_only["usage"]["prompt_tokens"] + 9
+
+        # a pasted image attaches the same way
+        page.evaluate("""async (url) => {
+            const blob = await (await fetch(url)).blob();
+            const dt = new DataTransfer();
+            dt.items.add(new File([blob], "pasted.png", {type: "image/png"}));
+            document.getElementById("pg-prompt").dispatchEvent(
+                new ClipboardEvent("paste", {clipboardData: dt, bubbles: true, cancelable: true}));
+        }""", url)
+        expect(page.locator("#pg-image-preview img")).to_be_visible()
+        page.get_by_role("button", name="Remove image").click()
+        expect(page.locator("#pg-image-preview img")).to_have_count(0)
+        page.set_viewport_size({"width": 1280, "height": 800})
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "playground-image.png"), full_page=True)
+        assert not errors, f"the page threw: {errors}"
+    finally:
+        page.close()
+        server.stop()
