@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .delta_net_layer import delta_net_layer
 from .formats import quants
 from .formats.activations import packed_activation_bytes
-from .kernels import moe, moe_oai, moe_tasks, ops, rotary, tasks
+from .kernels import delta_net, moe, moe_oai, moe_tasks, ops, rotary, tasks
 from .kernels.pool import Graph
 
 if TYPE_CHECKING:
     from .arch.base import ExpertBiases
+    from .delta_net_layer import ChunkRows, DeltaNetDims, DeltaNetWeights
     from .model import Chunk, Transformer, _Activations
 
 _ACT_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_mul"}
@@ -197,6 +199,15 @@ class GraphBuilder:
                        n=down.n_rows, k=r.k)                        # same rows as the next norm
         self.o_pending = True
 
+    def split_gate(self) -> None:
+        raise NotImplementedError("gated attention runs on the eager builder (a recurrent family)")
+
+    def apply_gate(self) -> None:
+        raise NotImplementedError("gated attention runs on the eager builder (a recurrent family)")
+
+    def delta_net(self, layer: int, w: DeltaNetWeights, dims: DeltaNetDims) -> None:
+        raise NotImplementedError("the DeltaNet runs on the eager builder (a recurrent family)")
+
     def _expert_bias(self, rows: np.ndarray, bias: np.ndarray) -> None:
         """Each grouped row of rows += its expert's row of bias [n_expert, n], then a barrier."""
         r = self.routing
@@ -305,6 +316,7 @@ class EagerBuilder:
         self.o_pending = False
         self.q_scaled = False
         self.routing: _Routing  # set by route, read by the expert_ffn after it
+        self.recurrent_chunks: list[ChunkRows] = []  # a recurrent family's (Transformer sets)
 
     def add_norm(self, weight: np.ndarray) -> None:
         x = self.bufs["x"]
@@ -400,6 +412,22 @@ class EagerBuilder:
             eo[a:b] = biased(self.mm(down.matrix(e), glu(g, u)),
                              None if biases is None else biases.down[e])
         self.bufs["o"] = moe.combine(eo, r.pos, r.weights)
+        self.o_pending = True
+
+    def split_gate(self) -> None:
+        qg = self.bufs["qg"]
+        heads = qg.reshape(qg.shape[0], self.hp.n_head, 2, self.hp.head_dim)
+        self.bufs["q"] = np.ascontiguousarray(heads[:, :, 0]).reshape(qg.shape[0], -1)
+        self.bufs["gate"] = np.ascontiguousarray(heads[:, :, 1]).reshape(qg.shape[0], -1)
+
+    def apply_gate(self) -> None:
+        self.bufs["q"] = self.bufs["q"] * delta_net.sigmoid(self.bufs["gate"])
+
+    def delta_net(self, layer: int, w: DeltaNetWeights, dims: DeltaNetDims) -> None:
+        state = self.tr.cache.recurrent
+        assert state is not None  # a recurrent family's cache holds one
+        self.bufs["o"] = delta_net_layer(self.mm, self.bufs["h"], w, dims, state, layer,
+                                         self.recurrent_chunks)
         self.o_pending = True
 
     def residual(self) -> np.ndarray:

@@ -41,6 +41,7 @@ import numpy as np
 
 from .hparams import HParams
 from .prompt import PositionKey
+from .recurrent import RecurrentShape, RecurrentState
 
 # Most tokens one chunk of a forward call may hold when a model has ring layers (api's prefill
 # chunk; the batch runner's per-step budget is below it).
@@ -69,9 +70,13 @@ class KVLayout:
         images), whose rings mirror ring - 1 rows."""
         self.n_ctx = n_ctx
         self.kv_dim = hp.kv_dim
+        self.recurrent: RecurrentShape | None = (
+            hp.spec.recurrent(hp) if hp.spec.recurrent is not None else None)
+        stateful = set(self.recurrent.layers) if self.recurrent is not None else set()
         by_window: dict[int, list[int]] = {}
         for li in range(hp.n_layer):
-            by_window.setdefault(hp.layer_window(li), []).append(li)
+            if li not in stateful:  # a recurrent layer keeps a state, not rows (engine.recurrent)
+                by_window.setdefault(hp.layer_window(li), []).append(li)
         groups = []
         for window, layers in sorted(by_window.items()):
             ring = n_ctx if window == 0 else min(n_ctx, window + MAX_CHUNK - 1)
@@ -83,8 +88,10 @@ class KVLayout:
             li: (g, i) for g, grp in enumerate(self.groups) for i, li in enumerate(grp.layers)}
 
     def bytes_per_slot(self) -> int:
-        """f16 keys + values of one slot over all layers."""
-        return sum(2 * 2 * len(g.layers) * g.rows * self.kv_dim for g in self.groups)
+        """f16 keys + values of one slot over all layers, and a recurrent family's states
+        (the live one and its checkpoints: engine.recurrent)."""
+        states = 0 if self.recurrent is None else RecurrentState.bytes_per_slot(self.recurrent)
+        return sum(2 * 2 * len(g.layers) * g.rows * self.kv_dim for g in self.groups) + states
 
     def max_chunk(self) -> int:
         """Most tokens one chunk may hold (a ring must keep its first query's window)."""
@@ -134,6 +141,16 @@ class RollbackError(ValueError):
                          f"resume at is {earliest}, or 0)")
 
 
+class RecurrentRollbackError(RollbackError):
+    """A recurrent slot has no state at position n: only its checkpoints, its whole length or
+    0 can be gone back to (engine.recurrent)."""
+
+    def __init__(self, slot: int, n: int, checkpoints: list[int]) -> None:
+        ValueError.__init__(self, f"slot {slot} cannot roll back to position {n}: its recurrent "
+                            f"state is kept only at checkpoints {checkpoints}, its end, or 0")
+        self.slot, self.n, self.earliest = slot, n, 0
+
+
 class KVCache:
     """f16 keys and values for `n_slots` independent sequences, laid out by a KVLayout.
 
@@ -152,12 +169,15 @@ class KVCache:
             self.k.append(np.zeros(shape, dtype=np.float16))
             self.v.append(np.zeros(shape, dtype=np.float16))
         self.n_ctx = n_ctx
+        self.recurrent = (None if self.layout.recurrent is None
+                          else RecurrentState(self.layout.recurrent, n_slots))
         self.tokens: list[list[PositionKey]] = [[] for _ in range(n_slots)]
         self.written = [0] * n_slots  # per slot: 1 + the furthest position ever stored
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        states = 0 if self.recurrent is None else self.recurrent.nbytes
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v) + states
 
     def layer(self, li: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(k, v) f16 [slot, rows, kv_head, head_dim] of layer li, and its group's index."""
@@ -168,7 +188,10 @@ class KVCache:
         return self.layout.groups[self.layout.where[li][0]]
 
     def reusable(self, slot: int, n: int) -> int:
-        """n if the slot's first n cached tokens can be continued from, else 0 (a ring forgot)."""
+        """n if the slot's first n cached tokens can be continued from, else 0 (a ring forgot);
+        a recurrent family's slot: its furthest state at or before n (engine.recurrent)."""
+        if self.recurrent is not None:
+            return self.recurrent.resume_point(slot, n, len(self.tokens[slot]))
         return n if self.layout.resumable(self.written[slot], n) else 0
 
     def stored(self, slot: int, keys: list[PositionKey], pos0: int) -> None:
@@ -189,6 +212,8 @@ class KVCache:
             raise ValueError(f"slot {slot} holds {len(held)} positions; cannot truncate to {n}")
         if not self.layout.resumable(self.written[slot], n):
             raise RollbackError(slot, n, self.layout.earliest_resume(self.written[slot]))
+        if self.recurrent is not None and not self.recurrent.restore(slot, n, len(held)):
+            raise RecurrentRollbackError(slot, n, self.recurrent.checkpoints(slot))
         del held[n:]
         if n == 0:
             self.written[slot] = 0
@@ -198,6 +223,8 @@ class KVCache:
         A ring is copied whole: it holds src's last positions, the window before n among them."""
         if not self.layout.resumable(self.written[src], n):
             raise ValueError(f"slot {src} no longer holds the window before position {n}")
+        if self.recurrent is not None and not self.recurrent.copy(src, dst, n, len(self.tokens[src])):
+            raise ValueError(f"slot {src} has no recurrent state at position {n}")
         for g, grp in enumerate(self.layout.groups):
             rows = slice(None) if grp.is_ring else slice(0, n)
             self.k[g][dst, :, rows] = self.k[g][src, :, rows]
