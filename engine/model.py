@@ -477,7 +477,7 @@ class Transformer:
         for c in chunks:
             if c.pos0 != len(cache.tokens[c.slot]) or c.pos0 == 0:
                 cache.truncate(c.slot, c.pos0)
-        return [ChunkRows(c.slot, a, b, state.plan(c.slot, c.pos0, b - a))
+        return [ChunkRows(c.slot, a, b, state.plan(c.slot, c.pos0, b - a, c.logits > 0))
                 for c, (a, b) in zip(chunks, spans)]
 
     def close(self) -> None:

@@ -10,6 +10,8 @@ state as it was at n, so a slot keeps checkpoints: copies of every recurrent lay
 some positions, taken during the forward pass
     - at every multiple of `every` tokens (decode included), and
     - at the end of every prompt chunk longer than one token (so at the end of each prompt),
+      and one token before the end of a chunk that ends a prompt (a request with the same
+      prompt, another of n choices, reads only its last token again: it needs its logits),
 at most `max_checkpoints` per slot. A request resumes from the longest checkpoint its prompt
 matches (or the live state when it matches all the slot holds) and recomputes the rest.
 When a slot's checkpoints are all taken, the next one replaces the checkpoint closest to its
@@ -125,16 +127,19 @@ class RecurrentState:
         self.ck_ssm[dst][keep] = self.ck_ssm[src][keep]
         return True
 
-    def plan(self, slot: int, pos0: int, n: int) -> list[tuple[int, int]]:
+    def plan(self, slot: int, pos0: int, n: int, prompt_end: bool) -> list[tuple[int, int]]:
         """The checkpoints a forward pass writing positions [pos0, pos0 + n) of slot takes:
-        (position after which, entry) for each multiple of `every` in (pos0, pos0 + n] and for
-        pos0 + n when n > 1 (a prompt chunk's end), entries taken now."""
+        (tokens into the chunk, entry) for each multiple of `every` in (pos0, pos0 + n], for
+        pos0 + n when n > 1 (a prompt chunk's end) and pos0 + n - 1 when the chunk ends a
+        prompt (prompt_end: it asks for logits), entries taken now."""
         if not self.max_checkpoints:
             return []
         end = pos0 + n
         at = set(range((pos0 // self.every + 1) * self.every, end + 1, self.every))
         if n > 1:
             at.add(end)
+            if prompt_end:
+                at.add(end - 1)
         self.ck_pos[slot][self.ck_pos[slot] >= pos0 + 1] = -1  # overwritten positions
         planned: list[tuple[int, int]] = []
         for p in sorted(at)[-self.max_checkpoints:]:

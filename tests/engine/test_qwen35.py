@@ -171,7 +171,8 @@ def test_a_greedy_token_does_not_depend_on_the_batch() -> None:
 # ---------------------------------------------------------------- checkpoints and prefix reuse
 
 def test_a_slot_goes_back_to_a_checkpoint_and_continues_as_a_fresh_run() -> None:
-    """Slot 0 reads 24 tokens (a checkpoint at the chunk's end), then 10 more and 3 decodes;
+    """Slot 0 reads 24 tokens (checkpoints at the chunk's end and the token before: the chunk
+    asks for logits, so it ends a prompt), then 10 more and 3 decodes;
     going back to 24 and reading another continuation gives bit for bit what a slot that read
     the same chunks from nothing gives, and within float rounding what one whole chunk gives."""
     ids = np.load(SYNTH3_DIR / f"{F32}.npz")["ids"].tolist()
@@ -181,7 +182,7 @@ def test_a_slot_goes_back_to_a_checkpoint_and_continues_as_a_fresh_run() -> None
         tr.forward([Chunk(0, ids[24:34], 24)])
         for i, t in enumerate(ids[34:37]):
             tr.forward([Chunk(0, [t], 34 + i)])
-        assert cache.recurrent is not None and cache.recurrent.checkpoints(0) == [24, 34]
+        assert cache.recurrent is not None and cache.recurrent.checkpoints(0) == [23, 24, 33, 34]
         assert cache.reusable(0, 30) == 24                       # the state at 30 is gone
         assert cache.reusable(0, 37) == 37                       # the live state
         with pytest.raises(RecurrentRollbackError):
@@ -198,10 +199,10 @@ def test_a_slot_goes_back_to_a_checkpoint_and_continues_as_a_fresh_run() -> None
 
 
 def test_a_request_sharing_a_prefix_resumes_from_a_checkpoint() -> None:
-    """Through the batch runner: a first request's prompt is read in chunks of 16, so its slot
-    keeps states at 16 and 32; a second request sharing its first 37 tokens resumes at 32 (32
-    tokens not recomputed, counted) and generates what a fresh run generates, with the fresh
-    run's logits at its prompt's end."""
+    """Through the batch runner: a first request's prompt (45 tokens) is read in chunks of 16,
+    so its slot keeps states at 16, 32, 44 and 45; a second request sharing its first 37
+    tokens resumes at 32 (32 tokens not recomputed, counted) and generates what a fresh run
+    generates, with the fresh run's logits at its prompt's end."""
     rng = np.random.default_rng(11)
     shared = [494, *rng.integers(0, 493, 36).tolist()]
     first = shared + rng.integers(0, 493, 8).tolist()
@@ -223,3 +224,20 @@ def test_a_request_sharing_a_prefix_resumes_from_a_checkpoint() -> None:
         fresh_logits = model.logits(second)[-1]
     assert b.generated == fresh
     np.testing.assert_allclose(resumed_logits, fresh_logits, atol=1e-4)
+
+
+def test_n_choices_of_one_prompt_read_it_once() -> None:
+    """Three sequences of one prompt: the first reads it, the others take its state from the
+    checkpoint one token before the prompt's end (each needs that token's logits) and read
+    only that token; all three generate what one alone does."""
+    ids = np.load(SYNTH3_DIR / f"{F32}.npz")["ids"].tolist()
+    with _load(F32, n_slots=3) as model:
+        runner = BatchRunner(model)
+        seqs = [Sequence(ids, params=GREEDY, max_tokens=5, stop_at_eog=False) for _ in range(3)]
+        for seq in seqs:
+            runner.submit(seq)
+        run_all(runner)
+        runner.close()
+        want = alone(model, ids, GREEDY, 5)
+    assert [s.cached for s in seqs] == [0, len(ids) - 1, len(ids) - 1]
+    assert all(s.generated == want for s in seqs)
