@@ -11,6 +11,7 @@ final norm's gather the last row of each chunk).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -426,6 +427,7 @@ class EagerBuilder:
     def delta_net(self, layer: int, w: DeltaNetWeights, dims: DeltaNetDims) -> None:
         state = self.tr.cache.recurrent
         assert state is not None  # a recurrent family's cache holds one
+        dims = dataclasses.replace(dims, threads=self.tr.pool.n_threads)  # the model's cores
         self.bufs["o"] = delta_net_layer(self.mm, self.bufs["h"], w, dims, state, layer,
                                          self.recurrent_chunks)
         self.o_pending = True

@@ -43,6 +43,7 @@ class DeltaNetDims:
     v_heads: int   # H_v (ssm.time_step_rank)
     head: int      # S (ssm.state_size), keys and values alike
     eps: float
+    threads: int = 1  # the rule's heads split between this many threads
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ def delta_net_layer(mm: Callable[[quants.QuantMatrix, np.ndarray], np.ndarray], 
         mixed = dn.silu(np.einsum("bic,ci->bc", x, w.conv).astype(np.float32))
         q, k, v = _heads(mixed, d)                                      # [B, H_v, S]
         ssm = state.ssm[slots, li]                                      # [B, H_v, S, S]
-        o = dn.recurrent(q[None], k[None], v[None], g[rows][None], beta[rows][None], ssm)[0]
+        o = dn.recurrent(q[None], k[None], v[None], g[rows][None], beta[rows][None], ssm,
+                         d.threads)[0]
         state.ssm[slots, li] = ssm
         y[rows] = o
     for c in chunks:
@@ -99,11 +101,9 @@ def _run(qkv: np.ndarray, g: np.ndarray, beta: np.ndarray, w: DeltaNetWeights, d
     """Rows of one sequence from its live state (updated): the rule's output [n, H_v, S]."""
     conv_out, state.conv[slot, li] = dn.causal_conv(qkv, state.conv[slot, li], w.conv)
     q, k, v = _heads(dn.silu(conv_out), d)                              # [n, H_v, S]
-    ssm = state.ssm[slot, li]                                           # a view: updated in place
-    if q.shape[0] == 1:
-        return dn.recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
-                            ssm[None])[:, 0]
-    return dn.chunked(q, k, v, g, beta, ssm)
+    ssm = state.ssm[slot, li][None]                                     # a view: updated in place
+    return dn.recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], ssm,
+                        d.threads)[:, 0]
 
 
 def _heads(mixed: np.ndarray, d: DeltaNetDims) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

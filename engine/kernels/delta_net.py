@@ -19,16 +19,50 @@ Two forms give the same outputs and final state:
     i.e. a triangular solve and a few [L, L] and [L, S] matrix products per chunk and head,
     instead of L rank-one updates of S (llama.cpp's build_delta_net_chunking, chunks of 64).
 
-Around it (the layer, engine/arch/qwen35.py): the causal conv over the q/k/v channels with
+`recurrent` is compiled (LLVM IR, one call per run of tokens: every head's rows of S decayed,
+read against k, updated and read against q in two passes over S) with `recurrent_reference`,
+the numpy loop, as its twin; `chunked` is numpy (its work is batched matrix products).
+
+Around it (the layer, engine/delta_net_layer.py): the causal conv over the q/k/v channels with
 d_conv - 1 rows of state per sequence, SiLU, per-head L2 norms of q and k, and after the rule
 an RMS norm per head gated by silu(z). The maths is float32 as llama.cpp's CPU path runs it;
 tests/engine/test_delta_net.py holds both forms to a float64 transcription of the loop above.
 """
 from __future__ import annotations
 
+import ctypes
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
+from llvmlite import ir
+
+from engine.kernels.ir.builder import (
+    F32,
+    F32P,
+    I64,
+    V8F32,
+    address,
+    const,
+    counted_loop,
+    define,
+    elementwise,
+    exp,
+    fmuladd,
+    gep,
+    hsum,
+    i64,
+    load,
+    new_module,
+    splat,
+    store,
+    variable,
+)
+from engine.kernels.jit import CompiledLibrary, compile_cached
 
 CHUNK = 64  # tokens per chunk of the chunked form (llama.cpp's CS for scalar gates)
+FLUSH = -30.0  # log-decays below this count as 0 in the chunked form (_exp_or_zero)
 
 
 def causal_conv(x: np.ndarray, state: np.ndarray, kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -67,9 +101,35 @@ def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def recurrent(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
-              state: np.ndarray) -> np.ndarray:
-    """The rule token by token. q, k [n, B, H, S_k], v [n, B, H, S_v], g, beta [n, B, H],
-    state [B, H, S_v, S_k] (B sequences side by side, updated in place) -> o [n, B, H, S_v]."""
+              state: np.ndarray, threads: int = 1) -> np.ndarray:
+    """The rule token by token, compiled. q, k [n, B, H, S_k], v [n, B, H, S_v], g, beta
+    [n, B, H], state [B, H, S_v, S_k] (B sequences side by side, C-contiguous float32, updated
+    in place) -> o [n, B, H, S_v]. threads > 1: the heads split between that many calls at
+    once (each head's state is its own; ctypes lets go of the GIL during a call)."""
+    n, B, H, S = q.shape
+    if k.shape != q.shape or v.shape != q.shape or g.shape != (n, B, H) or beta.shape != g.shape:
+        raise ValueError("q, k, v must be [n, B, H, S] and g, beta [n, B, H] alike")
+    if state.shape != (B, H, S, S) or state.dtype != np.float32 or not state.flags.c_contiguous:
+        raise ValueError(f"state must be C-contiguous float32 {(B, H, S, S)}")
+    q, k, v, g, beta = (np.ascontiguousarray(a, np.float32) for a in (q, k, v, g, beta))
+    o = np.empty(v.shape, np.float32)
+    if not o.size:
+        return o
+    rule, heads = load_delta_net().rule, B * H
+    args = (address(q), address(k), address(v), address(g), address(beta), address(state),
+            address(o), n, heads, S)
+    parts = max(1, min(threads, heads))
+    bounds = [heads * i // parts for i in range(parts + 1)]
+    if parts == 1:
+        rule(*args, 0, heads)
+    else:
+        list(_executor(parts).map(lambda i: rule(*args, bounds[i], bounds[i + 1]), range(parts)))
+    return o
+
+
+def recurrent_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                        beta: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """`recurrent`'s numpy twin (same shapes; state updated in place)."""
     o = np.empty(v.shape, np.float32)
     for t in range(q.shape[0]):
         state *= np.exp(g[t])[..., None, None]
@@ -99,9 +159,9 @@ def _one_chunk(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta:
     G = np.cumsum(g.T, axis=1, dtype=np.float32)                  # [H, L] decay since the start
     bh = beta.T                                                   # [H, L]
     lower = np.tril(np.ones((L, L), bool))                        # j <= t
-    diff = np.where(lower, G[:, :, None] - G[:, None, :], -np.inf)  # [H, t, j]: G_t - G_j
-    decay = np.exp(diff).astype(np.float32)
-    eG = np.exp(G)                                                # [H, L]
+    diff = G[:, :, None] - G[:, None, :]                          # [H, t, j]: G_t - G_j
+    decay = _exp_or_zero(np.where(lower, diff, -np.inf))
+    eG = _exp_or_zero(G)                                          # [H, L]
     kk = kh @ kh.transpose(0, 2, 1)                               # [H, t, j] k_t . k_j
     A = np.where(lower & ~np.eye(L, dtype=bool), bh[:, :, None] * decay * kk, 0).astype(np.float32)
     s0k = kh @ state.transpose(0, 2, 1)                           # [H, L, S_v] S0 k_t
@@ -116,6 +176,14 @@ def _one_chunk(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta:
     return result
 
 
+def _exp_or_zero(x: np.ndarray) -> np.ndarray:
+    """exp(x), 0 where x < FLUSH: a decay of e^-30 is below float32's resolution next to the
+    terms it is added to, and the smaller ones would be subnormal floats, which x86 multiplies
+    some hundred times slower (a 64-token chunk took 0.5 s instead of a few ms)."""
+    out: np.ndarray = np.exp(np.where(x < FLUSH, -np.inf, x)).astype(np.float32)
+    return out
+
+
 def _solve_unit_lower(A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """(I + A) u = rhs for A strictly lower triangular [H, L, L], by forward substitution
     (row t needs the rows before it: L small steps over all heads at once)."""
@@ -123,3 +191,99 @@ def _solve_unit_lower(A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     for t in range(A.shape[1]):
         u[:, t] = rhs[:, t] - np.einsum("hj,hjv->hv", A[:, t, :t], u[:, :t])
     return u
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled rule
+# ---------------------------------------------------------------------------------------------
+
+def _build_rule(module: ir.Module) -> None:
+    # void delta_rule(float* q [n, H, S], float* k, float* v, float* g [n, H], float* beta,
+    #                 float* state [H, S, S] (row j: value j, columns: keys), float* out [n, H, S],
+    #                 i64 n, i64 H, i64 S, i64 h0, i64 h1): heads [h0, h1) only
+    # per token t and head h, per state row j (two passes over it):
+    #   row *= e^g; sk = row . k          d = (v_j - sk) * beta
+    #   row += d * k; out_j = row . q
+    b, (q, k, v, g, beta, state, out, n, n_head, S, h0, h1) = define(
+        module, "delta_rule", ir.VoidType(), [
+            ("q", F32P), ("k", F32P), ("v", F32P), ("g", F32P), ("beta", F32P),
+            ("state", F32P), ("out", F32P), ("n", I64), ("n_head", I64), ("S", I64),
+            ("h0", I64), ("h1", I64)])
+    acc_v = variable(b, V8F32, splat(b, const(F32, 0.0)), "acc_v")
+    acc_s = variable(b, F32, const(F32, 0.0), "acc_s")
+
+    def dot_pass(body: Callable[[ir.Value, ir.Type], ir.Value]) -> ir.Value:
+        """Run body(i, ty) -> the lanes to sum over a row's S columns; returns their sum."""
+        b.store(splat(b, const(F32, 0.0)), acc_v)
+        b.store(const(F32, 0.0), acc_s)
+
+        def step(j: ir.Value, ty: ir.Type) -> None:
+            part = body(j, ty)
+            acc = acc_v if ty is V8F32 else acc_s
+            b.store(b.fadd(b.load(acc), part), acc)
+        elementwise(b, S, step)
+        return b.fadd(hsum(b, b.load(acc_v)), b.load(acc_s))
+
+    with counted_loop(b, i64(0), n, 1, "t") as t, counted_loop(b, h0, h1, 1, "h") as h:
+        th = b.add(b.mul(t, n_head), h)
+        vec = b.mul(th, S)
+        qr, kr, vr, orow = gep(b, q, vec), gep(b, k, vec), gep(b, v, vec), gep(b, out, vec)
+        decay = exp(b, load(b, g, th))
+        bt = load(b, beta, th)
+        st = gep(b, state, b.mul(b.mul(h, S), S))
+        with counted_loop(b, i64(0), S, 1, "j") as j:
+            row = gep(b, st, b.mul(j, S))
+
+            def decay_dot(i: ir.Value, ty: ir.Type, row: ir.Value = row) -> ir.Value:
+                c = splat(b, decay) if ty is V8F32 else decay
+                r = b.fmul(load(b, row, i, ty), c)
+                store(b, r, row, i)
+                return b.fmul(r, load(b, kr, i, ty))
+            sk = dot_pass(decay_dot)
+            d = b.fmul(b.fsub(load(b, vr, j), sk), bt)
+
+            def update_dot(i: ir.Value, ty: ir.Type, row: ir.Value = row, d: ir.Value = d) -> ir.Value:
+                c = splat(b, d) if ty is V8F32 else d
+                r = fmuladd(b, load(b, kr, i, ty), c, load(b, row, i, ty))
+                store(b, r, row, i)
+                return b.fmul(r, load(b, qr, i, ty))
+            store(b, dot_pass(update_dot), orow, j)
+    b.ret_void()
+
+
+def build_delta_net_module() -> ir.Module:
+    module = new_module("delta_net")
+    _build_rule(module)
+    return module
+
+
+class _DeltaNet:
+    """The compiled rule (a ctypes handle), loaded once."""
+
+    def __init__(self) -> None:
+        lib: CompiledLibrary = compile_cached("delta_net", (), lambda: str(build_delta_net_module()))
+        p, n = ctypes.c_void_p, ctypes.c_int64
+        self.rule = lib.function("delta_rule", None, p, p, p, p, p, p, p, n, n, n, n, n)
+
+
+_delta_net: _DeltaNet | None = None
+_lock = threading.Lock()
+_executors: dict[int, ThreadPoolExecutor] = {}
+
+
+def _executor(threads: int) -> ThreadPoolExecutor:
+    """Threads that run parts of one rule call at once (kept for the process)."""
+    with _lock:
+        pool = _executors.get(threads)
+        if pool is None:
+            pool = _executors[threads] = ThreadPoolExecutor(threads, thread_name_prefix="delta-rule")
+        return pool
+
+
+def load_delta_net() -> _DeltaNet:
+    """Compile (or load from the disk cache) the rule; the first call does it."""
+    global _delta_net
+    with _lock:
+        if _delta_net is None:
+            _delta_net = _DeltaNet()
+        return _delta_net

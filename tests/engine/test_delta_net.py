@@ -38,12 +38,14 @@ def _inputs(n: int, H: int = 3, S: int = 8, seed: int = 0):
     return q, k, v, g, beta, state
 
 
-@pytest.mark.parametrize("n", [1, 5, 64, 150])
-def test_the_recurrent_form_is_the_rule(n: int) -> None:
-    q, k, v, g, beta, state = _inputs(n)
+@pytest.mark.parametrize("form", [dn.recurrent, dn.recurrent_reference])
+@pytest.mark.parametrize("n, S", [(1, 8), (5, 8), (64, 8), (150, 8), (9, 21)])
+def test_the_recurrent_form_is_the_rule(form, n: int, S: int) -> None:
+    """The compiled kernel and its numpy twin (S 21: the kernel's vector steps and scalar tail)."""
+    q, k, v, g, beta, state = _inputs(n, S=S)
     want_o, want_s = _rule_float64(q, k, v, g, beta, state)
     s = state[None].copy()
-    o = dn.recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], s)[:, 0]
+    o = form(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], s)[:, 0]
     np.testing.assert_allclose(o, want_o, atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(s[0], want_s, atol=2e-5, rtol=1e-4)
 
@@ -63,7 +65,11 @@ def test_several_sequences_side_by_side_are_each_their_own_rule() -> None:
     seqs = [_inputs(1, seed=s) for s in range(4)]
     stacked = [np.stack([x[i] for x in seqs], axis=1) for i in range(5)]  # [1, B, ...]
     states = np.stack([x[5] for x in seqs])                                # [B, H, S, S]
+    twin_states = states.copy()
+    twin = dn.recurrent_reference(*stacked, twin_states)[0]
     o = dn.recurrent(*stacked, states)[0]
+    np.testing.assert_allclose(o, twin, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(states, twin_states, atol=1e-5, rtol=1e-5)
     for b, (q, k, v, g, beta, state) in enumerate(seqs):
         want_o, want_s = _rule_float64(q, k, v, g, beta, state)
         np.testing.assert_allclose(o[b], want_o[0], atol=2e-5, rtol=1e-4)
@@ -96,3 +102,11 @@ def test_the_gates_are_ggmls() -> None:
     np.testing.assert_allclose(dn.sigmoid(x), 1 / (1 + np.exp(-x64)), rtol=1e-6, atol=1e-30)
     v = np.array([[3.0, 4.0], [0.0, 0.0]], np.float32)
     np.testing.assert_allclose(dn.l2_norm(v, 1e-6), [[0.6, 0.8], [0.0, 0.0]], atol=1e-6)
+
+
+def test_the_heads_split_between_threads_give_the_same_bits() -> None:
+    q, k, v, g, beta, state = _inputs(12, H=5)
+    one, two = state[None].copy(), state[None].copy()
+    args = (q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None])
+    np.testing.assert_array_equal(dn.recurrent(*args, one), dn.recurrent(*args, two, threads=2))
+    np.testing.assert_array_equal(one, two)
