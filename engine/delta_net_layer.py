@@ -8,8 +8,9 @@ build_layer_attn_linear), reading and writing each chunk's slot state (engine.re
         o = delta rule (engine.kernels.delta_net) from its ssm state
     o = (rms_norm(o per head) * ssm_norm * silu(z)) @ Wout
 
-Decode chunks (one token each) run the recurrent form together, their states side by side;
-a longer chunk runs the chunked form, split at the positions its slot checkpoints.
+Decode chunks (one token each) run together, their states side by side; a longer chunk runs
+on its own, split at the positions its slot checkpoints. Both through the compiled conv and
+rule (engine.kernels.delta_net).
 """
 from __future__ import annotations
 
@@ -67,14 +68,14 @@ def delta_net_layer(mm: Callable[[quants.QuantMatrix, np.ndarray], np.ndarray], 
     g = (dn.softplus(mm(w.alpha, h) + w.dt_bias) * w.a).astype(np.float32)  # [T, H_v]
     li = state.index[layer]
     y = np.empty((T, Hv, S), np.float32)
+    kernel_t = np.ascontiguousarray(w.conv.T)                          # [d_conv, conv_dim]
     decode = [c for c in chunks if c.b - c.a == 1 and not c.checkpoints]
-    if decode:
+    if decode:  # one token each: their states side by side, one call per kernel
         rows = np.array([c.a for c in decode])
         slots = np.array([c.slot for c in decode])
         conv = state.conv[slots, li]                                    # [B, d_conv - 1, C]
-        x = np.concatenate([conv, qkv[rows][:, None, :]], axis=1)       # [B, d_conv, C]
-        state.conv[slots, li] = x[:, 1:]
-        mixed = dn.silu(np.einsum("bic,ci->bc", x, w.conv).astype(np.float32))
+        mixed = dn.conv_silu(qkv[rows][:, None, :], conv, kernel_t)[:, 0]
+        state.conv[slots, li] = conv
         q, k, v = _heads(mixed, d)                                      # [B, H_v, S]
         ssm = state.ssm[slots, li]                                      # [B, H_v, S, S]
         o = dn.recurrent(q[None], k[None], v[None], g[rows][None], beta[rows][None], ssm,
@@ -88,7 +89,7 @@ def delta_net_layer(mm: Callable[[quants.QuantMatrix, np.ndarray], np.ndarray], 
         for end, entry in [*c.checkpoints, (c.b - c.a, -1)]:
             if end > at:
                 r = slice(c.a + at, c.a + end)
-                y[r] = _run(qkv[r], g[r], beta[r], w, d, state, c.slot, li)
+                y[r] = _run(qkv[r], g[r], beta[r], kernel_t, d, state, c.slot, li)
                 at = end
             if entry >= 0:
                 state.save(c.slot, entry, layer)
@@ -96,11 +97,11 @@ def delta_net_layer(mm: Callable[[quants.QuantMatrix, np.ndarray], np.ndarray], 
     return mm(w.out, np.ascontiguousarray(normed * dn.silu(z)))
 
 
-def _run(qkv: np.ndarray, g: np.ndarray, beta: np.ndarray, w: DeltaNetWeights, d: DeltaNetDims,
-         state: RecurrentState, slot: int, li: int) -> np.ndarray:
+def _run(qkv: np.ndarray, g: np.ndarray, beta: np.ndarray, kernel_t: np.ndarray,
+         d: DeltaNetDims, state: RecurrentState, slot: int, li: int) -> np.ndarray:
     """Rows of one sequence from its live state (updated): the rule's output [n, H_v, S]."""
-    conv_out, state.conv[slot, li] = dn.causal_conv(qkv, state.conv[slot, li], w.conv)
-    q, k, v = _heads(dn.silu(conv_out), d)                              # [n, H_v, S]
+    mixed = dn.conv_silu(qkv[None], state.conv[slot, li][None], kernel_t)[0]  # state in place
+    q, k, v = _heads(mixed, d)                                          # [n, H_v, S]
     ssm = state.ssm[slot, li][None]                                     # a view: updated in place
     return dn.recurrent(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], ssm,
                         d.threads)[:, 0]

@@ -65,17 +65,35 @@ CHUNK = 64  # tokens per chunk of the chunked form (llama.cpp's CS for scalar ga
 FLUSH = -30.0  # log-decays below this count as 0 in the chunked form (_exp_or_zero)
 
 
-def causal_conv(x: np.ndarray, state: np.ndarray, kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x float32 [n, C] new rows, state [d_conv - 1, C] the rows before them, kernel [C, d_conv]
-    -> (out [n, C], the new state): out[t, c] = sum_i in[t + i, c] * kernel[c, i] over
-    in = [state; x] (ggml_ssm_conv), no activation."""
-    d = kernel.shape[1]
-    xin = np.concatenate([state, x], axis=0)                      # [n + d - 1, C]
-    n = x.shape[0]
-    out = xin[0:n] * kernel[:, 0]
+def conv_silu(x: np.ndarray, state: np.ndarray, kernel_t: np.ndarray) -> np.ndarray:
+    """silu of the causal conv, compiled. x float32 [B, n, C] new rows of B sequences, state
+    [B, d_conv - 1, C] the rows before them (then the last d_conv - 1 rows of [state; x], in
+    place), kernel_t [d_conv, C] (the file's [C, d_conv] transposed) -> out [B, n, C]:
+    silu(sum_i in[t + i] * kernel_t[i]) over in = [state; x] (ggml_ssm_conv, then SiLU)."""
+    B, n, C = x.shape
+    d = kernel_t.shape[0]
+    if state.shape != (B, d - 1, C) or kernel_t.shape != (d, C):
+        raise ValueError(f"state must be {(B, d - 1, C)} and kernel_t {(d, C)}")
+    for a, what in ((state, "state"), (kernel_t, "kernel_t")):
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError(f"{what} must be C-contiguous float32")
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    if out.size:
+        load_delta_net().conv(address(x), address(state), address(kernel_t), address(out), B, n,
+                              C, d)
+    return out
+
+
+def conv_silu_reference(x: np.ndarray, state: np.ndarray, kernel_t: np.ndarray) -> np.ndarray:
+    """`conv_silu`'s numpy twin (same shapes; state updated in place)."""
+    d, n = kernel_t.shape[0], x.shape[1]
+    xin = np.concatenate([state, x], axis=1)                      # [B, n + d - 1, C]
+    out = xin[:, 0:n] * kernel_t[0]
     for i in range(1, d):
-        out += xin[i:i + n] * kernel[:, i]
-    return out, np.ascontiguousarray(xin[n:])
+        out += xin[:, i:i + n] * kernel_t[i]
+    state[...] = xin[:, n:]
+    return silu(out)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -251,9 +269,48 @@ def _build_rule(module: ir.Module) -> None:
     b.ret_void()
 
 
+def _build_conv(module: ir.Module) -> None:
+    # void conv_silu(float* x [B, n, C], float* state [B, d - 1, C], float* kt [d, C],
+    #                float* out [B, n, C], i64 B, i64 n, i64 C, i64 d)
+    # row r of in = [state; x] is state's row r for r < d - 1, else x's row r - (d - 1)
+    b, (x, state, kt, out, n_seq, n, C, d) = define(module, "conv_silu", ir.VoidType(), [
+        ("x", F32P), ("state", F32P), ("kt", F32P), ("out", F32P), ("n_seq", I64), ("n", I64),
+        ("C", I64), ("d", I64)])
+    held = b.sub(d, i64(1))
+
+    def in_row(xs: ir.Value, ss: ir.Value, r: ir.Value) -> ir.Value:
+        from_state = b.icmp_signed("<", r, held)
+        return b.select(from_state, gep(b, ss, b.mul(r, C)), gep(b, xs, b.mul(b.sub(r, held), C)))
+
+    with counted_loop(b, i64(0), n_seq, 1, "s") as sq:
+        xs = gep(b, x, b.mul(b.mul(sq, n), C))
+        ss = gep(b, state, b.mul(b.mul(sq, held), C))
+        os_ = gep(b, out, b.mul(b.mul(sq, n), C))
+        with counted_loop(b, i64(0), n, 1, "t") as t:
+            orow = gep(b, os_, b.mul(t, C))
+            row0 = in_row(xs, ss, t)
+            elementwise(b, C, lambda j, ty: store(b, b.fmul(load(b, row0, j, ty), load(b, kt, j, ty)),
+                                                  orow, j))
+            with counted_loop(b, i64(1), d, 1, "i") as i:
+                row, krow = in_row(xs, ss, b.add(t, i)), gep(b, kt, b.mul(i, C))
+                elementwise(b, C, lambda j, ty: store(b, fmuladd(
+                    b, load(b, row, j, ty), load(b, krow, j, ty), load(b, orow, j, ty)), orow, j))
+
+            def silu_at(j: ir.Value, ty: ir.Type) -> None:
+                v = load(b, orow, j, ty)
+                one = splat(b, const(F32, 1.0)) if ty is V8F32 else const(F32, 1.0)
+                store(b, b.fdiv(v, b.fadd(one, exp(b, b.fsub(const(ty, 0.0), v)))), orow, j)
+            elementwise(b, C, silu_at)
+        with counted_loop(b, i64(0), held, 1, "k") as k:  # state = in's last d - 1 rows
+            src, dst = in_row(xs, ss, b.add(n, k)), gep(b, ss, b.mul(k, C))
+            elementwise(b, C, lambda j, ty: store(b, load(b, src, j, ty), dst, j))
+    b.ret_void()
+
+
 def build_delta_net_module() -> ir.Module:
     module = new_module("delta_net")
     _build_rule(module)
+    _build_conv(module)
     return module
 
 
@@ -264,6 +321,7 @@ class _DeltaNet:
         lib: CompiledLibrary = compile_cached("delta_net", (), lambda: str(build_delta_net_module()))
         p, n = ctypes.c_void_p, ctypes.c_int64
         self.rule = lib.function("delta_rule", None, p, p, p, p, p, p, p, n, n, n, n, n)
+        self.conv = lib.function("conv_silu", None, p, p, p, p, n, n, n, n)
 
 
 _delta_net: _DeltaNet | None = None

@@ -76,22 +76,28 @@ def test_several_sequences_side_by_side_are_each_their_own_rule() -> None:
         np.testing.assert_allclose(states[b], want_s, atol=2e-5, rtol=1e-4)
 
 
-def test_the_causal_conv_is_ggml_ssm_conv_and_its_state_carries_on() -> None:
-    rng = np.random.default_rng(3)
-    n, C, d = 11, 6, 4
-    x = rng.standard_normal((n, C)).astype(np.float32)
-    kernel = rng.standard_normal((C, d)).astype(np.float32)
-    state = rng.standard_normal((d - 1, C)).astype(np.float32)
-    xin = np.concatenate([state, x]).astype(np.float64)
-    want = np.array([[sum(xin[t + i, c] * kernel[c, i] for i in range(d)) for c in range(C)]
-                     for t in range(n)])
-    out, new_state = dn.causal_conv(x, state, kernel)
-    np.testing.assert_allclose(out, want, atol=1e-5)
-    np.testing.assert_array_equal(new_state, x[-(d - 1):])
-    first, mid = dn.causal_conv(x[:4], state, kernel)      # split in two calls
-    second, end = dn.causal_conv(x[4:], mid, kernel)
-    np.testing.assert_allclose(np.concatenate([first, second]), out, atol=1e-6)
-    np.testing.assert_array_equal(end, new_state)
+@pytest.mark.parametrize("form", [dn.conv_silu, dn.conv_silu_reference])
+@pytest.mark.parametrize("B, n, C, d", [(1, 11, 6, 4), (1, 2, 19, 4), (3, 1, 16, 4), (2, 5, 9, 2)])
+def test_the_causal_conv_is_ggml_ssm_conv_and_its_state_carries_on(form, B, n, C, d) -> None:
+    """silu(ggml_ssm_conv) in float64 over [state; x]; then the same rows in two calls, the
+    second from the state the first left, give the same outputs and the same final state."""
+    rng = np.random.default_rng(n * C)
+    x = rng.standard_normal((B, n, C)).astype(np.float32)
+    kernel = rng.standard_normal((C, d)).astype(np.float32)     # the file's layout
+    state = rng.standard_normal((B, d - 1, C)).astype(np.float32)
+    xin = np.concatenate([state, x], axis=1).astype(np.float64)
+    conv = np.array([[[sum(xin[s, t + i, c] * kernel[c, i] for i in range(d)) for c in range(C)]
+                      for t in range(n)] for s in range(B)])
+    kernel_t = np.ascontiguousarray(kernel.T)
+    s1 = state.copy()
+    out = form(x, s1, kernel_t)
+    np.testing.assert_allclose(out, conv / (1 + np.exp(-conv)), atol=1e-5)
+    np.testing.assert_array_equal(s1, xin[:, n:].astype(np.float32))
+    s2, cut = state.copy(), max(1, n // 2)
+    first = form(x[:, :cut], s2, kernel_t)
+    second = form(x[:, cut:], s2, kernel_t) if cut < n else np.empty((B, 0, C), np.float32)
+    np.testing.assert_allclose(np.concatenate([first, second], axis=1), out, atol=1e-6)
+    np.testing.assert_array_equal(s2, s1)
 
 
 def test_the_gates_are_ggmls() -> None:
