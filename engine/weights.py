@@ -137,7 +137,8 @@ def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
     problem = spec.check_layers(hp, layers) if spec.check_layers is not None else None
     if problem:
         raise ModelLoadError(read.path, problem)
-    unused = sorted(set(f.tensors) - read.used)
+    unused = sorted(n for n in set(f.tensors) - read.used
+                    if spec.skips is None or not spec.skips(hp, n))
     if unused:
         raise ModelLoadError(read.path, f"tensor {unused[0]} is not part of the engine's "
                                         f"{hp.arch} block ({len(unused)} unused tensors): not supported")

@@ -159,6 +159,8 @@ class ArchSpec(Generic[L]):
     #                                     (gemma3: llama.cpp scales a batch of token ids only)
     recurrent: Callable[[HParams], RecurrentShape] | None = None  # layers with a state per
     #                                     sequence (qwen35's DeltaNet): run by the eager builder
+    skips: Callable[[HParams, str], bool] | None = None  # tensors of the file it does not run
+    #                                     (qwen35's multi-token-prediction draft block)
     check_layers: Callable[[HParams, list[L]], str | None] | None = None  # why the loaded
     #                                     layers do not fit (qwen35's interleave), or None
 

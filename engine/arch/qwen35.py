@@ -15,7 +15,8 @@ llama.cpp's src/models/qwen35.cpp and delta-net-base.cpp. The rope sections
 (rope.dimension_sections) pick which of a position's (t, h, w) parts turns each pair; a text
 token's parts are all its position, so the sections change nothing for text and are not read.
 The DeltaNet layers keep a state per sequence instead of KV rows (engine/recurrent.py), which
-KVCache holds beside the attention layers' cache.
+KVCache holds beside the attention layers' cache. A file whose last nextn_predict_layers blocks
+are a multi-token-prediction draft head loads its trunk only (the draft is not run).
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ KEYS = llama.KEYS + (
     Key("dt_rank", "ssm.time_step_rank"),
     Key("d_inner", "ssm.inner_size"),
     Key("attn_interval", "full_attention_interval", 4),
+    Key("n_nextn", "nextn_predict_layers", 0),
 )
 
 _OPTIONAL = False
@@ -102,6 +104,9 @@ def finish(v: KeyValues) -> None:
     """llama's checks and the DeltaNet's shapes: value heads share key heads evenly, and a
     value head is as wide as a key head (llama.cpp asserts both)."""
     llama.finish(v)
+    if not 0 <= v["n_nextn"] < v["n_layer"]:
+        v.refuse(f"{v.arch}.nextn_predict_layers = {v['n_nextn']} of {v['n_layer']} blocks")
+    v["n_layer"] -= v["n_nextn"]  # the trunk: the last blocks are a draft head, not run here
     for name in ("d_conv", "d_state", "n_group", "dt_rank", "attn_interval"):
         if v[name] <= 0:
             v.refuse(f"{v.arch}: {name} = {v[name]} must be > 0")
@@ -113,6 +118,15 @@ def finish(v: KeyValues) -> None:
     v["qg_dim"] = 2 * v["n_head"] * v["head_dim"]
     v["ssm_v_dim"] = v["d_inner"]
     v["ssm_conv_dim"] = 2 * v["n_group"] * v["d_state"] + v["d_inner"]
+
+
+def skips(hp: HParams, name: str) -> bool:
+    """The multi-token-prediction blocks after the trunk (blk.{n_layer}. and on): llama.cpp
+    runs them only as a speculative draft, which the engine does not."""
+    if not name.startswith("blk."):
+        return False
+    block = name.split(".", 2)[1]
+    return block.isdigit() and int(block) >= hp.n_layer
 
 
 def is_recurrent(hp: HParams, layer: int) -> bool:
@@ -174,4 +188,4 @@ def dims(hp: HParams) -> DeltaNetDims:
 
 
 SPEC = ArchSpec("qwen35", KEYS, finish, Qwen35Layer, TENSORS, block, rope_neox=True,
-                recurrent=recurrent_shape, check_layers=check_layers)
+                recurrent=recurrent_shape, skips=skips, check_layers=check_layers)

@@ -123,20 +123,28 @@ def test_the_memory_estimate_counts_the_states_and_their_checkpoints(name: str) 
         assert kv == 2 * 2 * 1 * 128 * 2 * 32 * 2   # one attention layer keeps KV rows
 
 
-def _rewrite(src_name: str, dst: Path, drop: str = "", rename: tuple[str, str] | None = None) -> Path:
-    from gguf import GGUFReader, GGUFWriter
+def _rewrite(src_name: str, dst: Path, drop: str = "", keys: dict | None = None,
+             extra: dict[str, str] | None = None) -> Path:
+    """A copy of a synth3 file without tensor `drop`, with metadata `keys` set and `extra`
+    tensors added (new name -> the tensor whose data it copies)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     src = GGUFReader(str(SYNTH3_DIR / f"{src_name}.gguf"))
     w = GGUFWriter(str(dst), "qwen35")
+    keys = dict(keys or {})
     for field in src.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
-        w.add_key_value(field.name, field.contents(), field.types[0],
+        value = keys.pop(field.name, field.contents())
+        w.add_key_value(field.name, value, field.types[0],
                         field.types[-1] if len(field.types) > 1 else None)
-    for t in src.tensors:
-        if t.name == drop:
+    for name, value in keys.items():
+        w.add_key_value(name, value, GGUFValueType.UINT32)
+    tensors = {t.name: t for t in src.tensors}
+    added = [(name, tensors[copied]) for name, copied in (extra or {}).items()]
+    for name, t in [*tensors.items(), *added]:
+        if name == drop:
             continue
-        name = rename[1] if rename and t.name == rename[0] else t.name
         w.add_tensor(name, np.asarray(t.data), raw_shape=tuple(reversed(t.shape.tolist())),
                      raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -149,6 +157,26 @@ def _rewrite(src_name: str, dst: Path, drop: str = "", rename: tuple[str, str] |
 def test_a_layer_missing_a_delta_net_tensor_is_refused_from_its_header(tmp_path: Path) -> None:
     path = _rewrite(F32, tmp_path / "cut.gguf", drop="blk.1.ssm_a")
     assert why_not_servable(path) == "layer 1 is a DeltaNet layer but lacks its ssm_a tensor"
+
+
+def test_a_draft_head_after_the_trunk_is_loaded_past(tmp_path: Path) -> None:
+    """A file with a multi-token-prediction block (block_count 5, nextn_predict_layers 1: blk.4
+    is llama.cpp's draft head, run only for speculation) serves its 4-block trunk: the logits
+    of the file without it, bit for bit."""
+    extra = {f"blk.4.{part}": f"blk.3.{part}" for part in (
+        "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+        "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+        "post_attention_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")}
+    extra["blk.4.nextn.enorm.weight"] = "output_norm.weight"
+    path = _rewrite(F32, tmp_path / "mtp.gguf", keys={"qwen35.block_count": 5,
+                                                      "qwen35.nextn_predict_layers": 1}, extra=extra)
+    ids = np.load(SYNTH3_DIR / f"{F32}.npz")["ids"].tolist()
+    assert why_not_servable(path) is None
+    with engine.load(path, n_ctx=128, n_threads=2, flash_attn=False) as model:
+        assert model.transformer.hp.n_layer == 4
+        with_draft = model.transformer.forward([Chunk(0, ids, 0)], "all")[0]
+    with _load(F32) as model:
+        np.testing.assert_array_equal(with_draft, model.transformer.forward([Chunk(0, ids, 0)], "all")[0])
 
 
 def test_a_greedy_token_does_not_depend_on_the_batch() -> None:
