@@ -32,6 +32,11 @@ ring row of position p is overwritten by p + ring, so a slot written up to W can
 any n >= W - (ring - window + 1) = W - MAX_CHUNK (the ring's spare rows and one), more than a
 draft's rollback needs; further back only to 0 (re-reading the prompt), and `truncate` says so
 by raising.
+
+A recurrent family's stateful layers (qwen35's Gated DeltaNet: ArchSpec.recurrent) keep no rows
+here: KVCache holds their per-slot state and its checkpoints (engine.recurrent) beside the rows
+of the attention layers, and asks it too when a slot is reused, truncated or copied: such a slot
+goes back only to a checkpoint, its end or 0 (RecurrentRollbackError otherwise).
 """
 from __future__ import annotations
 
