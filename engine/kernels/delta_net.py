@@ -62,6 +62,9 @@ from engine.kernels.ir.builder import (
 from engine.kernels.jit import CompiledLibrary, compile_cached
 
 CHUNK = 64  # tokens per chunk of the chunked form (llama.cpp's CS for scalar gates)
+SPLIT_WORK = 1 << 22  # state floats a rule call touches before its heads are split between
+#                      threads (a hand-off costs ~0.1-0.5 ms; a decode step of Qwen3.5-0.8B's
+#                      16 heads of 128 touches 0.26 M, ~0.1 ms on one thread)
 FLUSH = -30.0  # log-decays below this count as 0 in the chunked form (_exp_or_zero)
 
 
@@ -123,7 +126,8 @@ def recurrent(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: 
     """The rule token by token, compiled. q, k [n, B, H, S_k], v [n, B, H, S_v], g, beta
     [n, B, H], state [B, H, S_v, S_k] (B sequences side by side, C-contiguous float32, updated
     in place) -> o [n, B, H, S_v]. threads > 1: the heads split between that many calls at
-    once (each head's state is its own; ctypes lets go of the GIL during a call)."""
+    once when the call is large enough (SPLIT_WORK; each head's state is its own, and ctypes
+    lets go of the GIL during a call)."""
     n, B, H, S = q.shape
     if k.shape != q.shape or v.shape != q.shape or g.shape != (n, B, H) or beta.shape != g.shape:
         raise ValueError("q, k, v must be [n, B, H, S] and g, beta [n, B, H] alike")
@@ -136,7 +140,7 @@ def recurrent(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: 
     rule, heads = load_delta_net().rule, B * H
     args = (address(q), address(k), address(v), address(g), address(beta), address(state),
             address(o), n, heads, S)
-    parts = max(1, min(threads, heads))
+    parts = max(1, min(threads, heads)) if n * heads * S * S >= SPLIT_WORK else 1
     bounds = [heads * i // parts for i in range(parts + 1)]
     if parts == 1:
         rule(*args, 0, heads)

@@ -110,7 +110,8 @@ def test_the_gates_are_ggmls() -> None:
     np.testing.assert_allclose(dn.l2_norm(v, 1e-6), [[0.6, 0.8], [0.0, 0.0]], atol=1e-6)
 
 
-def test_the_heads_split_between_threads_give_the_same_bits() -> None:
+def test_the_heads_split_between_threads_give_the_same_bits(monkeypatch) -> None:
+    monkeypatch.setattr(dn, "SPLIT_WORK", 1)              # split even this small call
     q, k, v, g, beta, state = _inputs(12, H=5)
     one, two = state[None].copy(), state[None].copy()
     args = (q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None])
