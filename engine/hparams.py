@@ -123,12 +123,17 @@ def read_keys(meta: Mapping[str, Any], keys: tuple[Key, ...], v: KeyValues) -> K
             value = key.default(v) if callable(key.default) else key.default
         if value is None:
             v.refuse(f"metadata key {full} is missing")
+        if key.kind is tuple:  # an array the family reads per layer
+            if not isinstance(value, list | tuple) or not all(isinstance(x, int) for x in value):
+                v.refuse(f"{full} = {value!r} is not an array of integers")
+            v[key.name] = tuple(int(x) for x in value)
+            continue
         if isinstance(value, list):  # per-layer arrays: one value for all layers, as llama's
             if not value or any(x != value[0] for x in value):
                 v.refuse(f"{full}: per-layer values are not supported")
             value = value[0]
         try:
-            v[key.name] = key.kind(value)
+            v[key.name] = key.kind(value)  # type: ignore[arg-type]  # a scalar kind here
         except (TypeError, ValueError):
             v.refuse(f"{full} = {value!r} is not a {key.kind.__name__}")
     return v

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from ..gguf import ModelLoadError
 
-KeyValue = int | float | str
+KeyValue = int | float | str | tuple[int, ...]
 
 
 class KeyValues(dict[str, Any]):
@@ -42,7 +42,8 @@ class Key:
     name: str
     gguf: str
     default: KeyValue | Callable[[Mapping[str, Any]], KeyValue] | None = None
-    kind: type[int] | type[float] | type[str] = int
+    kind: type[int] | type[float] | type[str] | type[tuple[int, ...]] = int  # tuple: a per-layer
+    #                                     array kept whole (ints; a bool array as 0 / 1)
 
 
 @dataclass(frozen=True)

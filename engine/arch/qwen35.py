@@ -1,7 +1,8 @@
 """qwen35 (Qwen3.5): Gated DeltaNet linear-attention layers interleaved with gated full attention.
 
-Layer i is recurrent unless (i + 1) % full_attention_interval == 0 (interval 4: three DeltaNet
-layers to one attention layer). Every block:
+Layer i is recurrent as attention.recurrent_layers says, or without it unless
+(i + 1) % full_attention_interval == 0 (interval 4: three DeltaNet layers to one attention
+layer). Every block:
 
     h = rms_norm(x) * attn_norm
     x += mixer(h)                      DeltaNet (engine/delta_net_layer.py), or gated attention:
@@ -70,6 +71,7 @@ KEYS = llama.KEYS + (
     Key("d_inner", "ssm.inner_size"),
     Key("attn_interval", "full_attention_interval", 4),
     Key("n_nextn", "nextn_predict_layers", 0),
+    Key("recurrent_layers", "attention.recurrent_layers", (), tuple),  # per block: 1 DeltaNet
 )
 
 _OPTIONAL = False
@@ -107,6 +109,9 @@ def finish(v: KeyValues) -> None:
     if not 0 <= v["n_nextn"] < v["n_layer"]:
         v.refuse(f"{v.arch}.nextn_predict_layers = {v['n_nextn']} of {v['n_layer']} blocks")
     v["n_layer"] -= v["n_nextn"]  # the trunk: the last blocks are a draft head, not run here
+    if v["recurrent_layers"] and len(v["recurrent_layers"]) < v["n_layer"]:
+        v.refuse(f"{v.arch}.attention.recurrent_layers has {len(v['recurrent_layers'])} entries "
+                 f"for {v['n_layer']} blocks")
     for name in ("d_conv", "d_state", "n_group", "dt_rank", "attn_interval"):
         if v[name] <= 0:
             v.refuse(f"{v.arch}: {name} = {v[name]} must be > 0")
@@ -130,6 +135,11 @@ def skips(hp: HParams, name: str) -> bool:
 
 
 def is_recurrent(hp: HParams, layer: int) -> bool:
+    """attention.recurrent_layers when the file has it (the converter writes it from the
+    model's layer_types), else every layer but each full_attention_interval-th."""
+    marks = hp.extra.get("recurrent_layers")
+    if isinstance(marks, tuple) and marks:
+        return bool(marks[layer])
     return (layer + 1) % hp.dim("attn_interval") != 0
 
 
@@ -145,13 +155,13 @@ def check_layers(hp: HParams, layers: list[Qwen35Layer]) -> str | None:
     for i, w in enumerate(layers):
         need, other = ((RECURRENT_FIELDS, ATTENTION_FIELDS) if is_recurrent(hp, i)
                        else (ATTENTION_FIELDS, RECURRENT_FIELDS))
-        kind = "DeltaNet" if is_recurrent(hp, i) else "attention"
+        kind = "a DeltaNet" if is_recurrent(hp, i) else "an attention"
         missing = [f for f in need if getattr(w, f) is None]
         extra = [f for f in other if getattr(w, f) is not None]
         if missing:
-            return f"layer {i} is a {kind} layer but lacks its {missing[0]} tensor"
+            return f"layer {i} is {kind} layer but lacks its {missing[0]} tensor"
         if extra:
-            return f"layer {i} is a {kind} layer but has a {extra[0]} tensor"
+            return f"layer {i} is {kind} layer but has a {extra[0]} tensor"
     return None
 
 

@@ -139,7 +139,10 @@ def _rewrite(src_name: str, dst: Path, drop: str = "", keys: dict | None = None,
         w.add_key_value(field.name, value, field.types[0],
                         field.types[-1] if len(field.types) > 1 else None)
     for name, value in keys.items():
-        w.add_key_value(name, value, GGUFValueType.UINT32)
+        if isinstance(value, list):
+            w.add_array(name, value)
+        else:
+            w.add_key_value(name, value, GGUFValueType.UINT32)
     tensors = {t.name: t for t in src.tensors}
     added = [(name, tensors[copied]) for name, copied in (extra or {}).items()]
     for name, t in [*tensors.items(), *added]:
@@ -177,6 +180,17 @@ def test_a_draft_head_after_the_trunk_is_loaded_past(tmp_path: Path) -> None:
         with_draft = model.transformer.forward([Chunk(0, ids, 0)], "all")[0]
     with _load(F32) as model:
         np.testing.assert_array_equal(with_draft, model.transformer.forward([Chunk(0, ids, 0)], "all")[0])
+
+
+def test_the_files_recurrent_layers_array_decides_each_layers_kind(tmp_path: Path) -> None:
+    """attention.recurrent_layers (the converter writes it from layer_types) is read per layer:
+    the file's own interleave loads as before, another one is refused by the tensors it lacks."""
+    same = _rewrite(F32, tmp_path / "same.gguf",
+                    keys={"qwen35.attention.recurrent_layers": [True, True, True, False]})
+    other = _rewrite(F32, tmp_path / "other.gguf",
+                     keys={"qwen35.attention.recurrent_layers": [True, False, True, False]})
+    assert why_not_servable(same) is None
+    assert why_not_servable(other) == "layer 1 is an attention layer but lacks its wq tensor"
 
 
 def test_a_greedy_token_does_not_depend_on_the_batch() -> None:
