@@ -69,3 +69,23 @@ def test_served_beside_another_model_it_gives_llama_cpps_greedy_tokens(server) -
         text = model.tokenizer.decode(want)
     assert replies["hybrid"] == [text] * 3
     assert len(replies["dense"]) == 2
+
+
+def test_a_request_continuing_an_earlier_one_resumes_from_its_state(server) -> None:
+    """A second request whose prompt is the first one's plus new tokens resumes from the state
+    checkpointed at the first prompt's end: usage reports those 40 tokens cached, and the
+    reply is what the model gives that prompt read fresh (the engine, greedy)."""
+    ref = np.load(SYNTH3_DIR / f"{F32}.npz")
+    ids = [494, *ref["ids"].tolist()[:0:-1]]         # a prompt no earlier test sent
+    more = ids + [5, 6, 7]
+    bias = {"493": -100, "495": -100}
+    first = server.client.completions.create(model="hybrid", prompt=ids, max_tokens=3,
+                                             temperature=0, logit_bias=bias)
+    second = server.client.completions.create(model="hybrid", prompt=more, max_tokens=4,
+                                              temperature=0, logit_bias=bias)
+    details = first.usage.prompt_tokens_details
+    assert details is None or details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == len(ids)
+    with engine.load(SYNTH3_DIR / f"{F32}.gguf", n_ctx=128, n_threads=2) as model:
+        fresh = model.tokenizer.decode(list(model.generate(more, max_tokens=4, stop_at_eog=False)))
+    assert second.choices[0].text == fresh
