@@ -449,8 +449,14 @@ class Transformer:
         b = EagerBuilder(self, self.embed(inputs), chunks, spans, positions, inputs.bidirectional)
         if cache.recurrent is not None:
             b.recurrent_chunks = self._recurrent_chunks(chunks, spans)
-        for li, layer in enumerate(self.weights.layers):
-            self.block(b, layer, li)
+        try:
+            for li, layer in enumerate(self.weights.layers):
+                self.block(b, layer, li)
+        except BaseException:
+            if cache.recurrent is not None:  # some layers' states moved on: start these over
+                for c in chunks:
+                    cache.truncate(c.slot, 0)
+            raise
         x = b.residual()                                                    # [T, n_embd]
         for c in chunks:
             cache.stored(c.slot, c.prompt.position_keys(), c.pos0)

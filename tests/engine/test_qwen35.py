@@ -283,3 +283,30 @@ def test_n_choices_of_one_prompt_read_it_once() -> None:
         want = alone(model, ids, GREEDY, 5)
     assert [s.cached for s in seqs] == [0, len(ids) - 1, len(ids) - 1]
     assert all(s.generated == want for s in seqs)
+
+
+def test_a_failed_pass_leaves_no_half_moved_state(monkeypatch) -> None:
+    """A pass that fails after some DeltaNet layers moved their states on (here the third
+    layer's) leaves its slots empty, so nothing resumes from a state its tokens do not match."""
+    import engine.builders
+
+    ids = np.load(SYNTH3_DIR / f"{F32}.npz")["ids"].tolist()
+    real = engine.builders.delta_net_layer
+
+    def failing(mm, h, w, d, state, layer, chunks):
+        if layer == 2:
+            raise RuntimeError("out of memory")
+        return real(mm, h, w, d, state, layer, chunks)
+
+    with _load(F32) as model:
+        tr = model.transformer
+        tr.forward([Chunk(0, ids[:20], 0)])
+        monkeypatch.setattr(engine.builders, "delta_net_layer", failing)
+        with pytest.raises(RuntimeError):
+            tr.forward([Chunk(0, ids[20:], 20)])
+        monkeypatch.undo()
+        assert tr.cache.tokens[0] == [] and tr.cache.reusable(0, 20) == 0
+        assert not tr.cache.recurrent.ssm[0].any()
+        again = tr.forward([Chunk(0, ids, 0)], "all")[0]
+    assert_within(again, np.load(SYNTH3_DIR / f"{F32}.npz")["logits"],
+                  ENTRIES[F32]["suggested_tolerance"], "after a failed pass")
