@@ -74,7 +74,7 @@ KEYS = llama.KEYS + (
     Key("recurrent_layers", "attention.recurrent_layers", (), tuple),  # per block: 1 DeltaNet
 )
 
-_OPTIONAL = False
+_OPTIONAL = False  # Tensor.required: each of these is in one kind of layer (check_layers)
 TENSORS = (
     Tensor("attn_norm", "attn_norm.weight", ("n_embd",)),
     Tensor("ffn_norm", "post_attention_norm.weight", ("n_embd",)),
