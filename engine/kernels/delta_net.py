@@ -20,7 +20,8 @@ Two forms give the same outputs and final state:
     instead of L rank-one updates of S (llama.cpp's build_delta_net_chunking, chunks of 64).
 
 `recurrent` is compiled (LLVM IR, one call per run of tokens: every head's rows of S decayed,
-read against k, updated and read against q in two passes over S) with `recurrent_reference`,
+read against k, updated and read against q in two passes over S, ROWS rows side by side so
+their sums are independent chains) with `recurrent_reference`,
 the numpy loop, as its twin; `chunked` is numpy (its work is batched matrix products).
 
 Around it (the layer, engine/delta_net_layer.py): the causal conv over the q/k/v channels with
@@ -65,6 +66,7 @@ CHUNK = 64  # tokens per chunk of the chunked form (llama.cpp's CS for scalar ga
 SPLIT_WORK = 1 << 22  # state floats a rule call touches before its heads are split between
 #                      threads (a hand-off costs ~0.1-0.5 ms; a decode step of Qwen3.5-0.8B's
 #                      16 heads of 128 touches 0.26 M, ~0.1 ms on one thread)
+ROWS = 4  # state rows the compiled rule updates side by side (independent sums)
 FLUSH = -30.0  # log-decays below this count as 0 in the chunked form (_exp_or_zero)
 
 
@@ -231,20 +233,48 @@ def _build_rule(module: ir.Module) -> None:
             ("q", F32P), ("k", F32P), ("v", F32P), ("g", F32P), ("beta", F32P),
             ("state", F32P), ("out", F32P), ("n", I64), ("n_head", I64), ("S", I64),
             ("h0", I64), ("h1", I64)])
-    acc_v = variable(b, V8F32, splat(b, const(F32, 0.0)), "acc_v")
-    acc_s = variable(b, F32, const(F32, 0.0), "acc_s")
+    accs = [(variable(b, V8F32, splat(b, const(F32, 0.0)), f"acc_v{r}"),
+             variable(b, F32, const(F32, 0.0), f"acc_s{r}")) for r in range(ROWS)]
 
-    def dot_pass(body: Callable[[ir.Value, ir.Type], ir.Value]) -> ir.Value:
-        """Run body(i, ty) -> the lanes to sum over a row's S columns; returns their sum."""
-        b.store(splat(b, const(F32, 0.0)), acc_v)
-        b.store(const(F32, 0.0), acc_s)
+    def dot_pass(body: Callable[[ir.Value, ir.Type], list[ir.Value]], rows: int) -> list[ir.Value]:
+        """Run body(i, ty) -> per row the lanes to sum, over the S columns of `rows` rows at
+        once (their sums are independent chains, which keep the adders busy); their sums."""
+        for acc_v, acc_s in accs[:rows]:
+            b.store(splat(b, const(F32, 0.0)), acc_v)
+            b.store(const(F32, 0.0), acc_s)
 
-        def step(j: ir.Value, ty: ir.Type) -> None:
-            part = body(j, ty)
-            acc = acc_v if ty is V8F32 else acc_s
-            b.store(b.fadd(b.load(acc), part), acc)
+        def step(i: ir.Value, ty: ir.Type) -> None:
+            for part, (acc_v, acc_s) in zip(body(i, ty), accs):
+                acc = acc_v if ty is V8F32 else acc_s
+                b.store(b.fadd(b.load(acc), part), acc)
         elementwise(b, S, step)
-        return b.fadd(hsum(b, b.load(acc_v)), b.load(acc_s))
+        return [b.fadd(hsum(b, b.load(acc_v)), b.load(acc_s)) for acc_v, acc_s in accs[:rows]]
+
+    def update_rows(rows: list[ir.Value], j: ir.Value, kr: ir.Value, qr: ir.Value, vr: ir.Value,
+                    orow: ir.Value, decay: ir.Value, bt: ir.Value) -> None:
+        """The rule on state rows j, j + 1, ... (len(rows) of them) for one token."""
+        def decay_dot(i: ir.Value, ty: ir.Type) -> list[ir.Value]:
+            c = splat(b, decay) if ty is V8F32 else decay
+            kv = load(b, kr, i, ty)
+            parts = []
+            for row in rows:
+                r = b.fmul(load(b, row, i, ty), c)
+                store(b, r, row, i)
+                parts.append(b.fmul(r, kv))
+            return parts
+        sks = dot_pass(decay_dot, len(rows))
+        ds = [b.fmul(b.fsub(load(b, vr, b.add(j, i64(r))), sk), bt) for r, sk in enumerate(sks)]
+
+        def update_dot(i: ir.Value, ty: ir.Type) -> list[ir.Value]:
+            kv, qv = load(b, kr, i, ty), load(b, qr, i, ty)
+            parts = []
+            for row, d in zip(rows, ds):
+                r = fmuladd(b, kv, splat(b, d) if ty is V8F32 else d, load(b, row, i, ty))
+                store(b, r, row, i)
+                parts.append(b.fmul(r, qv))
+            return parts
+        for r, o in enumerate(dot_pass(update_dot, len(rows))):
+            store(b, o, orow, b.add(j, i64(r)))
 
     with counted_loop(b, i64(0), n, 1, "t") as t, counted_loop(b, h0, h1, 1, "h") as h:
         th = b.add(b.mul(t, n_head), h)
@@ -253,23 +283,13 @@ def _build_rule(module: ir.Module) -> None:
         decay = exp(b, load(b, g, th))
         bt = load(b, beta, th)
         st = gep(b, state, b.mul(b.mul(h, S), S))
-        with counted_loop(b, i64(0), S, 1, "j") as j:
-            row = gep(b, st, b.mul(j, S))
-
-            def decay_dot(i: ir.Value, ty: ir.Type, row: ir.Value = row) -> ir.Value:
-                c = splat(b, decay) if ty is V8F32 else decay
-                r = b.fmul(load(b, row, i, ty), c)
-                store(b, r, row, i)
-                return b.fmul(r, load(b, kr, i, ty))
-            sk = dot_pass(decay_dot)
-            d = b.fmul(b.fsub(load(b, vr, j), sk), bt)
-
-            def update_dot(i: ir.Value, ty: ir.Type, row: ir.Value = row, d: ir.Value = d) -> ir.Value:
-                c = splat(b, d) if ty is V8F32 else d
-                r = fmuladd(b, load(b, kr, i, ty), c, load(b, row, i, ty))
-                store(b, r, row, i)
-                return b.fmul(r, load(b, qr, i, ty))
-            store(b, dot_pass(update_dot), orow, j)
+        blocks = b.and_(S, i64(-ROWS))
+        with counted_loop(b, i64(0), blocks, ROWS, "j") as j:   # ROWS rows at a time
+            row0 = gep(b, st, b.mul(j, S))
+            update_rows([gep(b, row0, b.mul(i64(r), S)) for r in range(ROWS)], j, kr, qr, vr,
+                        orow, decay, bt)
+        with counted_loop(b, blocks, S, 1, "jt") as j:          # the last S % ROWS rows
+            update_rows([gep(b, st, b.mul(j, S))], j, kr, qr, vr, orow, decay, bt)
     b.ret_void()
 
 
