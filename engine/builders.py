@@ -11,17 +11,20 @@ final norm's gather the last row of each chunk).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .delta_net_layer import delta_net_layer
 from .formats import quants
-from .kernels import moe, moe_oai, moe_tasks, ops, rotary, tasks
+from .kernels import delta_net, moe, moe_oai, moe_tasks, ops, rotary, tasks
 from .kernels.pool import Graph
 
 if TYPE_CHECKING:
     from .arch.base import ExpertBiases
+    from .delta_net_layer import ChunkRows, DeltaNetDims, DeltaNetWeights
     from .model import Chunk, Transformer, _Activations
 
 _ACT_OPS = {"silu": "silu_mul", "gelu_tanh": "gelu_mul"}
@@ -234,6 +237,15 @@ class GraphBuilder:
                        n=down.n_rows, k=r.k)                        # same rows as the next norm
         self.o_pending = True
 
+    def split_gate(self) -> None:
+        raise NotImplementedError("gated attention runs on the eager builder (a recurrent family)")
+
+    def apply_gate(self) -> None:
+        raise NotImplementedError("gated attention runs on the eager builder (a recurrent family)")
+
+    def delta_net(self, layer: int, w: DeltaNetWeights, dims: DeltaNetDims) -> None:
+        raise NotImplementedError("the DeltaNet runs on the eager builder (a recurrent family)")
+
     def _expert_bias(self, rows: np.ndarray, bias: np.ndarray) -> None:
         """Each grouped row of rows += its expert's row of bias [n_expert, n], then a barrier."""
         r = self.routing
@@ -342,6 +354,7 @@ class EagerBuilder:
         self.o_pending = False
         self.q_scaled = False
         self.routing: _Routing  # set by route, read by the expert_ffn after it
+        self.recurrent_chunks: list[ChunkRows] = []  # a recurrent family's (Transformer sets)
         self.dims = self.hp.layer_dims(0)
 
     def begin_layer(self, layer: int) -> None:
@@ -459,6 +472,23 @@ class EagerBuilder:
             eo[a:b] = biased(self.mm(down.matrix(e), glu(g, u)),
                              None if biases is None else biases.down[e])
         self.bufs["o"] = moe.combine(eo, r.pos, r.weights)
+        self.o_pending = True
+
+    def split_gate(self) -> None:
+        qg = self.bufs["qg"]
+        heads = qg.reshape(qg.shape[0], self.hp.n_head, 2, self.hp.head_dim)
+        self.bufs["q"] = np.ascontiguousarray(heads[:, :, 0]).reshape(qg.shape[0], -1)
+        self.bufs["gate"] = np.ascontiguousarray(heads[:, :, 1]).reshape(qg.shape[0], -1)
+
+    def apply_gate(self) -> None:
+        self.bufs["q"] = self.bufs["q"] * delta_net.sigmoid(self.bufs["gate"])
+
+    def delta_net(self, layer: int, w: DeltaNetWeights, dims: DeltaNetDims) -> None:
+        state = self.tr.cache.recurrent
+        assert state is not None  # a recurrent family's cache holds one
+        dims = dataclasses.replace(dims, threads=self.tr.pool.n_threads)  # the model's cores
+        self.bufs["o"] = delta_net_layer(self.mm, self.bufs["h"], w, dims, state, layer,
+                                         self.recurrent_chunks)
         self.o_pending = True
 
     def residual(self) -> np.ndarray:

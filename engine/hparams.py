@@ -197,8 +197,11 @@ def read_keys(meta: Mapping[str, Any], keys: tuple[Key, ...], v: KeyValues) -> K
             value = key.default(v) if callable(key.default) else key.default
         if value is None:
             v.refuse(f"metadata key {full} is missing")
-        if key.kind is tuple:  # one value stands for every layer: the family broadcasts it
-            v[key.name] = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+        if key.kind is tuple:  # an array the family reads per layer; one value stands for all
+            items = list(value) if isinstance(value, list | tuple) else [value]
+            if not all(isinstance(x, int | float) for x in items):  # bools are ints
+                v.refuse(f"{full} = {value!r} is not an array of numbers")
+            v[key.name] = tuple(items)
             continue
         if isinstance(value, list):  # per-layer arrays: one value for all layers, as llama's
             if not value or any(x != value[0] for x in value):

@@ -35,6 +35,11 @@ ring row of position p is overwritten by p + ring, so a slot written up to W can
 any n >= W - (ring - window + 1) = W - MAX_CHUNK (the ring's spare rows and one), more than a
 draft's rollback needs; further back only to 0 (re-reading the prompt), and `truncate` says so
 by raising.
+
+A recurrent family's stateful layers (qwen35's Gated DeltaNet: ArchSpec.recurrent) keep no rows
+here: KVCache holds their per-slot state and its checkpoints (engine.recurrent) beside the rows
+of the attention layers, and asks it too when a slot is reused, truncated or copied: such a slot
+goes back only to a checkpoint, its end or 0 (RecurrentRollbackError otherwise).
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ import numpy as np
 
 from .hparams import HParams
 from .prompt import PositionKey
+from .recurrent import RecurrentShape, RecurrentState
 
 # Most tokens one chunk of a forward call may hold when a model has ring layers (api's prefill
 # chunk; the batch runner's per-step budget is below it).
@@ -73,9 +79,15 @@ class KVLayout:
         """`bidirectional`: the load takes bidirectional spans (a family that attends so, fed
         images), whose rings mirror ring - 1 rows."""
         self.n_ctx = n_ctx
+        self.kv_dim = hp.kv_dim
+        self.recurrent: RecurrentShape | None = (
+            hp.spec.recurrent(hp) if hp.spec.recurrent is not None else None)
+        stateful = set(self.recurrent.layers) if self.recurrent is not None else set()
         by_kind: dict[tuple[int, int, int], list[int]] = {}
         for li in range(hp.n_layer):
-            if hp.has_kv(li):  # a layer sharing an earlier one's cache keeps none
+            # a layer sharing an earlier one's cache keeps none; a recurrent layer keeps a
+            # state, not rows (engine.recurrent)
+            if hp.has_kv(li) and li not in stateful:
                 kind = (hp.layer_window(li), hp.layer_head_dim(li), hp.layer_n_head_kv(li))
                 by_kind.setdefault(kind, []).append(li)
         groups = []
@@ -88,12 +100,15 @@ class KVLayout:
         self.groups: tuple[CacheGroup, ...] = tuple(groups)
         own = {li: (g, i) for g, grp in enumerate(self.groups) for i, li in enumerate(grp.layers)}
         self.where: dict[int, tuple[int, int]] = {  # layer -> (group, index in the group): a
-            li: own[hp.kv_layer(li)] for li in range(hp.n_layer)}  # sharer's is its source's
+            li: own[hp.kv_layer(li)] for li in range(hp.n_layer)  # sharer's is its source's;
+            if hp.kv_layer(li) in own}  # a recurrent layer has none
 
     def bytes_per_slot(self) -> int:
-        """f16 keys + values of one slot over the layers that keep their own."""
+        """f16 keys + values of one slot over the layers that keep their own, and a recurrent
+        family's states (the live one and its checkpoints: engine.recurrent)."""
+        states = 0 if self.recurrent is None else RecurrentState.bytes_per_slot(self.recurrent)
         return sum(2 * 2 * len(g.layers) * g.rows * g.n_head_kv * g.head_dim
-                   for g in self.groups)
+                   for g in self.groups) + states
 
     def max_chunk(self) -> int:
         """Most tokens one chunk may hold (a ring must keep its first query's window)."""
@@ -143,6 +158,16 @@ class RollbackError(ValueError):
                          f"resume at is {earliest}, or 0)")
 
 
+class RecurrentRollbackError(RollbackError):
+    """A recurrent slot has no state at position n: only its checkpoints, its whole length or
+    0 can be gone back to (engine.recurrent)."""
+
+    def __init__(self, slot: int, n: int, checkpoints: list[int]) -> None:
+        ValueError.__init__(self, f"slot {slot} cannot roll back to position {n}: its recurrent "
+                            f"state is kept only at checkpoints {checkpoints}, its end, or 0")
+        self.slot, self.n, self.earliest = slot, n, 0
+
+
 class KVCache:
     """f16 keys and values for `n_slots` independent sequences, laid out by a KVLayout.
 
@@ -161,12 +186,15 @@ class KVCache:
             self.k.append(np.zeros(shape, dtype=np.float16))
             self.v.append(np.zeros(shape, dtype=np.float16))
         self.n_ctx = n_ctx
+        self.recurrent = (None if self.layout.recurrent is None
+                          else RecurrentState(self.layout.recurrent, n_slots))
         self.tokens: list[list[PositionKey]] = [[] for _ in range(n_slots)]
         self.written = [0] * n_slots  # per slot: 1 + the furthest position ever stored
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        states = 0 if self.recurrent is None else self.recurrent.nbytes
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v) + states
 
     def layer(self, li: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(k, v) f16 [slot, rows, kv_head, head_dim] of layer li, and its group's index."""
@@ -177,7 +205,10 @@ class KVCache:
         return self.layout.groups[self.layout.where[li][0]]
 
     def reusable(self, slot: int, n: int) -> int:
-        """n if the slot's first n cached tokens can be continued from, else 0 (a ring forgot)."""
+        """n if the slot's first n cached tokens can be continued from, else 0 (a ring forgot);
+        a recurrent family's slot: its furthest state at or before n (engine.recurrent)."""
+        if self.recurrent is not None:
+            return self.recurrent.resume_point(slot, n, len(self.tokens[slot]))
         return n if self.layout.resumable(self.written[slot], n) else 0
 
     def stored(self, slot: int, keys: list[PositionKey], pos0: int) -> None:
@@ -198,6 +229,8 @@ class KVCache:
             raise ValueError(f"slot {slot} holds {len(held)} positions; cannot truncate to {n}")
         if not self.layout.resumable(self.written[slot], n):
             raise RollbackError(slot, n, self.layout.earliest_resume(self.written[slot]))
+        if self.recurrent is not None and not self.recurrent.restore(slot, n, len(held)):
+            raise RecurrentRollbackError(slot, n, self.recurrent.checkpoints(slot))
         del held[n:]
         if n == 0:
             self.written[slot] = 0
@@ -207,6 +240,8 @@ class KVCache:
         A ring is copied whole: it holds src's last positions, the window before n among them."""
         if not self.layout.resumable(self.written[src], n):
             raise ValueError(f"slot {src} no longer holds the window before position {n}")
+        if self.recurrent is not None and not self.recurrent.copy(src, dst, n, len(self.tokens[src])):
+            raise ValueError(f"slot {src} has no recurrent state at position {n}")
         for g, grp in enumerate(self.layout.groups):
             rows = slice(None) if grp.is_ring else slice(0, n)
             self.k[g][dst, :, rows] = self.k[g][src, :, rows]

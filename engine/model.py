@@ -38,6 +38,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 
 from .builders import EagerBuilder, GraphBuilder
+from .delta_net_layer import ChunkRows
 from .formats import quants
 from .formats.repack import RepackedMatrix
 from .gguf import GGUFFile
@@ -366,6 +367,8 @@ class Transformer:
         (`hidden`: [n, n_embd])."""
         if output not in ("last", "all", "hidden"):
             raise ValueError(f"unknown output kind {output!r}")
+        if self.hp.spec.recurrent is not None:  # a state per sequence: the eager builder's
+            return self.forward_eager(chunks, output)
         inputs, spans = self._check(chunks)
         T = inputs.ids.shape[0]
         acts = self._activations_for(T)
@@ -472,9 +475,17 @@ class Transformer:
         b.bufs.update(self.token_inputs(inputs))
         if hp.spec.prologue is not None:
             hp.spec.prologue(b, self.weights.extra)
-        for li, layer in enumerate(self.weights.layers):
-            b.begin_layer(li)
-            self.block(b, layer, li)
+        if cache.recurrent is not None:
+            b.recurrent_chunks = self._recurrent_chunks(chunks, spans)
+        try:
+            for li, layer in enumerate(self.weights.layers):
+                b.begin_layer(li)
+                self.block(b, layer, li)
+        except BaseException:
+            if cache.recurrent is not None:  # some layers' states moved on: start these over
+                for c in chunks:
+                    cache.truncate(c.slot, 0)
+            raise
         x = b.residual()                                                    # [T, n_embd]
         for c in chunks:
             cache.stored(c.slot, c.prompt.position_keys(), c.pos0)
@@ -492,6 +503,17 @@ class Transformer:
         hn = ops.rms_norm(x, self.weights.output_norm, hp.rms_eps)
         logits = self._finish_logits(mm(self.weights.output, hn))           # [T, n_vocab]
         return [logits[a:b] for a, b in spans]
+
+    def _recurrent_chunks(self, chunks: list[Chunk], spans: list[tuple[int, int]]) -> list[ChunkRows]:
+        """Each chunk's slot state made the state at its pos0 (a chunk written over positions
+        its slot holds goes back to a checkpoint, or raises), and the checkpoints it takes."""
+        cache, state = self.cache, self.cache.recurrent
+        assert state is not None
+        for c in chunks:
+            if c.pos0 != len(cache.tokens[c.slot]) or c.pos0 == 0:
+                cache.truncate(c.slot, c.pos0)
+        return [ChunkRows(c.slot, a, b, state.plan(c.slot, c.pos0, b - a, c.logits > 0))
+                for c, (a, b) in zip(chunks, spans)]
 
     def close(self) -> None:
         """Stop the pool's threads and drop the weights, cache and scratch."""

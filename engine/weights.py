@@ -144,7 +144,11 @@ def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
             raise ModelLoadError(read.path, "LongRoPE needs both rope_factors_long and _short")
     weights = Weights(m["token_embd"], layers, m["output_norm"], m.get("output", m["token_embd"]),
                       rope_freqs, read.walk(spec.globals, ""))
-    unused = sorted(set(f.tensors) - read.used)
+    problem = spec.check_layers(hp, layers) if spec.check_layers is not None else None
+    if problem:
+        raise ModelLoadError(read.path, problem)
+    unused = sorted(n for n in set(f.tensors) - read.used
+                    if spec.skips is None or not spec.skips(hp, n))
     if unused:
         raise ModelLoadError(read.path, f"tensor {unused[0]} is not part of the engine's "
                                         f"{hp.arch} block ({len(unused)} unused tensors): not supported")

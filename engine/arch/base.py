@@ -47,7 +47,9 @@ from ..formats import quants
 from .declare import Declared, Key, KeyValues, declared_names
 
 if TYPE_CHECKING:
+    from ..delta_net_layer import DeltaNetDims, DeltaNetWeights
     from ..hparams import HParams
+    from ..recurrent import RecurrentShape
 
 
 @dataclass(kw_only=True)
@@ -142,6 +144,17 @@ class Builder(Protocol):
         "silu", "gelu_tanh" or "swiglu_oai" (act(g, u) as a whole: engine.kernels.moe_oai);
         biases: each expert's, added to its gate, up and down outputs (gpt-oss)."""
 
+    def split_gate(self) -> None:
+        """q, gate = the halves of each head's rows of qg ([q; gate] per head: Qwen3.5's
+        gated attention projects both with one matrix)."""
+
+    def apply_gate(self) -> None:
+        """q *= sigmoid(gate): the attention output gated per channel."""
+
+    def delta_net(self, layer: int, w: DeltaNetWeights, dims: DeltaNetDims) -> None:
+        """o = the Gated DeltaNet sublayer of h (engine/delta_net_layer.py), each chunk reading
+        and updating its slot's recurrent state (engine/recurrent.py)."""
+
 
 @dataclass(frozen=True)
 class ExpertBiases:
@@ -175,6 +188,12 @@ class ArchSpec(Generic[L]):
     token_inputs: Callable[[Mapping[str, Any], HParams, np.ndarray],
                            dict[str, np.ndarray]] | None = None  # (extra, hp, ids int64 [T]) ->
     #                                     named float32 [T, width] rows the block reads
+    recurrent: Callable[[HParams], RecurrentShape] | None = None  # layers with a state per
+    #                                     sequence (qwen35's DeltaNet): run by the eager builder
+    skips: Callable[[HParams, str], bool] | None = None  # tensors of the file it does not run
+    #                                     (qwen35's multi-token-prediction draft block)
+    check_layers: Callable[[HParams, list[L]], str | None] | None = None  # why the loaded
+    #                                     layers do not fit (qwen35's interleave), or None
 
     def __post_init__(self) -> None:
         """The declaration and the layer type agree: every declared tensor is a field, every

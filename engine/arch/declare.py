@@ -45,7 +45,8 @@ class Key:
     name: str
     gguf: str
     default: KeyValue | Callable[[Mapping[str, Any]], KeyValue] | None = None
-    kind: type[int] | type[float] | type[str] | type[tuple[Any, ...]] = int
+    kind: type[int] | type[float] | type[str] | type[tuple[Any, ...]] = int  # tuple: a per-layer
+    #                                     array kept whole (numbers; a bool array as bools)
 
 
 @dataclass(frozen=True)

@@ -520,3 +520,23 @@ def test_spm_matches_naive_greedy_on_random_vocabularies() -> None:
             expected = _naive_spm(text.replace(" ", W), scores)
             assert spm_pieces(tok, tok.encode(text)) == expected, text
             assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("text, qwen2, qwen35", [
+    ("nai\u0308ve cafe\u0301",                                   # NFD: letters + combining marks
+     ["nai", "\u0308ve", " cafe", "\u0301"], ["nai\u0308ve", " cafe\u0301"]),
+    ("नमस्ते दुनिया",                                               # vowel signs and virama are \p{M}
+     ["नमस", "्त", "े", " द", "ुन", "िय", "ा"], ["नमस्ते", " दुनिया"]),
+    ("x !\u0301 ok", ["x", " !\u0301", " ok"], ["x", " !", "\u0301", " ok"]),
+    ("go\u0300\n\n", ["go", "\u0300\n\n"], ["go\u0300", "\n\n"]),
+])
+def test_qwen35_letter_runs_keep_their_combining_marks(text: str, qwen2: list[str],
+                                                       qwen35: list[str]) -> None:
+    """llama.cpp's qwen35 rule (src/unicode.cpp unicode_regex_split_custom_qwen35, the regex
+    of llama-vocab.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35): qwen2's with [\\p{L}\\p{M}]+ for letter
+    runs and marks excluded from the punctuation run. So a mark stays with its letters, where
+    qwen2 starts a new word at it (its optional leading non-letter) or adds it to punctuation;
+    a mark after punctuation that a space led is a word of its own (` ?[^\\s\\p{L}\\p{M}\\p{N}]+`
+    stops at it, then `[\\p{L}\\p{M}]+` takes it)."""
+    assert Tokenizer.from_metadata(bpe_meta("qwen2")).pre_tokenize(text) == qwen2
+    assert Tokenizer.from_metadata(bpe_meta("qwen35")).pre_tokenize(text) == qwen35
