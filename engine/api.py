@@ -12,24 +12,28 @@ from typing import Any
 import numpy as np
 
 from .constraint import Constraint
+from .encoder import EncoderTransformer
 from .formats.repack import estimate_repacked
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
-from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
+from .model import Chunk, ContextOverflowError, Transformer
+from .pooling import POOLINGS, SOFTMAX_RANK_ARCHS, file_pooling, normalize, pool
 from .prompt import Prompt, as_prompt, common_prefix
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
 PREFILL_CHUNK = MAX_CHUNK  # tokens per forward call while prefilling (bounds activation memory)
+ENCODER_MIN_SLOTS = 32     # texts an encoder's batch runner holds at once (no KV cache each)
 
 
 class Model:
     """One loaded model. Single-threaded: one caller at a time (the server's scheduler)."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
-                 n_slots: int = 1, flash_attn: bool = True, images: bool = False) -> None:
+                 n_slots: int = 1, flash_attn: bool = True, images: bool = False,
+                 pooling: str | None = None) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -47,17 +51,39 @@ class Model:
                                                 f"the model {self.hparams.n_vocab}")
             self.n_vocab = self.hparams.n_vocab
             self.n_embd = self.hparams.n_embd  # an embedding's length
-            self.n_ctx = n_ctx
+            self.is_encoder = self.hparams.spec.is_encoder
             self.n_threads = n_threads
-            self.n_slots = n_slots
-            self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
-                                           flash_attn=flash_attn, images=images)
+            self.transformer: Transformer | EncoderTransformer
+            if self.is_encoder:  # a slot costs an encoder nothing: many texts per forward
+                self.n_slots = max(n_slots, ENCODER_MIN_SLOTS)
+                self.transformer = EncoderTransformer(self._file, self.hparams, n_ctx,
+                                                      self.n_slots, n_threads)
+                self.n_ctx = self.transformer.n_ctx
+            else:
+                self.n_ctx, self.n_slots = n_ctx, n_slots
+                self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
+                                               flash_attn=flash_attn, images=images)
+            self.pooling = self._pooling(pooling)
         except BaseException:
             self._file.close()
             raise
         chat_template = self.metadata.get("tokenizer.chat_template")
         self.chat_template: str | None = chat_template if isinstance(chat_template, str) else None
         self.load_seconds = time.perf_counter() - t0
+
+    def _pooling(self, asked: str | None) -> str:
+        """The entry's pooling, else the file's, else mean; rank needs the file's classifier."""
+        kind = asked or file_pooling(self.metadata, self.hparams.arch) or "mean"
+        if kind not in POOLINGS:
+            raise ModelLoadError(self.path, f"unknown pooling {kind!r} (one of {', '.join(POOLINGS)})")
+        if kind == "rank" and self.transformer.weights.rank_head is None:
+            raise ModelLoadError(self.path, "rank pooling needs a classifier (cls.* tensors), "
+                                            "which this file does not have")
+        return kind
+
+    @property
+    def is_reranker(self) -> bool:
+        return self.pooling == "rank"
 
     # -- facts -------------------------------------------------------------------------------
     @property
@@ -104,10 +130,44 @@ class Model:
         self.transformer.cache.truncate(0, 0)
         return np.concatenate(self._prefill(as_prompt(prompt), 0, "all"), axis=0)
 
-    def embed(self, prompt: Prompt | list[int]) -> np.ndarray:
-        """float32 [n_embd]: mean of the final normed hidden states, L2-normalised."""
+    def hidden(self, prompt: Prompt | list[int]) -> np.ndarray:
+        """float32 [n, n_embd]: the final hidden states of `prompt` (normed, for a decoder)."""
         self.transformer.cache.truncate(0, 0)
-        return pooled_embedding(np.concatenate(self._prefill(as_prompt(prompt), 0, "hidden"), axis=0))
+        if isinstance(self.transformer, EncoderTransformer):
+            return self.transformer.encode([as_prompt(prompt).token_ids()])[0]
+        return np.concatenate(self._prefill(as_prompt(prompt), 0, "hidden"), axis=0)
+
+    def pool(self, hidden: np.ndarray) -> np.ndarray:
+        """This model's pooling of one text's hidden states (engine.pooling), not normalised."""
+        return pool(hidden, self.pooling, self.transformer.weights.rank_head,
+                    causal=not self.is_encoder,
+                    softmax=self.hparams.arch in SOFTMAX_RANK_ARCHS)
+
+    def pooled(self, prompt: Prompt | list[int]) -> np.ndarray:
+        """pool(hidden(prompt)): an embedding, per-token vectors (none) or rank scores."""
+        return self.pool(self.hidden(prompt))
+
+    def pooled_many(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        """pooled() of each prompt, as many as the slots hold evaluated in one forward pass
+        (an encoder: all of them; a decoder: one whole prompt per slot)."""
+        if isinstance(self.transformer, EncoderTransformer):
+            return [self.pool(h) for h in self.transformer.encode(prompts)]
+        out: list[np.ndarray] = []
+        for at in range(0, len(prompts), self.n_slots):
+            group = prompts[at:at + self.n_slots]
+            if any(len(p) > min(PREFILL_CHUNK, self.n_ctx) or not p for p in group):
+                out += [self.pooled(p) for p in group]
+                continue
+            for slot in range(len(group)):
+                self.transformer.cache.truncate(slot, 0)
+            chunks = [Chunk(slot, p, 0, logits=0) for slot, p in enumerate(group)]
+            out += [self.pool(h) for h in self.transformer.forward(chunks, "hidden")]
+        return out
+
+    def embed(self, prompt: Prompt | list[int]) -> np.ndarray:
+        """float32 [n_embd]: the pooled final hidden states, L2-normalised (mean pooling for a
+        decoder whose file names none)."""
+        return normalize(self.pooled(prompt))
 
     def stream(self, prompt: Prompt | list[int], params: SamplingParams | None = None,
                max_tokens: int = 256, stop_at_eog: bool = True,
@@ -160,15 +220,17 @@ class Model:
 
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
-         n_slots: int = 1, flash_attn: bool = True, images: bool = False) -> Model:
+         n_slots: int = 1, flash_attn: bool = True, images: bool = False,
+         pooling: str | None = None) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
     attention (the default) or its plain path (q and probabilities rounded to f16), as
     llama.cpp runs with flash attention off. images: it will be fed image spans (an mmproj is
-    paired with it), which some families attend to bidirectionally (engine.model.Transformer)."""
+    paired with it), which some families attend to bidirectionally (engine.model.Transformer).
+    pooling: how embed/pooled pool a text (engine.pooling), None: the file's, else mean."""
     return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots, flash_attn=flash_attn,
-                 images=images)
+                 images=images, pooling=pooling)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
@@ -185,5 +247,6 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
     shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items() if len(t.shape) == 2}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
-    return (sum(os.path.getsize(f) for f in files) + layout.bytes_per_slot() * n_slots
+    kv = 0 if hp.spec.is_encoder else layout.bytes_per_slot() * n_slots  # an encoder keeps none
+    return (sum(os.path.getsize(f) for f in files) + kv
             + estimate_repacked(shapes, host_repacks))

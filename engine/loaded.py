@@ -117,6 +117,14 @@ class LoadedModel(Protocol):
     @property
     def transformer(self) -> Forward: ...
 
+    @property
+    def is_encoder(self) -> bool: ...         # bidirectional: a chunk is a whole text
+
+    @property
+    def pooling(self) -> str: ...             # engine.pooling's kind (rank: a reranker)
+
+    def pool(self, hidden: np.ndarray) -> np.ndarray: ...  # one text's hidden states, pooled
+
     def file_changed(self) -> str | None: ...  # why the file is no longer what is mapped
 
     def close(self) -> None: ...

@@ -42,12 +42,45 @@ class Weights:
     #                                 (the matrices may be RepackedMatrix once a Transformer prepares them)
     rope_freqs: np.ndarray | None   # float32 [n_rot / 2] per-frequency divisors (llama 3.1,
     #                                 phi3's LongRoPE factors)
+    rank_head: RankHead | None = None  # a reranker's classifier (Qwen3-Reranker's yes/no rows)
 
     def matrices(self) -> list[quants.QuantMatrix]:
         out = [self.token_embd, self.output]
         for layer in self.layers:
             out += layer.matrices()
         return out
+
+
+@dataclass(frozen=True)
+class RankHead:
+    """A reranker's classifier on the pooled row h (llama-graph.cpp build_pooling, RANK):
+    scores = cls_out @ tanh(cls @ h + cls_b) + cls_out_b, each part only if the file has it."""
+    cls: np.ndarray | None          # float32 [n_embd, n_embd]
+    cls_b: np.ndarray | None        # float32 [n_embd]
+    cls_out: np.ndarray | None      # float32 [n_cls_out, n_embd]
+    cls_out_b: np.ndarray | None    # float32 [n_cls_out]
+
+    @property
+    def n_out(self) -> int:
+        return 0 if self.cls_out is None else int(self.cls_out.shape[0])
+
+
+def read_rank_head(read: _TensorReader) -> RankHead | None:
+    """The classifier tensors (cls.*) as float32, or None when the file has none."""
+    tensors = read.f.tensors
+    found = {}
+    for field, name in (("cls", "cls.weight"), ("cls_b", "cls.bias"),
+                        ("cls_out", "cls.output.weight"), ("cls_out_b", "cls.output.bias")):
+        t = tensors.get(name)
+        if t is not None:
+            if t.shape[0] != read.hp.n_embd and field in ("cls", "cls_out"):
+                raise ModelLoadError(read.path, f"tensor {name} has shape {list(t.shape)}: its "
+                                                f"rows must have {read.hp.n_embd} columns")
+            found[field] = read.floats(name, tuple(t.shape))
+    if not found:
+        return None
+    head = RankHead(found.get("cls"), found.get("cls_b"), found.get("cls_out"), found.get("cls_out_b"))
+    return head
 
 
 def row_range(m: quants.QuantMatrix, start: int, n: int) -> quants.QuantMatrix:
@@ -133,9 +166,15 @@ def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
         if rope_freqs is None:
             raise ModelLoadError(read.path, "LongRoPE needs both rope_factors_long and _short")
     weights = Weights(m["token_embd"], layers, m["output_norm"], m.get("output", m["token_embd"]),
-                      rope_freqs)
+                      rope_freqs, read_rank_head(read))
+    check_all_used(read)
+    return weights
+
+
+def check_all_used(read: _TensorReader) -> None:
+    """A tensor of the file the walk did not read is refused (the engine would ignore it)."""
+    f, hp = read.f, read.hp
     unused = sorted(set(f.tensors) - read.used)
     if unused:
         raise ModelLoadError(read.path, f"tensor {unused[0]} is not part of the engine's "
                                         f"{hp.arch} block ({len(unused)} unused tensors): not supported")
-    return weights

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import gemma, gptoss, llama, phi3, qwen, qwen3moe
+from . import bert, gemma, gptoss, llama, phi3, qwen, qwen3moe
 from .base import ArchSpec, Builder, Layer
 
 SPECS: dict[str, ArchSpec[Any]] = {s.name: s for s in (
     llama.SPEC, qwen.QWEN2, qwen.QWEN3, qwen3moe.SPEC, gptoss.SPEC, phi3.SPEC, gemma.GEMMA2,
-    gemma.GEMMA3)}
+    gemma.GEMMA3, bert.BERT, bert.NOMIC_BERT)}
 
 __all__ = ["ArchSpec", "Builder", "Layer", "SPECS"]

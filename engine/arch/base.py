@@ -144,6 +144,15 @@ class ArchSpec(Generic[L]):
     bidirectional_spans: bool = False   # an embedding span's rows may see each other (gemma3)
     raw_spans: bool = False             # an embedding span's rows skip the embedding scale
     #                                     (gemma3: llama.cpp scales a batch of token ids only)
+    encoder_block: Callable[[Any, L, int], None] | None = None  # an encoder's layer, written
+    #                                     against engine.arch.bert.EncoderOps (bert, nomic-bert):
+    #                                     such a family runs in engine.encoder, not on Builder
+    positions: str = "rope"             # "learned": an encoder's absolute position_embd rows
+
+    @property
+    def is_encoder(self) -> bool:
+        """Every token sees every other token of its text; embeds, never generates."""
+        return self.encoder_block is not None
 
     def __post_init__(self) -> None:
         """The declaration and the layer type agree: every declared tensor is a field, every

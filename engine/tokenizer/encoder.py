@@ -6,6 +6,7 @@
              ids, a normal token's text -> its bytes
        gpt2   BpeEncoder  (engine/tokenizer/bpe.py)
        llama  SpmEncoder  (engine/tokenizer/spm.py)
+       bert   WpmEncoder  (engine/tokenizer/wpm.py)
 
 A new vocabulary model (llama.cpp's WPM, UGM, RWKV...) is a subclass and one entry in
 engine/tokenizer/vocab.py's ENCODERS; the Tokenizer names no model.
@@ -34,6 +35,9 @@ class Encoder(ABC):
     label: ClassVar[str]                           # what it is, for messages
     default_ids: ClassVar[Mapping[str, int]] = {}  # special token ids presumed by the model
     default_add_bos: bool = False                  # add_bos_token when the file does not say
+    default_add_sep: bool = False                  # add_sep_token when the file does not say
+    ends_with_sep: bool = False                    # add_special ends a text with the separator
+    #                                                (llama.cpp's WPM), not with EOS
     add_space_prefix: bool = False                 # a space before the text (decode drops it)
     pre_tokenizer: str | None = None               # the pre-tokenizer's name, if it has one
 
