@@ -19,7 +19,7 @@ from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
 from .model import Chunk, ContextOverflowError, Transformer
-from .pooling import POOLINGS, SOFTMAX_RANK_ARCHS, file_pooling, normalize, pool
+from .pooling import POOLINGS, SOFTMAX_RANK_ARCHS, file_pooling, model_role, normalize, pool
 from .prompt import Prompt, as_prompt, common_prefix
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
@@ -63,6 +63,7 @@ class Model:
                 self.n_ctx, self.n_slots = n_ctx, n_slots
                 self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
                                                flash_attn=flash_attn, images=images)
+            self._asked_pooling = pooling
             self.pooling = self._pooling(pooling)
         except BaseException:
             self._file.close()
@@ -80,6 +81,12 @@ class Model:
             raise ModelLoadError(self.path, "rank pooling needs a classifier (cls.* tensors), "
                                             "which this file does not have")
         return kind
+
+    @property
+    def role(self) -> str:
+        """generation, embedding or rerank (engine.pooling.model_role)."""
+        asked = self._asked_pooling
+        return model_role(self.metadata, self.hparams.arch, self.is_encoder, asked)
 
     @property
     def is_reranker(self) -> bool:

@@ -77,3 +77,21 @@ def normalize(v: np.ndarray) -> np.ndarray:
     norm = np.sqrt((v64 * v64).sum(axis=-1, keepdims=True))
     scale = np.where(norm > 0, 1.0 / np.where(norm > 0, norm, 1.0), 0.0)
     return (v64 * scale).astype(np.float32)
+
+
+ROLES = ("generation", "embedding", "rerank")
+
+
+def model_role(meta: Mapping[str, Any], arch: str, is_encoder: bool,
+               pooling: str | None = None) -> str:
+    """What a model serves, from its header and the entry's pooling: an encoder, a file naming
+    a pooling type (llama.cpp's embedding GGUFs: Qwen3-Embedding LAST, Qwen3-Reranker RANK) or
+    an entry naming one embeds, ranking with rank pooling; any other model generates."""
+    return role_of(pooling or file_pooling(meta, arch), is_encoder)
+
+
+def role_of(pooling: str | None, is_encoder: bool) -> str:
+    """model_role of a model whose entry's or file's pooling (None: neither names one) is known."""
+    if pooling is None and not is_encoder:
+        return "generation"
+    return "rerank" if pooling == "rank" else "embedding"

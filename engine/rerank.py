@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .tokenizer import Tokenizer
+from .loaded import ModelTokenizer
 
 TEMPLATE_KEY = "tokenizer.chat_template.rerank"
 
@@ -24,7 +24,7 @@ def rerank_template(metadata: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def rerank_ids(tokenizer: Tokenizer, metadata: Mapping[str, Any], query: str,
+def rerank_ids(tokenizer: ModelTokenizer, metadata: Mapping[str, Any], query: str,
                document: str) -> list[int]:
     """The token ids a reranker scores for (query, document)."""
     template = rerank_template(metadata)

@@ -14,7 +14,7 @@ from tests.support.ggufgen import write_tiny_llama
 from tests.support.scripted_model import ScriptedModel, letters
 
 MEMBERS = ("path", "metadata", "n_ctx", "n_slots", "n_vocab", "n_embd", "memory_bytes",
-           "mapped_bytes", "tokenizer", "transformer", "is_encoder", "pooling", "pool",
+           "mapped_bytes", "tokenizer", "transformer", "is_encoder", "pooling", "role", "pool",
            "file_changed", "close")
 
 

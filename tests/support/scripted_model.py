@@ -44,6 +44,9 @@ class ScriptedTokenizer:
     bos_id: int | None = None
     eos_id: int | None = 0
     add_bos = False
+    sep_id: int | None = None
+    add_eos = False
+    add_sep = False
     eog_ids = frozenset({0})
 
     def token_bytes(self, token: int) -> bytes:
@@ -162,6 +165,7 @@ class ScriptedModel:
     mapped_bytes = 0
     is_encoder = False
     pooling = "mean"
+    role = "generation"
 
     def __init__(self, n_slots: int = 2, n_ctx: int = 64, gate: threading.Semaphore | None = None) -> None:
         self.n_slots = n_slots
