@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import engine
-from engine.batch import BatchRunner, Embedding
+from engine.batch import BatchRunner, Embedding, Sequence
 from engine.encoder import gelu_f16, gelu_f32
 from engine.pooling import normalize
+from engine.sampling import SamplingParams
 from engine.rerank import rerank_ids
 from tests.support.batch_checks import run_all
 from tests.support.refs import ENCODERS_DIR as ENC_DIR
@@ -172,3 +173,33 @@ def test_the_batch_runner_pools_as_the_model(name: str) -> None:
     tol = entry["suggested_tolerance"]
     _within(got, ref["scores" if rerank else "embd"],
             tol["score_max_abs"] if rerank else tol["raw_max_abs"])
+
+
+def test_embeddings_batch_beside_a_generation_without_starving_it() -> None:
+    """A decoding sequence gets its token in every step while a crowd of long embedding inputs
+    is read alongside (their chunks share the step's prefill budget), and the embeddings come
+    out as the model pools them alone."""
+    name = "qwen3_emb_d64_last_f32.gguf"
+    ref = np.load(ENC_DIR / MODELS[name]["npz"])
+    texts = _rows(ref["ids"], ref["n_ids"])
+    with _load(name) as model:
+        alone = [model.pooled(t) for t in texts]
+        runner = BatchRunner(model, prefill_budget=32)
+        seq = Sequence(texts[2], params=SamplingParams(temperature=0.0), max_tokens=24,
+                       stop_at_eog=False)
+        runner.submit(seq)
+        runner.step()                                            # its prompt read, one token
+        jobs = [Embedding(t) for t in texts[1:]]
+        for job in jobs:
+            runner.submit(job)
+        steps = 0
+        while not all(j.vector is not None for j in jobs):
+            before = len(seq.generated)
+            runner.step()
+            steps += 1
+            assert len(seq.generated) == before + 1              # never a step without its token
+        assert steps >= 4  # the inputs (250 tokens, the budget 32 a step) took several steps
+        run_all(runner)
+        runner.close()
+    for job, want in zip(jobs, alone[1:]):
+        assert np.array_equal(job.vector, want) or np.abs(job.vector - want).max() < 1e-5
