@@ -14,8 +14,8 @@ import engine
 from engine.batch import BatchRunner, Embedding, Sequence
 from engine.encoder import gelu_f16, gelu_f32
 from engine.pooling import normalize
-from engine.sampling import SamplingParams
 from engine.rerank import rerank_ids
+from engine.sampling import SamplingParams
 from tests.support.batch_checks import run_all
 from tests.support.refs import ENCODERS_DIR as ENC_DIR
 
