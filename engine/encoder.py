@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .arch.bert import BertLayer
+from .blas_threads import single_threaded_blas
 from .formats import quants
 from .formats.repack import RepackedMatrix
 from .gguf import GGUFFile, ModelLoadError
@@ -63,19 +64,17 @@ def gelu_f16_table() -> np.ndarray:
 
 def gelu_f16(x: np.ndarray) -> np.ndarray:
     """ggml_vec_gelu_f32 with GGML_GELU_FP16: the table at f16(x); 0 below -10, x above 10."""
-    idx = x.astype(np.float16).view(np.uint16)
-    y = gelu_f16_table()[idx]
+    with np.errstate(over="ignore"):  # |x| beyond f16's range: the ends below decide
+        idx = x.astype(np.float16).view(np.uint16)
+    y = np.where(x >= 10.0, x, gelu_f16_table()[idx])
     y[x <= -10.0] = 0.0
-    big = x >= 10.0
-    y[big] = x[big]
-    return y
+    return np.asarray(y, dtype=_F32)
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """ggml_norm (sums in double, 1/sqrtf(var + eps)) then * weight + bias, per row."""
-    x64 = x.astype(np.float64)
-    centred = (x - x64.mean(axis=-1, keepdims=True).astype(_F32)).astype(_F32)
-    var = (centred.astype(np.float64) ** 2).mean(axis=-1, keepdims=True)
+    centred = (x - x.mean(axis=-1, keepdims=True, dtype=np.float64).astype(_F32)).astype(_F32)
+    var = np.square(centred).mean(axis=-1, keepdims=True, dtype=np.float64)
     scale = (_F32(1) / np.sqrt((var + eps).astype(_F32))).astype(_F32)
     return np.asarray((centred * scale) * weight + bias, dtype=_F32)
 
@@ -170,11 +169,12 @@ class _Pass:
         out = np.empty_like(q)
         scale = _F32(hp.scale())
         for a, b in self.spans:
-            n = b - a
-            qh = q[a:b].reshape(n, H, hd).transpose(1, 0, 2)        # [H, n, hd]
-            kh = k[a:b].reshape(n, H, hd).transpose(1, 2, 0)        # [H, hd, n]
-            vh = v[a:b].reshape(n, H, hd).transpose(1, 0, 2)        # [H, n, hd]
-            s = np.matmul(qh, kh) * scale                           # [H, n, n]
+            n = b - a  # contiguous heads-first copies: numpy's stacked matmul is BLAS on those
+            qh = np.ascontiguousarray(q[a:b].reshape(n, H, hd).transpose(1, 0, 2))  # [H, n, hd]
+            kt = np.ascontiguousarray(k[a:b].reshape(n, H, hd).transpose(1, 2, 0))  # [H, hd, n]
+            vh = np.ascontiguousarray(v[a:b].reshape(n, H, hd).transpose(1, 0, 2))  # [H, n, hd]
+            s = np.matmul(qh, kt)                                   # [H, n, n]
+            s *= scale
             s -= s.max(axis=-1, keepdims=True)
             np.exp(s, out=s)
             s /= s.sum(axis=-1, keepdims=True)
@@ -214,6 +214,7 @@ class EncoderTransformer:
             raise
         self.rope_spec = rotary.RopeSpec(hp.rope_base, freq_scale=hp.rope_freq_scale)
         self.cache = _NoCache(n_slots)
+        single_threaded_blas()  # the attention's numpy products beside the pool's threads
 
     @property
     def repacked_bytes(self) -> int:
