@@ -13,6 +13,7 @@ import numpy as np
 
 from .constraint import Constraint
 from .encoder import EncoderTransformer
+from .float_products import BLAS_TYPES
 from .formats.repack import estimate_repacked
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
@@ -255,5 +256,8 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items() if len(t.shape) == 2}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
     kv = 0 if hp.spec.is_encoder else layout.bytes_per_slot() * n_slots  # an encoder keeps none
+    if hp.spec.is_encoder:  # its float32 copies of F32/F16 layer matrices (engine.float_products)
+        kv += sum(4 * t.n_elements for n, t in tensors.items()
+                  if n.startswith("blk.") and len(t.shape) == 2 and t.qtype in BLAS_TYPES)
     return (sum(os.path.getsize(f) for f in files) + kv
             + estimate_repacked(shapes, host_repacks))

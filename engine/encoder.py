@@ -3,8 +3,9 @@
     texts (whole, each from position 0) -> rows concatenated, x [T, n_embd]:
         x = layer_norm(token_embd[ids] + token_types[0] (+ position_embd[pos])) * w + b
         each layer: engine/arch/bert.py's encoder_block on this pass (EncoderOps):
-            projections on the engine's compiled matmul kernels, every text's rows together,
-            so the weights are read once per batch (repacked where the kernels want it);
+            projections on the engine's compiled matmul kernels (quantized types, repacked
+            where they want it) or numpy's sgemm (F32/F16: engine/float_products.py), every
+            text's rows together, so the weights are read once per batch;
             attention per text in float32, every row seeing every row of its text (llama.cpp's
             embedding contexts run without the flash path: f32 q.k, softmax, v);
             LayerNorm, bias, GELU and SwiGLU row by row in numpy
@@ -27,6 +28,7 @@ import numpy as np
 
 from .arch.bert import BertLayer
 from .blas_threads import single_threaded_blas
+from .float_products import FloatProducts
 from .formats import quants
 from .formats.repack import RepackedMatrix
 from .gguf import GGUFFile, ModelLoadError
@@ -147,9 +149,12 @@ class _Pass:
         self.bufs: dict[str, np.ndarray] = {"x": x}
 
     def project(self, src: str, targets: list[tuple[quants.QuantMatrix, str]]) -> None:
-        x = self.bufs[src]
+        x, floats = self.bufs[src], self.tr.float_products
+        rounded = (x.astype(np.float16).astype(_F32)
+                   if any(floats.rounds_input(w) for w, _ in targets) else None)
         for w, dst in targets:
-            self.bufs[dst] = self.tr.matmul_kernels.matmul(w, x)
+            self.bufs[dst] = (floats.matmul(w, x, rounded) if floats.covers(w)
+                              else self.tr.matmul_kernels.matmul(w, x))
 
     def add_bias(self, buf: str, bias: np.ndarray | None) -> None:
         if bias is not None:
@@ -209,6 +214,8 @@ class EncoderTransformer:
             mk = self.matmul_kernels
             self.weights.layers = [layer.with_matrices(lambda m: mk.prepare(m, file_backed=True))
                                    for layer in self.weights.layers]
+            layer_matrices = [m for layer in self.weights.layers for m in layer.matrices()]
+            self.float_products = FloatProducts(layer_matrices, n_threads)
         except BaseException:
             self.pool.close()
             raise
@@ -219,8 +226,9 @@ class EncoderTransformer:
     @property
     def repacked_bytes(self) -> int:
         """Bytes the repacked copies add to the mapping (their sources' pages are released)."""
-        return sum(m.nbytes - m.source.nbytes for m in self.weights.matrices()
-                   if isinstance(m, RepackedMatrix))
+        return self.float_products.nbytes + sum(
+            m.nbytes - m.source.nbytes for m in self.weights.matrices()
+            if isinstance(m, RepackedMatrix))
 
     def token_rows(self, ids: np.ndarray) -> np.ndarray:
         te = self.weights.token_embd
@@ -264,6 +272,7 @@ class EncoderTransformer:
 
     def close(self) -> None:
         if self.pool is not None:
+            self.float_products.close()
             self.matmul_kernels.close()
             self.pool.close()
             self.pool = None  # type: ignore[assignment]
