@@ -203,3 +203,19 @@ def test_embeddings_batch_beside_a_generation_without_starving_it() -> None:
         runner.close()
     for job, want in zip(jobs, alone[1:]):
         assert np.array_equal(job.vector, want) or np.abs(job.vector - want).max() < 1e-5
+
+
+def test_f16_weights_give_llama_cpps_vectors() -> None:
+    """An F16 encoder (numpy's sgemm on float32 copies, inputs rounded to f16 as ggml does)
+    against llama.cpp's vectors for the same file (made here, README)."""
+    ref = np.load(ENC_DIR / "bert_d64_l2_mean_f16.npz")
+    texts = _rows(ref["ids"], ref["n_ids"])
+    tol = MODELS["bert_d64_l2_mean_f32.gguf"]["suggested_tolerance"]
+    with _load("bert_d64_l2_mean_f16.gguf") as model:
+        assert all(m.qtype.name == "F16" for m in model.transformer.weights.layers[0].matrices())
+        assert model.tokenizer.encode(MODELS["bert_d64_l2_mean_f32.gguf"]["texts"][3],
+                                      add_special=True) == texts[3]
+        batched = np.stack(model.pooled_many(texts))
+        single = np.stack([model.pooled(t) for t in texts])
+    _within(batched, ref["embd"], tol["raw_max_abs"], tol["cosine_min"])
+    _within(single, ref["embd_single"], tol["raw_max_abs"], tol["cosine_min"])
