@@ -20,8 +20,8 @@ interleaved (ours, peer, ours, peer, ...), medians reported:
 ours: `modelyard serve` on a config of the three files (n_threads --threads); the peer:
 llama-server --embeddings (or --reranking) -t --threads, -c 16384 -np 32 -b 4096 -ub 4096 (32
 documents of 128 tokens per forward; its defaults would run 4), flash attention as it chooses.
-Each side warms up with a request of 32 documents first (ours loads the model then). Run it on a quiet machine: the figures of a shared one
-are only ratios taken in one run.
+Each side warms up with a request of 32 documents first (ours loads the model then). Run it
+on a quiet machine: the figures of a shared one are only ratios taken in one run.
 """
 from __future__ import annotations
 
