@@ -15,7 +15,7 @@ Both sides are servers answering the same HTTP requests, started once each and m
 interleaved (ours, peer, ours, peer, ...), medians reported:
   embed   POST /v1/embeddings with --docs documents of 128 tokens ([CLS] + 126 words + [SEP])
           in one request: documents per second
-  rerank  POST /v1/rerank with one query (14 tokens) and --rerank-docs documents of 110 tokens
+  rerank  POST /v1/rerank with one query (14 tokens) and --rerank-docs documents of 113 words
           (pairs of 128 tokens): documents per second
 ours: `modelyard serve` on a config of the three files (n_threads --threads); the peer:
 llama-server --embeddings (or --reranking) -t --threads, -c 16384 -np 32 -b 4096 -ub 4096 (32
@@ -229,7 +229,7 @@ def main() -> None:
     args = ap.parse_args()
     files = make_models(args.out, args.peer_bin)
     docs = documents(args.docs, DOC_WORDS, seed=1)
-    rdocs = documents(args.rerank_docs, 110, seed=2)
+    rdocs = documents(args.rerank_docs, 113, seed=2)  # [CLS] q(12) [SEP] d(113) [SEP]: 128
     query = documents(1, 12, seed=3)[0]
     kinds = args.only or ["f16", "q8_0", "rerank"]
     with tempfile.TemporaryDirectory() as tmp:
