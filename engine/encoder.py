@@ -173,7 +173,8 @@ class _Pass:
         q, k, v = self.bufs["q"], self.bufs["k"], self.bufs["v"]
         out = np.empty_like(q)
         scale = _F32(hp.scale())
-        for a, b in self.spans:
+        def one(i: int) -> None:
+            a, b = self.spans[i]
             n = b - a  # contiguous heads-first copies: numpy's stacked matmul is BLAS on those
             qh = np.ascontiguousarray(q[a:b].reshape(n, H, hd).transpose(1, 0, 2))  # [H, n, hd]
             kt = np.ascontiguousarray(k[a:b].reshape(n, H, hd).transpose(1, 2, 0))  # [H, hd, n]
@@ -184,13 +185,19 @@ class _Pass:
             np.exp(s, out=s)
             s /= s.sum(axis=-1, keepdims=True)
             out[a:b] = np.matmul(s, vh).transpose(1, 0, 2).reshape(n, H * hd)
+
+        self.tr.float_products.each(one, len(self.spans))           # texts over the threads
         self.bufs["q"] = out
 
     def residual_norm(self, weight: np.ndarray, bias: np.ndarray) -> None:
-        self.bufs["x"] = layer_norm(self.bufs["x"] + self.bufs["o"], weight, bias, self.hp.rms_eps)
+        eps = self.hp.rms_eps
+        x = self.bufs["x"]
+        x += self.bufs["o"]
+        self.bufs["x"] = self.tr.float_products.by_rows(
+            lambda rows: layer_norm(rows, weight, bias, eps), x)
 
     def gelu(self, buf: str) -> None:
-        self.bufs[buf] = gelu_f16(self.bufs[buf])
+        self.bufs[buf] = self.tr.float_products.by_rows(gelu_f16, self.bufs[buf])
 
     def glu(self) -> None:
         self.bufs["g"] = ops.silu_mul(self.bufs["g"], self.bufs["u"])

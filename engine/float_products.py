@@ -8,10 +8,13 @@ an F16 matrix's input is rounded to f16 first, as ggml converts activations to a
 dot type. The rows of W are split over `n_threads` threads (numpy releases the GIL in BLAS;
 BLAS itself runs single-threaded, engine/blas_threads.py). Quantized types stay on the
 compiled kernels (engine/kernels/matmul), which read int8 dots faster than any float path.
+The same threads run the encoder's row-wise numpy steps (GELU, LayerNorm) and its per-text
+attention, which would otherwise leave the second core idle between matmuls.
 """
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -61,6 +64,24 @@ class FloatProducts:
         parts = list(self._pool.map(lambda ab: np.matmul(x, weights[ab[0]:ab[1]].T),
                                     itertools.pairwise(bounds)))
         return np.concatenate(parts, axis=1)
+
+    def by_rows(self, fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+        """fn(x) computed on row ranges over the threads (fn row-wise; numpy's loops release
+        the GIL), float32 [M, ...] like fn's."""
+        M = x.shape[0]
+        if self._pool is None or M < 64:
+            return fn(x)
+        bounds = [int(b) for b in np.linspace(0, M, self.n_threads + 1)]
+        parts = list(self._pool.map(lambda ab: fn(x[ab[0]:ab[1]]), itertools.pairwise(bounds)))
+        return np.concatenate(parts, axis=0)
+
+    def each(self, fn: Callable[[int], None], n: int) -> None:
+        """fn(i) for i < n over the threads (fn writes disjoint rows)."""
+        if self._pool is None or n < 2:
+            for i in range(n):
+                fn(i)
+            return
+        list(self._pool.map(fn, range(n)))
 
     def close(self) -> None:
         if self._pool is not None:
