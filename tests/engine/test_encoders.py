@@ -219,3 +219,18 @@ def test_f16_weights_give_llama_cpps_vectors() -> None:
         single = np.stack([model.pooled(t) for t in texts])
     _within(batched, ref["embd"], tol["raw_max_abs"], tol["cosine_min"])
     _within(single, ref["embd_single"], tol["raw_max_abs"], tol["cosine_min"])
+
+
+@pytest.mark.parametrize("name", ["bert_d64_l2_mean_f32.gguf", "bert_d64_l2_mean_q8_0.gguf",
+                                  "nomic_bert_d64_l2_rope_f32.gguf"])
+def test_two_threads_give_the_same_vectors(name: str) -> None:
+    """The row splits (sgemm by weight rows, GELU and LayerNorm by token rows, attention by
+    text) change no row's arithmetic: two threads pool to one thread's vectors."""
+    ref = np.load(ENC_DIR / MODELS[name]["npz"])
+    texts = _rows(ref["ids"], ref["n_ids"]) * 12  # 96 texts: every split has work
+    with _load(name) as one:
+        want = np.stack(one.pooled_many(texts))
+    with engine.load(ENC_DIR / name, n_ctx=512, n_threads=2) as two:
+        got = np.stack(two.pooled_many(texts))
+    assert np.abs(got - want).max() <= 1e-5
+    _within(got[:8], ref["embd"], MODELS[name]["suggested_tolerance"]["raw_max_abs"])
