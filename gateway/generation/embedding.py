@@ -35,6 +35,8 @@ from gateway.generation.serving import check_prompt_size, off_loop
 from gateway.metrics import RequestMetrics
 from gateway.protocol import rerank as r
 
+IN_FLIGHT = 32  # a request's inputs in the model's queue at once (an encoder's batch: 32 texts)
+
 
 def embedding_ids(served: GenerativeModel, text: str, limits: LimitSettings, param: str) -> list[int]:
     """An embedding input's tokens (special tokens added and parsed, as llama-server)."""
@@ -60,9 +62,16 @@ def _inputs(served: GenerativeModel, items: Sequence[str | list[int]], limits: L
 
 async def _pooled_all(served: GenerativeModel, prompts: list[list[int]],
                       metrics: RequestMetrics | None) -> list[np.ndarray]:
-    """Every prompt submitted before any is awaited (one batch for the scheduler); the others
-    are cancelled, freeing their slots, when one fails."""
-    tasks = [asyncio.ensure_future(served.embed(ids)) for ids in prompts]
+    """The prompts submitted together, up to IN_FLIGHT at once (a batch for the scheduler; a
+    request of 256 inputs neither fills the model's queue nor waits for one at a time); the
+    others are cancelled, freeing their slots, when one fails."""
+    window = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(ids: list[int]) -> np.ndarray:
+        async with window:
+            return await served.embed(ids)
+
+    tasks = [asyncio.ensure_future(one(ids)) for ids in prompts]
     try:
         out = await asyncio.gather(*tasks)
     except BaseException:

@@ -201,3 +201,13 @@ def test_scan_marks_embedding_and_rerank_models(tmp_path: Any, name: str, role: 
     assert not isinstance(found, scan.Skipped), found
     assert found.role == role
     assert f"{role} model" in found.summary() and "chat template" not in found.summary()
+
+
+def test_a_request_of_more_inputs_than_the_queue_holds(client: openai.OpenAI) -> None:
+    """200 inputs (more than 32 slots and a queue of 64) are served, not refused as busy."""
+    entry = MANIFEST[BERT]
+    texts = entry["texts"] * 25
+    reply = client.embeddings.create(model="bge", input=texts)
+    got = np.array([d.embedding for d in reply.data])
+    want = _unit(_ref(BERT)["embd"])
+    assert np.abs(got - np.tile(want, (25, 1))).max() <= entry["suggested_tolerance"]["normalized_max_abs"]
