@@ -204,10 +204,10 @@ def test_scan_marks_embedding_and_rerank_models(tmp_path: Any, name: str, role: 
 
 
 def test_a_request_of_more_inputs_than_the_queue_holds(client: openai.OpenAI) -> None:
-    """200 inputs (more than 32 slots and a queue of 64) are served, not refused as busy."""
+    """203 inputs (more than 32 slots and a queue of 64) are served, not refused as busy."""
     entry = MANIFEST[BERT]
-    texts = entry["texts"] * 25
+    texts = entry["texts"][1:] * 29  # 203 ("" is refused by OpenAI's protocol)
     reply = client.embeddings.create(model="bge", input=texts)
     got = np.array([d.embedding for d in reply.data])
-    want = _unit(_ref(BERT)["embd"])
-    assert np.abs(got - np.tile(want, (25, 1))).max() <= entry["suggested_tolerance"]["normalized_max_abs"]
+    want = _unit(_ref(BERT)["embd"][1:])
+    assert np.abs(got - np.tile(want, (29, 1))).max() <= entry["suggested_tolerance"]["normalized_max_abs"]
