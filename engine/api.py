@@ -12,18 +12,22 @@ from typing import Any
 import numpy as np
 
 from .constraint import Constraint
+from .encoder import EncoderTransformer
+from .float_products import BLAS_TYPES
 from .formats.repack import estimate_repacked, estimate_repacked_stacks
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
-from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
+from .model import Chunk, ContextOverflowError, Transformer
+from .pooling import POOLINGS, SOFTMAX_RANK_ARCHS, file_pooling, model_role, normalize, pool
 from .prompt import Prompt, as_prompt, common_prefix
 from .rope_settings import RopeSettings
 from .sampling import Sampled, Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
 PREFILL_CHUNK = MAX_CHUNK  # tokens per forward call while prefilling (bounds activation memory)
+ENCODER_MIN_SLOTS = 32     # texts an encoder's batch runner holds at once (no KV cache each)
 
 
 class Model:
@@ -31,7 +35,7 @@ class Model:
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
                  n_slots: int = 1, flash_attn: bool = True, images: bool = False,
-                 rope: RopeSettings | None = None) -> None:
+                 rope: RopeSettings | None = None, pooling: str | None = None) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -50,17 +54,46 @@ class Model:
                                                 f"the model {self.hparams.n_vocab}")
             self.n_vocab = self.hparams.n_vocab
             self.n_embd = self.hparams.n_embd  # an embedding's length
-            self.n_ctx = n_ctx
+            self.is_encoder = self.hparams.spec.is_encoder
             self.n_threads = n_threads
-            self.n_slots = n_slots
-            self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
-                                           flash_attn=flash_attn, images=images)
+            self.transformer: Transformer | EncoderTransformer
+            if self.is_encoder:  # a slot costs an encoder nothing: many texts per forward
+                self.n_slots = max(n_slots, ENCODER_MIN_SLOTS)
+                self.transformer = EncoderTransformer(self._file, self.hparams, n_ctx,
+                                                      self.n_slots, n_threads)
+                self.n_ctx = self.transformer.n_ctx
+            else:
+                self.n_ctx, self.n_slots = n_ctx, n_slots
+                self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
+                                               flash_attn=flash_attn, images=images)
+            self._asked_pooling = pooling
+            self.pooling = self._pooling(pooling)
         except BaseException:
             self._file.close()
             raise
         chat_template = self.metadata.get("tokenizer.chat_template")
         self.chat_template: str | None = chat_template if isinstance(chat_template, str) else None
         self.load_seconds = time.perf_counter() - t0
+
+    def _pooling(self, asked: str | None) -> str:
+        """The entry's pooling, else the file's, else mean; rank needs the file's classifier."""
+        kind = asked or file_pooling(self.metadata, self.hparams.arch) or "mean"
+        if kind not in POOLINGS:
+            raise ModelLoadError(self.path, f"unknown pooling {kind!r} (one of {', '.join(POOLINGS)})")
+        if kind == "rank" and self.transformer.weights.rank_head is None:
+            raise ModelLoadError(self.path, "rank pooling needs a classifier (cls.* tensors), "
+                                            "which this file does not have")
+        return kind
+
+    @property
+    def role(self) -> str:
+        """generation, embedding or rerank (engine.pooling.model_role)."""
+        asked = self._asked_pooling
+        return model_role(self.metadata, self.hparams.arch, self.is_encoder, asked)
+
+    @property
+    def is_reranker(self) -> bool:
+        return self.pooling == "rank"
 
     # -- facts -------------------------------------------------------------------------------
     @property
@@ -107,10 +140,44 @@ class Model:
         self.transformer.cache.truncate(0, 0)
         return np.concatenate(self._prefill(as_prompt(prompt), 0, "all"), axis=0)
 
-    def embed(self, prompt: Prompt | list[int]) -> np.ndarray:
-        """float32 [n_embd]: mean of the final normed hidden states, L2-normalised."""
+    def hidden(self, prompt: Prompt | list[int]) -> np.ndarray:
+        """float32 [n, n_embd]: the final hidden states of `prompt` (normed, for a decoder)."""
         self.transformer.cache.truncate(0, 0)
-        return pooled_embedding(np.concatenate(self._prefill(as_prompt(prompt), 0, "hidden"), axis=0))
+        if isinstance(self.transformer, EncoderTransformer):
+            return self.transformer.encode([as_prompt(prompt).token_ids()])[0]
+        return np.concatenate(self._prefill(as_prompt(prompt), 0, "hidden"), axis=0)
+
+    def pool(self, hidden: np.ndarray) -> np.ndarray:
+        """This model's pooling of one text's hidden states (engine.pooling), not normalised."""
+        return pool(hidden, self.pooling, self.transformer.weights.rank_head,
+                    causal=not self.is_encoder,
+                    softmax=self.hparams.arch in SOFTMAX_RANK_ARCHS)
+
+    def pooled(self, prompt: Prompt | list[int]) -> np.ndarray:
+        """pool(hidden(prompt)): an embedding, per-token vectors (none) or rank scores."""
+        return self.pool(self.hidden(prompt))
+
+    def pooled_many(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        """pooled() of each prompt, as many as the slots hold evaluated in one forward pass
+        (an encoder: all of them; a decoder: one whole prompt per slot)."""
+        if isinstance(self.transformer, EncoderTransformer):
+            return [self.pool(h) for h in self.transformer.encode(prompts)]
+        out: list[np.ndarray] = []
+        for at in range(0, len(prompts), self.n_slots):
+            group = prompts[at:at + self.n_slots]
+            if any(len(p) > min(PREFILL_CHUNK, self.n_ctx) or not p for p in group):
+                out += [self.pooled(p) for p in group]
+                continue
+            for slot in range(len(group)):
+                self.transformer.cache.truncate(slot, 0)
+            chunks = [Chunk(slot, p, 0, logits=0) for slot, p in enumerate(group)]
+            out += [self.pool(h) for h in self.transformer.forward(chunks, "hidden")]
+        return out
+
+    def embed(self, prompt: Prompt | list[int]) -> np.ndarray:
+        """float32 [n_embd]: the pooled final hidden states, L2-normalised (mean pooling for a
+        decoder whose file names none)."""
+        return normalize(self.pooled(prompt))
 
     def stream(self, prompt: Prompt | list[int], params: SamplingParams | None = None,
                max_tokens: int = 256, stop_at_eog: bool = True,
@@ -164,7 +231,8 @@ class Model:
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
          n_slots: int = 1, flash_attn: bool = True, images: bool = False,
-         name: str | None = None, rope: RopeSettings | None = None) -> Model:
+         name: str | None = None, rope: RopeSettings | None = None,
+         pooling: str | None = None) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
@@ -172,13 +240,14 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
     llama.cpp runs with flash attention off. images: it will be fed image spans (an mmproj is
     paired with it), which some families attend to bidirectionally (engine.model.Transformer).
     rope: a load's rope settings over the file's (llama.cpp's context parameters:
-    engine.rope_settings). Kernels compiled on the way (a cold cache) are logged as being
-    compiled for `name` (default: the file's stem), with progress."""
+    engine.rope_settings). pooling: how embed/pooled pool a text (engine.pooling), None: the
+    file's, else mean. Kernels compiled on the way (a cold cache) are logged as being compiled
+    for `name` (default: the file's stem), with progress."""
     from .kernels import jit
 
     with jit.reporting(name or Path(path).stem):
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
-                     flash_attn=flash_attn, images=images, rope=rope)
+                     flash_attn=flash_attn, images=images, rope=rope, pooling=pooling)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
@@ -197,6 +266,10 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     stacks = {n: (t.qtype, t.shape[1], t.shape[0], t.shape[2]) for n, t in tensors.items()
               if len(t.shape) == 3}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
-    return (sum(os.path.getsize(f) for f in files) + layout.bytes_per_slot() * n_slots
+    kv = 0 if hp.spec.is_encoder else layout.bytes_per_slot() * n_slots  # an encoder keeps none
+    if hp.spec.is_encoder:  # its float32 copies of F32/F16 layer matrices (engine.float_products)
+        kv += sum(4 * t.n_elements for n, t in tensors.items()
+                  if n.startswith("blk.") and len(t.shape) == 2 and t.qtype in BLAS_TYPES)
+    return (sum(os.path.getsize(f) for f in files) + kv
             + estimate_repacked(shapes, host_repacks)
             + estimate_repacked_stacks(stacks, host_repacks))

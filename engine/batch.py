@@ -25,7 +25,9 @@ other slot holds (the n choices of one prompt, a shared system prompt), and rath
 prefix twice it waits for an earlier sequence that is still reading it.
 
 Embeddings take a slot too; their chunks run in a second forward call of the same step (they need
-every position's hidden state, not the last logits).
+every position's hidden state, not the last logits), and the model pools them (engine.pooling:
+mean, cls, last, none, or a reranker's scores). An encoder's texts go whole into that call, all
+of them at once (each token sees its whole text).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ import numpy as np
 
 from .constraint import Constraint, MaskFiller
 from .loaded import LoadedModel
-from .model import Chunk, ContextOverflowError, pooled_embedding
+from .model import Chunk, ContextOverflowError
 from .prompt import Prompt, as_prompt, common_prefix
 from .sampling import Sampled, Sampler, SamplingParams
 from .thinking_budget import ThinkingBudget
@@ -108,7 +110,8 @@ class Sequence(_Occupant):
 
 @dataclass(eq=False)
 class Embedding(_Occupant):
-    """Mean of the final normed hidden states over `prompt`, L2-normalised (as Model.embed)."""
+    """The model's pooling of the final hidden states over `prompt` (as Model.pooled): a vector,
+    per-token vectors or rank scores, not normalised."""
     parts: list[np.ndarray] = field(default_factory=list, init=False)  # [n_i, n_embd] each
     vector: np.ndarray | None = field(default=None, init=False)        # float32 [n_embd]
 
@@ -146,6 +149,8 @@ class BatchRunner:
             raise ValueError("prefill_budget must be positive")
         self.transformer = model.transformer
         self.cache = model.transformer.cache
+        self.pool = model.pool
+        self.whole_embeddings = model.is_encoder
         self.n_slots: int = model.n_slots
         self.n_ctx: int = model.n_ctx
         self.n_vocab: int = model.n_vocab
@@ -291,6 +296,8 @@ class BatchRunner:
             if isinstance(occ, Embedding):
                 n = min(max(budget, MIN_PREFILL), len(occ.prompt) - occ.pos)
                 n = occ.prompt.chunk_end(occ.pos, occ.pos + n) - occ.pos
+                if self.whole_embeddings:  # an encoder reads a text whole
+                    n = len(occ.prompt)
                 e_chunks.append(Chunk(occ.slot, occ.prompt[occ.pos:occ.pos + n], occ.pos))
                 e_owners.append(occ)
                 budget -= n
@@ -332,7 +339,7 @@ class BatchRunner:
             emb.parts.append(h)
             emb.pos += len(chunk)
             if emb.pos == len(emb.prompt):
-                emb.vector = pooled_embedding(np.concatenate(emb.parts, axis=0))
+                emb.vector = self.pool(np.concatenate(emb.parts, axis=0))
                 emb.parts = []
                 self._release(emb, "stop")
                 result.finished.append(emb)

@@ -43,6 +43,15 @@ class ModelTokenizer(Protocol):
     def bos_id(self) -> int | None: ...
 
     @property
+    def sep_id(self) -> int | None: ...
+
+    @property
+    def add_eos(self) -> bool: ...            # the model wants EOS after a text (add_special)
+
+    @property
+    def add_sep(self) -> bool: ...            # a separator between a rerank pair's parts
+
+    @property
     def eos_id(self) -> int | None: ...
 
     @property
@@ -116,6 +125,17 @@ class LoadedModel(Protocol):
 
     @property
     def transformer(self) -> Forward: ...
+
+    @property
+    def is_encoder(self) -> bool: ...         # bidirectional: a chunk is a whole text
+
+    @property
+    def pooling(self) -> str: ...             # engine.pooling's kind (rank: a reranker)
+
+    @property
+    def role(self) -> str: ...                # generation, embedding or rerank
+
+    def pool(self, hidden: np.ndarray) -> np.ndarray: ...  # one text's hidden states, pooled
 
     def file_changed(self) -> str | None: ...  # why the file is no longer what is mapped
 

@@ -54,12 +54,6 @@ from .prompt import EmbeddingSpan, Prompt, TokenSpan, as_prompt
 from .weights import Weights, load_weights
 
 
-def pooled_embedding(hidden: np.ndarray) -> np.ndarray:
-    """[n_tokens, n_embd] final normed hidden states -> float32 [n_embd]: their mean, L2-normalised."""
-    v = hidden.mean(axis=0)
-    return (v / max(float(np.linalg.norm(v)), 1e-12)).astype(np.float32)
-
-
 def _out_rows(chunks: list[Chunk], spans: list[tuple[int, int]]) -> np.ndarray:
     """int64 [n_out]: the rows whose logits a `last` forward computes, each chunk's last k."""
     rows: list[int] = []

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .encoder import load_encoder_weights
 from .gguf import ModelLoadError, TensorInfo, UndecodedArray, read_header, split_part_paths
 from .hparams import HParams
 from .tokenizer import vocabulary_model
@@ -58,7 +59,10 @@ class _HeaderOnlyFile:
 
 def _check_tensors(f: _HeaderOnlyFile, hp: HParams) -> None:
     """The loader's own walk over the file's tensors (raises ModelLoadError as a load would)."""
-    load_weights(f, hp, hp.n_ctx_train)  # type: ignore[arg-type]  # n_ctx: LongRoPE's choice only
+    if hp.spec.is_encoder:
+        load_encoder_weights(f, hp)
+    else:
+        load_weights(f, hp, hp.n_ctx_train)  # type: ignore[arg-type]  # n_ctx: LongRoPE's choice only
 
 
 def read_model_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:

@@ -44,6 +44,7 @@ class Weights:
     #                                 phi3's LongRoPE factors)
     extra: dict[str, Any] = field(default_factory=dict)  # the family's own model-level tensors
     #                                 (ArchSpec.globals), by declared name
+    rank_head: RankHead | None = None  # a reranker's classifier (Qwen3-Reranker's yes/no rows)
 
     def matrices(self) -> list[quants.QuantMatrix]:
         out = [self.token_embd, self.output]
@@ -52,6 +53,38 @@ class Weights:
         for layer in self.layers:
             out += layer.matrices()
         return out
+
+
+@dataclass(frozen=True)
+class RankHead:
+    """A reranker's classifier on the pooled row h (llama-graph.cpp build_pooling, RANK):
+    scores = cls_out @ tanh(cls @ h + cls_b) + cls_out_b, each part only if the file has it."""
+    cls: np.ndarray | None          # float32 [n_embd, n_embd]
+    cls_b: np.ndarray | None        # float32 [n_embd]
+    cls_out: np.ndarray | None      # float32 [n_cls_out, n_embd]
+    cls_out_b: np.ndarray | None    # float32 [n_cls_out]
+
+    @property
+    def n_out(self) -> int:
+        return 0 if self.cls_out is None else int(self.cls_out.shape[0])
+
+
+def read_rank_head(read: _TensorReader) -> RankHead | None:
+    """The classifier tensors (cls.*) as float32, or None when the file has none."""
+    tensors = read.f.tensors
+    found = {}
+    for part, name in (("cls", "cls.weight"), ("cls_b", "cls.bias"),
+                        ("cls_out", "cls.output.weight"), ("cls_out_b", "cls.output.bias")):
+        t = tensors.get(name)
+        if t is not None:
+            if t.shape[0] != read.hp.n_embd and part in ("cls", "cls_out"):
+                raise ModelLoadError(read.path, f"tensor {name} has shape {list(t.shape)}: its "
+                                                f"rows must have {read.hp.n_embd} columns")
+            found[part] = read.floats(name, tuple(t.shape))
+    if not found:
+        return None
+    head = RankHead(found.get("cls"), found.get("cls_b"), found.get("cls_out"), found.get("cls_out_b"))
+    return head
 
 
 def row_range(m: quants.QuantMatrix, start: int, n: int) -> quants.QuantMatrix:
@@ -143,13 +176,20 @@ def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
         if rope_freqs is None:
             raise ModelLoadError(read.path, "LongRoPE needs both rope_factors_long and _short")
     weights = Weights(m["token_embd"], layers, m["output_norm"], m.get("output", m["token_embd"]),
-                      rope_freqs, read.walk(spec.globals, ""))
+                      rope_freqs, read.walk(spec.globals, ""), read_rank_head(read))
     problem = spec.check_layers(hp, layers) if spec.check_layers is not None else None
     if problem:
         raise ModelLoadError(read.path, problem)
+    check_all_used(read)
+    return weights
+
+
+def check_all_used(read: _TensorReader) -> None:
+    """A tensor of the file the walk did not read is refused (the engine would ignore it), but
+    for those the family skips (ArchSpec.skips)."""
+    f, hp, spec = read.f, read.hp, read.hp.spec
     unused = sorted(n for n in set(f.tensors) - read.used
                     if spec.skips is None or not spec.skips(hp, n))
     if unused:
         raise ModelLoadError(read.path, f"tensor {unused[0]} is not part of the engine's "
                                         f"{hp.arch} block ({len(unused)} unused tensors): not supported")
-    return weights

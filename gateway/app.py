@@ -12,7 +12,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
-from gateway.api import admin, anthropic, console, events, forward
+from gateway.api import admin, anthropic, console, embedding_routes, events, forward
 from gateway.api import llama as llama_api
 from gateway.api import ollama as ollama_api
 from gateway.api import responses as responses_api
@@ -108,7 +108,8 @@ def create_app(config: Config, *, loader: Callable[..., ServedModel] = load_serv
 
     app = Starlette(
         routes=(routes() + anthropic.routes() + admin.routes() + llama_api.routes()
-                + ollama_api.routes() + events.routes() + responses_api.routes()
+                + ollama_api.routes() + embedding_routes.routes() + events.routes()
+                + responses_api.routes()
                 + console.routes(other=ollama_api.running)  # GET /: the page or Ollama's answer
                 + forward.routes()),  # last: only what no route above serves
         lifespan=lifespan,

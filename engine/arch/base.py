@@ -194,6 +194,15 @@ class ArchSpec(Generic[L]):
     #                                     (qwen35's multi-token-prediction draft block)
     check_layers: Callable[[HParams, list[L]], str | None] | None = None  # why the loaded
     #                                     layers do not fit (qwen35's interleave), or None
+    encoder_block: Callable[[Any, L, int], None] | None = None  # an encoder's layer, written
+    #                                     against engine.arch.bert.EncoderOps (bert, nomic-bert):
+    #                                     such a family runs in engine.encoder, not on Builder
+    positions: str = "rope"             # "learned": an encoder's absolute position_embd rows
+
+    @property
+    def is_encoder(self) -> bool:
+        """Every token sees every other token of its text; embeds, never generates."""
+        return self.encoder_block is not None
 
     def __post_init__(self) -> None:
         """The declaration and the layer type agree: every declared tensor is a field, every

@@ -7,6 +7,7 @@
        gpt2   BpeEncoder  (engine/tokenizer/bpe.py)
        llama  SpmEncoder  (engine/tokenizer/spm.py)
        gemma4 Gemma4Encoder (engine/tokenizer/gemma4.py)
+       bert   WpmEncoder  (engine/tokenizer/wpm.py)
 
 A new vocabulary model (llama.cpp's WPM, UGM, RWKV...) is a subclass and one entry in
 engine/tokenizer/vocab.py's ENCODERS; the Tokenizer names no model.
@@ -36,6 +37,9 @@ class Encoder(ABC):
     default_ids: ClassVar[Mapping[str, int]] = {}  # special token ids presumed by the model
     default_add_bos: bool = False                  # add_bos_token when the file does not say
     forces_add_bos: bool = False                   # BOS even where the file says not (gemma4)
+    default_add_sep: bool = False                  # add_sep_token when the file does not say
+    ends_with_sep: bool = False                    # add_special ends a text with the separator
+    #                                                (llama.cpp's WPM), not with EOS
     add_space_prefix: bool = False                 # a space before the text (decode drops it)
     pre_tokenizer: str | None = None               # the pre-tokenizer's name, if it has one
 

@@ -23,12 +23,13 @@ from .metadata import K as _K
 from .metadata import flag, num_list, str_list
 from .pretokenizers import split_words
 from .spm import SpmEncoder
+from .wpm import WpmEncoder
 
 log = logging.getLogger("engine.tokenizer")
 
 # tokenizer.ggml.model -> its encoder class
 ENCODERS: dict[str, type[Encoder]] = {cls.model: cls for cls in (BpeEncoder, SpmEncoder,
-                                                                  Gemma4Encoder)}
+                                                                  Gemma4Encoder, WpmEncoder)}
 
 
 class TokenType(IntEnum):
@@ -90,6 +91,8 @@ class Tokenizer:
     eog_ids: frozenset[int]
     add_bos: bool
     add_eos: bool
+    sep_id: int | None
+    add_sep: bool                # the separator between a rerank pair's parts (llama.cpp)
     add_space_prefix: bool
     model: str                   # tokenizer.ggml.model, a key of ENCODERS
     pre: str | None              # tokenizer.ggml.pre as the file gives it
@@ -153,6 +156,7 @@ class Tokenizer:
         self.bos_id, self.eos_id, self.unk_id = ids["bos"], ids["eos"], ids["unk"]
         self.eot_id, self.eom_id, self.pad_id = ids["eot"], ids["eom"], ids["pad"]
         self.eog_ids = self._end_of_generation(ids)
+        self.sep_id = ids["sep"]
         self._encoder: Encoder = encoder_type.from_metadata(
             meta, VocabTables(texts, scores, self._id_of), self.unk_id)
         self.pre_tokenizer = self._encoder.pre_tokenizer
@@ -160,6 +164,8 @@ class Tokenizer:
         self.add_bos = (flag(meta, _K + "add_bos_token", self._encoder.default_add_bos)
                         or self._encoder.forces_add_bos)
         self.add_eos = flag(meta, _K + "add_eos_token", False)
+        self.add_sep = flag(meta, _K + "add_sep_token", self._encoder.default_add_sep)
+        self._ends_with_sep = self._encoder.ends_with_sep and self.sep_id is not None
         for add, role in (("add_bos", "bos"), ("add_eos", "eos")):
             if getattr(self, add) and ids[role] is None:
                 if meta.get(f"{_K}{add}_token") is not None:
@@ -242,7 +248,10 @@ class Tokenizer:
             assert self.bos_id is not None
             out.append(self.bos_id)
         out += self._encoder.encode_fragments(self._partition(text, parse_special))
-        if add_special and self.add_eos:
+        if add_special and self._ends_with_sep:  # WPM: [SEP], whatever add_eos says
+            assert self.sep_id is not None
+            out.append(self.sep_id)
+        elif add_special and self.add_eos:
             assert self.eos_id is not None
             out.append(self.eos_id)
         return out

@@ -1,7 +1,8 @@
 """Routes modelyard does not serve itself, forwarded to an upstream alias's server as received.
 
     POST /v1/{path}                   -> the upstream's base URL + /{path} (rerank, audio, ...)
-    POST /rerank, /reranking, /infill -> the upstream's root + the path (llama.cpp's server)
+    POST /infill                      -> the upstream's root + the path (llama.cpp's server)
+    (rerank, served here for local rerankers, forwards itself: gateway/api/embedding_routes.py)
 
 The body's `model` picks the upstream (gateway/backends/dispatch.py); a body naming no
 upstream alias gets what an unknown route got before: 405 where another method serves the
@@ -16,7 +17,7 @@ from starlette.routing import BaseRoute, Match, Route
 
 from gateway.backends import dispatch
 
-ROOT_PATHS = ("/rerank", "/reranking", "/infill")
+ROOT_PATHS = ("/infill",)
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]  # all: answers as before
 
 

@@ -99,3 +99,31 @@ class ApplyTemplateRequest(_LlamaRequest):
 class RouterModelRequest(_LlamaRequest):
     """POST /models/load and /models/unload."""
     model: str
+
+
+class EmbeddingRequest(_LlamaRequest):
+    """/embedding (and /embeddings given `content`): texts or token ids, as /completion's."""
+    content: str | list[int] | list[str | list[int]]
+    embd_normalize: int = 2   # 2: Euclidean (L2); -1: none. llama.cpp's other norms: refused
+    model: str | None = None
+    keep_alive: KeepAlive = None
+
+    _check_keep = field_validator("keep_alive")(_check_keep_alive)
+
+    @field_validator("content")
+    @classmethod
+    def _non_empty(cls, value: Any) -> Any:
+        if (isinstance(value, str | list) and not value) or (
+                isinstance(value, list) and any(isinstance(v, str | list) and not v for v in value)):
+            raise ValueError("content must not be empty")
+        return value
+
+    def items(self) -> list[str | list[int]]:
+        """The texts or id lists to embed: one text, one list of ids, or a batch of them."""
+        content = self.content
+        if isinstance(content, str):
+            return [content]
+        ids = [v for v in content if isinstance(v, int)]
+        if len(ids) == len(content):
+            return [ids]
+        return [v for v in content if not isinstance(v, int)]

@@ -58,7 +58,8 @@ def _extras(entry: ModelEntry, row: ModelRow | None, facts: model_info.ModelFact
     return p.ModelExtras(aliases=list(entry.aliases), state=state, loaded=state == "ready",
                          context_length=entry.n_ctx, n_ctx_train=facts.n_ctx_train,
                          architecture=facts.architecture, quantization=facts.quantization,
-                         parameters=facts.n_params, images=entry.mmproj is not None)
+                         parameters=facts.n_params, images=entry.mmproj is not None,
+                         capabilities=facts.capabilities(entry.pooling))
 
 
 def router_status(card: p.ModelCard) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.arch import SPECS
+from engine.pooling import file_pooling, role_of
 from gateway import scan
 from gateway.generation import defaults
 
@@ -24,6 +26,17 @@ class ModelFacts:
     chat_template: str | None
     sampling: defaults.Sampling
     size_bytes: int
+    pooling: str | None = None    # the file's <arch>.pooling_type (engine.pooling)
+    encoder: bool = False         # a bert-like family: it embeds, never generates
+
+    def role(self, entry_pooling: str | None) -> str:
+        """generation, embedding or rerank, with the entry's pooling over the file's."""
+        return role_of(entry_pooling or self.pooling, self.encoder)
+
+    def capabilities(self, entry_pooling: str | None) -> list[str]:
+        """What /v1/models and /api/show say it does: ["completion"], ["embedding"], ["rerank"]."""
+        role = self.role(entry_pooling)
+        return ["completion"] if role == "generation" else [role]
 
 
 def facts(path: str | os.PathLike[str]) -> ModelFacts:
@@ -50,6 +63,8 @@ def _facts(path: str, size: int, mtime_ns: int) -> ModelFacts:
         return ModelFacts(metadata.get("general.architecture"), None, None, None,
                           template if isinstance(template, str) else None,
                           defaults.from_metadata(metadata), size)
+    spec = SPECS.get(found.arch)
     return ModelFacts(found.arch, found.quantization, found.n_params, found.n_ctx_train,
                       template if isinstance(template, str) else None,
-                      defaults.from_metadata(metadata), size)
+                      defaults.from_metadata(metadata), size,
+                      file_pooling(metadata, found.arch), spec is not None and spec.is_encoder)

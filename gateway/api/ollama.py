@@ -42,7 +42,7 @@ from gateway.api.ollama_wire import created_at, ollama_name
 from gateway.backends import dispatch
 from gateway.config import Config, LimitSettings, ModelEntry
 from gateway.errors import APIError, context_length_exceeded, shape_errors
-from gateway.generation import defaults, serving
+from gateway.generation import defaults, embedding, serving
 from gateway.generation.model import GenerativeModel
 from gateway.http import auth
 from gateway.http.streaming import cancel_on_disconnect
@@ -116,7 +116,7 @@ def _embedding_ids(served: GenerativeModel, texts: list[str], truncate: bool,
     out = []
     for i, text in enumerate(texts):
         serving.check_prompt_size(served, text, limits, "input", fits_context=False)
-        ids = served.text_prompt(text)
+        ids = served.tokenizer.encode(text, add_special=True, parse_special=True)  # as llama-server
         if not ids:
             raise p.RequestValidationError(f"input[{i}] is empty: nothing to embed", "input")
         if len(ids) > served.n_ctx:
@@ -141,7 +141,7 @@ async def _vectors(request: Request, alias: str, keep_alive: p.KeepAlive, texts:
                 f"context of {served.n_ctx} tokens (the config file's n_ctx)", "options.num_ctx")
         ids = await serving.off_loop(served, _embedding_ids, served, texts, truncate,
                                      state.config.limits)
-        reply = await cancel_on_disconnect(request, serving.embeddings(
+        reply = await cancel_on_disconnect(request, embedding.embeddings(
             served, alias, p.EmbeddingRequest(input=ids, dimensions=dimensions),
             state.config.limits, metrics))
         vectors = [np.asarray(e.embedding, dtype=np.float32) for e in reply.data]
@@ -290,7 +290,8 @@ async def show(request: Request) -> Response:
         "model_info": {"general.architecture": arch,
                        "general.parameter_count": facts.n_params or 0,
                        f"{arch}.context_length": entry.n_ctx},
-        "capabilities": capabilities(template, entry),
+        "capabilities": (capabilities(template, entry) if facts.role(entry.pooling) == "generation"
+                         else facts.capabilities(entry.pooling)),
         "modified_at": _iso(mtime),
     })
 

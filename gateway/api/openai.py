@@ -4,6 +4,7 @@ local model, the one pipeline (gateway/api/pipeline.py) with OpenAI's wires
 """
 from __future__ import annotations
 
+import json
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -12,9 +13,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from gateway import protocol as p
-from gateway.api import endpoints, model_cards, openai_wire, pipeline
+from gateway.api import embedding_routes, endpoints, model_cards, openai_wire, pipeline
 from gateway.backends import dispatch
-from gateway.generation import serving
+from gateway.generation import embedding
 from gateway.http import auth
 from gateway.http.streaming import cancel_on_disconnect
 from gateway.state import app_state
@@ -81,13 +82,23 @@ async def _local_completion(request: Request, body: bytes, local: str | None,
 
 async def _local_embeddings(request: Request, body: bytes, local: str | None,
                             shown: str | None) -> Response:
+    if _is_llama_shape(body):  # llama-server's /embeddings with `content`: its answer's shape
+        return await embedding_routes.local_llama_embedding(request, body, local, shown)
     req = _for_member(p.parse_request(p.EmbeddingRequest, body), local)
     lease, metrics = await pipeline.acquire(request, req.model, req.keep_alive, shown)
     try:
-        return _json(await cancel_on_disconnect(request, serving.embeddings(
+        return _json(await cancel_on_disconnect(request, embedding.embeddings(
             lease.model, lease.alias, req, app_state(request.app).config.limits, metrics)))
     finally:
         app_state(request.app).registry.release(lease)
+
+
+def _is_llama_shape(body: bytes) -> bool:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "content" in data and "input" not in data
 
 
 M = TypeVar("M", p.ChatCompletionRequest, p.CompletionRequest, p.EmbeddingRequest)

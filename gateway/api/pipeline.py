@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway import protocol as p
 from gateway.config import LimitSettings
-from gateway.errors import APIError
+from gateway.errors import APIError, invalid_request
 from gateway.fleet.registry import Lease
 from gateway.generation.choices import ChoiceResult, collect
 from gateway.generation.model import GenerativeModel
@@ -96,6 +96,12 @@ async def acquire(request: Request, alias: str | None, keep_alive: p.KeepAlive =
     return lease, RequestMetrics(state.metrics, label, started)
 
 
+def _not_generative(alias: str, role: str) -> str:
+    if role == "rerank":
+        return f"{alias} is a reranking model: it does not generate text (use /v1/rerank)"
+    return f"{alias} is an embedding model: it does not generate text (use /v1/embeddings)"
+
+
 async def generate(request: Request, wire: Wire[Req, P], req: Req,
                    shown: str | None = None) -> Response:
     """Serve one generating request of any API: the whole lifecycle, written once."""
@@ -104,6 +110,8 @@ async def generate(request: Request, wire: Wire[Req, P], req: Req,
     model = lease.model
     handed_off = False
     try:
+        if model.role != "generation":  # an embedding model or reranker: no logits to sample
+            raise invalid_request(_not_generative(lease.alias, model.role), "model")
         plan = await wire.plan(model, lease, req, app_state(request.app).config.limits)
         plan.observe(metrics)
         await plan.prepare(model)  # grammars compile on a worker thread

@@ -241,6 +241,11 @@ class ModelEntry(EntrySettings):
     mmproj: Annotated[Path | None, RELOAD] = Field(  # absolute once loaded
         None, description="a vision projector GGUF (llama.cpp's mmproj; llama-cpp-python's "
                           "clip_model_path) that lets this model take images")
+    pooling: Annotated[Literal["mean", "cls", "last", "none", "rank"] | None, RELOAD] = Field(
+        None, description="how an embedding model pools a text: mean, cls, last (token), none "
+                          "(per-token vectors) or rank (a reranker's classifier); default: the "
+                          "GGUF's <arch>.pooling_type, else mean. Setting it makes a decoder "
+                          "an embedding (or, with rank, a rerank) model")
     # llama-cpp-python keys, not used yet
     extra: Annotated[dict[str, Any], INTERNAL] = Field(default_factory=dict)
 

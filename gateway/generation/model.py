@@ -6,7 +6,9 @@
     defaults     sampling_defaults (the file's; the entry's and the request's go over them)
     work         prepare(fn, *args): CPU work (templates, tokenizing) off the event loop
                  submit(GenerationRequest) -> Generation: its events, in order; cancel()
-                 embed(ids) -> a float32 [n_embd] vector
+                 embed(ids) -> the model's pooling of ids (engine.pooling): a float32
+                 [n_embd] vector (not normalised), [n, n_embd] (pooling none) or rank scores
+    embedding    role (generation, embedding, rerank), pooling, rerank_prompt(query, document)
 
 A lease's model is one (gateway/fleet/registry/slots.py); the APIs and the pipeline see nothing
 else of it. The local engine is one implementation (gateway/local/served_model.py); an engine
@@ -79,3 +81,11 @@ class GenerativeModel(Protocol):
     def submit(self, request: GenerationRequest) -> Generation: ...  # QueueFullError when full
 
     async def embed(self, ids: list[int]) -> np.ndarray: ...
+
+    @property
+    def role(self) -> str: ...              # generation, embedding or rerank
+
+    @property
+    def pooling(self) -> str: ...           # engine.pooling's kind
+
+    def rerank_prompt(self, query: str, document: str) -> list[int]: ...  # a pair's ids

@@ -10,13 +10,10 @@ rendering them the wire's (gateway/api/openai_wire.py, llama_completion.py).
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-import numpy as np
 
 import engine
 from engine.thinking_budget import ThinkingBudget
@@ -32,7 +29,6 @@ from gateway.generation.events import (
 from gateway.generation.model import Generation, GenerativeModel
 from gateway.generation.structured import Output, chat_output, completion_output
 from gateway.generation.tool_stream import ReplyReader
-from gateway.metrics import RequestMetrics
 from gateway.protocol.chat import IMAGE_MARKER
 
 T = TypeVar("T")
@@ -265,44 +261,3 @@ def _plan_completion(served: GenerativeModel, req: p.CompletionRequest, limits: 
             echo.append(text if req.echo else "")
             prompt_of.append(number)
     return Plan(requests, total, echo, prompt_of, output=completion_output(req))
-
-
-# --------------------------------------------------------------------------------- embeddings
-
-async def embeddings(served: GenerativeModel, alias: str, req: p.EmbeddingRequest,
-                     limits: LimitSettings = DEFAULT_LIMITS,
-                     metrics: RequestMetrics | None = None) -> p.EmbeddingList:
-    n_embd = served.n_embd
-    if req.dimensions is not None and req.dimensions != n_embd:
-        raise invalid_request(f"this model's embeddings have {n_embd} dimensions", "dimensions")
-    prompts = await off_loop(served, _embedding_inputs, served, req, limits)
-    data = []
-    for index, ids in enumerate(prompts):
-        vector = await served.embed(ids)  # float32 [n_embd]
-        if metrics is not None:
-            metrics.embedded(len(ids))
-        value: list[float] | str
-        if req.encoding_format == "base64":
-            value = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
-        else:
-            value = [float(x) for x in vector]
-        data.append(p.Embedding(index=index, embedding=value))
-    total = sum(len(ids) for ids in prompts)
-    return p.EmbeddingList(data=data, model=alias,
-                           usage=p.EmbeddingUsage(prompt_tokens=total, total_tokens=total))
-
-
-def _embedding_inputs(served: GenerativeModel, req: p.EmbeddingRequest,
-                      limits: LimitSettings) -> list[list[int]]:
-    n_vocab = served.n_vocab
-    prompts: list[list[int]] = []
-    for item in req.inputs():
-        ids = tokenize_prompt(served, item, limits, "input") if isinstance(item, str) else list(item)
-        if not ids:
-            raise invalid_request("input is empty after tokenizing", "input")
-        if any(not 0 <= t < n_vocab for t in ids):
-            raise invalid_request(f"input token ids must be in 0..{n_vocab - 1}", "input")
-        if len(ids) > served.n_ctx:
-            raise context_length_exceeded(len(ids), served.n_ctx, "input")
-        prompts.append(ids)
-    return prompts

@@ -22,6 +22,7 @@ import engine
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.chat_formats import TemplateChoice, choose_template
 from engine.loaded import LoadedModel
+from engine.rerank import rerank_ids
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 from gateway.generation import defaults
@@ -80,6 +81,18 @@ class ServedModel:
 
     async def embed(self, ids: list[int]) -> np.ndarray:
         return await self.scheduler.embed(ids)
+
+    @property
+    def pooling(self) -> str:
+        return self.model.pooling
+
+    @property
+    def role(self) -> str:
+        return self.model.role
+
+    def rerank_prompt(self, query: str, document: str) -> list[int]:
+        """(query, document) as llama-server builds a reranker's input (engine.rerank)."""
+        return rerank_ids(self.tokenizer, self.model.metadata, query, document)
 
     @property
     def max_token_bytes(self) -> int:
@@ -211,7 +224,7 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
     model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
                         n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
                         images=entry.mmproj is not None, name=entry.name,
-                        rope=rope_settings(entry))
+                        rope=rope_settings(entry), pooling=entry.pooling)
     vision: VisionModel | None = None
     try:
         template, choice = _template_for(model, entry)

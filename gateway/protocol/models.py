@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from gateway.protocol.base import _Response
 
 
@@ -17,6 +19,8 @@ class ModelExtras(_Response):
     quantization: str | None
     parameters: int | None
     images: bool = False          # the entry has an mmproj: chat image_url parts are taken
+    capabilities: list[str] = Field(default_factory=lambda: ["completion"])  # or ["embedding"],
+    #                               ["rerank"]: what the model is for (#32)
 
 
 class ModelCard(_Response):

@@ -17,6 +17,7 @@ from gguf import LlamaFileType
 
 from engine.chat_formats import guess_format
 from engine.gguf import MAGIC, ModelLoadError, TensorInfo, read_header
+from engine.pooling import model_role
 from engine.servable import judge_header
 
 
@@ -35,12 +36,17 @@ class FoundModel:
     n_parts: int = 1
     builtin_template: str = "chatml"  # the built-in served when the file has no template
     mmproj: Path | None = None        # its vision projector (pairing.py), beside it
+    role: str = "generation"          # or embedding, rerank (engine.pooling.model_role)
 
     def summary(self) -> str:
         """The comment written above the entry."""
         parts = f", split in {self.n_parts} parts" if self.n_parts > 1 else ""
         template = "yes" if self.has_chat_template else f"no (built-in {self.builtin_template!r})"
         images = f", images: {self.mmproj.name}" if self.mmproj is not None else ""
+        if self.role != "generation":  # no chat: what it serves instead
+            serves = "/v1/rerank" if self.role == "rerank" else "/v1/embeddings"
+            return (f"{self.arch}, {format_count(self.n_params)} params, {self.quantization}"
+                    f"{parts}, {self.role} model ({serves})")
         return (f"{self.arch}, {format_count(self.n_params)} params, {self.quantization}"
                 f"{parts}, chat template: {template}{images}")
 
@@ -106,6 +112,7 @@ def _judge(parts: list[Path], stem: str) -> FoundModel | Skipped:
         has_chat_template=isinstance(meta.get("tokenizer.chat_template"), str),
         builtin_template=guess_format(hp.arch, meta.get("tokenizer.ggml.tokens") or ())[0],
         n_parts=len(parts),
+        role=model_role(meta, hp.arch, hp.spec.is_encoder),
     )
 
 

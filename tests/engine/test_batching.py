@@ -315,4 +315,4 @@ def test_batched_embedding_equals_the_engine_s(smol):
     runner.submit(emb)
     run_all(runner)
     runner.close()
-    assert np.array_equal(emb.vector, smol.embed(ids))
+    assert np.array_equal(emb.vector, smol.pooled(ids))

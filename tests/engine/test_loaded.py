@@ -14,7 +14,8 @@ from tests.support.ggufgen import write_tiny_llama
 from tests.support.scripted_model import ScriptedModel, letters
 
 MEMBERS = ("path", "metadata", "n_ctx", "n_slots", "n_vocab", "n_embd", "memory_bytes",
-           "mapped_bytes", "tokenizer", "transformer", "file_changed", "close")
+           "mapped_bytes", "tokenizer", "transformer", "is_encoder", "pooling", "role", "pool",
+           "file_changed", "close")
 
 
 def test_a_loaded_engine_model_meets_the_protocol(tmp_path: Path) -> None:

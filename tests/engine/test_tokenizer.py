@@ -276,7 +276,7 @@ def test_missing_pre_falls_back_to_default_with_a_warning(caplog) -> None:
 
 
 @pytest.mark.parametrize("meta, match", [
-    ({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, "unsupported tokenizer"),
+    ({"tokenizer.ggml.model": "ugm", "tokenizer.ggml.tokens": ["a"]}, "unsupported tokenizer"),
     ({"tokenizer.ggml.tokens": ["a"]}, "tokenizer.ggml.model"),
     ({"tokenizer.ggml.model": "gpt2"}, "tokenizer.ggml.tokens"),
     ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"]}, "merges"),

@@ -8,4 +8,5 @@ REFS_DIR = DATA_DIR / "smollm2"     # SmolLM2-135M-Instruct Q4_1
 GEMMA3_DIR = DATA_DIR / "gemma3"    # Gemma 3 270M Q4_K_M
 SYNTH_DIR = DATA_DIR / "synth"      # tiny random-weight models of the other families and types
 SYNTH3_DIR = DATA_DIR / "synth3"    # a mixture of experts (qwen3moe), the synth3 refs' part we serve
+ENCODERS_DIR = DATA_DIR / "encoders"  # tiny embedding and reranker models (bert, nomic, qwen3)
 VLM_DIR = DATA_DIR / "vlm"          # tiny random-weight text models with mmproj projectors (images)

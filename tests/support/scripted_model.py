@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from engine.model import Chunk, ContextOverflowError
+from engine.pooling import normalize, pool
 from engine.prompt import PositionKey
 
 SEP = 99
@@ -43,6 +44,9 @@ class ScriptedTokenizer:
     bos_id: int | None = None
     eos_id: int | None = 0
     add_bos = False
+    sep_id: int | None = None
+    add_eos = False
+    add_sep = False
     eog_ids = frozenset({0})
 
     def token_bytes(self, token: int) -> bytes:
@@ -159,6 +163,9 @@ class ScriptedModel:
     path: Path | None = None
     memory_bytes = 0
     mapped_bytes = 0
+    is_encoder = False
+    pooling = "mean"
+    role = "generation"
 
     def __init__(self, n_slots: int = 2, n_ctx: int = 64, gate: threading.Semaphore | None = None) -> None:
         self.n_slots = n_slots
@@ -173,6 +180,9 @@ class ScriptedModel:
 
     def file_changed(self) -> str | None:
         return None
+
+    def pool(self, hidden: Any) -> Any:
+        return normalize(pool(hidden, "mean"))  # what its scheduler tests expect: unit vectors
 
     def close(self) -> None:
         pass
