@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
+from .lora import LoraSpec, read_deltas
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .prompt import Prompt, as_prompt, common_prefix
 from .rope_settings import RopeSettings
@@ -31,7 +32,7 @@ class Model:
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
                  n_slots: int = 1, flash_attn: bool = True, images: bool = False,
-                 rope: RopeSettings | None = None) -> None:
+                 rope: RopeSettings | None = None, lora: Sequence[LoraSpec] = ()) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -53,8 +54,10 @@ class Model:
             self.n_ctx = n_ctx
             self.n_threads = n_threads
             self.n_slots = n_slots
+            deltas = (read_deltas(list(lora), self.hparams.arch, self._file.tensors)
+                      if lora else None)
             self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
-                                           flash_attn=flash_attn, images=images)
+                                           flash_attn=flash_attn, images=images, lora=deltas)
         except BaseException:
             self._file.close()
             raise
@@ -76,7 +79,8 @@ class Model:
     def memory_bytes(self) -> int:
         """Mapped file + KV cache + what repacked weights add (the most this model can hold
         resident)."""
-        return self._file.file_size + self.transformer.cache.nbytes + self.transformer.repacked_bytes
+        return (self._file.file_size + self.transformer.cache.nbytes
+                + self.transformer.repacked_bytes + self.transformer.lora_bytes)
 
     # -- evaluation --------------------------------------------------------------------------
     def _prefill(self, prompt: Prompt | list[int], slot: int, output: str) -> list[np.ndarray]:
@@ -164,7 +168,8 @@ class Model:
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
          n_slots: int = 1, flash_attn: bool = True, images: bool = False,
-         name: str | None = None, rope: RopeSettings | None = None) -> Model:
+         name: str | None = None, rope: RopeSettings | None = None,
+         lora: Sequence[LoraSpec] = ()) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
@@ -173,12 +178,13 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
     paired with it), which some families attend to bidirectionally (engine.model.Transformer).
     rope: a load's rope settings over the file's (llama.cpp's context parameters:
     engine.rope_settings). Kernels compiled on the way (a cold cache) are logged as being
-    compiled for `name` (default: the file's stem), with progress."""
+    compiled for `name` (default: the file's stem), with progress. lora: adapters merged into
+    the weights at load (engine.lora; a bad adapter is a ModelLoadError naming its file)."""
     from .kernels import jit
 
     with jit.reporting(name or Path(path).stem):
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
-                     flash_attn=flash_attn, images=images, rope=rope)
+                     flash_attn=flash_attn, images=images, rope=rope, lora=lora)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
