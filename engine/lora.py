@@ -110,3 +110,15 @@ def merged(m: quants.QuantMatrix, deltas: list[LoraDelta]) -> quants.QuantMatrix
         w += d.scale * (d.b.astype(np.float64) @ d.a.astype(np.float64))
     raw = np.ascontiguousarray(w.astype("<f4")).view(np.uint8)
     return quants.QuantMatrix(raw, GGMLQuantizationType.F32, m.n_rows, m.n_cols)
+
+
+def why_not_an_adapter(model: str | os.PathLike[str], adapter: str | os.PathLike[str]) -> str | None:
+    """Why `adapter` cannot be applied to `model` (read_deltas' judgement), or None."""
+    from .servable import read_model_header
+
+    meta, tensors = read_model_header(model)
+    try:
+        read_deltas([LoraSpec(adapter)], str(meta.get("general.architecture")), tensors)
+    except ModelLoadError as e:
+        return e.problem
+    return None
