@@ -232,9 +232,10 @@ class EntrySettings(BaseModel):
 class LoraAdapter(BaseModel):
     """One LoRA adapter of an entry (engine/lora.py): llama.cpp's --lora-scaled FILE SCALE."""
     model_config = ConfigDict(extra="forbid", frozen=True)
-    path: Path = Field(description="a GGUF LoRA adapter file, relative to the config's folder")
-    scale: float = Field(1.0, allow_inf_nan=False,
-                         description="the user scale; the delta is scale * alpha / rank * B A")
+    path: Annotated[Path, RELOAD] = Field(
+        description="a GGUF LoRA adapter file, relative to the config's folder")
+    scale: Annotated[float, RELOAD] = Field(
+        1.0, allow_inf_nan=False, description="the user scale; the delta is scale * alpha / rank * B A")
 
 
 class ModelEntry(EntrySettings):
@@ -249,8 +250,8 @@ class ModelEntry(EntrySettings):
     mmproj: Annotated[Path | None, RELOAD] = Field(  # absolute once loaded
         None, description="a vision projector GGUF (llama.cpp's mmproj; llama-cpp-python's "
                           "clip_model_path) that lets this model take images")
-    lora: Annotated[list[LoraAdapter], RELOAD] = Field(
-        default_factory=list, description="LoRA adapter GGUFs merged into the weights at load, "
+    lora: Annotated[tuple[LoraAdapter, ...], RELOAD] = Field(
+        (), description="LoRA adapter GGUFs merged into the weights at load, "
                                           "each {path, scale} (llama-cpp-python's lora_path: one, "
                                           "scale 1)")
     # llama-cpp-python keys, not used yet
