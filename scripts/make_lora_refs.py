@@ -33,6 +33,7 @@ ADAPTERS: dict[str, tuple[float, dict[str, tuple[int, bool]]]] = {
 }
 SCALES = (1.0, 0.35)          # adapter_a alone at each
 PAIR_SCALES = (0.7, 0.5)      # adapter_a and adapter_b together
+B_SCALE = 1.3                 # adapter_b alone: F32 pairs only, so llama.cpp rounds nothing extra
 
 
 def make_adapters() -> None:
@@ -92,13 +93,15 @@ def make_logits() -> None:
     for base in BASES:
         ids = np.load(SYNTH / f"{base}.npz")["ids"]
         out: dict[str, np.ndarray] = {"ids": ids, "scales": np.array(SCALES, np.float32),
-                                      "pair_scales": np.array(PAIR_SCALES, np.float32)}
+                                      "pair_scales": np.array(PAIR_SCALES, np.float32),
+                                      "b_scale": np.float32(B_SCALE)}
         plain = _logits(base, [], ids)
         out["plain"] = plain
         for k, s in enumerate(SCALES):
             out[f"logits_a{k}"] = _logits(base, [("adapter_a.gguf", s)], ids)
             print(base, "scale", s, "max |delta| vs plain",
                   float(np.abs(out[f"logits_a{k}"] - plain).max()))
+        out["logits_b"] = _logits(base, [("adapter_b.gguf", B_SCALE)], ids)
         out["logits_pair"] = _logits(base, [("adapter_a.gguf", PAIR_SCALES[0]),
                                             ("adapter_b.gguf", PAIR_SCALES[1])], ids)
         print(base, "pair max |delta| vs plain", float(np.abs(out["logits_pair"] - plain).max()))

@@ -49,6 +49,19 @@ def test_logits_with_adapters_match_llama_cpp_fused_and_eager(base: str) -> None
         assert np.abs(ref[key] - ref["plain"]).max() > 20 * TOL[base]["max_abs"]
 
 
+def test_an_f32_adapter_on_an_f32_base_is_exact_to_float_rounding() -> None:
+    """adapter_b's pairs are F32, so llama.cpp's side path rounds nothing the merge does not:
+    the gap is summation order only, an order of magnitude inside the F32 tolerance (adapter_a's
+    F16 pairs make llama.cpp round x and A x to F16 first, which the merge cannot follow)."""
+    ref = np.load(LORA_DIR / f"{BASES[0]}.npz")
+    b = engine.LoraSpec(LORA_DIR / "adapter_b.gguf", float(ref["b_scale"]))
+    with _load(BASES[0], [b]) as model:
+        logits = model.transformer.forward([Chunk(0, ref["ids"].tolist(), 0)], "all")[0]
+    assert_within(logits, ref["logits_b"], {"max_abs": 5e-3, "mean_abs": 2e-4,
+                                            "top1_agree_min": 40}, "adapter_b alone")
+    assert np.abs(ref["logits_b"] - ref["plain"]).max() > 1.0
+
+
 def test_the_merged_matrices_are_counted_in_memory() -> None:
     a = engine.LoraSpec(LORA_DIR / "adapter_a.gguf", 1.0)
     with _load(BASES[1], []) as plain, _load(BASES[1], [a]) as adapted:
