@@ -17,7 +17,7 @@ from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
-from .lora import LoraSpec, read_deltas
+from .lora import LoraSpec, adapted_tensors, merged_bytes, read_deltas
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .prompt import Prompt, as_prompt, common_prefix
 from .rope_settings import RopeSettings
@@ -188,9 +188,10 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
-                    images: bool = False) -> int:
+                    images: bool = False, lora: Sequence[LoraSpec] = ()) -> int:
     """Bytes a load would hold (mapped files + KV cache + repacked weights, as Model.memory_bytes
-    counts them, rings of sliding-window layers included), from the headers alone. Raises
+    counts them, rings of sliding-window layers included, LoRA adapters' merged float32 copies
+    too), from the headers alone. Raises
     ModelLoadError when the file cannot be served at all (the registry then fails the request
     rather than evict anything for a load that cannot succeed)."""
     from .servable import judge_header, read_model_header
@@ -199,10 +200,12 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     hp = judge_header(path, meta, tensors)
     count = meta.get("split.count", 1)
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
-    shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items() if len(t.shape) == 2}
+    adapted = adapted_tensors(lora)
+    shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items()
+              if len(t.shape) == 2 and n not in adapted}  # an adapted matrix is float32, not repacked
     stacks = {n: (t.qtype, t.shape[1], t.shape[0], t.shape[2]) for n, t in tensors.items()
               if len(t.shape) == 3}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
     return (sum(os.path.getsize(f) for f in files) + layout.bytes_per_slot() * n_slots
             + estimate_repacked(shapes, host_repacks)
-            + estimate_repacked_stacks(stacks, host_repacks))
+            + estimate_repacked_stacks(stacks, host_repacks) + merged_bytes(list(lora), tensors))

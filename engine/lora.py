@@ -17,6 +17,7 @@ adapted matmuls then see unrounded activations, well inside the synth tolerances
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,3 +123,23 @@ def why_not_an_adapter(model: str | os.PathLike[str], adapter: str | os.PathLike
     except ModelLoadError as e:
         return e.problem
     return None
+
+
+def adapted_tensors(specs: Sequence[LoraSpec]) -> set[str]:
+    """The base tensors the adapters adapt, from their headers."""
+    targets: set[str] = set()
+    for spec in specs:
+        f = GGUFFile(spec.path)
+        try:
+            targets |= {n[:-len(".lora_a")] for n in f.tensors if n.endswith(".lora_a")}
+        finally:
+            f.close()
+    return targets
+
+
+def merged_bytes(specs: Sequence[LoraSpec], base: dict[str, TensorInfo]) -> int:
+    """Bytes the merged float32 copies take (each adapted 2-D base tensor once), from the
+    adapters' headers: what a load with `specs` holds beyond the file."""
+    targets = adapted_tensors(specs)
+    return sum(4 * base[t].shape[0] * base[t].shape[1] for t in targets
+               if t in base and len(base[t].shape) == 2)

@@ -62,10 +62,13 @@ def test_an_f32_adapter_on_an_f32_base_is_exact_to_float_rounding() -> None:
     assert np.abs(ref["logits_b"] - ref["plain"]).max() > 1.0
 
 
-def test_the_merged_matrices_are_counted_in_memory() -> None:
+@pytest.mark.parametrize("base", BASES)
+def test_the_merged_matrices_are_counted_in_memory_and_its_estimate(base: str) -> None:
     a = engine.LoraSpec(LORA_DIR / "adapter_a.gguf", 1.0)
-    with _load(BASES[1], []) as plain, _load(BASES[1], [a]) as adapted:
+    with _load(base, []) as plain, _load(base, [a]) as adapted:
         extra = adapted.memory_bytes - plain.memory_bytes
+        assert adapted.memory_bytes == engine.estimate_memory(SYNTH_DIR / f"{base}.gguf", 64,
+                                                              n_slots=2, lora=[a])
     # 4 adapted matrices per layer, 2 layers, float32: attn_q 64x64, attn_v 32x64, ffn_up 128x64,
     # ffn_down 64x128
     assert extra >= 2 * 4 * (64 * 64 + 32 * 64 + 128 * 64 + 64 * 128)
