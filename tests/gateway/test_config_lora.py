@@ -105,3 +105,28 @@ def test_a_bad_scale_and_both_keys_are_errors(folder: Path) -> None:
             lora: [{{path: adapter_b.gguf}}]
     """))
     assert any("not both" in e for e in errs), errs
+
+
+def test_lora_adapters_lists_the_entrys_adapters_and_refuses_runtime_scales(
+        folder: Path, apps) -> None:
+    client = apps.client(write(folder, f"""
+        models:
+          - model: {BASE}
+            aliases: [tiny]
+            n_ctx: 64
+            lora:
+              - {{path: adapter_a.gguf, scale: 0.7}}
+              - {{path: adapter_b.gguf}}
+          - model: {OTHER}
+            aliases: [plain]
+            n_ctx: 64
+    """))
+    got = client.get("/lora-adapters?model=tiny")
+    assert got.status_code == 200
+    assert got.json() == [{"id": 0, "path": "adapter_a.gguf", "scale": 0.7},
+                          {"id": 1, "path": "adapter_b.gguf", "scale": 1.0}]
+    assert client.get("/lora-adapters?model=plain").json() == []
+    refused = client.post("/lora-adapters?model=tiny", json=[{"id": 0, "scale": 0.2}])
+    assert refused.status_code == 400
+    assert "merged into the model's weights" in refused.text
+    assert client.get("/lora-adapters?model=tiny").json()[0]["scale"] == 0.7
