@@ -130,3 +130,26 @@ def test_lora_adapters_lists_the_entrys_adapters_and_refuses_runtime_scales(
     assert refused.status_code == 400
     assert "merged into the model's weights" in refused.text
     assert client.get("/lora-adapters?model=tiny").json()[0]["scale"] == 0.7
+
+
+def test_n_ctx_0s_memory_bound_counts_the_merged_adapters(folder: Path) -> None:
+    import engine
+    from engine.servable import trained_context
+
+    model = folder / BASE
+    n_ctx = trained_context(model)
+    plain = engine.estimate_memory(model, n_ctx, 1)
+    adapted = engine.estimate_memory(model, n_ctx, 1, lora=[engine.LoraSpec(
+        folder / "adapter_a.gguf")])
+    assert adapted > plain
+    budget = (plain + adapted) // 2  # enough without the adapter, not with it
+    text = f"""
+        registry: {{memory_budget: {budget}}}
+        models:
+          - model: {BASE}
+            n_ctx: 0
+            n_parallel: 1
+    """
+    assert load_config(write(folder, text)).models[0].n_ctx == n_ctx
+    errs = errors(write(folder, text.rstrip(" ") + "            lora_path: adapter_a.gguf\n"))
+    assert len(errs) == 1 and "over memory_budget" in errs[0], errs
