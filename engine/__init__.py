@@ -8,11 +8,12 @@
 from .api import Model, estimate_memory, load
 from .constraint import Constraint, ConstraintError, TokenizerAdapter
 from .gguf import ModelLoadError
+from .lora import LoraSpec
 from .model import ContextOverflowError
 from .prompt import EmbeddingSpan, Prompt, TokenSpan
 from .rope_settings import RopeSettings
 from .sampling import Sampled, SamplingParams
 
-__all__ = ["Constraint", "ConstraintError", "ContextOverflowError", "EmbeddingSpan", "Model",
-           "ModelLoadError", "Prompt", "RopeSettings", "Sampled", "SamplingParams", "TokenSpan",
+__all__ = ["Constraint", "ConstraintError", "ContextOverflowError", "EmbeddingSpan", "LoraSpec",
+           "Model", "ModelLoadError", "Prompt", "RopeSettings", "Sampled", "SamplingParams", "TokenSpan",
            "TokenizerAdapter", "estimate_memory", "load"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
+from .lora import LoraSpec, adapted_tensors, merged_bytes, read_deltas
 from .model import Chunk, ContextOverflowError, Transformer
 from .pooling import POOLINGS, SOFTMAX_RANK_ARCHS, file_pooling, model_role, normalize, pool
 from .prompt import Prompt, as_prompt, common_prefix
@@ -35,7 +36,8 @@ class Model:
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
                  n_slots: int = 1, flash_attn: bool = True, images: bool = False,
-                 rope: RopeSettings | None = None, pooling: str | None = None) -> None:
+                 rope: RopeSettings | None = None, pooling: str | None = None,
+                 lora: Sequence[LoraSpec] = ()) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -58,14 +60,19 @@ class Model:
             self.n_threads = n_threads
             self.transformer: Transformer | EncoderTransformer
             if self.is_encoder:  # a slot costs an encoder nothing: many texts per forward
+                if lora:
+                    raise ModelLoadError(self.path, "LoRA adapters on an embedding model are "
+                                                    "not supported")
                 self.n_slots = max(n_slots, ENCODER_MIN_SLOTS)
                 self.transformer = EncoderTransformer(self._file, self.hparams, n_ctx,
                                                       self.n_slots, n_threads)
                 self.n_ctx = self.transformer.n_ctx
             else:
                 self.n_ctx, self.n_slots = n_ctx, n_slots
+                deltas = (read_deltas(list(lora), self.hparams.arch, self._file.tensors)
+                          if lora else None)
                 self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
-                                               flash_attn=flash_attn, images=images)
+                                               flash_attn=flash_attn, images=images, lora=deltas)
             self._asked_pooling = pooling
             self.pooling = self._pooling(pooling)
         except BaseException:
@@ -109,7 +116,8 @@ class Model:
     def memory_bytes(self) -> int:
         """Mapped file + KV cache + what repacked weights add (the most this model can hold
         resident)."""
-        return self._file.file_size + self.transformer.cache.nbytes + self.transformer.repacked_bytes
+        return (self._file.file_size + self.transformer.cache.nbytes
+                + self.transformer.repacked_bytes + self.transformer.lora_bytes)
 
     # -- evaluation --------------------------------------------------------------------------
     def _prefill(self, prompt: Prompt | list[int], slot: int, output: str) -> list[np.ndarray]:
@@ -232,7 +240,7 @@ class Model:
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
          n_slots: int = 1, flash_attn: bool = True, images: bool = False,
          name: str | None = None, rope: RopeSettings | None = None,
-         pooling: str | None = None) -> Model:
+         pooling: str | None = None, lora: Sequence[LoraSpec] = ()) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
@@ -241,19 +249,22 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
     paired with it), which some families attend to bidirectionally (engine.model.Transformer).
     rope: a load's rope settings over the file's (llama.cpp's context parameters:
     engine.rope_settings). pooling: how embed/pooled pool a text (engine.pooling), None: the
-    file's, else mean. Kernels compiled on the way (a cold cache) are logged as being compiled
-    for `name` (default: the file's stem), with progress."""
+    file's, else mean. lora: adapters merged into the weights at load (engine.lora; a bad
+    adapter is a ModelLoadError naming its file). Kernels compiled on the way (a cold cache) are
+    logged as being compiled for `name` (default: the file's stem), with progress."""
     from .kernels import jit
 
     with jit.reporting(name or Path(path).stem):
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
-                     flash_attn=flash_attn, images=images, rope=rope, pooling=pooling)
+                     flash_attn=flash_attn, images=images, rope=rope, pooling=pooling,
+                     lora=lora)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
-                    images: bool = False) -> int:
+                    images: bool = False, lora: Sequence[LoraSpec] = ()) -> int:
     """Bytes a load would hold (mapped files + KV cache + repacked weights, as Model.memory_bytes
-    counts them, rings of sliding-window layers included), from the headers alone. Raises
+    counts them, rings of sliding-window layers included, LoRA adapters' merged float32 copies
+    too), from the headers alone. Raises
     ModelLoadError when the file cannot be served at all (the registry then fails the request
     rather than evict anything for a load that cannot succeed)."""
     from .servable import judge_header, read_model_header
@@ -262,7 +273,9 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     hp = judge_header(path, meta, tensors)
     count = meta.get("split.count", 1)
     files = split_part_paths(Path(path), count) if isinstance(count, int) and count > 1 else [path]
-    shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items() if len(t.shape) == 2}
+    adapted = adapted_tensors(lora)
+    shapes = {n: (t.qtype, t.shape[1], t.shape[0]) for n, t in tensors.items()
+              if len(t.shape) == 2 and n not in adapted}  # an adapted matrix is float32, not repacked
     stacks = {n: (t.qtype, t.shape[1], t.shape[0], t.shape[2]) for n, t in tensors.items()
               if len(t.shape) == 3}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
@@ -272,4 +285,4 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
                   if n.startswith("blk.") and len(t.shape) == 2 and t.qtype in BLAS_TYPES)
     return (sum(os.path.getsize(f) for f in files) + kv
             + estimate_repacked(shapes, host_repacks)
-            + estimate_repacked_stacks(stacks, host_repacks))
+            + estimate_repacked_stacks(stacks, host_repacks) + merged_bytes(list(lora), tensors))

@@ -228,6 +228,7 @@ class EncoderTransformer:
             raise
         self.rope_spec = rotary.RopeSpec(hp.rope_base, freq_scale=hp.rope_freq_scale)
         self.cache = _NoCache(n_slots)
+        self.lora_bytes = 0  # no adapters on an encoder (engine.api refuses them)
         single_threaded_blas()  # the attention's numpy products beside the pool's threads
 
     @property

@@ -50,6 +50,7 @@ from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
 from .kernels.pool import Graph, Pool
 from .kv import KVCache
+from .lora import LoraDelta
 from .prompt import EmbeddingSpan, Prompt, TokenSpan, as_prompt
 from .weights import Weights, load_weights
 
@@ -195,14 +196,17 @@ class Transformer:
     """
 
     def __init__(self, f: GGUFFile, hp: HParams, n_ctx: int, n_slots: int, n_threads: int,
-                 flash_attn: bool = True, images: bool = False) -> None:
-        """`images`: the model will be fed image spans; a family whose image rows see each
+                 flash_attn: bool = True, images: bool = False,
+                 lora: dict[str, list[LoraDelta]] | None = None) -> None:
+        """`lora`: LoRA adapter deltas merged into the weights at load (engine.lora).
+        `images`: the model will be fed image spans; a family whose image rows see each
         other (gemma3) then gets the bidirectional kernels and a ring mirror to match (engine.kv),
         which a text-only load does without."""
         self.hp = hp
         self.n_ctx = n_ctx
         self.bidirectional = images and hp.spec.bidirectional_spans
-        self.weights = load_weights(f, hp, n_ctx)
+        self.weights = load_weights(f, hp, n_ctx, lora)
+        self.lora_bytes = self.weights.lora_bytes  # merged adapters' float32 copies
         self.block = hp.spec.block
         self.pool = Pool(n_threads)
         self.governor = ThreadGovernor(n_threads)  # how many of them each run uses

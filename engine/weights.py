@@ -22,6 +22,7 @@ from .arch.declare import Declared, Fused, Tensor
 from .formats import quants
 from .gguf import GGUFFile, ModelLoadError, TensorInfo
 from .hparams import HParams
+from .lora import LoraDelta, merged
 
 MODEL_TENSORS: tuple[Declared, ...] = (
     Tensor("token_embd", "token_embd.weight", ("n_embd", "n_vocab")),
@@ -45,6 +46,7 @@ class Weights:
     extra: dict[str, Any] = field(default_factory=dict)  # the family's own model-level tensors
     #                                 (ArchSpec.globals), by declared name
     rank_head: RankHead | None = None  # a reranker's classifier (Qwen3-Reranker's yes/no rows)
+    lora_bytes: int = 0  # float32 matrices with LoRA adapters merged in (engine.lora), held in RAM
 
     def matrices(self) -> list[quants.QuantMatrix]:
         out = [self.token_embd, self.output]
@@ -95,8 +97,11 @@ def row_range(m: quants.QuantMatrix, start: int, n: int) -> quants.QuantMatrix:
 class _TensorReader:
     """Reads declared tensors out of one file, remembering which ones it used."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams,
+                 lora: dict[str, list[LoraDelta]] | None = None) -> None:
         self.f, self.hp, self.path = f, hp, str(f.path)
+        self.lora = lora or {}  # adapter deltas by base tensor name, merged as read (engine.lora)
+        self.merged: dict[str, int] = {}  # merged tensor -> its float32 bytes (held besides the file)
         self.used: set[str] = set()
 
     def walk(self, declared: tuple[Declared, ...], prefix: str,
@@ -145,9 +150,16 @@ class _TensorReader:
     def matrix(self, name: str, n_cols: int, n_rows: int) -> quants.QuantMatrix:
         t = self.info(name, (n_cols, n_rows))
         raw = self.f.tensor_data(name).reshape(n_rows, -1)  # uint8 [n_rows, row_bytes]
-        return quants.QuantMatrix(raw, t.qtype, n_rows, n_cols)
+        m = quants.QuantMatrix(raw, t.qtype, n_rows, n_cols)
+        if name not in self.lora:
+            return m
+        m = merged(m, self.lora[name])
+        self.merged[name] = m.raw.nbytes
+        return m
 
     def stacked(self, name: str, n_cols: int, n_rows: int, n_mat: int) -> quants.StackedMatrix:
+        if name in self.lora:
+            raise ModelLoadError(self.path, f"a LoRA adapter for the 3-D {name} is not supported")
         t = self.info(name, (n_cols, n_rows, n_mat))
         raw = self.f.tensor_data(name).reshape(n_mat, n_rows, -1)  # uint8 [n_mat, n_rows, row_bytes]
         return quants.StackedMatrix(raw, t.qtype, n_mat, n_rows, n_cols)
@@ -165,8 +177,10 @@ class _TensorReader:
         return np.ascontiguousarray(quants.dequantize(raw, t.qtype, n)[0], dtype=np.float32)
 
 
-def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
-    spec, read = hp.spec, _TensorReader(f, hp)
+def load_weights(f: GGUFFile, hp: HParams, n_ctx: int,
+                 lora: dict[str, list[LoraDelta]] | None = None) -> Weights:
+    """`lora`: adapter deltas (engine.lora.read_deltas) merged into the matrices they adapt."""
+    spec, read = hp.spec, _TensorReader(f, hp, lora)
     layers = [spec.layer(**read.walk(spec.tensors, f"blk.{i}.", i)) for i in range(hp.n_layer)]
     m = read.walk(MODEL_TENSORS, "")
     rope_freqs = m.get("rope_freqs")
@@ -181,6 +195,11 @@ def load_weights(f: GGUFFile, hp: HParams, n_ctx: int) -> Weights:
     if problem:
         raise ModelLoadError(read.path, problem)
     check_all_used(read)
+    unapplied = sorted(set(read.lora) - set(read.merged))
+    if unapplied:
+        raise ModelLoadError(read.path, f"a LoRA adapter adapts {unapplied[0]}, which is not a "
+                                        "matmul weight here: not supported")
+    weights.lora_bytes = sum(read.merged.values())
     return weights
 
 

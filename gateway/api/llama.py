@@ -11,6 +11,7 @@
     GET  /v1/health        as /health
     POST /models/load      {model} -> {success: true}    (llama.cpp's router API; admin key)
     POST /models/unload    {model} -> {success: true}
+    GET|POST /lora-adapters  the entry's LoRA adapters (gateway/api/lora_adapters.py)
     (GET /models, the router's list with `status`, is OpenAI's list route: gateway/api/openai.py)
 
 Where a route is OpenAI's too (/completions, /models, /embeddings), OpenAI's shape wins. Every
@@ -28,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from gateway.api import admin, endpoints, llama_completion, model_info, pipeline
+from gateway.api import admin, endpoints, llama_completion, lora_adapters, model_info, pipeline
 from gateway.api import llama_protocol as lp
 from gateway.api.llama_completion import SEED_RANDOM
 from gateway.backends import dispatch
@@ -207,6 +208,8 @@ ENDPOINTS: endpoints.Table = {
     "GET /v1/health": admin.health,
     "POST /models/load": load_model,
     "POST /models/unload": unload_model,
+    "GET /lora-adapters": lora_adapters.list_adapters,
+    "POST /lora-adapters": lora_adapters.set_adapters,
 }
 
 

@@ -34,7 +34,7 @@ def resolve_trained_context(entry: ModelEntry, loc: Loc, memory_budget: int | No
     if entry.n_ctx != 0:
         return entry
     problems = _Prefixed(problems, f"for {whose}: " if whose else "")
-    from engine import estimate_memory
+    from engine import LoraSpec, estimate_memory
     from engine.gguf import ModelLoadError
     from engine.servable import remembered, trained_context, why_not_servable
 
@@ -48,10 +48,11 @@ def resolve_trained_context(entry: ModelEntry, loc: Loc, memory_budget: int | No
     if memory_budget is not None:
         try:
             images = entry.mmproj is not None
+            lora = [LoraSpec(a.path, a.scale) for a in entry.lora]  # their merged copies count
             need = remembered(entry.model, f"memory n_ctx={n_ctx} n_slots={entry.n_parallel} "
-                                           f"images={images}",
+                                           f"images={images} lora={[str(a.path) for a in lora]}",
                               lambda: estimate_memory(entry.model, n_ctx, entry.n_parallel,
-                                                      images))
+                                                      images, lora))
             # the projector's weights, as the registry counts them (fleet/registry/slots.py)
             need += os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0
         except (ModelLoadError, OSError) as e:

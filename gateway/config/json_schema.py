@@ -95,6 +95,9 @@ def config_schema() -> dict[str, Any]:
         "description": "llama-cpp-python's one alias: the first of `aliases`"}
     entry["properties"][llama_cpp.CLIP_MODEL_PATH] = {
         **entry["properties"]["mmproj"], "description": "llama-cpp-python's name for `mmproj`"}
+    entry["properties"][llama_cpp.LORA_PATH] = {
+        "type": ["string", "null"],
+        "description": "llama-cpp-python's one LoRA adapter: `lora: [{path: ..., scale: 1}]`"}
     aliases = entry["properties"]["aliases"]
     about = aliases.pop("description")
     entry["properties"]["aliases"] = {"anyOf": [aliases, {"type": "string"}],

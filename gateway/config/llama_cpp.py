@@ -9,6 +9,7 @@ from __future__ import annotations
 MODEL_ALIAS = "model_alias"  # its one alias per entry: the first of ours
 API_KEY = "api_key"          # its one key: a client key named "api_key" (see loader._auth)
 CLIP_MODEL_PATH = "clip_model_path"  # its name for an entry's `mmproj`
+LORA_PATH = "lora_path"  # its one adapter: an entry's `lora: [{path: ..., scale: 1}]`
 # its rope_scaling_type is llama.cpp's enum llama_rope_scaling_type (3, longrope, comes only from
 # a file's own rope_factors tensors here)
 ROPE_SCALING_BY_NUMBER: dict[int, str | None] = {-1: None, 0: "none", 1: "linear", 2: "yarn"}
@@ -23,7 +24,7 @@ LLAMA_CPP_MODEL_KEYS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap",
     "use_mlock", "kv_overrides", "rpc_servers", "n_batch", "n_ubatch", "n_threads_batch",
     "mul_mat_q", "logits_all", "embedding", "offload_kqv", "last_n_tokens_size", "lora_base",
-    "lora_path", "numa", "cache", "cache_type", "cache_size",
+    "numa", "cache", "cache_type", "cache_size",
     "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
     "draft_model", "draft_model_num_pred_tokens", "type_k", "type_v", "verbose",
     "chat_template_kwargs",

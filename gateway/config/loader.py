@@ -23,10 +23,12 @@ from gateway.config.llama_cpp import (
     CLIP_MODEL_PATH,
     LLAMA_CPP_MODEL_KEYS,
     LLAMA_CPP_SERVER_KEYS,
+    LORA_PATH,
     MODEL_ALIAS,
     UNUSED,
     server_key_note,
 )
+from gateway.config.lora import check_adapters, lora_adapters
 from gateway.config.problems import ConfigError, Loc, Problems, pydantic_message, render, unknown_key
 from gateway.config.reload import file_keys, sections_in
 from gateway.config.schema import (
@@ -296,6 +298,7 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
     extra = dict(defaults.get("extra", {}))
     alias_locs: list[tuple[str, Loc]] = []
     mmproj_key = "mmproj"
+    adapters: list[tuple[dict[str, Any], Loc]] = []
 
     for key, value in raw.items():
         if key == "model":
@@ -321,11 +324,18 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
                 problems.add(loc + (key,), "give `mmproj` or `clip_model_path`, not both")
             fields["mmproj"] = _mmproj_path(value, base_dir, loc + (key,), problems)
             mmproj_key = key
+        elif key in ("lora", LORA_PATH):  # llama-cpp-python's lora_path: one adapter, scale 1
+            if "lora" in raw and LORA_PATH in raw:
+                problems.add(loc + (key,), "give `lora` or `lora_path`, not both")
+            adapters += lora_adapters(key, value, base_dir, loc + (key,), problems)
         else:
             _entry_setting(key, value, fields, extra, base_dir, loc, problems)
 
     if isinstance(fields.get("mmproj"), Path) and isinstance(fields.get("model"), Path):
         _check_pair(fields["model"], fields["mmproj"], loc + (mmproj_key,), problems)
+    if adapters and isinstance(fields.get("model"), Path):
+        check_adapters(fields["model"], adapters, problems)
+    fields["lora"] = [a for a, _ in adapters]
     if "model" not in raw:
         problems.add(loc + ("model",), "required: the path of a GGUF file")
         return None

@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from gateway.config.aliases import is_glob
-from gateway.config.llama_cpp import CLIP_MODEL_PATH, MODEL_ALIAS, ROPE_SCALING_BY_NUMBER
+from gateway.config.llama_cpp import CLIP_MODEL_PATH, LORA_PATH, MODEL_ALIAS, ROPE_SCALING_BY_NUMBER
 from gateway.config.problems import Loc, Problems, dotted
 from gateway.config.reload import INTERNAL, LIVE, RELOAD, RESTART, file_keys, settings_key
 from gateway.config.upstream import UpstreamEntry, check_pool_members
@@ -229,6 +229,15 @@ class EntrySettings(BaseModel):
         return v
 
 
+class LoraAdapter(BaseModel):
+    """One LoRA adapter of an entry (engine/lora.py): llama.cpp's --lora-scaled FILE SCALE."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: Annotated[Path, RELOAD] = Field(
+        description="a GGUF LoRA adapter file, relative to the config's folder")
+    scale: Annotated[float, RELOAD] = Field(
+        1.0, allow_inf_nan=False, description="the user scale; the delta is scale * alpha / rank * B A")
+
+
 class ModelEntry(EntrySettings):
     """One servable model: a GGUF file, the names it answers to, and how to run it."""
 
@@ -246,6 +255,10 @@ class ModelEntry(EntrySettings):
                           "(per-token vectors) or rank (a reranker's classifier); default: the "
                           "GGUF's <arch>.pooling_type, else mean. Setting it makes a decoder "
                           "an embedding (or, with rank, a rerank) model")
+    lora: Annotated[tuple[LoraAdapter, ...], RELOAD] = Field(
+        (), description="LoRA adapter GGUFs merged into the weights at load, "
+                                          "each {path, scale} (llama-cpp-python's lora_path: one, "
+                                          "scale 1)")
     # llama-cpp-python keys, not used yet
     extra: Annotated[dict[str, Any], INTERNAL] = Field(default_factory=dict)
 
@@ -490,5 +503,5 @@ def check_across_entries(entries: list[tuple[int, list[tuple[str, Loc]]]],
 SCHEMA_KEY = "$schema"  # a JSON file may name its JSON Schema for editors; ignored
 TOP_KEYS = (*(k for k in file_keys(Config) if k != "models"), "defaults", "models")
 PER_MODEL_ONLY = (*(k for k in file_keys(ModelEntry) if k not in EntrySettings.model_fields),
-                  MODEL_ALIAS, CLIP_MODEL_PATH)
+                  MODEL_ALIAS, CLIP_MODEL_PATH, LORA_PATH)
 ENTRY_KEYS = (*PER_MODEL_ONLY, *file_keys(EntrySettings))

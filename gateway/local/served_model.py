@@ -224,7 +224,8 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
     model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
                         n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
                         images=entry.mmproj is not None, name=entry.name,
-                        rope=rope_settings(entry), pooling=entry.pooling)
+                        rope=rope_settings(entry), pooling=entry.pooling,
+                        lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora])
     vision: VisionModel | None = None
     try:
         template, choice = _template_for(model, entry)

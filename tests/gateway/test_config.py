@@ -11,6 +11,7 @@ import pytest
 
 from gateway.config import Config, ConfigError, ModelEntry, ModelNotFoundError, load_config
 from gateway.config.reload import RELOAD, RESTART, marked, unmarked
+from gateway.config.schema import LoraAdapter
 from gateway.units import format_duration, format_size, parse_duration, parse_size
 from tests.support.ggufgen import write_servable
 from tests.support.paths import REPO
@@ -196,7 +197,8 @@ def test_settings_key_changes_only_with_what_shapes_a_loaded_model(tmp_path: Pat
     assert same.settings_key() == entry.settings_key()
     for change in ({"n_ctx": 8192}, {"n_threads": 4}, {"chat_template": "{{ x }}"},
                    {"model": tmp_path / "b.gguf"}, {"n_parallel": 1},
-                   {"rope_freq_base": 5e5}, {"rope_scaling_type": "yarn"}, {"yarn_orig_ctx": 8}):
+                   {"rope_freq_base": 5e5}, {"rope_scaling_type": "yarn"}, {"yarn_orig_ctx": 8},
+                   {"lora": (LoraAdapter(path=tmp_path / "l.gguf", scale=0.5),)}):
         assert entry.model_copy(update=change).settings_key() != entry.settings_key()
     hash(entry.settings_key())
 
@@ -213,7 +215,7 @@ def test_the_reload_marks_match_what_the_registry_and_the_reloader_act_on() -> N
                                                "rope_freq_scale", "rope_scaling_type",
                                                "yarn_ext_factor", "yarn_attn_factor",
                                                "yarn_beta_fast", "yarn_beta_slow",
-                                               "yarn_orig_ctx", "pooling"}
+                                               "yarn_orig_ctx", "pooling", "lora"}
     assert marked(Config, RESTART) == ("host", "port", "ollama_address")
 
 

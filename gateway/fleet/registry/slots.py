@@ -57,7 +57,8 @@ def engine_estimator(entry: ModelEntry) -> int:
     # one KV cache of n_ctx per parallel slot, as the scheduler loads it; the projector's
     # weights are read into memory of their own (engine/vision/mmproj.py): its file's size
     text = int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel,
-                                      images=entry.mmproj is not None))
+                                      images=entry.mmproj is not None,
+                                      lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora]))
     return text + (os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0)
 
 
