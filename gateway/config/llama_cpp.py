@@ -9,6 +9,13 @@ from __future__ import annotations
 MODEL_ALIAS = "model_alias"  # its one alias per entry: the first of ours
 API_KEY = "api_key"          # its one key: a client key named "api_key" (see loader._auth)
 CLIP_MODEL_PATH = "clip_model_path"  # its name for an entry's `mmproj`
+# Its speculative decoding: any `draft_model` value means prompt lookup (its server builds a
+# LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=draft_model_num_pred_tokens)).
+DRAFT_MODEL = "draft_model"
+DRAFT_MODEL_N = "draft_model_num_pred_tokens"
+DRAFT_KEYS = (DRAFT_MODEL, DRAFT_MODEL_N)
+DRAFT_MODEL_N_DEFAULT = 10
+DRAFT_MODEL_NGRAM_MAX = 2
 
 # llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet), as
 # of its 0.3.36 (tests/data/llama_cpp_python/config_file.json holds every key it has).
@@ -24,7 +31,7 @@ LLAMA_CPP_MODEL_KEYS = frozenset({
     "logits_all", "embedding", "offload_kqv", "last_n_tokens_size", "lora_base",
     "lora_path", "numa", "cache", "cache_type", "cache_size",
     "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
-    "draft_model", "draft_model_num_pred_tokens", "type_k", "type_v", "verbose",
+    "type_k", "type_v", "verbose",
     "chat_template_kwargs",
 })
 _SERVER_KEY_NOTES = {

@@ -21,6 +21,7 @@ import numpy as np
 import engine
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.chat_formats import TemplateChoice, choose_template
+from engine.draft import NgramConfig
 from engine.loaded import LoadedModel
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
@@ -46,7 +47,8 @@ class ServedModel:
     chat_format: str | None = None  # which template and why (chat_formats.TemplateChoice)
 
     def __init__(self, model: LoadedModel, template: ChatTemplate, *, name: str, max_queue: int,
-                 metrics: MetricsSink = NULL_METRICS, vision: VisionModel | None = None) -> None:
+                 metrics: MetricsSink = NULL_METRICS, vision: VisionModel | None = None,
+                 draft: NgramConfig | None = None) -> None:
         self.model = model
         self.vision = vision  # the entry's projector: images in (encoded on `prep`)
         # its weights are read into memory of its own: the file's size is its share
@@ -56,7 +58,8 @@ class ServedModel:
         self.chat_template = template
         # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
         self.sampling_defaults = defaults.from_metadata(model.metadata)
-        self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics)
+        self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics,
+                                   draft=draft)
         # Request preparation (template, tokenizing) is CPU work that must not block the event
         # loop; two threads per model, so one model's slow prompts never delay another's.
         self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"modelyard-{name}-prep")
@@ -210,8 +213,11 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
             vision = VisionModel(entry.mmproj, n_threads=entry.n_threads)
             log.info("%s: images through %s (%s)", entry.name, entry.mmproj.name,
                      vision.hp.projector)
+        draft = entry.draft
         served = ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
-                             metrics=metrics, vision=vision)
+                             metrics=metrics, vision=vision,
+                             draft=None if draft is None else NgramConfig(
+                                 draft.n_draft, draft.ngram_min, draft.ngram_max))
         served.chat_format = choice.describe()
         return served
     except BaseException:

@@ -205,7 +205,7 @@ def test_every_config_field_says_when_a_change_to_it_applies() -> None:
 def test_the_reload_marks_match_what_the_registry_and_the_reloader_act_on() -> None:
     assert set(marked(ModelEntry, RELOAD)) == {"model", "n_ctx", "n_threads", "n_parallel",
                                                "max_queue", "chat_template", "chat_format",
-                                               "flash_attn", "mmproj"}
+                                               "flash_attn", "mmproj", "draft"}
     assert marked(Config, RESTART) == ("host", "port")
 
 
