@@ -511,6 +511,8 @@ class BatchRunner:
         occ.state, occ.finish_reason = State.FINISHED, reason
         if isinstance(occ, Sequence):
             occ.pending = None
+            if occ.drafter is not None:
+                occ.drafter.close()
 
 
 def _costly(params: SamplingParams) -> bool:

@@ -22,6 +22,10 @@ class Drafter(Protocol):
         """Up to n tokens guessed to follow `context` (the whole sequence so far)."""
         ...
 
+    def close(self) -> None:
+        """The sequence has ended: give back what drafting for it held."""
+        ...
+
 
 @dataclass(frozen=True)
 class NgramConfig:
@@ -63,6 +67,9 @@ class NgramDrafter:
             if at is not None:
                 return context[at:at + n]
         return []
+
+    def close(self) -> None:
+        pass
 
     def _index(self, context: list[int]) -> None:
         seen = self._seen

@@ -229,3 +229,25 @@ def test_speculative_tokens_follow_the_targets_distribution(llama):
             accepted += seq.draft_accepted
     assert drafted >= n and 0 < accepted < drafted  # every run checked a draft
     assert _chi2(counts, np.array([joint[k] for k in keys]), n) > 1e-3
+
+
+# -- a draft model ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("draft_seed", [0, 1])  # the model itself (all accepted), another one
+def test_greedy_with_a_draft_model_equals_greedy_without(llama, tmp_path: Path, draft_seed: int):
+    from engine.draft_model import DraftModel
+
+    path = write_tiny_llama(tmp_path / "draft.gguf", qtype=Q.Q8_0, seed=draft_seed)
+    prompts = [_repetitive(llama, 30, s) for s in range(3)] + [[5, 9, 2, 7]]
+    plain = [s.generated for s in _run(llama, prompts, GREEDY, 30, [None] * len(prompts))]
+    with engine.load(path, n_ctx=256, n_threads=2, n_slots=3) as small:
+        owner = DraftModel(small.transformer, n_slots=3, n_ctx=256)
+        drafters = [owner.drafter(5) for _ in prompts]
+        assert drafters[-1] is None  # three slots: the fourth sequence decodes plainly
+        seqs = _run(llama, prompts, GREEDY, 30, drafters)  # type: ignore[arg-type]
+        assert [s.generated for s in seqs] == plain
+        drafted = sum(s.draft_n for s in seqs)
+        accepted = sum(s.draft_accepted for s in seqs)
+        assert drafted > 0
+        assert (accepted == drafted) if draft_seed == 0 else (accepted < drafted)
+        assert sorted(owner._free) == [0, 1, 2]  # every slot given back
