@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import InitVar, dataclass, field
 from enum import Enum
@@ -99,6 +99,7 @@ class Sequence(_Occupant):
     constraint: Constraint | None = None
     budget: ThinkingBudget | None = None  # forces the thinking block closed after N tokens
     drafter: Drafter | None = None        # speculative decoding's guesses (engine/draft.py)
+    speculative: bool = True              # take a drafter from the runner's `drafts` if it has one
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
     generated: list[int] = field(default_factory=list, init=False)
@@ -151,7 +152,8 @@ class BatchRunner:
     """The slots of one loaded model and the sequences in them. One thread drives it."""
 
     def __init__(self, model: LoadedModel, *, prefill_budget: int = PREFILL_BUDGET,
-                 sample_threads: int | None = None) -> None:
+                 sample_threads: int | None = None,
+                 drafts: Callable[[], Drafter | None] | None = None) -> None:
         if prefill_budget < 1:
             raise ValueError("prefill_budget must be positive")
         self.transformer = model.transformer
@@ -162,6 +164,7 @@ class BatchRunner:
         self.n_embd: int = model.n_embd
         self.eog: frozenset[int] = frozenset(model.tokenizer.eog_ids)
         self.prefill_budget = prefill_budget
+        self.drafts = drafts  # a drafter for each speculative sequence admitted (or None)
         self.waiting: deque[Occupant] = deque()
         self.slots: list[Occupant | None] = [None] * self.n_slots
         self._released_at = [0] * self.n_slots   # step of the last release, for LRU choice
@@ -381,6 +384,8 @@ class BatchRunner:
             self.slots[slot] = occ
             if isinstance(occ, Sequence):
                 occ.cached = reuse
+                if occ.drafter is None and occ.speculative and self.drafts is not None:
+                    occ.drafter = self.drafts()  # given back when it leaves the slot
             result.admitted.append(occ)
             result.reused_tokens += reuse
 

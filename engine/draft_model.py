@@ -11,20 +11,27 @@ below `p_min` (a guess it doubts costs the target a row for little chance of a h
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+from .gguf import read_header
 from .kv import MAX_CHUNK, RollbackError
 from .model import Chunk, Transformer
 from .prompt import PositionKey, common_prefix
 
 
-class VocabularyMismatchError(ValueError):
-    """The draft model's tokens are not the target's."""
+def why_not_a_draft(draft: str | os.PathLike[str], target: str | os.PathLike[str]) -> str | None:
+    """Why the GGUF `draft` cannot draft for `target` (from both headers), or None."""
+    d, _ = read_header(draft)
+    t, _ = read_header(target)
+    return same_vocabulary(list(d.get("tokenizer.ggml.tokens") or []),
+                           list(t.get("tokenizer.ggml.tokens") or []))
 
 
 def same_vocabulary(draft_tokens: list[str], target_tokens: list[str]) -> str | None:
     """Why a draft with `draft_tokens` cannot draft for `target_tokens` (their
-    tokenizer.ggml.tokens), or None. The draft may be shorter only by unused padding rows."""
+    tokenizer.ggml.tokens), or None: the same tokens, in the same order."""
     if len(draft_tokens) != len(target_tokens):
         return (f"its vocabulary has {len(draft_tokens)} tokens, the model's "
                 f"{len(target_tokens)}")

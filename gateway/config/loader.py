@@ -325,6 +325,7 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
             _entry_setting(key, value, fields, extra, base_dir, loc, problems)
 
     _llama_cpp_draft(fields, extra, loc, problems, given=raw)
+    _draft_model(fields, base_dir, loc + ("draft", "model"), problems)
     if isinstance(fields.get("mmproj"), Path) and isinstance(fields.get("model"), Path):
         _check_pair(fields["model"], fields["mmproj"], loc + (mmproj_key,), problems)
     if "model" not in raw:
@@ -351,6 +352,29 @@ def _llama_cpp_draft(fields: dict[str, Any], extra: dict[str, Any], loc: Loc, pr
         return
     fields["draft"] = {"lookup": "ngram", "ngram_max": DRAFT_MODEL_NGRAM_MAX,
                        "n_draft": DRAFT_MODEL_N_DEFAULT if n is None else n}
+
+
+def _draft_model(fields: dict[str, Any], base_dir: Path, loc: Loc, problems: Problems) -> None:
+    """A `draft.model` path: relative to the config's folder, a file, of the model's vocabulary."""
+    from engine.draft_model import why_not_a_draft
+    from engine.gguf import ModelLoadError
+
+    draft = fields.get("draft")
+    if not isinstance(draft, dict) or not isinstance(draft.get("model"), str):
+        return
+    path = (base_dir / Path(draft["model"]).expanduser()).resolve()
+    fields["draft"] = {**draft, "model": path}
+    if not path.is_file():
+        problems.add(loc, f"draft model file not found: {path}")
+        return
+    model = fields.get("model")
+    if isinstance(model, Path) and model.is_file():
+        try:
+            reason = why_not_a_draft(path, model)
+        except (OSError, ModelLoadError) as e:  # an unreadable header: engine.gguf says why
+            reason = str(e)
+        if reason is not None:
+            problems.add(loc, f"{path.name} cannot draft for {model.name}: {reason}")
 
 
 def _model_path(value: Any, base_dir: Path, loc: Loc, problems: Problems) -> Any:

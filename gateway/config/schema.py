@@ -110,8 +110,15 @@ class DraftSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lookup: Annotated[Literal["ngram"], RELOAD] = Field(
-        description="ngram: prompt lookup, drafts copied from the prompt and the text so far")
+    lookup: Annotated[Literal["ngram"] | None, RELOAD] = Field(
+        None, description="ngram: prompt lookup, drafts copied from the prompt and the text "
+                          "so far")
+    model: Annotated[Path | None, RELOAD] = Field(  # absolute once loaded
+        None, description="a small GGUF of the same vocabulary that drafts greedily (relative "
+                          "to the config file's folder)")
+    p_min: Annotated[float, RELOAD] = Field(
+        0.0, ge=0.0, le=1.0, description="a draft model stops drafting where its top "
+                                         "probability is below this")
     n_draft: Annotated[int, RELOAD] = Field(8, ge=1, le=64, description="most tokens drafted per step")
     ngram_min: Annotated[int, RELOAD] = Field(1, ge=1, le=16, description="shortest suffix looked up")
     ngram_max: Annotated[int, RELOAD] = Field(
@@ -119,6 +126,8 @@ class DraftSettings(BaseModel):
 
     @model_validator(mode="after")
     def _ngram_range(self) -> DraftSettings:
+        if (self.lookup is None) == (self.model is None):
+            raise ValueError("give one of `lookup: ngram` (prompt lookup) or `model: PATH`")
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) is above ngram_max ({self.ngram_max})")
         return self

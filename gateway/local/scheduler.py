@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -44,7 +45,7 @@ import numpy as np
 
 import engine
 from engine import batch
-from engine.draft import NgramConfig, NgramDrafter
+from engine.draft import Drafter
 from engine.loaded import LoadedModel, ModelTokenizer
 from engine.sampling import NonFiniteLogitsError
 from gateway.generation.events import (
@@ -95,12 +96,12 @@ class _GenerationJob(_Job):
     work: batch.Sequence
 
     def __init__(self, loop: asyncio.AbstractEventLoop, request: GenerationRequest,
-                 tokenizer: ModelTokenizer, draft: NgramConfig | None = None) -> None:
-        drafter = NgramDrafter(draft) if draft is not None and request.speculative else None
+                 tokenizer: ModelTokenizer) -> None:
         super().__init__(loop, batch.Sequence(request.prompt, params=request.params,
                                               max_tokens=request.max_tokens,
                                               constraint=request.constraint,
-                                              budget=request.budget, drafter=drafter))
+                                              budget=request.budget,
+                                              speculative=request.speculative))
         self.request = request
         # one consumer: a deque and the future it waits on is all an asyncio.Queue did here
         self.events: deque[Event | BaseException] = deque()
@@ -246,13 +247,13 @@ class Scheduler:
     def __init__(self, model: LoadedModel, *, name: str = "model", max_queue: int = 64,
                  metrics: MetricsSink = NULL_METRICS,
                  prefill_budget: int = batch.PREFILL_BUDGET,
-                 draft: NgramConfig | None = None) -> None:
+                 drafts: Callable[[], Drafter | None] | None = None) -> None:
         self.model = model
-        self.draft = draft  # prompt-lookup drafting for every request that does not opt out
         self.name = name
         self.max_queue = max_queue
         self.metrics = metrics
-        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget)
+        # drafts: a drafter for each admitted request that does not opt out (speculative)
+        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget, drafts=drafts)
         self.n_slots = self.runner.n_slots
         self._cond = threading.Condition()  # guards everything below, and every job's state
         self._closed = False
@@ -269,8 +270,7 @@ class Scheduler:
     # -- asyncio side ------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest) -> Generation:
-        job = _GenerationJob(asyncio.get_running_loop(), request, self.model.tokenizer,
-                             self.draft)
+        job = _GenerationJob(asyncio.get_running_loop(), request, self.model.tokenizer)
         self._enqueue(job)
         return Generation(self, job)
 

@@ -45,6 +45,9 @@ class OracleDrafter:
             out[i] = (out[i] + 1) % self.n_vocab
         return out
 
+    def close(self) -> None:
+        pass
+
 
 class ModeDrafter:
     """Proposes mode[last token], whatever came before."""
@@ -54,6 +57,9 @@ class ModeDrafter:
 
     def propose(self, context: list[int], n: int) -> list[int]:
         return [self.mode[context[-1]]] if context[-1] in self.mode else []
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")

@@ -136,3 +136,63 @@ def test_bad_draft_values_are_errors_at_their_line(tmp_path: Path, tiny: Path) -
     assert any(e.startswith(f"{path}:9: models.2.draft.lookup") for e in errors), errors
     assert any(e.startswith(f"{path}:13: models.3.draft_model: give `draft` or `draft_model`")
                for e in errors), errors
+
+
+# -- a draft model -----------------------------------------------------------------------------
+
+def test_a_draft_model_drafts_and_changes_nothing_greedy(tiny: Path, apps: Apps) -> None:
+    other = write_tiny_llama(tiny.parent / "other_weights.gguf", seed=3)  # same vocabulary
+    common = {"model": str(tiny), "n_ctx": 256, "n_parallel": 2}
+    client = apps.client({"models": [
+        {**common, "aliases": ["plain"]},
+        {**common, "aliases": ["self"], "draft": {"model": str(tiny), "n_draft": 4}},
+        {**common, "aliases": ["other"], "draft": {"model": str(other), "p_min": 0.05}}]})
+    plain = _complete(client, "plain", _prompt(1))
+    same = _complete(client, "self", _prompt(1))
+    differs = _complete(client, "other", _prompt(1))
+    assert same["tokens"] == plain["tokens"] == differs["tokens"]
+    # the model drafting for itself is always right
+    assert same["timings"]["draft_n"] == same["timings"]["draft_n_accepted"] > 0
+
+
+def test_a_draft_of_another_vocabulary_is_an_error_at_its_line(tmp_path: Path, tiny: Path) -> None:
+    other = write_tiny_llama(tmp_path / "other_vocab.gguf", n_merges=20)
+    path = _write(tmp_path, tiny, """
+        models:
+          - model: {model}
+            draft:
+              model: other_vocab.gguf
+          - model: {model}
+            aliases: [b]
+            draft: {{model: missing.gguf}}
+          - model: {model}
+            aliases: [c]
+            draft: {{model: other_vocab.gguf, lookup: ngram}}
+    """)
+    assert other.parent == path.parent
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    errors = info.value.errors
+    assert any(e.startswith(f"{path}:4: models.0.draft.model: other_vocab.gguf cannot draft "
+                            f"for {tiny.name}: its vocabulary has") for e in errors), errors
+    assert any(e.startswith(f"{path}:7: models.1.draft.model: draft model file not found")
+               for e in errors), errors
+    assert any(e.startswith(f"{path}:10: models.2.draft") and "give one of" in e
+               for e in errors), errors
+
+
+def test_the_draft_models_memory_counts_in_the_estimate(tmp_path: Path, tiny: Path) -> None:
+    import engine
+    from gateway.fleet.registry.slots import engine_estimator
+
+    config = load_config(_write(tmp_path, tiny, """
+        models:
+          - model: {model}
+            n_ctx: 256
+          - model: {model}
+            aliases: [b]
+            n_ctx: 256
+            draft: {{model: {model}}}
+    """))
+    alone, drafted = (engine_estimator(e) for e in config.models)
+    assert drafted - alone == engine.estimate_memory(tiny, 256, n_slots=4)
