@@ -46,7 +46,8 @@ from llama_cpp import Llama
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 path, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), verbose=False)
+            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=10), logits_all=True,
+            verbose=False)  # logits_all: as its server sets it (its drafting needs every row)
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
