@@ -14,6 +14,10 @@ alike:
     lookup   modelyard with drafting (the same server, the same loaded model)
     peer     llama-cpp-python in-process: Llama(..., draft_model=LlamaPromptLookupDecoding(
              num_pred_tokens=10)), what its server's `draft_model` key builds; create_completion
+With --draft, a draft model instead: SmolLM2-135M Q4_1 (the default file) drafts for the same
+model converted to F16 with gguf-py (scripts/to_f16.py; cached next to it), on a story prompt;
+`plain` is the F16 model alone, `draft` with `draft: {model: Q4_1, n_draft}`; no peer.
+
 Each side answers one warm-up request first (so the prompt is cached on both engines: what is
 timed is the decode), then per round one request; tokens/s = completion tokens / wall seconds of
 the request. The table shows medians and ratios; ours must give the same text plain and drafted.
@@ -39,6 +43,9 @@ DEFAULT_MODEL = Path.home() / ".cache/modelyard/gemma-3-270m-q4_k_m.gguf"
 DEFAULT_PEER = "/opt/llama-venv/bin/python"
 SOURCE = REPO / "engine/draft.py"   # the file copied (about 400 tokens of its opening)
 HEAD_LINES = 3
+DEFAULT_DRAFT = Path.home() / ".cache/modelyard/SmolLM2-135M-Instruct.Q4_1.gguf"
+STORY = ("Once upon a time, in a small village at the edge of a great forest, there lived an old "
+         "clockmaker and his granddaughter. Every morning")
 
 PEER = r'''
 import json, sys, time
@@ -75,12 +82,12 @@ def free_port() -> int:
 
 
 class Ours:
-    def __init__(self, model: Path, threads: int, n_draft: int, folder: Path) -> None:
+    def __init__(self, model: Path, threads: int, draft: dict[str, Any], folder: Path) -> None:
         self.port = free_port()
         config = folder / "bench_spec.yaml"
         config.write_text(json.dumps({"port": self.port, "host": "127.0.0.1", "models": [{
             "model": str(model), "aliases": ["m"], "n_ctx": 2048, "n_parallel": 1,
-            "n_threads": threads, "draft": {"lookup": "ngram", "n_draft": n_draft}}]}))
+            "n_threads": threads, "draft": draft}]}))
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config",
                                       str(config)], cwd=REPO, env=env,
@@ -140,17 +147,30 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--n-draft", type=int, default=8)
     ap.add_argument("--peer-python", default=DEFAULT_PEER)
+    ap.add_argument("--draft", action="store_true",
+                    help="a draft model (MODEL, default SmolLM2 Q4_1) for its F16 copy")
     args = ap.parse_args()
 
-    prompt = copy_task()
+    fast = "draft" if args.draft else "lookup"
+    if args.draft:
+        small = args.model if args.model != DEFAULT_MODEL else DEFAULT_DRAFT
+        target = small.with_name(small.stem + ".F16-copy.gguf")
+        if not target.exists():
+            subprocess.run([sys.executable, str(REPO / "scripts/to_f16.py"), str(small),
+                            str(target)], check=True)
+        served, draft, prompt = target, {"model": str(small), "n_draft": args.n_draft}, STORY
+        peer_python = ""
+    else:
+        served, draft = args.model, {"lookup": "ngram", "n_draft": args.n_draft}
+        prompt, peer_python = copy_task(), args.peer_python
     with tempfile.TemporaryDirectory() as tmp:
-        ours = Ours(args.model, args.threads, args.n_draft, Path(tmp))
-        peer = Peer(args.peer_python, args.model, args.threads) if Path(
-            args.peer_python).exists() else None
+        ours = Ours(served, args.threads, draft, Path(tmp))
+        peer = Peer(peer_python, served, args.threads) if peer_python and Path(
+            peer_python).exists() else None
         try:
             sides: dict[str, Any] = {
                 "plain": lambda: ours.run(prompt, args.max_tokens, False),
-                "lookup": lambda: ours.run(prompt, args.max_tokens, True)}
+                fast: lambda: ours.run(prompt, args.max_tokens, True)}
             if peer is not None:
                 sides["peer lookup"] = lambda: peer.run(prompt, args.max_tokens)
             for run in sides.values():
@@ -169,15 +189,16 @@ def main() -> None:
             if peer is not None:
                 peer.close()
     med = {name: statistics.median(v) for name, v in rates.items()}
-    print(f"\n{args.model.name}, {args.threads} threads, {args.max_tokens} tokens, "
+    print(f"\n{served.name}, {args.threads} threads, {args.max_tokens} tokens, "
           f"{args.rounds} rounds, medians (tokens/s):")
     for name, v in med.items():
         print(f"  {name:12s} {v:8.1f}")
-    print(f"  lookup / plain        {med['lookup'] / med['plain']:.2f}  (bar 2.0)")
+    print(f"  {fast} / plain        {med[fast] / med['plain']:.2f}  (bar "
+          f"{1.6 if args.draft else 2.0})")
     if "peer lookup" in med:
         print(f"  lookup / peer lookup  {med['lookup'] / med['peer lookup']:.2f}  (bar 2.5)")
         print(f"  peer lookup / plain   {med['peer lookup'] / med['plain']:.2f}")
-    print(f"  same text plain and drafted: {texts['plain'] == texts['lookup']}")
+    print(f"  same text plain and drafted: {texts['plain'] == texts[fast]}")
     if "peer lookup" in texts:
         print(f"  same text as the peer: {texts['plain'] == texts['peer lookup']}")
 
