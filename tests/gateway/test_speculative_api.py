@@ -57,6 +57,18 @@ def test_greedy_replies_equal_the_undrafted_models(client: Any, model: str) -> N
     assert drafted > 0
 
 
+def test_a_stop_string_inside_a_drafted_run_ends_it_as_without(client: Any) -> None:
+    prompt = _prompt(2)
+    text = _complete(client, "plain", prompt)["content"]
+    for at in range(4, len(text) - 2, max(1, len(text) // 8)):  # stops all along the reply
+        stop = text[at:at + 2]
+        plain = _complete(client, "plain", prompt, stop=[stop])
+        spec = _complete(client, "lookup", prompt, stop=[stop])
+        assert spec["stopping_word"] == plain["stopping_word"] == stop
+        assert spec["content"] == plain["content"]
+        assert spec["tokens_predicted"] == plain["tokens_predicted"], stop
+
+
 @pytest.mark.parametrize("opt_out", [{"speculative": False}, {"speculative.n_max": 0}])
 def test_a_request_opts_out(client: Any, opt_out: dict[str, Any]) -> None:
     spec = _complete(client, "lookup", _prompt(5), **opt_out)
