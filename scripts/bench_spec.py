@@ -147,6 +147,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--n-draft", type=int, default=8)
     ap.add_argument("--peer-python", default=DEFAULT_PEER)
+    ap.add_argument("--p-min", type=float, default=0.0, help="the draft model's p_min")
     ap.add_argument("--draft", action="store_true",
                     help="a draft model (MODEL, default SmolLM2 Q4_1) for its F16 copy")
     args = ap.parse_args()
@@ -158,7 +159,8 @@ def main() -> None:
         if not target.exists():
             subprocess.run([sys.executable, str(REPO / "scripts/to_f16.py"), str(small),
                             str(target)], check=True)
-        served, draft, prompt = target, {"model": str(small), "n_draft": args.n_draft}, STORY
+        served, prompt = target, STORY
+        draft = {"model": str(small), "n_draft": args.n_draft, "p_min": args.p_min}
         peer_python = ""
     else:
         served, draft = args.model, {"lookup": "ngram", "n_draft": args.n_draft}
