@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import InitVar, dataclass, field
 from enum import Enum
@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 
 from .constraint import Constraint, MaskFiller
+from .draft import Drafter
+from .kv import MAX_CHUNK
 from .loaded import LoadedModel
 from .model import Chunk, ContextOverflowError
 from .prompt import Prompt, as_prompt, common_prefix
@@ -88,16 +90,25 @@ class Sequence(_Occupant):
     "length" (max_tokens or a full slot), "cancelled", "error". A `constraint` (a grammar, see
     engine/constraint.py) limits every sampled token to what it allows; a `budget`
     (engine/thinking_budget.py) forces a thinking block's closing tag once it has run long.
+    A `drafter` makes it speculative: each step evaluates the pending token and a draft of the
+    next ones, and keeps what the target's sampler accepts (Sampler.verify), the same tokens
+    greedy and the same distribution random as without. A grammar or a thinking budget turns
+    drafting off (their masks would have to be computed for positions not yet accepted).
     """
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
     stop_at_eog: bool = True
     constraint: Constraint | None = None
     budget: ThinkingBudget | None = None  # forces the thinking block closed after N tokens
+    drafter: Drafter | None = None        # speculative decoding's guesses (engine/draft.py)
+    speculative: bool = True              # take a drafter from the runner's `drafts` if it has one
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
     generated: list[int] = field(default_factory=list, init=False)
     pending: int | None = field(default=None, init=False)  # sampled, not yet evaluated
+    draft: list[int] = field(default_factory=list, init=False)  # in this step's chunk after pending
+    draft_n: int = field(default=0, init=False)          # drafted tokens the target checked
+    draft_accepted: int = field(default=0, init=False)   # of them, those it kept
 
     def __post_init__(self, source: Prompt | list[int]) -> None:
         super().__post_init__(source)
@@ -144,7 +155,8 @@ class BatchRunner:
     """The slots of one loaded model and the sequences in them. One thread drives it."""
 
     def __init__(self, model: LoadedModel, *, prefill_budget: int = PREFILL_BUDGET,
-                 sample_threads: int | None = None) -> None:
+                 sample_threads: int | None = None,
+                 drafts: Callable[[], Drafter | None] | None = None) -> None:
         if prefill_budget < 1:
             raise ValueError("prefill_budget must be positive")
         self.transformer = model.transformer
@@ -157,6 +169,7 @@ class BatchRunner:
         self.n_embd: int = model.n_embd
         self.eog: frozenset[int] = frozenset(model.tokenizer.eog_ids)
         self.prefill_budget = prefill_budget
+        self.drafts = drafts  # a drafter for each speculative sequence admitted (or None)
         self.waiting: deque[Occupant] = deque()
         self.slots: list[Occupant | None] = [None] * self.n_slots
         self._released_at = [0] * self.n_slots   # step of the last release, for LRU choice
@@ -270,9 +283,11 @@ class BatchRunner:
         for occ in active:
             if isinstance(occ, Sequence) and occ.state is State.DECODING:
                 assert occ.pending is not None
-                chunks.append(Chunk(occ.slot, [occ.pending], occ.pos))
+                occ.draft = self._draft(occ)
+                chunks.append(Chunk(occ.slot, [occ.pending, *occ.draft], occ.pos,
+                                    logits=1 + len(occ.draft)))
                 owners.append(occ)
-        budget = max(self.prefill_budget - len(chunks), MIN_PREFILL)
+        budget = max(self.prefill_budget - sum(len(c) for c in chunks), MIN_PREFILL)
         reading = []
         for occ in active:
             if isinstance(occ, Sequence) and occ.prefilling:
@@ -314,7 +329,12 @@ class BatchRunner:
         result.n_tokens = sum(len(c) for c in chunks) + sum(len(c) for c in e_chunks)
 
         to_sample: list[tuple[Sequence, np.ndarray]] = []
+        to_verify: list[tuple[Sequence, np.ndarray]] = []
         for seq, chunk, row in zip(owners, chunks, logits):
+            if seq.state is State.DECODING and seq.draft:
+                seq.pending = None
+                to_verify.append((seq, row))  # seq.pos moves as its tokens are taken
+                continue
             seq.pos += len(chunk)
             if seq.state is State.DECODING:
                 seq.pending = None
@@ -327,13 +347,16 @@ class BatchRunner:
                 to_sample.append((seq, row))
         try:
             samples = self._sample(to_sample)
+            verified = [self._verify(seq, rows) for seq, rows in to_verify]
         except Exception as exc:  # e.g. non-finite logits: these requests fail, the model serves on
-            failed_seqs: list[Occupant] = [seq for seq, _ in to_sample]
+            failed_seqs: list[Occupant] = [seq for seq, _ in [*to_sample, *to_verify]]
             for occ in failed_seqs:
                 self._release(occ, "error")
             raise StepError(failed_seqs, exc) from exc
         for (seq, _), sampled in zip(to_sample, samples):
             self._take(seq, sampled, result)
+        for (seq, _), taken in zip(to_verify, verified):
+            self._take_verified(seq, taken, result)
 
         for emb, chunk, h in zip(e_owners, e_chunks, hidden):
             emb.parts.append(h)
@@ -368,6 +391,8 @@ class BatchRunner:
             self.slots[slot] = occ
             if isinstance(occ, Sequence):
                 occ.cached = reuse
+                if occ.drafter is None and occ.speculative and self.drafts is not None:
+                    occ.drafter = self.drafts()  # given back when it leaves the slot
             result.admitted.append(occ)
             result.reused_tokens += reuse
 
@@ -451,6 +476,46 @@ class BatchRunner:
         else:
             seq.pending = sampled.token
 
+    def _draft(self, seq: Sequence) -> list[int]:
+        """The tokens to check after seq's pending one this step: none without a drafter, under
+        a grammar or budget, or where the slot or max_tokens leaves no room for them."""
+        if seq.drafter is None or seq.constraint is not None or seq.budget is not None:
+            return []
+        # the chunk writes positions pos..pos+n; taken: up to n drafts and one token more
+        room = min(self.n_ctx - 1 - seq.pos, seq.max_tokens - len(seq.generated) - 1,
+                   MAX_CHUNK - 1)  # a ring rolls back at most MAX_CHUNK positions
+        if room < 1:
+            return []
+        return seq.drafter.propose([*seq.prompt.token_ids(), *seq.generated], room)[:room]
+
+    def _verify(self, seq: Sequence, rows: np.ndarray) -> list[Sampled]:
+        """The tokens seq takes from its chunk's logits rows [1 + k, n_vocab]: the drafts the
+        sampler accepts, in order, then the token it takes where it rejects one (or after the
+        last draft)."""
+        taken: list[Sampled] = []
+        for row, drafted in zip(rows, seq.draft):
+            sampled, accepted = seq.sampler.verify(row, drafted)
+            taken.append(sampled)
+            if not accepted:
+                return taken
+        taken.append(seq.sampler.sample(rows[len(seq.draft)]))
+        return taken
+
+    def _take_verified(self, seq: Sequence, taken: list[Sampled], result: StepResult) -> None:
+        """Keep the verified tokens: the slot forgets the rejected drafts' positions, then each
+        token is taken as if it had been sampled in a step of its own."""
+        k, pos = len(seq.draft), seq.pos
+        seq.draft_n += k
+        seq.draft_accepted += len(taken) - 1
+        seq.draft = []
+        if len(taken) < k + 1:  # positions pos..pos+len(taken)-1 hold pending and accepted drafts
+            self.cache.truncate(seq.slot, pos + len(taken))
+        for i, sampled in enumerate(taken):
+            seq.pos = pos + 1 + i
+            self._take(seq, sampled, result)
+            if seq.state is State.FINISHED:
+                return
+
     def _release(self, occ: Occupant, reason: str) -> None:
         if 0 <= occ.slot < self.n_slots and self.slots[occ.slot] is occ:
             self.slots[occ.slot] = None
@@ -458,6 +523,8 @@ class BatchRunner:
         occ.state, occ.finish_reason = State.FINISHED, reason
         if isinstance(occ, Sequence):
             occ.pending = None
+            if occ.drafter is not None:
+                occ.drafter.close()
 
 
 def _costly(params: SamplingParams) -> bool:

@@ -99,14 +99,41 @@ class Sampler:
     def sample(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> Sampled:
         """Pick the next token from one position's logits [n_vocab] and record it; `allowed`
         (bool [n_vocab]) restricts the choice to a grammar's tokens."""
-        p = self.params
+        x, best = self._checked(logits, allowed)
+        token = int(np.argmax(x)) if self.params.temperature == 0.0 else self._draw(x, best)
+        return self._report(token, logits)
+
+    def verify(self, logits: np.ndarray, draft: int) -> tuple[Sampled, bool]:
+        """Speculative decoding's check of a drafted token against this position's logits:
+        (the token taken, whether it is the draft). Its distribution is `sample`'s whatever
+        the draft (the speculative-sampling papers' rejection step, for a drafter that proposes
+        one token for certain): greedy takes the argmax; random accepts the draft with the
+        probability p(draft) the sampler gives it and otherwise draws from p with the draft
+        removed, renormalised, so P(t) = p(t) for every t."""
+        x, best = self._checked(logits, None)
+        if self.params.temperature == 0.0:
+            token = int(np.argmax(x))
+            return self._report(token, logits), token == draft
+        cand, w = self._distribution(x, best)
+        hit = np.flatnonzero(cand == draft)
+        p_draft = float(w[hit[0]]) / float(w.sum()) if hit.size else 0.0
+        if self.rng.random() < p_draft:
+            return self._report(draft, logits), True
+        keep = cand != draft  # p_draft < 1 here, so some other token has mass
+        return self._report(self._pick(cand[keep], w[keep]), logits), False
+
+    def _checked(self, logits: np.ndarray, allowed: np.ndarray | None) -> tuple[np.ndarray, float]:
         x = self._adjusted(logits, allowed)
         best = float(x.max())
         if not np.isfinite(best):  # NaN or +inf: broken weights or activations, not a choice
             if allowed is not None and best == -np.inf and np.isfinite(logits).all():
                 raise NonFiniteLogitsError("the grammar allows no token here")
             raise NonFiniteLogitsError(f"the model produced non-finite logits ({best})")
-        token = int(np.argmax(x)) if p.temperature == 0.0 else self._draw(x, best)
+        return x, best
+
+    def _report(self, token: int, logits: np.ndarray) -> Sampled:
+        """Record the token taken, with the logprobs asked for."""
+        p = self.params
         self.accept(token)
         if not (p.logprobs or p.top_logprobs):
             return Sampled(token, float("nan"))
@@ -121,7 +148,8 @@ class Sampler:
             top = [(int(i), float(raw[i]) - lse) for i in idx]
         return Sampled(token, float(raw[token]) - lse, top)
 
-    def _draw(self, x: np.ndarray, best: float) -> int:
+    def _distribution(self, x: np.ndarray, best: float) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens a random draw may take and their unnormalised weights."""
         p = self.params
         z = x / np.float32(p.temperature)                                 # [n_vocab]
         z_best = best / p.temperature
@@ -134,6 +162,12 @@ class Sampler:
             cand, w = cand[w >= p.min_p], w[w >= p.min_p]
         if p.top_p < 1.0:
             cand, w = _nucleus(cand, w, p.top_p)
+        return cand, w
+
+    def _draw(self, x: np.ndarray, best: float) -> int:
+        return self._pick(*self._distribution(x, best))
+
+    def _pick(self, cand: np.ndarray, w: np.ndarray) -> int:
         cum = np.cumsum(w)
         r = self.rng.random() * cum[-1]
         return int(cand[min(int(np.searchsorted(cum, r, side="right")), cand.shape[0] - 1)])

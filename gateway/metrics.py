@@ -79,6 +79,7 @@ class MetricsSink:
     def set_active_slots(self, model: str, n: int) -> None: ...
     def observe_batch(self, model: str, size: int) -> None: ...
     def add_prompt_cache_hits(self, model: str, n: int) -> None: ...
+    def drafted(self, model: str, n: int, accepted: int) -> None: ...
     def key_request(self, key: str, status: int) -> None: ...
 
 
@@ -128,6 +129,11 @@ class Metrics(MetricsSink):
         self._cache_hits = Counter("modelyard_prompt_cache_hit_tokens", "Prompt tokens reused "
                                    "from the prompt cache instead of evaluated", ["model"],
                                    registry=r)
+        self._drafted = Counter("modelyard_draft_tokens", "Drafted tokens the model checked "
+                                "(speculative decoding)", ["model"], registry=r)
+        self._draft_accepted = Counter("modelyard_draft_accepted_tokens", "Drafted tokens the "
+                                       "model accepted; over modelyard_draft_tokens: the "
+                                       "acceptance rate", ["model"], registry=r)
         self._key_requests = Counter("modelyard_key_requests", "Requests by API key name (never "
                                      "the key) and status; key '-' = no or an unknown key",
                                      ["key", "status"], registry=r)
@@ -182,6 +188,10 @@ class Metrics(MetricsSink):
 
     def add_prompt_cache_hits(self, model: str, n: int) -> None:
         self._cache_hits.labels(model).inc(n)
+
+    def drafted(self, model: str, n: int, accepted: int) -> None:
+        self._drafted.labels(model).inc(n)
+        self._draft_accepted.labels(model).inc(accepted)
 
     # -- exposition ----------------------------------------------------------------------------
 

@@ -145,7 +145,8 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
     requests = [GenerationRequest(prompt=prompt, params=params,
                                   max_tokens=min(budget, served.n_ctx - len(prompt)),
                                   stop=tuple(s for s in req.stop if s),
-                                  logprobs=True)  # token ids come with logprobs
+                                  logprobs=True,  # token ids come with logprobs
+                                  speculative=req.speculative and req.speculative_n_max != 0)
                 for prompt in prompts]
     if req.stream and len(requests) > 1:
         raise invalid_request("stream takes one prompt; send several prompts without stream",
@@ -190,7 +191,9 @@ def _timings(done: Finished) -> dict[str, Any]:
             "prompt_per_second": prompt_n / done.prompt_seconds if done.prompt_seconds else 0.0,
             "predicted_n": n, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / n if n else 0.0,
-            "predicted_per_second": n / done.predicted_seconds if done.predicted_seconds else 0.0}
+            "predicted_per_second": n / done.predicted_seconds if done.predicted_seconds else 0.0,
+            **({"draft_n": done.draft_n, "draft_n_accepted": done.draft_accepted}
+               if done.draft_n else {})}  # llama-server's, present when it drafted
 
 
 def _final(index: int, text: str, ids: list[int], tokens: list[TokenInfo], done: Finished,

@@ -54,6 +54,9 @@ class CompletionRequest(_LlamaRequest):
     ignore_eos: bool = False
     logit_bias: list[list[Any]] | dict[str, float | bool] | None = None
     keep_alive: KeepAlive = None       # modelyard extra, as on /v1 requests
+    speculative: bool = True           # modelyard extra, as on /v1 requests: false = no drafts
+    # llama-server's per-request draft limit; 0 turns drafting off (other values: the model's)
+    speculative_n_max: int | None = Field(None, ge=0, alias="speculative.n_max")
     # base64 images for a string prompt's media markers (the prompt object's field, given
     # beside a plain string prompt)
     multimodal_data: list[str] | None = None

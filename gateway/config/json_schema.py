@@ -105,6 +105,12 @@ def config_schema() -> dict[str, Any]:
                                                      "any, the `model` string as written"}
     entry["required"] = ["model"]
     entry["properties"].update(dict.fromkeys(sorted(llama_cpp.LLAMA_CPP_MODEL_KEYS), unused))
+    entry["properties"][llama_cpp.DRAFT_MODEL] = {
+        "type": ["string", "null"], "description": "llama-cpp-python's speculative decoding: any "
+        "value is its prompt lookup, `draft: {lookup: ngram, ngram_max: 2}`"}
+    entry["properties"][llama_cpp.DRAFT_MODEL_N] = {
+        "type": "integer", "minimum": 1, "maximum": 64,
+        "description": "llama-cpp-python's drafted tokens per step: `draft.n_draft` (default 10)"}
     defaults = copy.deepcopy(entry)
     defaults["properties"] = {k: v for k, v in entry["properties"].items()
                               if k not in PER_MODEL_ONLY}

@@ -13,6 +13,13 @@ LORA_PATH = "lora_path"  # its one adapter: an entry's `lora: [{path: ..., scale
 # its rope_scaling_type is llama.cpp's enum llama_rope_scaling_type (3, longrope, comes only from
 # a file's own rope_factors tensors here)
 ROPE_SCALING_BY_NUMBER: dict[int, str | None] = {-1: None, 0: "none", 1: "linear", 2: "yarn"}
+# Its speculative decoding: any `draft_model` value means prompt lookup (its server builds a
+# LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=draft_model_num_pred_tokens)).
+DRAFT_MODEL = "draft_model"
+DRAFT_MODEL_N = "draft_model_num_pred_tokens"
+DRAFT_KEYS = (DRAFT_MODEL, DRAFT_MODEL_N)
+DRAFT_MODEL_N_DEFAULT = 10
+DRAFT_MODEL_NGRAM_MAX = 2
 
 # llama-cpp-python's ServerSettings and ModelSettings keys that modelyard does not use (yet), as
 # of its 0.3.36 (tests/data/llama_cpp_python/config_file.json holds every key it has).
@@ -26,7 +33,7 @@ LLAMA_CPP_MODEL_KEYS = frozenset({
     "mul_mat_q", "logits_all", "embedding", "offload_kqv", "last_n_tokens_size", "lora_base",
     "numa", "cache", "cache_type", "cache_size",
     "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
-    "draft_model", "draft_model_num_pred_tokens", "type_k", "type_v", "verbose",
+    "type_k", "type_v", "verbose",
     "chat_template_kwargs",
 })
 _SERVER_KEY_NOTES = {

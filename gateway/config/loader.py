@@ -21,6 +21,11 @@ from gateway.config.formats import FORMATS, ParseError, format_of, parse
 from gateway.config.llama_cpp import (
     API_KEY,
     CLIP_MODEL_PATH,
+    DRAFT_KEYS,
+    DRAFT_MODEL,
+    DRAFT_MODEL_N,
+    DRAFT_MODEL_N_DEFAULT,
+    DRAFT_MODEL_NGRAM_MAX,
     LLAMA_CPP_MODEL_KEYS,
     LLAMA_CPP_SERVER_KEYS,
     LORA_PATH,
@@ -256,6 +261,8 @@ def _entry_setting(key: str, value: Any, fields: dict[str, Any], extra: dict[str
         fields.update(_chat_template(value, base_dir, loc + (key,), problems))
     elif key in ENTRY_KEYS:
         fields[key] = value
+    elif key in DRAFT_KEYS:  # llama-cpp-python's prompt lookup: `draft` once all keys are read
+        extra[key] = value
     elif key in LLAMA_CPP_MODEL_KEYS:
         problems.warn(loc + (key,), UNUSED)
         extra[key] = value
@@ -276,6 +283,7 @@ def _prepare_defaults(raw: Any, base_dir: Path, problems: Problems) -> dict[str,
             problems.add(loc + (key,), "belongs in each entry of `models`, not in defaults")
         else:
             _entry_setting(key, value, fields, extra, base_dir, loc, problems)
+    _llama_cpp_draft(fields, extra, loc, problems)
     # Check the values once here, so a bad default is reported once, not once per model.
     try:
         EntrySettings.model_validate(fields)
@@ -331,6 +339,8 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
         else:
             _entry_setting(key, value, fields, extra, base_dir, loc, problems)
 
+    _llama_cpp_draft(fields, extra, loc, problems, given=raw)
+    _draft_model(fields, base_dir, loc + ("draft", "model"), problems)
     if isinstance(fields.get("mmproj"), Path) and isinstance(fields.get("model"), Path):
         _check_pair(fields["model"], fields["mmproj"], loc + (mmproj_key,), problems)
     if adapters and isinstance(fields.get("model"), Path):
@@ -346,6 +356,43 @@ def _prepare_entry(raw: Any, defaults: dict[str, Any], base_dir: Path, loc: Loc,
     fields["aliases"] = list(dict.fromkeys(a for a, _ in alias_locs))
     fields["extra"] = extra
     return fields, alias_locs
+
+
+def _llama_cpp_draft(fields: dict[str, Any], extra: dict[str, Any], loc: Loc, problems: Problems,
+                     given: dict[str, Any] | None = None) -> None:
+    """llama-cpp-python's `draft_model` (any value: its prompt-lookup decoding) and
+    `draft_model_num_pred_tokens` as our `draft`; both in one place is an error."""
+    n = extra.pop(DRAFT_MODEL_N, None)
+    if extra.pop(DRAFT_MODEL, None) is None:  # (its own dumps hold null and the default n)
+        return
+    if given is not None and "draft" in given:
+        problems.add(loc + (DRAFT_MODEL,), "give `draft` or `draft_model`, not both")
+        return
+    fields["draft"] = {"lookup": "ngram", "ngram_max": DRAFT_MODEL_NGRAM_MAX,
+                       "n_draft": DRAFT_MODEL_N_DEFAULT if n is None else n}
+
+
+def _draft_model(fields: dict[str, Any], base_dir: Path, loc: Loc, problems: Problems) -> None:
+    """A `draft.model` path: relative to the config's folder, a file, of the model's vocabulary."""
+    from engine.draft_model import why_not_a_draft
+    from engine.gguf import ModelLoadError
+
+    draft = fields.get("draft")
+    if not isinstance(draft, dict) or not isinstance(draft.get("model"), str):
+        return
+    path = (base_dir / Path(draft["model"]).expanduser()).resolve()
+    fields["draft"] = {**draft, "model": path}
+    if not path.is_file():
+        problems.add(loc, f"draft model file not found: {path}")
+        return
+    model = fields.get("model")
+    if isinstance(model, Path) and model.is_file():
+        try:
+            reason = why_not_a_draft(path, model)
+        except (OSError, ModelLoadError) as e:  # an unreadable header: engine.gguf says why
+            reason = str(e)
+        if reason is not None:
+            problems.add(loc, f"{path.name} cannot draft for {model.name}: {reason}")
 
 
 def _model_path(value: Any, base_dir: Path, loc: Loc, problems: Problems) -> Any:

@@ -106,6 +106,34 @@ class ResponsesSettings(BaseModel):
         3600.0, gt=0, description="how long a stored response can be continued")
 
 
+class DraftSettings(BaseModel):
+    """Speculative decoding (engine/draft.py): what proposes the tokens the model checks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lookup: Annotated[Literal["ngram"] | None, RELOAD] = Field(
+        None, description="ngram: prompt lookup, drafts copied from the prompt and the text "
+                          "so far")
+    model: Annotated[Path | None, RELOAD] = Field(  # absolute once loaded
+        None, description="a small GGUF of the same vocabulary that drafts greedily (relative "
+                          "to the config file's folder)")
+    p_min: Annotated[float, RELOAD] = Field(
+        0.0, ge=0.0, le=1.0, description="a draft model stops drafting where its top "
+                                         "probability is below this")
+    n_draft: Annotated[int, RELOAD] = Field(8, ge=1, le=64, description="most tokens drafted per step")
+    ngram_min: Annotated[int, RELOAD] = Field(1, ge=1, le=16, description="shortest suffix looked up")
+    ngram_max: Annotated[int, RELOAD] = Field(
+        3, ge=1, le=16, description="longest suffix looked up (tried first)")
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> DraftSettings:
+        if (self.lookup is None) == (self.model is None):
+            raise ValueError("give one of `lookup: ngram` (prompt lookup) or `model: PATH`")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) is above ngram_max ({self.ngram_max})")
+        return self
+
+
 class EntrySettings(BaseModel):
     """The per-model keys that may also be given once under `defaults`."""
 
@@ -130,6 +158,10 @@ class EntrySettings(BaseModel):
     chat_format: Annotated[str | None, RELOAD] = Field(
         None, description="a built-in chat template by name: chatml, llama-3, gemma, ... "
                           "(engine/chat_formats.py)")
+    draft: Annotated[DraftSettings | None, RELOAD] = Field(
+        None, description="speculative decoding: {lookup: ngram, n_draft, ngram_min, ngram_max} "
+                          "(llama-cpp-python's draft_model: prompt-lookup-decoding); greedy "
+                          "output is unchanged, sampled output keeps its distribution")
     pinned: Annotated[bool, LIVE] = Field(
         False, description="load at start-up; never evicted or unloaded for idleness")
     # Rope over the file's own values, as llama.cpp's context parameters (engine/rope_settings.py);

@@ -22,6 +22,7 @@ SECTIONS: list[tuple[str, str, str]] = [
     ("cors", "CorsSettings", "Under `cors`."),
     ("models[] (a model file)", "ModelEntry", "An entry of `models` that serves a GGUF file."),
     ("models[].lora[]", "LoraAdapter", "Each LoRA adapter of a model entry's `lora`."),
+    ("models[].draft", "DraftSettings", "A model entry's `draft`: speculative decoding."),
     ("defaults", "Defaults", "Under `defaults`: merged into every model entry (an entry's own value wins)."),
     ("models[] (other servers)", "UpstreamEntry", "An entry of `models` naming other servers."),
     ("upstream servers", "UpstreamServer", "Each server of an entry's `upstream`."),

@@ -30,6 +30,7 @@ class GenerationRequest:
     constraint: engine.Constraint | None = None  # a grammar this choice alone follows
     keep_special: bool = False           # decode control tokens too (tool-call markers)
     budget: ThinkingBudget | None = None  # closes the thinking block after N tokens (this choice's)
+    speculative: bool = True             # draft when the model is configured to (False: opt out)
     observer: GenerationObserver | None = field(default=None, compare=False, repr=False)
 
 
@@ -68,6 +69,10 @@ class Finished:
     prompt_seconds: float = field(default=0.0, compare=False)     # submit -> first token
     predicted_seconds: float = field(default=0.0, compare=False)  # first token -> end
     stop_word: str = ""                  # the stop string that ended it, if one did
+    # speculative decoding (llama.cpp's timings.draft_n / draft_n_accepted): drafted tokens
+    # the model checked, and of them those it kept
+    draft_n: int = field(default=0, compare=False)
+    draft_accepted: int = field(default=0, compare=False)
 
 
 Event = PromptProgress | TextDelta | Finished

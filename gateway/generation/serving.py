@@ -112,6 +112,7 @@ def _generation(served: GenerativeModel, req: p.GenerationRequestBody, prompt: e
         stop=tuple(req.stop_list()),
         logprobs=req.wants_logprobs(),
         budget=thinking.copy() if thinking is not None else None,
+        speculative=req.speculative,
     )
 
 

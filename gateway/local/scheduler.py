@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -44,6 +45,7 @@ import numpy as np
 
 import engine
 from engine import batch
+from engine.draft import Drafter
 from engine.loaded import LoadedModel, ModelTokenizer
 from engine.sampling import NonFiniteLogitsError
 from gateway.generation.events import (
@@ -98,7 +100,8 @@ class _GenerationJob(_Job):
         super().__init__(loop, batch.Sequence(request.prompt, params=request.params,
                                               max_tokens=request.max_tokens,
                                               constraint=request.constraint,
-                                              budget=request.budget))
+                                              budget=request.budget,
+                                              speculative=request.speculative))
         self.request = request
         # one consumer: a deque and the future it waits on is all an asyncio.Queue did here
         self.events: deque[Event | BaseException] = deque()
@@ -107,6 +110,7 @@ class _GenerationJob(_Job):
         self.scanner: StopScanner[TokenInfo | None] = StopScanner(request.stop)
         self.submitted = time.monotonic()
         self.first_token: float | None = None
+        self.delivered = 0  # tokens handed to the stop-string scanner
         self.next_progress_log = self.submitted + PROGRESS_LOG_SECONDS
 
     def deliver(self, event: Any) -> None:
@@ -242,12 +246,14 @@ class Scheduler:
 
     def __init__(self, model: LoadedModel, *, name: str = "model", max_queue: int = 64,
                  metrics: MetricsSink = NULL_METRICS,
-                 prefill_budget: int = batch.PREFILL_BUDGET) -> None:
+                 prefill_budget: int = batch.PREFILL_BUDGET,
+                 drafts: Callable[[], Drafter | None] | None = None) -> None:
         self.model = model
         self.name = name
         self.max_queue = max_queue
         self.metrics = metrics
-        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget)
+        # drafts: a drafter for each admitted request that does not opt out (speculative)
+        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget, drafts=drafts)
         self.n_slots = self.runner.n_slots
         self._cond = threading.Condition()  # guards everything below, and every job's state
         self._closed = False
@@ -428,7 +434,8 @@ class Scheduler:
             if seq.prefilling or seq.prefill_steps > 1:  # read in more than one step: "long"
                 outbox.put(seq.tag, PromptProgress(seq.pos, len(seq.prompt), seq.cached))
         for seq, sampled in result.sampled:
-            self._on_token(seq.tag, sampled, outbox)
+            if seq.tag.state is not JobState.DONE:  # a stop string ends it mid-draft
+                self._on_token(seq.tag, sampled, outbox)
         for work in result.finished:
             if isinstance(work, batch.Embedding):
                 outbox.put(work.tag, work.vector)
@@ -446,10 +453,12 @@ class Scheduler:
             log.info("generating on %s: %d tokens in %.0fs (%.1f tokens/s), max_tokens %d",
                      self.name, n, now - job.submitted, n / max(now - job.first_token, 1e-9),
                      job.request.max_tokens)
+        job.delivered += 1
         info = _token_info(self.model.tokenizer, sampled) if job.request.logprobs else None
         self._send_text(job, *job.scanner.push(job.decoder.push(sampled.token), info), outbox)
         if job.scanner.stopped:
             self.runner.end(job.work, "stop")
+            del job.work.generated[job.delivered:]  # a draft's tokens past the stop string
             self._finish(job, "stop", outbox)
 
     def _finish(self, job: _GenerationJob, reason: str, outbox: _Outbox) -> None:
@@ -461,9 +470,12 @@ class Scheduler:
         seq = job.work
         now = time.monotonic()
         first = job.first_token if job.first_token is not None else now
+        if seq.draft_n:
+            self.metrics.drafted(self.name, seq.draft_n, seq.draft_accepted)
         outbox.put(job, Finished(reason, len(seq.prompt), len(seq.generated), seq.cached,
                                  prompt_seconds=first - job.submitted,
-                                 predicted_seconds=now - first, stop_word=job.scanner.matched))
+                                 predicted_seconds=now - first, stop_word=job.scanner.matched,
+                                 draft_n=seq.draft_n, draft_accepted=seq.draft_accepted))
         self._done(job)
 
     @staticmethod

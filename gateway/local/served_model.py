@@ -21,7 +21,11 @@ import numpy as np
 import engine
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.chat_formats import TemplateChoice, choose_template
+from engine.draft import Drafter, NgramConfig, NgramDrafter
+from engine.draft_model import DraftModel
+from engine.gguf import ModelLoadError
 from engine.loaded import LoadedModel
+from engine.model import Transformer
 from engine.rerank import rerank_ids
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
@@ -47,7 +51,9 @@ class ServedModel:
     chat_format: str | None = None  # which template and why (chat_formats.TemplateChoice)
 
     def __init__(self, model: LoadedModel, template: ChatTemplate, *, name: str, max_queue: int,
-                 metrics: MetricsSink = NULL_METRICS, vision: VisionModel | None = None) -> None:
+                 metrics: MetricsSink = NULL_METRICS, vision: VisionModel | None = None,
+                 drafts: Callable[[], Drafter | None] | None = None,
+                 draft_model: engine.Model | None = None) -> None:
         self.model = model
         self.vision = vision  # the entry's projector: images in (encoded on `prep`)
         # its weights are read into memory of its own: the file's size is its share
@@ -57,7 +63,9 @@ class ServedModel:
         self.chat_template = template
         # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
         self.sampling_defaults = defaults.from_metadata(model.metadata)
-        self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics)
+        self.draft_model = draft_model  # the entry's `draft.model`, closed with this one
+        self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics,
+                                   drafts=drafts)
         # Request preparation (template, tokenizing) is CPU work that must not block the event
         # loop; two threads per model, so one model's slow prompts never delay another's.
         self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"modelyard-{name}-prep")
@@ -108,7 +116,8 @@ class ServedModel:
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.model.memory_bytes) + self._vision_bytes
+        draft = int(self.draft_model.memory_bytes) if self.draft_model is not None else 0
+        return int(self.model.memory_bytes) + self._vision_bytes + draft
 
     @property
     def broken(self) -> str | None:
@@ -173,6 +182,8 @@ class ServedModel:
         self.model.close()
         if self.vision is not None:
             self.vision.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
 
 
 def _fingerprint(model: LoadedModel, template: ChatTemplate) -> str:
@@ -227,6 +238,7 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
                         rope=rope_settings(entry), pooling=entry.pooling,
                         lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora])
     vision: VisionModel | None = None
+    small: engine.Model | None = None
     try:
         template, choice = _template_for(model, entry)
         log.info("%s: chat template: %s", entry.name, choice.describe())
@@ -236,13 +248,30 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
             vision = VisionModel(entry.mmproj, n_threads=entry.n_threads)
             log.info("%s: images through %s (%s)", entry.name, entry.mmproj.name,
                      vision.hp.projector)
+        drafts: Callable[[], Drafter | None] | None = None
+        draft = entry.draft
+        if draft is not None and draft.model is not None:
+            small = engine.load(draft.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
+                                n_slots=entry.n_parallel, flash_attn=entry.flash_attn)
+            if not isinstance(small.transformer, Transformer):
+                raise ModelLoadError(draft.model, "a draft model must be a text generator, "
+                                                  "not an embedding model")
+            lender = DraftModel(small.transformer, entry.n_parallel, entry.n_ctx, draft.p_min)
+            n_draft = draft.n_draft
+            drafts = lambda: lender.drafter(n_draft)  # noqa: E731
+            log.info("%s: drafts by %s", entry.name, draft.model.name)
+        elif draft is not None:
+            lookup = NgramConfig(draft.n_draft, draft.ngram_min, draft.ngram_max)
+            drafts = lambda: NgramDrafter(lookup)  # noqa: E731
         served = ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
-                             metrics=metrics, vision=vision)
+                             metrics=metrics, vision=vision, drafts=drafts, draft_model=small)
         served.chat_format = choice.describe()
         return served
     except BaseException:
         if vision is not None:
             vision.close()
+        if small is not None:
+            small.close()
         model.close()
         raise
 

@@ -165,6 +165,7 @@ class _GenerationRequest(_Request):
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     repeat_penalty: float = Field(default=1.0, gt=0.0)
+    speculative: bool = True  # false: no drafting for this request (a model's `draft:` key)
     # --- structured output (OpenAI's response_format; llama.cpp's json_schema and grammar) ---
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = None

@@ -215,7 +215,7 @@ def test_the_reload_marks_match_what_the_registry_and_the_reloader_act_on() -> N
                                                "rope_freq_scale", "rope_scaling_type",
                                                "yarn_ext_factor", "yarn_attn_factor",
                                                "yarn_beta_fast", "yarn_beta_slow",
-                                               "yarn_orig_ctx", "pooling", "lora"}
+                                               "yarn_orig_ctx", "pooling", "lora", "draft"}
     assert marked(Config, RESTART) == ("host", "port", "ollama_address")
 
 

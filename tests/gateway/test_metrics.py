@@ -70,6 +70,8 @@ def test_every_metric_the_issue_lists_is_exposed_with_its_type() -> None:
         "modelyard_model_memory_bytes": "gauge",
         "modelyard_model_in_flight": "gauge",
         "modelyard_key_requests": "counter",   # issue 14: requests per API key name
+        "modelyard_draft_tokens": "counter",   # issue 31: speculative decoding's drafts
+        "modelyard_draft_accepted_tokens": "counter",
     }
 
 

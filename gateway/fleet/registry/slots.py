@@ -59,7 +59,10 @@ def engine_estimator(entry: ModelEntry) -> int:
     text = int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel,
                                       images=entry.mmproj is not None,
                                       lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora]))
-    return text + (os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0)
+    draft = entry.draft.model if entry.draft is not None else None
+    small = (int(engine.estimate_memory(draft, entry.n_ctx, n_slots=entry.n_parallel))
+             if draft is not None else 0)  # the draft model: its own weights and KV slots
+    return text + small + (os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0)
 
 
 @dataclass(eq=False)
