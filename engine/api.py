@@ -17,6 +17,7 @@ from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
+from .kv_types import kv_type
 from .model import Chunk, ContextOverflowError, Transformer, pooled_embedding
 from .prompt import Prompt, as_prompt, common_prefix
 from .rope_settings import RopeSettings
@@ -182,11 +183,13 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
-                    images: bool = False) -> int:
+                    images: bool = False, type_k: str | int = "f16",
+                    type_v: str | int = "f16") -> int:
     """Bytes a load would hold (mapped files + KV cache + repacked weights, as Model.memory_bytes
     counts them, rings of sliding-window layers included), from the headers alone. Raises
     ModelLoadError when the file cannot be served at all (the registry then fails the request
-    rather than evict anything for a load that cannot succeed)."""
+    rather than evict anything for a load that cannot succeed). type_k / type_v: the KV
+    cache's row types (engine.kv_types: names or ggml numbers)."""
     from .servable import judge_header, read_model_header
 
     meta, tensors = read_model_header(path)  # read once: Gemma 3 270M's header takes ~0.1 s
@@ -197,6 +200,10 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     stacks = {n: (t.qtype, t.shape[1], t.shape[0], t.shape[2]) for n, t in tensors.items()
               if len(t.shape) == 3}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
-    return (sum(os.path.getsize(f) for f in files) + layout.bytes_per_slot() * n_slots
+    try:
+        kv = layout.bytes_per_slot(kv_type(type_k), kv_type(type_v))
+    except ValueError as e:  # a type the model's head dim cannot take (q8_0 needs 32s)
+        raise ModelLoadError(path, f"KV cache: {e}") from e
+    return (sum(os.path.getsize(f) for f in files) + kv * n_slots
             + estimate_repacked(shapes, host_repacks)
             + estimate_repacked_stacks(stacks, host_repacks))

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .hparams import HParams
+from .kv_types import F16, KVType
 from .prompt import PositionKey
 
 # Most tokens one chunk of a forward call may hold when a model has ring layers (api's prefill
@@ -90,9 +91,11 @@ class KVLayout:
         self.where: dict[int, tuple[int, int]] = {  # layer -> (group, index in the group): a
             li: own[hp.kv_layer(li)] for li in range(hp.n_layer)}  # sharer's is its source's
 
-    def bytes_per_slot(self) -> int:
-        """f16 keys + values of one slot over the layers that keep their own."""
-        return sum(2 * 2 * len(g.layers) * g.rows * g.n_head_kv * g.head_dim
+    def bytes_per_slot(self, type_k: KVType = F16, type_v: KVType = F16) -> int:
+        """Keys + values of one slot over the layers that keep their own (q8_0 rows take 34
+        bytes per 32 values against f16's 64)."""
+        return sum(len(g.layers) * g.rows * g.n_head_kv
+                   * (type_k.row_bytes(g.head_dim) + type_v.row_bytes(g.head_dim))
                    for g in self.groups)
 
     def max_chunk(self) -> int:
@@ -144,7 +147,9 @@ class RollbackError(ValueError):
 
 
 class KVCache:
-    """f16 keys and values for `n_slots` independent sequences, laid out by a KVLayout.
+    """Keys and values for `n_slots` independent sequences, laid out by a KVLayout: f16, or
+    (type_k / type_v quantized, engine.kv_types) uint8 rows of ggml blocks, one row of
+    row_bytes(head_dim) per (position, kv head): [slot, layer, rows, kv_head, row_bytes].
 
     Allocated zeroed, so the kernel hands out pages lazily: memory is committed as it is used.
     `tokens[slot]` is the key of every position the slot holds (engine.prompt.PositionKey: a
@@ -152,14 +157,17 @@ class KVCache:
     lists in place: replace one by assigning a list of its own, never a Prompt's keys().
     """
 
-    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, bidirectional: bool = False) -> None:
+    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, bidirectional: bool = False,
+                 type_k: KVType = F16, type_v: KVType = F16) -> None:
         self.layout = KVLayout(hp, n_ctx, bidirectional)
+        self.type_k, self.type_v = type_k, type_v
         self.k: list[np.ndarray] = []  # per group: [slot, layer of the group, rows, kv_head, head_dim]
-        self.v: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []  # (or row_bytes uint8 for a quantized type)
         for g in self.layout.groups:
-            shape = (n_slots, len(g.layers), g.rows, g.n_head_kv, g.head_dim)
-            self.k.append(np.zeros(shape, dtype=np.float16))
-            self.v.append(np.zeros(shape, dtype=np.float16))
+            for t, arrays in ((type_k, self.k), (type_v, self.v)):
+                shape = (n_slots, len(g.layers), g.rows, g.n_head_kv)
+                arrays.append(np.zeros((*shape, g.head_dim), np.float16) if not t.quantized
+                              else np.zeros((*shape, t.row_bytes(g.head_dim)), np.uint8))
         self.n_ctx = n_ctx
         self.tokens: list[list[PositionKey]] = [[] for _ in range(n_slots)]
         self.written = [0] * n_slots  # per slot: 1 + the furthest position ever stored

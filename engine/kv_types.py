@@ -77,10 +77,8 @@ def quantize_rows(x: np.ndarray, t: KVType) -> np.ndarray:
     lead, n = x.shape[:-1], x.shape[-1]
     t.row_bytes(n)
     flat = x.reshape(-1, n)
-    if t.name == "q8_0":
-        out = quantize_activations(flat, "q8_0")  # ggml's q8_0 reference rounding
-    else:
-        out = _quantize_q4_0(flat)
+    # q8_0: ggml's reference rounding, as the activation quantizer has it
+    out = quantize_activations(flat, "q8_0") if t.name == "q8_0" else _quantize_q4_0(flat)
     return out.reshape(*lead, t.row_bytes(n))
 
 
