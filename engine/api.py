@@ -32,7 +32,8 @@ class Model:
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
                  n_slots: int = 1, flash_attn: bool = True, images: bool = False,
-                 rope: RopeSettings | None = None) -> None:
+                 rope: RopeSettings | None = None, type_k: str | int = "f16",
+                 type_v: str | int = "f16") -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -54,8 +55,12 @@ class Model:
             self.n_ctx = n_ctx
             self.n_threads = n_threads
             self.n_slots = n_slots
+            try:
+                kv_types = (kv_type(type_k), kv_type(type_v))
+            except ValueError as e:
+                raise ModelLoadError(self.path, f"KV cache: {e}") from None
             self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
-                                           flash_attn=flash_attn, images=images)
+                                           flash_attn=flash_attn, images=images, kv_types=kv_types)
         except BaseException:
             self._file.close()
             raise
@@ -165,7 +170,8 @@ class Model:
 
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
          n_slots: int = 1, flash_attn: bool = True, images: bool = False,
-         name: str | None = None, rope: RopeSettings | None = None) -> Model:
+         name: str | None = None, rope: RopeSettings | None = None, type_k: str | int = "f16",
+         type_v: str | int = "f16") -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
@@ -174,12 +180,14 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
     paired with it), which some families attend to bidirectionally (engine.model.Transformer).
     rope: a load's rope settings over the file's (llama.cpp's context parameters:
     engine.rope_settings). Kernels compiled on the way (a cold cache) are logged as being
-    compiled for `name` (default: the file's stem), with progress."""
+    compiled for `name` (default: the file's stem), with progress. type_k / type_v: the KV
+    cache's row types, llama.cpp's names or ggml numbers (engine.kv_types)."""
     from .kernels import jit
 
     with jit.reporting(name or Path(path).stem):
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
-                     flash_attn=flash_attn, images=images, rope=rope)
+                     flash_attn=flash_attn, images=images, rope=rope, type_k=type_k,
+                     type_v=type_v)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
