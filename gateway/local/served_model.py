@@ -211,7 +211,8 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
     model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
                         n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
                         images=entry.mmproj is not None, name=entry.name,
-                        rope=rope_settings(entry))
+                        rope=rope_settings(entry), type_k=entry.kv_cache_types[0],
+                        type_v=entry.kv_cache_types[1])
     vision: VisionModel | None = None
     try:
         template, choice = _template_for(model, entry)

@@ -57,7 +57,9 @@ def engine_estimator(entry: ModelEntry) -> int:
     # one KV cache of n_ctx per parallel slot, as the scheduler loads it; the projector's
     # weights are read into memory of their own (engine/vision/mmproj.py): its file's size
     text = int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel,
-                                      images=entry.mmproj is not None))
+                                      images=entry.mmproj is not None,
+                                      type_k=entry.kv_cache_types[0],
+                                      type_v=entry.kv_cache_types[1]))
     return text + (os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0)
 
 
