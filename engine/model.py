@@ -225,7 +225,8 @@ class Transformer:
                                              bidirectional=self.bidirectional)
             self.tasks = tasks.load_tasks(self.attention.f16c)
             self.ops = ops.load_ops()
-            self.kv_attention = _check_kv_types(f.path, hp, kv_types, flash_attn, self.bidirectional)
+            self.kv_attention = _check_kv_types(f.path, hp, kv_types, flash_attn, self.bidirectional,
+                                                n_threads)
             self.cache = KVCache(hp, n_slots, n_ctx, self.bidirectional, *kv_types)
         except BaseException:
             self.pool.close()
@@ -506,6 +507,8 @@ class Transformer:
         if self.pool is not None:
             self.matmul_kernels.close()
             self.attention.close()
+            if self.kv_attention is not None:
+                self.kv_attention.close()
             self.pool.close()
             self.pool = None  # type: ignore[assignment]
         self._graphs.clear()
@@ -515,7 +518,7 @@ class Transformer:
 
 
 def _check_kv_types(path: object, hp: HParams, kv_types: tuple[KVType, KVType], flash_attn: bool,
-                    bidirectional: bool) -> QuantizedAttentionKernel | None:
+                    bidirectional: bool, n_threads: int) -> QuantizedAttentionKernel | None:
     """The quantized attention kernel a cache of these types needs (None for f16), or a
     ModelLoadError: a quantized K or V needs flash attention (llama.cpp refuses a quantized V
     without it; our non-flash path reads f16 only), both quantized (a mixed f16/quantized pair
@@ -538,7 +541,7 @@ def _check_kv_types(path: object, hp: HParams, kv_types: tuple[KVType, KVType], 
             problem = str(e)
     if problem is not None:
         raise ModelLoadError(str(path), f"KV cache {type_k.name}/{type_v.name}: {problem}")
-    return QuantizedAttentionKernel(type_k, type_v)
+    return QuantizedAttentionKernel(type_k, type_v, n_threads)
 
 
 __all__ = ["Chunk", "ContextOverflowError", "KVCache", "Prompt", "Transformer"]
