@@ -19,6 +19,8 @@ layer that reads an earlier layer's cache (HParams.kv_layer: gemma4's shared KV)
 `where` sends it to its source's rows, and the memory estimate counts only the sources.
 
     group g:  k[g], v[g]  f16 [slot, layer of the group, rows, n_kv_head, head_dim]
+              (a quantized type_k / type_v: uint8 [..., n_kv_head, row_bytes(head_dim)] of
+              ggml blocks, engine.kv_types)
     token at position p of slot s  ->  row  s * n_layers(g) * rows(g) + p % ring(g)
                                        (counted from that layer's first row, k[g][0, layer]),
                                        and + ring(g) too when p % ring(g) < mirror(g)
