@@ -19,6 +19,7 @@ from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
 from .kv import MAX_CHUNK, KVLayout
+from .kv_types import kv_type
 from .lora import LoraSpec, adapted_tensors, merged_bytes, read_deltas
 from .model import Chunk, ContextOverflowError, Transformer
 from .pooling import POOLINGS, SOFTMAX_RANK_ARCHS, file_pooling, model_role, normalize, pool
@@ -37,7 +38,8 @@ class Model:
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
                  n_slots: int = 1, flash_attn: bool = True, images: bool = False,
                  rope: RopeSettings | None = None, pooling: str | None = None,
-                 lora: Sequence[LoraSpec] = ()) -> None:
+                 lora: Sequence[LoraSpec] = (), type_k: str | int = "f16",
+                 type_v: str | int = "f16") -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -58,6 +60,10 @@ class Model:
             self.n_embd = self.hparams.n_embd  # an embedding's length
             self.is_encoder = self.hparams.spec.is_encoder
             self.n_threads = n_threads
+            try:
+                kv_types = (kv_type(type_k), kv_type(type_v))
+            except ValueError as e:
+                raise ModelLoadError(self.path, f"KV cache: {e}") from None
             self.transformer: Transformer | EncoderTransformer
             if self.is_encoder:  # a slot costs an encoder nothing: many texts per forward
                 if lora:
@@ -72,7 +78,8 @@ class Model:
                 deltas = (read_deltas(list(lora), self.hparams.arch, self._file.tensors)
                           if lora else None)
                 self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
-                                               flash_attn=flash_attn, images=images, lora=deltas)
+                                               flash_attn=flash_attn, images=images, lora=deltas,
+                                               kv_types=kv_types)
             self._asked_pooling = pooling
             self.pooling = self._pooling(pooling)
         except BaseException:
@@ -240,7 +247,8 @@ class Model:
 def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
          n_slots: int = 1, flash_attn: bool = True, images: bool = False,
          name: str | None = None, rope: RopeSettings | None = None,
-         pooling: str | None = None, lora: Sequence[LoraSpec] = ()) -> Model:
+         pooling: str | None = None, lora: Sequence[LoraSpec] = (), type_k: str | int = "f16",
+         type_v: str | int = "f16") -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
@@ -250,23 +258,26 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
     rope: a load's rope settings over the file's (llama.cpp's context parameters:
     engine.rope_settings). pooling: how embed/pooled pool a text (engine.pooling), None: the
     file's, else mean. lora: adapters merged into the weights at load (engine.lora; a bad
-    adapter is a ModelLoadError naming its file). Kernels compiled on the way (a cold cache) are
-    logged as being compiled for `name` (default: the file's stem), with progress."""
+    adapter is a ModelLoadError naming its file). type_k / type_v: the KV cache's row types,
+    llama.cpp's names or ggml numbers (engine.kv_types). Kernels compiled on the way (a cold
+    cache) are logged as being compiled for `name` (default: the file's stem), with progress."""
     from .kernels import jit
 
     with jit.reporting(name or Path(path).stem):
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
                      flash_attn=flash_attn, images=images, rope=rope, pooling=pooling,
-                     lora=lora)
+                     lora=lora, type_k=type_k, type_v=type_v)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
-                    images: bool = False, lora: Sequence[LoraSpec] = ()) -> int:
+                    images: bool = False, lora: Sequence[LoraSpec] = (),
+                    type_k: str | int = "f16", type_v: str | int = "f16") -> int:
     """Bytes a load would hold (mapped files + KV cache + repacked weights, as Model.memory_bytes
     counts them, rings of sliding-window layers included, LoRA adapters' merged float32 copies
     too), from the headers alone. Raises
     ModelLoadError when the file cannot be served at all (the registry then fails the request
-    rather than evict anything for a load that cannot succeed)."""
+    rather than evict anything for a load that cannot succeed). type_k / type_v: the KV
+    cache's row types (engine.kv_types: names or ggml numbers)."""
     from .servable import judge_header, read_model_header
 
     meta, tensors = read_model_header(path)  # read once: Gemma 3 270M's header takes ~0.1 s
@@ -279,10 +290,14 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     stacks = {n: (t.qtype, t.shape[1], t.shape[0], t.shape[2]) for n, t in tensors.items()
               if len(t.shape) == 3}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
-    kv = 0 if hp.spec.is_encoder else layout.bytes_per_slot() * n_slots  # an encoder keeps none
-    if hp.spec.is_encoder:  # its float32 copies of F32/F16 layer matrices (engine.float_products)
-        kv += sum(4 * t.n_elements for n, t in tensors.items()
-                  if n.startswith("blk.") and len(t.shape) == 2 and t.qtype in BLAS_TYPES)
+    if hp.spec.is_encoder:  # no KV cache; its float32 copies of F32/F16 layer matrices
+        kv = sum(4 * t.n_elements for n, t in tensors.items()  # (engine.float_products)
+                 if n.startswith("blk.") and len(t.shape) == 2 and t.qtype in BLAS_TYPES)
+    else:
+        try:
+            kv = layout.bytes_per_slot(kv_type(type_k), kv_type(type_v)) * n_slots
+        except ValueError as e:  # a type the model's head dim cannot take (q8_0 needs 32s)
+            raise ModelLoadError(path, f"KV cache: {e}") from e
     return (sum(os.path.getsize(f) for f in files) + kv
             + estimate_repacked(shapes, host_repacks)
             + estimate_repacked_stacks(stacks, host_repacks) + merged_bytes(list(lora), tensors))

@@ -21,6 +21,7 @@ from .delta_net_layer import delta_net_layer
 from .formats import quants
 from .kernels import delta_net, moe, moe_oai, moe_tasks, ops, rotary, tasks
 from .kernels.pool import Graph
+from .kv_types import quantize_rows
 
 if TYPE_CHECKING:
     from .arch.base import ExpertBiases
@@ -409,6 +410,8 @@ class EagerBuilder:
         group = tr.cache.group(layer)
         k = self.bufs["k"].reshape(T, n_kv, hd)
         v = self.bufs["v"].reshape(T, n_kv, hd)
+        if tr.kv_attention is not None:  # a quantized cache: its rows as ggml blocks
+            k, v = quantize_rows(k, tr.cache.type_k), quantize_rows(v, tr.cache.type_v)
         for c, (a, b) in zip(self.chunks, self.spans):
             rows = self.positions[a:b] % group.ring
             k_cache[c.slot, rows] = k[a:b]
@@ -433,6 +436,11 @@ class EagerBuilder:
         q = self.bufs["q"].reshape(T, hp.n_head, self.dims["head_dim"])
         out = np.empty_like(q)
         for ci, (c, (a, b)) in enumerate(zip(self.chunks, self.spans)):
+            if tr.kv_attention is not None:
+                out[a:b] = tr.kv_attention(np.ascontiguousarray(q[a:b]), k_cache[c.slot],
+                                           v_cache[c.slot], c.pos0, scale=scale,
+                                           window=hp.layer_window(layer), ring=ring)
+                continue
             bi = self.bidirectional[ci]
             tr.attention(q[a:b], k_cache[c.slot], v_cache[c.slot], c.pos0, out=out[a:b],
                          scale=scale, window=hp.layer_window(layer), ring=ring,

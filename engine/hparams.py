@@ -14,6 +14,7 @@ from typing import Any
 from .arch import SPECS, ArchSpec
 from .arch.declare import Key, KeyValue, KeyValues
 from .gguf import ModelLoadError
+from .kv_types import F16, KVType
 from .rope_settings import RopeSettings, RopeTrain, context_rope
 
 SUPPORTED_ARCHS = tuple(SPECS)
@@ -121,11 +122,12 @@ class HParams:
     def q_dim(self) -> int:
         return self.n_head * self.head_dim
 
-    def kv_bytes_per_token(self) -> int:
-        """f16 keys + values over the layers that keep their own, for one cached token, windows
-        aside (engine.kv sizes the cache, rings included)."""
-        return 2 * 2 * sum(self.layer_dims(li)["kv_dim"] for li in range(self.n_layer)
-                           if self.has_kv(li))
+    def kv_bytes_per_token(self, type_k: KVType = F16, type_v: KVType = F16) -> int:
+        """Keys + values over the layers that keep their own, for one cached token, windows
+        aside (engine.kv sizes the cache, rings included); f16 unless typed (engine.kv_types)."""
+        dims = [self.layer_dims(li) for li in range(self.n_layer) if self.has_kv(li)]
+        return sum(d["n_head_kv"] * (type_k.row_bytes(d["head_dim"]) + type_v.row_bytes(d["head_dim"]))
+                   for d in dims)
 
     @property
     def half_rot(self) -> int:

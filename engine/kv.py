@@ -19,6 +19,8 @@ layer that reads an earlier layer's cache (HParams.kv_layer: gemma4's shared KV)
 `where` sends it to its source's rows, and the memory estimate counts only the sources.
 
     group g:  k[g], v[g]  f16 [slot, layer of the group, rows, n_kv_head, head_dim]
+              (a quantized type_k / type_v: uint8 [..., n_kv_head, row_bytes(head_dim)] of
+              ggml blocks, engine.kv_types)
     token at position p of slot s  ->  row  s * n_layers(g) * rows(g) + p % ring(g)
                                        (counted from that layer's first row, k[g][0, layer]),
                                        and + ring(g) too when p % ring(g) < mirror(g)
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .hparams import HParams
+from .kv_types import F16, KVType
 from .prompt import PositionKey
 from .recurrent import RecurrentShape, RecurrentState
 
@@ -103,11 +106,13 @@ class KVLayout:
             li: own[hp.kv_layer(li)] for li in range(hp.n_layer)  # sharer's is its source's;
             if hp.kv_layer(li) in own}  # a recurrent layer has none
 
-    def bytes_per_slot(self) -> int:
-        """f16 keys + values of one slot over the layers that keep their own, and a recurrent
-        family's states (the live one and its checkpoints: engine.recurrent)."""
+    def bytes_per_slot(self, type_k: KVType = F16, type_v: KVType = F16) -> int:
+        """Keys + values of one slot over the layers that keep their own (q8_0 rows take 34
+        bytes per 32 values against f16's 64), and a recurrent family's states (the live one
+        and its checkpoints: engine.recurrent)."""
         states = 0 if self.recurrent is None else RecurrentState.bytes_per_slot(self.recurrent)
-        return sum(2 * 2 * len(g.layers) * g.rows * g.n_head_kv * g.head_dim
+        return sum(len(g.layers) * g.rows * g.n_head_kv
+                   * (type_k.row_bytes(g.head_dim) + type_v.row_bytes(g.head_dim))
                    for g in self.groups) + states
 
     def max_chunk(self) -> int:
@@ -169,7 +174,9 @@ class RecurrentRollbackError(RollbackError):
 
 
 class KVCache:
-    """f16 keys and values for `n_slots` independent sequences, laid out by a KVLayout.
+    """Keys and values for `n_slots` independent sequences, laid out by a KVLayout: f16, or
+    (type_k / type_v quantized, engine.kv_types) uint8 rows of ggml blocks, one row of
+    row_bytes(head_dim) per (position, kv head): [slot, layer, rows, kv_head, row_bytes].
 
     Allocated zeroed, so the kernel hands out pages lazily: memory is committed as it is used.
     `tokens[slot]` is the key of every position the slot holds (engine.prompt.PositionKey: a
@@ -177,14 +184,17 @@ class KVCache:
     lists in place: replace one by assigning a list of its own, never a Prompt's keys().
     """
 
-    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, bidirectional: bool = False) -> None:
+    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, bidirectional: bool = False,
+                 type_k: KVType = F16, type_v: KVType = F16) -> None:
         self.layout = KVLayout(hp, n_ctx, bidirectional)
+        self.type_k, self.type_v = type_k, type_v
         self.k: list[np.ndarray] = []  # per group: [slot, layer of the group, rows, kv_head, head_dim]
-        self.v: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []  # (or row_bytes uint8 for a quantized type)
         for g in self.layout.groups:
-            shape = (n_slots, len(g.layers), g.rows, g.n_head_kv, g.head_dim)
-            self.k.append(np.zeros(shape, dtype=np.float16))
-            self.v.append(np.zeros(shape, dtype=np.float16))
+            for t, arrays in ((type_k, self.k), (type_v, self.v)):
+                shape = (n_slots, len(g.layers), g.rows, g.n_head_kv)
+                arrays.append(np.zeros((*shape, g.head_dim), np.float16) if not t.quantized
+                              else np.zeros((*shape, t.row_bytes(g.head_dim)), np.uint8))
         self.n_ctx = n_ctx
         self.recurrent = (None if self.layout.recurrent is None
                           else RecurrentState(self.layout.recurrent, n_slots))

@@ -41,15 +41,17 @@ from .builders import EagerBuilder, GraphBuilder
 from .delta_net_layer import ChunkRows
 from .formats import quants
 from .formats.repack import RepackedMatrix
-from .gguf import GGUFFile
+from .gguf import GGUFFile, ModelLoadError
 from .hparams import HParams
 from .kernels import ops, rotary, tasks
 from .kernels.attention import AttentionKernel
 from .kernels.attention_ir import exact_scratch_floats, f16acc_scratch_floats
+from .kernels.attention_quantized import QuantizedAttentionKernel
 from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
 from .kernels.pool import Graph, Pool
 from .kv import KVCache
+from .kv_types import F16, KVType
 from .lora import LoraDelta
 from .prompt import EmbeddingSpan, Prompt, TokenSpan, as_prompt
 from .weights import Weights, load_weights
@@ -197,11 +199,14 @@ class Transformer:
 
     def __init__(self, f: GGUFFile, hp: HParams, n_ctx: int, n_slots: int, n_threads: int,
                  flash_attn: bool = True, images: bool = False,
-                 lora: dict[str, list[LoraDelta]] | None = None) -> None:
+                 lora: dict[str, list[LoraDelta]] | None = None,
+                 kv_types: tuple[KVType, KVType] = (F16, F16)) -> None:
         """`lora`: LoRA adapter deltas merged into the weights at load (engine.lora).
         `images`: the model will be fed image spans; a family whose image rows see each
         other (gemma3) then gets the bidirectional kernels and a ring mirror to match (engine.kv),
-        which a text-only load does without."""
+        which a text-only load does without. kv_types: the cache's key and value row types; a
+        quantized cache runs `forward` op by op (forward_eager) with the quantized attention
+        kernel (engine.kernels.attention_quantized), whose rules _check_kv_types states."""
         self.hp = hp
         self.n_ctx = n_ctx
         self.bidirectional = images and hp.spec.bidirectional_spans
@@ -219,7 +224,9 @@ class Transformer:
                                              bidirectional=self.bidirectional)
             self.tasks = tasks.load_tasks(self.attention.f16c)
             self.ops = ops.load_ops()
-            self.cache = KVCache(hp, n_slots, n_ctx, self.bidirectional)
+            self.kv_attention = _check_kv_types(f.path, hp, kv_types, flash_attn, self.bidirectional,
+                                                n_threads)
+            self.cache = KVCache(hp, n_slots, n_ctx, self.bidirectional, *kv_types)
         except BaseException:
             self.pool.close()
             raise
@@ -365,7 +372,9 @@ class Transformer:
         (`hidden`: [n, n_embd])."""
         if output not in ("last", "all", "hidden"):
             raise ValueError(f"unknown output kind {output!r}")
-        if self.hp.spec.recurrent is not None:  # a state per sequence: the eager builder's
+        # a state per sequence (qwen35) runs on the eager builder, and so does a quantized KV
+        # cache (the graph's KV tasks store and read f16 only)
+        if self.hp.spec.recurrent is not None or self.kv_attention is not None:
             return self.forward_eager(chunks, output)
         inputs, spans = self._check(chunks)
         T = inputs.ids.shape[0]
@@ -518,12 +527,41 @@ class Transformer:
         if self.pool is not None:
             self.matmul_kernels.close()
             self.attention.close()
+            if self.kv_attention is not None:
+                self.kv_attention.close()
             self.pool.close()
             self.pool = None  # type: ignore[assignment]
         self._graphs.clear()
         self._acts = None
         self.weights = None  # type: ignore[assignment]
         self.cache = None  # type: ignore[assignment]
+
+
+def _check_kv_types(path: object, hp: HParams, kv_types: tuple[KVType, KVType], flash_attn: bool,
+                    bidirectional: bool, n_threads: int) -> QuantizedAttentionKernel | None:
+    """The quantized attention kernel a cache of these types needs (None for f16), or a
+    ModelLoadError: a quantized K or V needs flash attention (llama.cpp refuses a quantized V
+    without it; our non-flash path reads f16 only), both quantized (a mixed f16/quantized pair
+    is not built), whole blocks per head, and none of softcap, sinks, image spans."""
+    type_k, type_v = kv_types
+    if not (type_k.quantized or type_v.quantized):
+        return None
+    problem = None
+    if not flash_attn:
+        problem = "a quantized KV cache requires flash_attn (as llama.cpp's quantized V cache does)"
+    elif not (type_k.quantized and type_v.quantized):
+        problem = "type_k and type_v must both be quantized or both f16"
+    elif hp.attn_softcap or hp.spec.attn_sinks or bidirectional:
+        problem = "a quantized KV cache does not serve attention softcap, sinks or image spans yet"
+    else:
+        try:
+            for li in range(hp.n_layer):
+                type_k.row_bytes(hp.layer_head_dim(li))
+        except ValueError as e:
+            problem = str(e)
+    if problem is not None:
+        raise ModelLoadError(str(path), f"KV cache {type_k.name}/{type_v.name}: {problem}")
+    return QuantizedAttentionKernel(type_k, type_v, n_threads)
 
 
 __all__ = ["Chunk", "ContextOverflowError", "KVCache", "Prompt", "Transformer"]

@@ -50,9 +50,10 @@ def resolve_trained_context(entry: ModelEntry, loc: Loc, memory_budget: int | No
             images = entry.mmproj is not None
             lora = [LoraSpec(a.path, a.scale) for a in entry.lora]  # their merged copies count
             need = remembered(entry.model, f"memory n_ctx={n_ctx} n_slots={entry.n_parallel} "
-                                           f"images={images} lora={[str(a.path) for a in lora]}",
+                                           f"images={images} lora={[str(a.path) for a in lora]} "
+                                           f"kv={entry.type_k}/{entry.type_v}",
                               lambda: estimate_memory(entry.model, n_ctx, entry.n_parallel,
-                                                      images, lora))
+                                                      images, lora, *entry.kv_cache_types))
             # the projector's weights, as the registry counts them (fleet/registry/slots.py)
             need += os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0
         except (ModelLoadError, OSError) as e:

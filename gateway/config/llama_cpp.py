@@ -33,7 +33,7 @@ LLAMA_CPP_MODEL_KEYS = frozenset({
     "mul_mat_q", "logits_all", "embedding", "offload_kqv", "last_n_tokens_size", "lora_base",
     "numa", "cache", "cache_type", "cache_size",
     "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
-    "type_k", "type_v", "verbose",
+    "verbose",
     "chat_template_kwargs",
 })
 _SERVER_KEY_NOTES = {

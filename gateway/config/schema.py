@@ -192,6 +192,12 @@ class EntrySettings(BaseModel):
     flash_attn: Annotated[bool, RELOAD] = Field(
         True, description="follow llama.cpp's flash-attention numerics; false: its plain "
                           "attention path (llama-cpp-python's key)")
+    type_k: Annotated[str | int | None, RELOAD] = Field(
+        "f16", description="KV cache key type: f16, q8_0 or q4_0 (llama.cpp's -ctk), or its "
+                           "ggml number (1, 8, 2: llama-cpp-python's); q8_0 halves the KV "
+                           "memory; a quantized cache needs flash_attn and type_v quantized too")
+    type_v: Annotated[str | int | None, RELOAD] = Field(
+        "f16", description="KV cache value type, as type_k (llama.cpp's -ctv)")
     # Sampling defaults for requests that leave a field out (gateway/generation/defaults.py); None = the
     # GGUF's general.sampling.* value, else llama.cpp's.
     temperature: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=2.0, description=_SAMPLING)
@@ -232,6 +238,33 @@ class EntrySettings(BaseModel):
         if v < 0:
             raise ValueError("must be at least 1 (or 0: the model's trained context)")
         return v
+
+    @field_validator("type_k", "type_v", mode="before")
+    @classmethod
+    def _kv_type(cls, v: object) -> str:
+        from engine.kv_types import kv_type
+
+        if v is None:  # llama-cpp-python's config writes null for its default, f16
+            return "f16"
+        if not isinstance(v, (str, int)):
+            raise ValueError(f"a KV cache type is a name or a ggml type number, got {v!r}")
+        return kv_type(v).name  # ValueError names the supported types
+
+    @property
+    def kv_cache_types(self) -> tuple[str, str]:
+        """(type_k, type_v) by llama.cpp's names (the validator normalises numbers and null)."""
+        return str(self.type_k), str(self.type_v)
+
+    @model_validator(mode="after")
+    def _kv_types_served(self) -> EntrySettings:
+        quantized = [t != "f16" for t in (self.type_k, self.type_v)]
+        if any(quantized) and not all(quantized):
+            raise ValueError(f"type_k ({self.type_k}) and type_v ({self.type_v}) must both be "
+                             "quantized or both f16")
+        if any(quantized) and not self.flash_attn:
+            raise ValueError("a quantized KV cache (type_k/type_v) requires flash_attn: true, "
+                             "as llama.cpp's does")
+        return self
 
     @field_validator("rope_scaling_type")
     @classmethod

@@ -236,7 +236,8 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
                         n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
                         images=entry.mmproj is not None, name=entry.name,
                         rope=rope_settings(entry), pooling=entry.pooling,
-                        lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora])
+                        lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora],
+                        type_k=entry.kv_cache_types[0], type_v=entry.kv_cache_types[1])
     vision: VisionModel | None = None
     small: engine.Model | None = None
     try:

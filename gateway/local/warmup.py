@@ -50,7 +50,8 @@ def warm(entry: ModelEntry) -> int:
     with jit.reporting(entry.name) as report:
         model = engine.load(entry.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
                             n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
-                            images=entry.mmproj is not None, name=entry.name)
+                            images=entry.mmproj is not None, name=entry.name,
+                            type_k=entry.kv_cache_types[0], type_v=entry.kv_cache_types[1])
         model.close()
         if entry.mmproj is not None:
             from engine.vision import VisionModel

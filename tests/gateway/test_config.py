@@ -198,7 +198,8 @@ def test_settings_key_changes_only_with_what_shapes_a_loaded_model(tmp_path: Pat
     for change in ({"n_ctx": 8192}, {"n_threads": 4}, {"chat_template": "{{ x }}"},
                    {"model": tmp_path / "b.gguf"}, {"n_parallel": 1},
                    {"rope_freq_base": 5e5}, {"rope_scaling_type": "yarn"}, {"yarn_orig_ctx": 8},
-                   {"lora": (LoraAdapter(path=tmp_path / "l.gguf", scale=0.5),)}):
+                   {"lora": (LoraAdapter(path=tmp_path / "l.gguf", scale=0.5),)},
+                   {"type_k": "q8_0", "type_v": "q8_0"}):
         assert entry.model_copy(update=change).settings_key() != entry.settings_key()
     hash(entry.settings_key())
 
@@ -215,7 +216,8 @@ def test_the_reload_marks_match_what_the_registry_and_the_reloader_act_on() -> N
                                                "rope_freq_scale", "rope_scaling_type",
                                                "yarn_ext_factor", "yarn_attn_factor",
                                                "yarn_beta_fast", "yarn_beta_slow",
-                                               "yarn_orig_ctx", "pooling", "lora", "draft"}
+                                               "yarn_orig_ctx", "pooling", "lora", "draft",
+                                               "type_k", "type_v"}
     assert marked(Config, RESTART) == ("host", "port", "ollama_address")
 
 
@@ -569,3 +571,21 @@ def test_default_config_serves_the_default_model(smollm2_path: Path) -> None:
     c = default_config()
     assert c.default_model == "smollm2" and c.resolve(None).model == smollm2_path
     assert c.aliases() == ["smollm2"] and c.source is None
+
+
+@pytest.mark.parametrize("given, name", [(None, "f16"), (8, "q8_0"), ("Q4_0", "q4_0"), (1, "f16")])
+def test_kv_cache_types_take_names_ggml_numbers_and_llama_cpp_pythons_null(tmp_path: Path,
+                                                                           given, name) -> None:
+    entry = ModelEntry(model=tmp_path / "a.gguf", aliases=["a"], type_k=given, type_v=given)
+    assert (entry.type_k, entry.type_v) == (name, name)
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"type_k": "q5_1"}, "unsupported KV cache type"),
+    ({"type_k": 3.5}, "a name or a ggml type number"),
+    ({"type_k": "q8_0"}, "must both be quantized"),
+    ({"type_k": "q8_0", "type_v": 8, "flash_attn": False}, "requires flash_attn"),
+])
+def test_kv_cache_type_problems_are_named(tmp_path: Path, settings, problem) -> None:
+    with pytest.raises(ValueError, match=problem):
+        ModelEntry(model=tmp_path / "a.gguf", aliases=["a"], **settings)

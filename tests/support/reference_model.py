@@ -101,8 +101,11 @@ class ReferenceModel:
             act = g / (1 + np.exp(-g))
         return (act * u) @ w[p + "ffn_down.weight"].T
 
-    def logits(self, ids: list[int]) -> np.ndarray:
-        """float64 [len(ids), n_vocab] for a fresh context."""
+    def logits(self, ids: list[int], kv_store=None, q_store=None) -> np.ndarray:
+        """float64 [len(ids), n_vocab] for a fresh context. kv_store: what a cache does to the
+        keys and values it stores and reads back (float64 [T, n_head_kv, head_dim] -> the same;
+        a quantized KV cache's round trip), else exact; q_store: the same for the queries
+        (llama.cpp's flash attention converts q to the key type's dot-product type)."""
         w = self.w
         T = len(ids)
         pos = np.arange(T, dtype=np.float64)
@@ -120,6 +123,10 @@ class ReferenceModel:
             q, k, v = self._projections(p, h)
             base = self.base_swa if local else self.base
             q, k = self._rope(q, pos, base), self._rope(k, pos, base)
+            if kv_store is not None:
+                k, v = kv_store(k), kv_store(v)
+            if q_store is not None:
+                q = q_store(q)
             out = np.empty_like(q)
             for hd in range(self.n_head):
                 kv = hd // group

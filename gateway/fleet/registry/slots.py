@@ -58,7 +58,9 @@ def engine_estimator(entry: ModelEntry) -> int:
     # weights are read into memory of their own (engine/vision/mmproj.py): its file's size
     text = int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel,
                                       images=entry.mmproj is not None,
-                                      lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora]))
+                                      lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora],
+                                      type_k=entry.kv_cache_types[0],
+                                      type_v=entry.kv_cache_types[1]))
     draft = entry.draft.model if entry.draft is not None else None
     small = (int(engine.estimate_memory(draft, entry.n_ctx, n_slots=entry.n_parallel))
              if draft is not None else 0)  # the draft model: its own weights and KV slots
