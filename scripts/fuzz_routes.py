@@ -1,7 +1,8 @@
 """Fuzz the routes of the API wave (issue #33): no request may get a 5xx.
 
 Serves the gateway in process on 127.0.0.1 with the llava vlm reference model and its mmproj
-(tests/data/vlm, so image parts reach a real projector), then sends seeded bodies to each route:
+(tests/data/vlm, so image parts reach a real projector) and a BERT cross-encoder reranker
+(tests/data/encoders, for the rerank and embedding routes), then sends seeded bodies to each route:
 instances generated from the route's pydantic request model (`model_json_schema()`), most of
 them mutated (a wrong type, a required field dropped, a huge number, deep nesting, a huge string
 within the body limit, a bad base64 image, a body that is not JSON), some streamed. After each
@@ -36,12 +37,16 @@ from gateway.app import create_app  # noqa: E402
 from gateway.config import load_config  # noqa: E402
 from gateway.protocol import anthropic, ollama, responses  # noqa: E402
 from gateway.protocol.chat import ChatCompletionRequest  # noqa: E402
-from tests.support.refs import VLM_DIR  # noqa: E402
+from gateway.protocol.embeddings import EmbeddingRequest  # noqa: E402
+from gateway.protocol.rerank import RerankRequest  # noqa: E402
+from tests.support.refs import ENCODERS_DIR, VLM_DIR  # noqa: E402
 from tests.support.servers import ThreadedServer  # noqa: E402
 
 BASE = next(b for b in json.loads((VLM_DIR / "manifest.json").read_text())["bases"]
             if b["base"] == "llava_mlp_vlm")
 ALIAS = "fuzz-vlm"
+RERANK_ALIAS = "fuzz-rerank"  # a cross-encoder: the rerank routes' model
+RERANKER = ENCODERS_DIR / "bert_rerank_d64_l2_f32.gguf"
 PNG_B64 = base64.b64encode((VLM_DIR / BASE["images"][0]["image"]).read_bytes()).decode()
 BAD_B64 = ["not base64 at all!", "iVBORw0KGgo", base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64))
            .decode(), "", "====", base64.b64encode(b"GIF89a" + bytes(300)).decode()]
@@ -56,7 +61,13 @@ ROUTES: dict[str, type[BaseModel]] = {
     "/api/chat": ollama.ChatRequest,
     "/api/generate": ollama.GenerateRequest,
     "/api/embed": ollama.EmbedRequest,
+    "/v1/embeddings": EmbeddingRequest,
+    "/v1/rerank": RerankRequest,
+    "/rerank": RerankRequest,
+    "/v1/reranking": RerankRequest,
 }
+# routes whose bodies name the reranker (most of the time; the other model otherwise)
+RERANK_ROUTES = {"/v1/rerank", "/rerank", "/v1/reranking"}
 # Fields whose values bound the work a request asks for: kept small in valid-ish bodies so a run
 # measures robustness, not generation speed (the mutations still send huge ones).
 BUDGET_KEYS = {"max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict",
@@ -77,10 +88,11 @@ def image_value(rng: random.Random, key: str) -> Any:
 class Generator:
     """Valid-ish instances of a JSON schema (pydantic's: $defs/$ref, anyOf, discriminators)."""
 
-    def __init__(self, schema: dict[str, Any], rng: random.Random) -> None:
+    def __init__(self, schema: dict[str, Any], rng: random.Random, alias: str = ALIAS) -> None:
         self.defs = schema.get("$defs", {})
         self.root = schema
         self.rng = rng
+        self.alias = alias  # the model most bodies name
 
     def instance(self) -> Any:
         return self.value(self.root, "", 0)
@@ -110,7 +122,7 @@ class Generator:
             return [self.value(s.get("items", {}), key, depth + 1) for _ in range(n)]
         if kind == "string":
             if key == "model":
-                return ALIAS if rng.random() < 0.9 else rng.choice(["", "nobody", "../x"])
+                return self.alias if rng.random() < 0.9 else rng.choice(["", "nobody", "../x", ALIAS])
             if key == "role":
                 return rng.choice(["user", "assistant", "system", "tool", "developer"])
             n = rng.randint(s.get("minLength", 0), min(s.get("maxLength", 12), 12))
@@ -200,7 +212,8 @@ def serve(folder: Path) -> ThreadedServer:
     path = folder / "modelyard.yaml"
     path.write_text(yaml.safe_dump({"models": [
         {"model": str(VLM_DIR / BASE["text_file"]), "mmproj": str(VLM_DIR / BASE["mmproj_file"]),
-         "aliases": [ALIAS], "n_ctx": 256}]}))
+         "aliases": [ALIAS], "n_ctx": 256},
+        {"model": str(RERANKER), "aliases": [RERANK_ALIAS]}]}))
     server = ThreadedServer(create_app(load_config(path)))
     server.start_serving()
     return server
@@ -220,7 +233,8 @@ def run(url: str, count: int, seconds: float, seed: int,
                 say(f"stopped at the --seconds bound after {i} requests")
                 break
             path = rng.choice(list(ROUTES))
-            body = Generator(schemas[path], rng).instance()
+            alias = RERANK_ALIAS if path in RERANK_ROUTES else ALIAS
+            body = Generator(schemas[path], rng, alias).instance()
             if "stream" in schemas[path].get("properties", {}) and rng.random() < 0.6:
                 body["stream"] = rng.random() < 0.6
             what = "valid-ish"
