@@ -22,7 +22,7 @@ from engine.model import Chunk
 from engine.sampling import SamplingParams
 from engine.servable import check_servable, why_not_servable
 from tests.support.batch_checks import alone, assert_same_or_near_tie, run_all
-from tests.support.llama_cpp_checks import assert_greedy_until_a_near_tie, assert_within
+from tests.support.llama_cpp_checks import assert_greedy_until_a_near_tie, assert_synth_logits, assert_within
 from tests.support.refs import SYNTH3_DIR
 
 MANIFEST = json.loads((SYNTH3_DIR / "qwen35_manifest.json").read_text())
@@ -53,22 +53,9 @@ def test_the_files_are_the_ones_the_manifest_describes() -> None:
 
 @pytest.mark.parametrize("name", list(ENTRIES))
 def test_logits_match_llama_cpp_batched_sequential_and_split(name: str) -> None:
-    entry = ENTRIES[name]
     ref = np.load(SYNTH3_DIR / f"{name}.npz")
-    ids = ref["ids"].tolist()
     with _load(name, n_slots=3) as model:
-        tr = model.transformer
-        batched = tr.forward([Chunk(0, ids, 0)], "all")[0]                          # [40, n_vocab]
-        sequential = np.stack([tr.forward([Chunk(1, [t], i)], "last")[0] for i, t in enumerate(ids)])
-        first = tr.forward([Chunk(2, ids[:20], 0)], "all")[0]
-        second = tr.forward([Chunk(2, ids[20:], 20)], "all")[0]   # from the cached state
-    tol = entry["suggested_tolerance"]
-    assert_within(batched, ref["logits"], tol, f"{name} batched")
-    assert_within(sequential, ref["logits_sequential"], tol, f"{name} sequential")
-    assert_within(np.concatenate([first, second]), ref["logits_split"], tol, f"{name} split")
-    assert_within(second, ref["logits_split"][20:], tol["split_second_call"] | {"top1_agree_min": 19},
-                  f"{name} split, second call")
-
+        assert_synth_logits(model.transformer, ref, ENTRIES[name]["suggested_tolerance"], name)
 
 @pytest.mark.parametrize("name", list(ENTRIES))
 def test_greedy_tokens_match_llama_cpp_until_a_near_tie(name: str) -> None:
