@@ -184,7 +184,7 @@ def interleaved(args: argparse.Namespace) -> dict[str, Any]:
     print(f"{'clients':>7} {'modelyard':>10} {'peer':>10} {'ratio':>6}", file=sys.stderr)
     for ours, theirs in zip(medians["modelyard"], medians["peer"]):
         ratio = ours["total_tok_s"] / theirs["total_tok_s"] if theirs["total_tok_s"] else 0
-        print(f"{ours['clients']:>7} {ours['total_tok_s']:>10} {theirs['total_tok_s']:>10} "
+        print(f"{ours['clients']:>7} {ours['total_tok_s']:>10.1f} {theirs['total_tok_s']:>10.1f} "
               f"{ratio:>6.2f}", file=sys.stderr)
     return {"max_tokens": args.max_tokens, "temperature": args.temperature,
             "requests_per_client": args.requests, "rounds": args.rounds, **medians}
