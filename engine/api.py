@@ -300,4 +300,4 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
             raise ModelLoadError(path, f"KV cache: {e}") from e
     return (sum(os.path.getsize(f) for f in files) + kv
             + estimate_repacked(shapes, host_repacks)
-            + estimate_repacked_stacks(stacks, host_repacks) + merged_bytes(list(lora), tensors))
+            + estimate_repacked_stacks(stacks, host_repacks) + merged_bytes(adapted, tensors))

@@ -25,7 +25,7 @@ import numpy as np
 
 from .formats import quants
 from .formats.ggml_types import GGMLQuantizationType
-from .gguf import GGUFFile, ModelLoadError, TensorInfo
+from .gguf import GGUFFile, ModelLoadError, TensorInfo, read_header
 
 
 @dataclass(frozen=True)
@@ -113,33 +113,17 @@ def merged(m: quants.QuantMatrix, deltas: list[LoraDelta]) -> quants.QuantMatrix
     return quants.QuantMatrix(raw, GGMLQuantizationType.F32, m.n_rows, m.n_cols)
 
 
-def why_not_an_adapter(model: str | os.PathLike[str], adapter: str | os.PathLike[str]) -> str | None:
-    """Why `adapter` cannot be applied to `model` (read_deltas' judgement), or None."""
-    from .servable import read_model_header
-
-    meta, tensors = read_model_header(model)
-    try:
-        read_deltas([LoraSpec(adapter)], str(meta.get("general.architecture")), tensors)
-    except ModelLoadError as e:
-        return e.problem
-    return None
-
-
 def adapted_tensors(specs: Sequence[LoraSpec]) -> set[str]:
     """The base tensors the adapters adapt, from their headers."""
     targets: set[str] = set()
-    for spec in specs:
-        f = GGUFFile(spec.path)
-        try:
-            targets |= {n[:-len(".lora_a")] for n in f.tensors if n.endswith(".lora_a")}
-        finally:
-            f.close()
+    for spec in specs:  # the header alone: no mapping of the adapter's data
+        tensors = read_header(spec.path, vocabulary=False)[1]
+        targets |= {n[:-len(".lora_a")] for n in tensors if n.endswith(".lora_a")}
     return targets
 
 
-def merged_bytes(specs: Sequence[LoraSpec], base: dict[str, TensorInfo]) -> int:
-    """Bytes the merged float32 copies take (each adapted 2-D base tensor once), from the
-    adapters' headers: what a load with `specs` holds beyond the file."""
-    targets = adapted_tensors(specs)
+def merged_bytes(targets: set[str], base: dict[str, TensorInfo]) -> int:
+    """Bytes the merged float32 copies of the adapted base tensors `targets` (adapted_tensors)
+    take: what a load with those adapters holds beyond the file."""
     return sum(4 * base[t].shape[0] * base[t].shape[1] for t in targets
                if t in base and len(base[t].shape) == 2)

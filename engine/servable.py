@@ -36,6 +36,7 @@ import numpy as np
 from .encoder import load_encoder_weights
 from .gguf import ModelLoadError, TensorInfo, UndecodedArray, read_header, split_part_paths
 from .hparams import HParams
+from .lora import LoraSpec, read_deltas
 from .tokenizer import vocabulary_model
 from .weights import load_weights
 
@@ -210,6 +211,16 @@ def why_not_a_pair(model: str | os.PathLike[str], mmproj: str | os.PathLike[str]
         answer = _pair_judged(m_path, p_path), 0
         _answers.put((m_path, p_path), (m_id, p_id), answer)
     return answer[0]
+
+
+def why_not_an_adapter(model: str | os.PathLike[str], adapter: str | os.PathLike[str]) -> str | None:
+    """Why `adapter` cannot be applied to `model` (read_deltas' judgement), or None."""
+    meta, tensors = read_model_header(model)
+    try:
+        read_deltas([LoraSpec(adapter)], str(meta.get("general.architecture")), tensors)
+    except ModelLoadError as e:
+        return e.problem
+    return None
 
 
 def _pair_judged(model: str, mmproj: str) -> str | None:

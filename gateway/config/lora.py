@@ -1,7 +1,7 @@
 """An entry's LoRA adapters: `lora: [{path, scale}]`, or llama-cpp-python's `lora_path` (one, scale 1).
 
 Each file is checked against the entry's model at config load, by the same reading the engine
-loads with (engine.lora.why_not_an_adapter): a missing file, a file that is not a LoRA adapter, or
+loads with (engine.servable.why_not_an_adapter): a missing file, a file that is not a LoRA adapter, or
 one made for another base is a `file:line` error on the key that names it.
 """
 from __future__ import annotations
@@ -52,8 +52,7 @@ def check_adapters(model: Path, adapters: list[tuple[dict[str, Any], Loc]],
                    problems: Problems) -> None:
     """Each adapter's header and tensors against the model's (skipped when the model itself is
     already reported)."""
-    from engine.lora import why_not_an_adapter
-    from engine.servable import why_not_servable
+    from engine.servable import why_not_an_adapter, why_not_servable
 
     if not model.is_file() or why_not_servable(model) is not None:
         return
