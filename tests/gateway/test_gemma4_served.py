@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 import engine
-from engine.servable import why_not_servable
-from gateway.scan import scan_dir
 from tests.support.refs import SYNTH3_DIR, SYNTH_DIR
+from tests.support.scan_checks import assert_scan_accepts
 
 MANIFEST = json.loads((SYNTH3_DIR / "gemma4_manifest.json").read_text())
 NAMES = [e["file"][:-len(".gguf")] for e in MANIFEST["models"]]
@@ -22,13 +21,7 @@ EOG = MANIFEST["models"][0]["llama_meta"]["eog_ids"]
 
 
 def test_header_checks_and_scan_accept_the_files(tmp_path: Path) -> None:
-    for name in NAMES:
-        assert why_not_servable(SYNTH3_DIR / f"{name}.gguf") is None
-        (tmp_path / f"{name}.gguf").symlink_to(SYNTH3_DIR / f"{name}.gguf")
-    found = scan_dir(tmp_path)
-    assert not found.skipped
-    assert {m.arch for m in found.found} == {"gemma4"}
-    assert {m.quantization for m in found.found} == {"F32", "Q8_0"}
+    assert_scan_accepts(SYNTH3_DIR, NAMES, tmp_path, "gemma4", {"F32", "Q8_0"})
 
 
 def test_a_config_naming_a_gemma4_file_is_accepted(tmp_path: Path) -> None:

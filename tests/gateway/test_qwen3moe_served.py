@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import engine
-from engine.servable import why_not_servable
-from gateway.scan import scan_dir
 from tests.support.refs import SYNTH3_DIR, SYNTH_DIR
+from tests.support.scan_checks import assert_scan_accepts
 
 MANIFEST = json.loads((SYNTH3_DIR / "manifest.json").read_text())
 ENTRIES = {e["file"][:-len(".gguf")]: e for e in MANIFEST["models"] if e["arch"] == "qwen3moe"}
@@ -24,13 +23,7 @@ def _load(name: str) -> engine.Model:
 
 
 def test_header_checks_and_scan_accept_the_files(tmp_path: Path) -> None:
-    for name in ENTRIES:
-        assert why_not_servable(SYNTH3_DIR / f"{name}.gguf") is None
-        (tmp_path / f"{name}.gguf").symlink_to(SYNTH3_DIR / f"{name}.gguf")
-    found = scan_dir(tmp_path)
-    assert not found.skipped
-    assert {m.arch for m in found.found} == {"qwen3moe"}
-    assert {m.quantization for m in found.found} == {"F32", "Q8_0"}
+    assert_scan_accepts(SYNTH3_DIR, ENTRIES, tmp_path, "qwen3moe", {"F32", "Q8_0"})
 
 
 @pytest.fixture(scope="module")
