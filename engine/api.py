@@ -13,7 +13,6 @@ import numpy as np
 
 from .constraint import Constraint
 from .encoder import EncoderTransformer
-from .float_products import BLAS_TYPES
 from .formats.repack import estimate_repacked, estimate_repacked_stacks
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
@@ -290,9 +289,8 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     stacks = {n: (t.qtype, t.shape[1], t.shape[0], t.shape[2]) for n, t in tensors.items()
               if len(t.shape) == 3}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
-    if hp.spec.is_encoder:  # no KV cache; its float32 copies of F32/F16 layer matrices
-        kv = sum(4 * t.n_elements for n, t in tensors.items()  # (engine.float_products)
-                 if n.startswith("blk.") and len(t.shape) == 2 and t.qtype in BLAS_TYPES)
+    if hp.spec.is_encoder:  # no KV cache; its F16/F32 matrices are packed in their own type
+        kv = 0              # and the file's pages released (engine.float_products)
     else:
         try:
             kv = layout.bytes_per_slot(kv_type(type_k), kv_type(type_v)) * n_slots

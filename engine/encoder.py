@@ -27,19 +27,26 @@ from typing import Any
 import numpy as np
 
 from .arch.bert import BertLayer
-from .blas_threads import single_threaded_blas
-from .float_products import FloatProducts
+from .float_products import PANEL_TYPES, FloatProducts
 from .formats import quants
 from .formats.repack import RepackedMatrix
 from .gguf import GGUFFile, ModelLoadError
 from .hparams import HParams
 from .kernels import ops, rotary
+from .kernels.gelu_table import gelu_table
+from .kernels.layer_norm import LANES as NORM_LANES
+from .kernels.layer_norm import layer_norm_rows
 from .kernels.matmul import MatmulKernels
+from .kernels.panel_gemm import PanelMatrix
 from .kernels.pool import Pool
+from .kernels.row_softmax import LANES as SOFTMAX_LANES
+from .kernels.row_softmax import softmax_rows
 from .model import Chunk, ContextOverflowError
 from .weights import RankHead, _TensorReader, check_all_used, read_rank_head
 
 _F32 = np.float32
+ATTN_BLOCK = 192  # queries per attention block: a long text's scores stay [192, n] per head
+WIDE = 64         # the keys' panel width (values: the default 32, N = head size)
 _SQRT_2_OVER_PI = _F32(0.79788456080286535587989211986876)
 _GELU_COEF_A = _F32(0.044715)
 
@@ -121,6 +128,12 @@ def load_encoder_weights(f: Any, hp: HParams) -> EncoderWeights:
     return weights
 
 
+def _input_groups(w: BertLayer) -> list[list[tuple[quants.QuantMatrix, np.ndarray | None]]]:
+    """The layer's (matrix, bias) groups sharing an input, as encoder_block projects them."""
+    up = [(w.w_up, w.b_up)] if w.w_gate is None else [(w.w_gate, None), (w.w_up, w.b_up)]
+    return [[(w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv)], [(w.wo, w.bo)], up, [(w.w_down, w.b_down)]]
+
+
 class _NoCache:
     """engine.loaded's SlotCache for a model without one: every slot holds nothing."""
 
@@ -145,20 +158,24 @@ class _Pass:
     def __init__(self, tr: EncoderTransformer, x: np.ndarray, spans: list[tuple[int, int]],
                  positions: np.ndarray) -> None:
         self.tr, self.hp = tr, tr.hp
+        self.floats = tr.float_products
         self.spans, self.positions = spans, positions
         self.bufs: dict[str, np.ndarray] = {"x": x}
 
-    def project(self, src: str, targets: list[tuple[quants.QuantMatrix, str]]) -> None:
-        x, floats = self.bufs[src], self.tr.float_products
-        rounded = (x.astype(np.float16).astype(_F32)
-                   if any(floats.rounds_input(w) for w, _ in targets) else None)
-        for w, dst in targets:
-            self.bufs[dst] = (floats.matmul(w, x, rounded) if floats.covers(w)
-                              else self.tr.matmul_kernels.matmul(w, x))
-
-    def add_bias(self, buf: str, bias: np.ndarray | None) -> None:
-        if bias is not None:
-            ops.add_bias(self.bufs[buf], bias, out=self.bufs[buf])
+    def project(self, src: str,
+                targets: list[tuple[quants.QuantMatrix, np.ndarray | None, str]]) -> None:
+        x, floats = self.bufs[src], self.floats
+        ms = [w for w, _, _ in targets]
+        if floats.covers(ms):  # one panel GEMM for the group, biases added
+            for (_, _, dst), out in zip(targets, floats.matmul(ms, x)):
+                self.bufs[dst] = out
+            return
+        for w, bias, dst in targets:
+            out = (floats.matmul([w], x)[0] if floats.covers([w])
+                   else self.tr.matmul_kernels.matmul(w, x))
+            if bias is not None and not floats.covers([w]):
+                ops.add_bias(out, bias, out=out)
+            self.bufs[dst] = out
 
     def rope(self) -> None:
         hp, T = self.hp, self.positions.shape[0]
@@ -171,36 +188,55 @@ class _Pass:
         hp = self.hp
         H, hd = hp.n_head, hp.head_dim
         q, k, v = self.bufs["q"], self.bufs["k"], self.bufs["v"]
-        out = np.empty_like(q)
+        out = np.empty((q.shape[0], H * hd), _F32)
         scale = _F32(hp.scale())
-        def one(i: int) -> None:
-            a, b = self.spans[i]
-            n = b - a  # contiguous heads-first copies: numpy's stacked matmul is BLAS on those
-            qh = np.ascontiguousarray(q[a:b].reshape(n, H, hd).transpose(1, 0, 2))  # [H, n, hd]
-            kt = np.ascontiguousarray(k[a:b].reshape(n, H, hd).transpose(1, 2, 0))  # [H, hd, n]
-            vh = np.ascontiguousarray(v[a:b].reshape(n, H, hd).transpose(1, 0, 2))  # [H, n, hd]
-            s = np.matmul(qh, kt)                                   # [H, n, n]
-            s *= scale
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-            out[a:b] = np.matmul(s, vh).transpose(1, 0, 2).reshape(n, H * hd)
+        gemm = self.floats.gemm
 
-        self.tr.float_products.each(one, len(self.spans))           # texts over the threads
+        def one(i: int) -> None:  # a text's heads on this thread, each blocked by queries
+            a, b = self.spans[i]
+            n = b - a
+            qs = np.multiply(q[a:b], scale, dtype=_F32)  # softmax(s c) as softmax of (q c) k
+            scores = np.empty((min(ATTN_BLOCK, n), n), _F32)
+            for h in range(H):
+                cols = slice(h * hd, (h + 1) * hd)
+                keys = PanelMatrix.pack(np.ascontiguousarray(k[a:b, cols]), WIDE)       # [n, hd]
+                values = PanelMatrix.pack(np.ascontiguousarray(v[a:b, cols].T))        # [hd, n]
+                qh = np.ascontiguousarray(qs[:, cols])
+                for q0 in range(0, n, ATTN_BLOCK):
+                    s = scores[:min(ATTN_BLOCK, n - q0)]
+                    gemm.matmul(keys, qh[q0:q0 + s.shape[0]], out=s, threads=False)
+                    softmax_rows(s) if n % SOFTMAX_LANES == 0 else ops.softmax(s, out=s)
+                    out[a + q0:a + q0 + s.shape[0], cols] = gemm.matmul(values, s, threads=False)
+
+        self.floats.each(one, len(self.spans))           # texts over the threads
         self.bufs["q"] = out
 
     def residual_norm(self, weight: np.ndarray, bias: np.ndarray) -> None:
         eps = self.hp.rms_eps
-        x = self.bufs["x"]
-        x += self.bufs["o"]
-        self.bufs["x"] = self.tr.float_products.by_rows(
-            lambda rows: layer_norm(rows, weight, bias, eps), x)
+        x, o = self.bufs["x"], np.ascontiguousarray(self.bufs["o"])
+        compiled = x.shape[1] % NORM_LANES == 0  # else the numpy twin
+
+        def rows(xs: np.ndarray, out: np.ndarray) -> None:
+            a = (xs.ctypes.data - x.ctypes.data) // x.strides[0]
+            np.add(xs, o[a:a + xs.shape[0]], out=xs)
+            if compiled:
+                layer_norm_rows(xs, weight, bias, eps, out=out)
+            else:
+                out[:] = layer_norm(xs, weight, bias, eps)
+
+        self.bufs["x"] = self.floats.by_rows(rows, x, x)
 
     def gelu(self, buf: str) -> None:
-        self.bufs[buf] = self.tr.float_products.by_rows(gelu_f16, self.bufs[buf])
+        g, table = np.ascontiguousarray(self.bufs[buf]), gelu_f16_table()
+        if g.shape[1] % 16:  # the numpy twin for widths the 16-lane kernel does not take
+            self.bufs[buf] = self.floats.by_rows(lambda xs, out: out.__setitem__(
+                slice(None), gelu_f16(xs)), g, g)
+            return
+        self.bufs[buf] = self.floats.by_rows(lambda xs, out: gelu_table(xs, table, out=out), g, g)
 
     def glu(self) -> None:
-        self.bufs["g"] = ops.silu_mul(self.bufs["g"], self.bufs["u"])
+        g, u = np.ascontiguousarray(self.bufs["g"]), np.ascontiguousarray(self.bufs["u"])
+        self.bufs["g"] = ops.silu_mul(g, u)
 
 
 class EncoderTransformer:
@@ -218,18 +254,20 @@ class EncoderTransformer:
         try:
             self.matmul_kernels = MatmulKernels({m.qtype for m in self.weights.matrices()},
                                                 pool=self.pool)
-            mk = self.matmul_kernels
-            self.weights.layers = [layer.with_matrices(lambda m: mk.prepare(m, file_backed=True))
-                                   for layer in self.weights.layers]
-            layer_matrices = [m for layer in self.weights.layers for m in layer.matrices()]
-            self.float_products = FloatProducts(layer_matrices, n_threads)
+            self.float_products = FloatProducts(self.pool, n_threads)
+            for layer in self.weights.layers:  # float groups packed; the rest repacked or kept
+                for group in _input_groups(layer):
+                    self.float_products.pack(group)
+            mk, floats = self.matmul_kernels, self.float_products
+            self.weights.layers = [layer.with_matrices(
+                lambda m: m if floats.covers([m]) or m.qtype in PANEL_TYPES
+                else mk.prepare(m, file_backed=True)) for layer in self.weights.layers]
         except BaseException:
             self.pool.close()
             raise
         self.rope_spec = rotary.RopeSpec(hp.rope_base, freq_scale=hp.rope_freq_scale)
         self.cache = _NoCache(n_slots)
         self.lora_bytes = 0  # no adapters on an encoder (engine.api refuses them)
-        single_threaded_blas()  # the attention's numpy products beside the pool's threads
 
     @property
     def repacked_bytes(self) -> int:

@@ -1,15 +1,18 @@
-"""x @ W.T for an encoder's float-typed weights (F32, F16) through numpy's sgemm.
+"""x @ W.T for an encoder's float-typed weights (F32, F16) on the panel GEMM.
 
-At an encoder's batch sizes (thousands of rows: every text of a batch at once) OpenBLAS's
-blocked sgemm runs 2-3x the engine's float-weight rows kernel, which is built for decode's few
-rows (a BERT-base F16 layer's products, 1024 rows: ~65 against ~25 GFLOPS a core). The weights
-are kept as float32 copies (twice an F16 file's bytes: BERT-base 440 MB, bge-small 130 MB), and
-an F16 matrix's input is rounded to f16 first, as ggml converts activations to an F16 weight's
-dot type. The rows of W are split over `n_threads` threads (numpy releases the GIL in BLAS;
-BLAS itself runs single-threaded, engine/blas_threads.py). Quantized types stay on the
-compiled kernels (engine/kernels/matmul), which read int8 dots faster than any float path.
-The same threads run the encoder's row-wise numpy steps (GELU, LayerNorm) and its per-text
-attention, which would otherwise leave the second core idle between matmuls.
+Each group of matrices that multiplies one input (an encoder layer's Q, K and V; nomic's gate
+and up) is packed once, at load, into engine.kernels.panel_gemm's layout as one matrix of their
+stacked rows, in the file's own type: an F16 file's weights stay F16 (the file's pages are
+released once packed, so the model costs its file's bytes, not a float32 copy's twice that),
+and one GEMM reads the input once for all of them. The group's biases are stacked alike and
+added to the product in place. An F16 group's input is rounded to f16 first
+(engine.kernels.f16_round), as ggml converts activations to an F16 weight's dot type; the panel
+GEMM then sums in f32. The GEMM splits by weight panels across the engine's native pool, so an
+output's bits do not depend on the thread count. Quantized types stay on the row kernels
+(engine/kernels/matmul), which read int8 dots faster than any float path.
+
+The executor's threads run the encoder's row-wise steps (GELU, LayerNorm) and its per-text
+attention (`by_rows`, `each`).
 """
 from __future__ import annotations
 
@@ -19,61 +22,94 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import hugepages
 from .formats import quants
 from .formats.ggml_types import GGMLQuantizationType
+from .kernels import ops
+from .kernels.f16_round import round_f16
+from .kernels.panel_gemm import PanelGemm, PanelMatrix
+from .kernels.pool import Pool
 
-BLAS_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16})
+PANEL_TYPES = frozenset({GGMLQuantizationType.F32, GGMLQuantizationType.F16})
+WIDE = 64  # 64-row panels: fewer broadcasts per FMA (the encoders' widths are multiples of 64)
+
+
+class _Group:
+    """One packed group: its panels and stacked bias (None when no member has one)."""
+
+    def __init__(self, ms: list[quants.QuantMatrix], biases: list[np.ndarray | None]) -> None:
+        dtype = np.float16 if ms[0].qtype == GGMLQuantizationType.F16 else np.float32
+        rows = np.concatenate([m.raw.view(dtype).reshape(m.n_rows, m.n_cols) for m in ms])
+        self.panels = PanelMatrix.pack(rows, WIDE)
+        self.rounds_input = dtype == np.float16
+        self.bias = None if all(b is None for b in biases) else np.concatenate(
+            [np.zeros(m.n_rows, np.float32) if b is None else np.asarray(b, np.float32)
+             for m, b in zip(ms, biases)])
+        self.widths = [m.n_rows for m in ms]
 
 
 class FloatProducts:
-    """float32 copies of the float-typed matrices given, and their products."""
+    """Packed groups of float-typed matrices and their products; `pool` runs the GEMMs,
+    `n_threads` executor threads the row-wise work."""
 
-    def __init__(self, matrices: list[quants.QuantMatrix], n_threads: int) -> None:
-        self._f32: dict[int, np.ndarray] = {}    # id(matrix) -> float32 [n_rows, n_cols]
-        self._f16_input: set[int] = set()
-        for m in matrices:
-            if m.qtype in BLAS_TYPES and id(m) not in self._f32:
-                self._f32[id(m)] = np.ascontiguousarray(
-                    quants.dequantize(m.raw, m.qtype, m.n_cols), dtype=np.float32)
-                if m.qtype == GGMLQuantizationType.F16:
-                    self._f16_input.add(id(m))
+    def __init__(self, pool: Pool, n_threads: int) -> None:
+        self._groups: dict[tuple[int, ...], _Group] = {}
+        self.gemm = PanelGemm(pool=pool)
         self.n_threads = n_threads
-        self._pool = ThreadPoolExecutor(n_threads, "modelyard-sgemm") if n_threads > 1 else None
+        self._pool = ThreadPoolExecutor(n_threads, "modelyard-encoder") if n_threads > 1 else None
 
-    def covers(self, w: object) -> bool:
-        return id(w) in self._f32
+    def pack(self, pairs: list[tuple[quants.QuantMatrix, np.ndarray | None]],
+             file_backed: bool = True) -> bool:
+        """Pack (W, bias) pairs sharing an input as one group if they are all of one float type
+        (else each alone where it is one); whether the whole group was packed together."""
+        ms = [m for m, _ in pairs]
+        if len({m.qtype for m in ms}) == 1 and ms[0].qtype in PANEL_TYPES:
+            self._groups[tuple(id(m) for m in ms)] = _Group(ms, [b for _, b in pairs])
+            if file_backed:
+                for m in ms:
+                    hugepages.release_file_pages(m.raw)
+            return True
+        if len(pairs) > 1:
+            for pair in pairs:
+                self.pack([pair], file_backed)
+        return False
+
+    def covers(self, ms: list[quants.QuantMatrix]) -> bool:
+        return tuple(id(m) for m in ms) in self._groups
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._f32.values())
+        return sum(g.panels.data.nbytes for g in self._groups.values())
 
-    def rounds_input(self, w: object) -> bool:
-        """Whether w's input is rounded to f16 first (an F16 matrix)."""
-        return id(w) in self._f16_input
+    def matmul(self, ms: list[quants.QuantMatrix], x: np.ndarray) -> list[np.ndarray]:
+        """[x @ W.T + b for each W of the packed group `ms`]: float32 [M, n_rows] column views
+        of one product (the whole product when the group is one matrix)."""
+        g = self._groups[tuple(id(m) for m in ms)]
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if g.rounds_input:
+            x = self.by_rows(lambda xs, out: round_f16(xs, out=out), x)
+        out = self.gemm.matmul(g.panels, x)
+        if g.bias is not None:
+            self.by_rows(lambda xs, o: ops.add_bias(xs, g.bias, out=o), out, out)  # type: ignore[arg-type]
+        if len(g.widths) == 1:
+            return [out]
+        edges = list(itertools.accumulate([0] + g.widths))
+        return [out[:, a:b] for a, b in itertools.pairwise(edges)]
 
-    def matmul(self, w: object, x: np.ndarray, rounded: np.ndarray | None = None) -> np.ndarray:
-        """float32 [M, n_rows] = x [M, n_cols] @ W.T; `rounded`: x already rounded to f16 (one
-        rounding for the matrices sharing an input)."""
-        weights = self._f32[id(w)]
-        if id(w) in self._f16_input:
-            x = rounded if rounded is not None else x.astype(np.float16).astype(np.float32)
-        n_rows = weights.shape[0]
-        if self._pool is None or n_rows < 2 * self.n_threads:
-            return np.asarray(np.matmul(x, weights.T), dtype=np.float32)
-        bounds = [int(b) for b in np.linspace(0, n_rows, self.n_threads + 1)]
-        parts = list(self._pool.map(lambda ab: np.matmul(x, weights[ab[0]:ab[1]].T),
-                                    itertools.pairwise(bounds)))
-        return np.concatenate(parts, axis=1)
-
-    def by_rows(self, fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
-        """fn(x) computed on row ranges over the threads (fn row-wise; numpy's loops release
-        the GIL), float32 [M, ...] like fn's."""
+    def by_rows(self, fn: Callable[[np.ndarray, np.ndarray], object], x: np.ndarray,
+                out: np.ndarray | None = None) -> np.ndarray:
+        """fn(x_rows, out_rows) on blocks of rows over the threads (fn row-wise, writing its
+        block of `out`; numpy and the compiled kernels release the GIL); returns out (new, x's
+        shape, unless given; may be x)."""
+        if out is None:
+            out = np.empty_like(x)
         M = x.shape[0]
         if self._pool is None or M < 64:
-            return fn(x)
-        bounds = [int(b) for b in np.linspace(0, M, self.n_threads + 1)]
-        parts = list(self._pool.map(lambda ab: fn(x[ab[0]:ab[1]]), itertools.pairwise(bounds)))
-        return np.concatenate(parts, axis=0)
+            fn(x, out)
+            return out
+        step = -(-M // (2 * self.n_threads))
+        list(self._pool.map(lambda a: fn(x[a:a + step], out[a:a + step]), range(0, M, step)))
+        return out
 
     def each(self, fn: Callable[[int], None], n: int) -> None:
         """fn(i) for i < n over the threads (fn writes disjoint rows)."""
@@ -86,4 +122,4 @@ class FloatProducts:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        self._f32.clear()
+        self._groups.clear()

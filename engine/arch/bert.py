@@ -31,11 +31,10 @@ class EncoderOps(Protocol):
     """What an encoder block is written in, on named rows [T, ...] of one batch of texts:
     x the hidden state, q k v attention's, o a sublayer's output, g u the FFN's."""
 
-    def project(self, src: str, targets: list[tuple[quants.QuantMatrix, str]]) -> None:
-        """dst = src @ W.T for each (W, dst)."""
-
-    def add_bias(self, buf: str, bias: np.ndarray | None) -> None:
-        """buf += bias per row (nothing when the file has no such bias)."""
+    def project(self, src: str,
+                targets: list[tuple[quants.QuantMatrix, np.ndarray | None, str]]) -> None:
+        """dst = src @ W.T (+ b where the file has the bias) for each (W, b, dst); the targets
+        share their input, so an implementation may run them as one product."""
 
     def rope(self) -> None:
         """q and k turned at their positions in their text (NEOX pairs)."""
@@ -107,26 +106,21 @@ def finish(v: KeyValues) -> None:
 
 
 def encoder_block(b: EncoderOps, w: BertLayer, layer: int, rope: bool) -> None:
-    b.project("x", [(w.wq, "q"), (w.wk, "k"), (w.wv, "v")])  # q, k, v = x @ Wq, Wk, Wv
-    b.add_bias("q", w.bq)
-    b.add_bias("k", w.bk)
-    b.add_bias("v", w.bv)
+    b.project("x", [(w.wq, w.bq, "q"), (w.wk, w.bk, "k"),  # q, k, v = x @ Wq, Wk, Wv (+ b)
+                    (w.wv, w.bv, "v")])
     if rope:
         b.rope()                                              # nomic: rope q, k
     b.attention()                                             # q = attention(q, k, v)
-    b.project("q", [(w.wo, "o")])                             # o = q @ Wo (+ bo)
-    b.add_bias("o", w.bo)
+    b.project("q", [(w.wo, w.bo, "o")])                       # o = q @ Wo (+ bo)
     b.residual_norm(w.attn_out_norm, w.attn_out_norm_b)       # x = LN(x + o)
     if w.w_gate is None:
-        b.project("x", [(w.w_up, "g")])                       # bert: g = gelu(x @ Wup + bup)
-        b.add_bias("g", w.b_up)
+        b.project("x", [(w.w_up, w.b_up, "g")])               # bert: g = gelu(x @ Wup + bup)
         b.gelu("g")
     else:
-        b.project("x", [(w.w_gate, "g"), (w.w_up, "u")])      # nomic: g = silu(x Wg) * (x Wu)
-        b.add_bias("u", w.b_up)
+        b.project("x", [(w.w_gate, None, "g"),                # nomic: g = silu(x Wg) * (x Wu + bu)
+                        (w.w_up, w.b_up, "u")])
         b.glu()
-    b.project("g", [(w.w_down, "o")])                         # o = g @ Wdown (+ bdown)
-    b.add_bias("o", w.b_down)
+    b.project("g", [(w.w_down, w.b_down, "o")])               # o = g @ Wdown (+ bdown)
     b.residual_norm(w.out_norm, w.out_norm_b)                 # x = LN(x + o)
 
 
