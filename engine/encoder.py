@@ -134,6 +134,24 @@ def _input_groups(w: BertLayer) -> list[list[tuple[quants.QuantMatrix, np.ndarra
     return [[(w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv)], [(w.wo, w.bo)], up, [(w.w_down, w.b_down)]]
 
 
+def _head_panels(x: np.ndarray, H: int, hd: int, values: bool = False) -> list[PanelMatrix]:
+    """One text's keys [n, H hd] as each head's panel matrix [n, hd] (WIDE rows a panel), or
+    with `values` its values as each head's [hd, n] (32 rows a panel): all heads in one copy,
+    laid out as PanelMatrix.pack lays out one (panel_gemm.pack_panels)."""
+    n = x.shape[0]
+    if values:  # W = V_h^T: panel p holds rows 32p.. of W, i.e. columns of V_h, k-major = by n
+        if hd % 32:
+            return [PanelMatrix.pack(np.ascontiguousarray(x[:, h * hd:(h + 1) * hd].T))
+                    for h in range(H)]
+        data = np.ascontiguousarray(x.reshape(n, H, hd // 32, 32).transpose(1, 2, 0, 3))
+        return [PanelMatrix(data[h], hd, n) for h in range(H)]
+    n_p = -(-n // WIDE)
+    padded = np.zeros((n_p * WIDE, H * hd), _F32)
+    padded[:n] = x
+    data = np.ascontiguousarray(padded.reshape(n_p, WIDE, H, hd).transpose(2, 0, 3, 1))
+    return [PanelMatrix(data[h], n, hd) for h in range(H)]
+
+
 class _NoCache:
     """engine.loaded's SlotCache for a model without one: every slot holds nothing."""
 
@@ -195,18 +213,19 @@ class _Pass:
         def one(i: int) -> None:  # a text's heads on this thread, each blocked by queries
             a, b = self.spans[i]
             n = b - a
-            qs = np.multiply(q[a:b], scale, dtype=_F32)  # softmax(s c) as softmax of (q c) k
+            # softmax(s c) as softmax of (q c) k: the scores take one pass fewer
+            qh = np.empty((H, n, hd), _F32)
+            np.multiply(q[a:b].reshape(n, H, hd).transpose(1, 0, 2), scale, out=qh)
+            keys, values = _head_panels(k[a:b], H, hd), _head_panels(v[a:b], H, hd, values=True)
+            heads = np.empty((H, n, hd), _F32)
             scores = np.empty((min(ATTN_BLOCK, n), n), _F32)
             for h in range(H):
-                cols = slice(h * hd, (h + 1) * hd)
-                keys = PanelMatrix.pack(np.ascontiguousarray(k[a:b, cols]), WIDE)       # [n, hd]
-                values = PanelMatrix.pack(np.ascontiguousarray(v[a:b, cols].T))        # [hd, n]
-                qh = np.ascontiguousarray(qs[:, cols])
                 for q0 in range(0, n, ATTN_BLOCK):
                     s = scores[:min(ATTN_BLOCK, n - q0)]
-                    gemm.matmul(keys, qh[q0:q0 + s.shape[0]], out=s, threads=False)
+                    gemm.matmul(keys[h], qh[h, q0:q0 + s.shape[0]], out=s, threads=False)
                     softmax_rows(s) if n % SOFTMAX_LANES == 0 else ops.softmax(s, out=s)
-                    out[a + q0:a + q0 + s.shape[0], cols] = gemm.matmul(values, s, threads=False)
+                    gemm.matmul(values[h], s, out=heads[h, q0:q0 + s.shape[0]], threads=False)
+            out[a:b] = heads.transpose(1, 0, 2).reshape(n, H * hd)
 
         self.floats.each(one, len(self.spans))           # texts over the threads
         self.bufs["q"] = out
