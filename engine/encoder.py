@@ -290,8 +290,9 @@ class EncoderTransformer:
 
     @property
     def repacked_bytes(self) -> int:
-        """Bytes the repacked copies add to the mapping (their sources' pages are released)."""
-        return self.float_products.nbytes + sum(
+        """Bytes the repacked and packed copies add to the mapping (their sources' pages are
+        released)."""
+        return self.float_products.added_bytes + sum(
             m.nbytes - m.source.nbytes for m in self.weights.matrices()
             if isinstance(m, RepackedMatrix))
 

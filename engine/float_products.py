@@ -46,6 +46,7 @@ class _Group:
             [np.zeros(m.n_rows, np.float32) if b is None else np.asarray(b, np.float32)
              for m, b in zip(ms, biases)])
         self.widths = [m.n_rows for m in ms]
+        self.source_nbytes = sum(m.raw.nbytes for m in ms)
 
 
 class FloatProducts:
@@ -78,8 +79,10 @@ class FloatProducts:
         return tuple(id(m) for m in ms) in self._groups
 
     @property
-    def nbytes(self) -> int:
-        return sum(g.panels.data.nbytes for g in self._groups.values())
+    def added_bytes(self) -> int:
+        """What the packed copies add over their sources (whose file pages are released): the
+        zero rows padding a panel, nothing for widths of 64 rows."""
+        return sum(g.panels.data.nbytes - g.source_nbytes for g in self._groups.values())
 
     def matmul(self, ms: list[quants.QuantMatrix], x: np.ndarray) -> list[np.ndarray]:
         """[x @ W.T + b for each W of the packed group `ms`]: float32 [M, n_rows] column views

@@ -206,13 +206,16 @@ def test_embeddings_batch_beside_a_generation_without_starving_it() -> None:
 
 
 def test_f16_weights_give_llama_cpps_vectors() -> None:
-    """An F16 encoder (numpy's sgemm on float32 copies, inputs rounded to f16 as ggml does)
-    against llama.cpp's vectors for the same file (made here, README)."""
+    """An F16 encoder (its weights packed as F16 for the panel GEMM, no float32 copies; inputs
+    rounded to f16 as ggml does) against llama.cpp's vectors for the same file (made here,
+    README)."""
     ref = np.load(ENC_DIR / "bert_d64_l2_mean_f16.npz")
     texts = _rows(ref["ids"], ref["n_ids"])
     tol = MODELS["bert_d64_l2_mean_f32.gguf"]["suggested_tolerance"]
     with _load("bert_d64_l2_mean_f16.gguf") as model:
         assert all(m.qtype.name == "F16" for m in model.transformer.weights.layers[0].matrices())
+        assert model.transformer.repacked_bytes == 0  # 64-wide panels of d64 rows: no padding
+        assert model.memory_bytes < 1.1 * (ENC_DIR / "bert_d64_l2_mean_f16.gguf").stat().st_size
         assert model.tokenizer.encode(MODELS["bert_d64_l2_mean_f32.gguf"]["texts"][3],
                                       add_special=True) == texts[3]
         batched = np.stack(model.pooled_many(texts))
@@ -224,13 +227,13 @@ def test_f16_weights_give_llama_cpps_vectors() -> None:
 @pytest.mark.parametrize("name", ["bert_d64_l2_mean_f32.gguf", "bert_d64_l2_mean_q8_0.gguf",
                                   "nomic_bert_d64_l2_rope_f32.gguf"])
 def test_two_threads_give_the_same_vectors(name: str) -> None:
-    """The row splits (sgemm by weight rows, GELU and LayerNorm by token rows, attention by
-    text) change no row's arithmetic: two threads pool to one thread's vectors."""
+    """The splits (the GEMMs by weight panels, GELU and LayerNorm by token rows, attention by
+    text) change no value's arithmetic: two threads give one thread's vectors bit for bit."""
     ref = np.load(ENC_DIR / MODELS[name]["npz"])
     texts = _rows(ref["ids"], ref["n_ids"]) * 12  # 96 texts: every split has work
     with _load(name) as one:
         want = np.stack(one.pooled_many(texts))
     with engine.load(ENC_DIR / name, n_ctx=512, n_threads=2) as two:
         got = np.stack(two.pooled_many(texts))
-    assert np.abs(got - want).max() <= 1e-5
+    assert np.array_equal(got, want)
     _within(got[:8], ref["embd"], MODELS[name]["suggested_tolerance"]["raw_max_abs"])
