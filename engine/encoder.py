@@ -4,15 +4,20 @@
         x = layer_norm(token_embd[ids] + token_types[0] (+ position_embd[pos])) * w + b
         each layer: engine/arch/bert.py's encoder_block on this pass (EncoderOps):
             projections on the engine's compiled matmul kernels (quantized types, repacked
-            where they want it) or numpy's sgemm (F32/F16: engine/float_products.py), every
-            text's rows together, so the weights are read once per batch;
-            attention per text in float32, every row seeing every row of its text (llama.cpp's
-            embedding contexts run without the flash path: f32 q.k, softmax, v);
-            LayerNorm, bias, GELU and SwiGLU row by row in numpy
+            where they want it) or the panel GEMM (F32/F16 packed in their own type, Q/K/V as
+            one product: engine/float_products.py), every text's rows together, so the weights
+            are read once per batch;
+            attention per text and head in float32, every row seeing every row of its text
+            (llama.cpp's embedding contexts run without the flash path: f32 q.k, softmax, v):
+            scores and values on the panel GEMM, engine/kernels/row_softmax between, queries
+            blocked by ATTN_BLOCK; texts spread over the threads;
+            LayerNorm (engine/kernels/layer_norm; its numpy twin `layer_norm` for widths off
+            16 lanes), GELU (engine/kernels/gelu_table) and SwiGLU compiled, by blocks of rows
     -> each text's final rows [n_i, n_embd], which engine.pooling turns into vectors or scores
 
 GELU as llama.cpp's CPU computes it (GGML_GELU_FP16): x rounded to f16 indexes a table of
-f16(gelu(x)); below -10 it is 0, above 10 x. gelu_f16 does the same from gelu_f16_table.
+f16(gelu(x)); below -10 it is 0, above 10 x. gelu_f16 does the same from gelu_f16_table (the
+numpy twin of engine/kernels/gelu_table, which reads the same table).
 
 EncoderTransformer meets engine.loaded's Forward, so the batch runner and the server's scheduler
 treat an encoder as any model: a chunk is one whole text in a slot (`whole_prompts`), and
