@@ -1,14 +1,16 @@
 """The encoder's elementwise kernels against their numpy twins: f16 rounding (the input of an
-F16 weight's GEMM) and ggml's table GELU, bit for bit, including the ends and odd sizes."""
+F16 weight's GEMM) and ggml's table GELU, bit for bit, including the ends and odd sizes; and
+its attention's panel layout against the panel GEMM's own packing."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.encoder import gelu_f16, gelu_f16_table
+from engine.encoder import _head_panels, gelu_f16, gelu_f16_table
 from engine.kernels.f16_round import reference as round_reference
 from engine.kernels.f16_round import round_f16
 from engine.kernels.gelu_table import gelu_table
+from engine.kernels.panel_gemm import PanelMatrix
 
 
 def _wide_range(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -49,3 +51,18 @@ def test_gelu_table_equals_the_numpy_twin_bit_for_bit() -> None:
 def test_gelu_table_refuses_sizes_off_its_lanes() -> None:
     with pytest.raises(ValueError, match="16 k values"):
         gelu_table(np.zeros((2, 17), np.float32), gelu_f16_table())
+
+
+@pytest.mark.parametrize(("n", "n_head", "head_dim"), [(128, 12, 64), (37, 4, 16), (200, 2, 96)])
+def test_attention_head_panels_are_what_pack_makes(n: int, n_head: int, head_dim: int) -> None:
+    """The encoder lays out every head's keys and values in one copy; each head's panels equal
+    PanelMatrix.pack of its slice (keys [n, hd] 64 wide, values [hd, n] 32 wide)."""
+    x = np.random.default_rng(3).standard_normal((n, n_head * head_dim)).astype(np.float32)
+    keys = _head_panels(x, n_head, head_dim)
+    values = _head_panels(x, n_head, head_dim, values=True)
+    for h in range(n_head):
+        xh = np.ascontiguousarray(x[:, h * head_dim:(h + 1) * head_dim])
+        for got, want in ((keys[h], PanelMatrix.pack(xh, 64)),
+                          (values[h], PanelMatrix.pack(np.ascontiguousarray(xh.T)))):
+            assert (got.n_rows, got.n_cols) == (want.n_rows, want.n_cols)
+            assert got.data.flags.c_contiguous and np.array_equal(got.data, want.data)
