@@ -15,6 +15,7 @@ from gguf.quants import quantize
 from PIL import Image
 
 from engine.gguf import ModelLoadError
+from engine.kernels import amx_gemm
 from engine.vision import ImageError, VisionModel, preprocess
 from tests.support.refs import VLM_DIR
 from tests.support.vision_reference import encode_reference
@@ -24,9 +25,18 @@ CASES = [(b["base"], k, im) for b in MANIFEST["bases"] for k, im in enumerate(b[
 BASES = [b["base"] for b in MANIFEST["bases"]]
 
 
+# the FMA panel GEMM everywhere; the AMX tiles too where the CPU has them (engine/kernels/amx_gemm)
+MODES = [False] + ([True] if amx_gemm.available() else [])
+
+
+@pytest.fixture(scope="module", params=MODES, ids=["fma", "amx"][:len(MODES)])
+def amx(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
 @pytest.fixture(scope="module")
-def models() -> dict[str, VisionModel]:
-    out = {b: VisionModel(VLM_DIR / f"{b}_mmproj_f32.gguf") for b in BASES}
+def models(amx: bool) -> dict[str, VisionModel]:
+    out = {b: VisionModel(VLM_DIR / f"{b}_mmproj_f32.gguf", amx=amx) for b in BASES}
     yield out
     for m in out.values():
         m.close()
@@ -202,9 +212,9 @@ def test_gemma3_pools_4x4_when_the_file_leaves_the_scale_factor_out() -> None:
 
 
 @pytest.mark.parametrize("base", BASES)
-def test_two_threads_give_one_threads_bits(models: dict[str, VisionModel], base: str) -> None:
+def test_two_threads_give_one_threads_bits(models: dict[str, VisionModel], base: str, amx: bool) -> None:
     """Heads spread over threads, GEMMs split by panels, norms by rows: each value is computed
     by one thread in the same order, so the threaded encoder is bit-identical."""
     pixels = models[base].preprocess((VLM_DIR / "image1_64x64.png").read_bytes()).tiles[0]
-    with VisionModel(VLM_DIR / f"{base}_mmproj_f32.gguf", n_threads=2) as threaded:
+    with VisionModel(VLM_DIR / f"{base}_mmproj_f32.gguf", n_threads=2, amx=amx) as threaded:
         assert np.array_equal(threaded.encode_pixels(pixels), models[base].encode_pixels(pixels))
