@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -47,6 +48,9 @@ from engine.kernels import jit
 from engine.kernels.ir.builder import address
 from engine.kernels.ir.consts import splat_const
 from engine.kernels.ir.vectors import KernelFn
+from engine.kernels.row_softmax import _DECLS as _SOFTMAX_DECLS
+from engine.kernels.row_softmax import _exp as softmax_exp
+from engine.kernels.row_softmax import _splat as softmax_splat
 
 KSTEP = 32    # k per tile step (bf16 pairs: 64 bytes a row)
 KS = 16       # k-steps per slice: 512 k, a 128-row block of x is 256 KB, a pair's W slice 64 KB
@@ -60,7 +64,7 @@ declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
 declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
 declare void @llvm.x86.tdpbf16ps(i8 immarg, i8 immarg, i8 immarg)
 declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32 immarg, <16 x i1>, <16 x float>)
-"""
+"""  # row_softmax's declarations (its e^x) are added beside these
 
 
 def _gemm_ir() -> str:
@@ -287,8 +291,63 @@ def _pack_cols_ir() -> str:
     return f.text()
 
 
+def _softmax_split_ir() -> str:
+    """softmax_split(x, xs, r0, r1, n, n_ks): row_softmax's softmax of rows [r0, r1) of float32
+    x [rows, n] (n % 16 == 0; x keeps e^(x - max)), its result written as split_rows' halves:
+    the bits of softmax_rows then split_rows, one pass over the scores fewer."""
+    f = KernelFn("void @softmax_split(ptr noalias %x, ptr noalias %xs, i64 %r0, i64 %r1, i64 %n, "
+                 "i64 %n_ks) #0")
+    n_vec = f.let("udiv i64 %n, 16")
+    row_bytes = f.mul("%n", 4)
+    xs_block = f.mul("%n_ks", 2 * _TILE)
+
+    def row(i: str) -> None:
+        base = f.gep("%x", f.mul(i, row_bytes))
+        sr = f.gep("%xs", f.add(f.mul(f.let(f"lshr i64 {i}, 4"), xs_block),
+                                f.mul(f.let(f"and i64 {i}, 15"), 2 * KSTEP)))
+
+        def at(j: str) -> str:
+            return f.gep(base, f.mul(j, 64))
+
+        def find_max(j: str, c: list[str]) -> list[str]:
+            v = f.load(_V16F, at(j), 0, 4)
+            return [f.let(f"call {_V16F} @llvm.maxnum.v16f32({_V16F} {c[0]}, {_V16F} {v})")]
+
+        mv = f.loop(n_vec, [(_V16F, softmax_splat(-math.inf))], find_max)[0]
+        ms = f.splat_float(f.let(f"call float @llvm.vector.reduce.fmax.v16f32({_V16F} {mv})"), 16)
+
+        def exponentiate(j: str, c: list[str]) -> list[str]:
+            e = softmax_exp(f, f.let(f"fsub {_V16F} {f.load(_V16F, at(j), 0, 4)}, {ms}"))
+            f.store(_V16F, e, at(j), 0, 4)
+            return [f.let(f"fadd {_V16F} {c[0]}, {e}")]
+
+        sv = f.loop(n_vec, [(_V16F, "zeroinitializer")], exponentiate)[0]
+        total = f.let(f"call reassoc float @llvm.vector.reduce.fadd.v16f32(float -0.0, {_V16F} {sv})")
+        inv = f.splat_float(f.let(f"fdiv float 1.0, {total}"), 16)
+
+        def write(j: str) -> None:
+            h16, l16 = _halves(f, f.let(f"fmul {_V16F} {f.load(_V16F, at(j), 0, 4)}, {inv}"))
+            off = f.add(f.mul(f.let(f"lshr i64 {j}, 1"), 2 * _TILE), f.mul(f.let(f"and i64 {j}, 1"), 32))
+            f.store("<16 x i16>", h16, sr, off, 2)
+            f.store("<16 x i16>", l16, sr, f.add(off, _TILE), 2)
+
+        f.each(n_vec, write)
+
+        def pad(j: str) -> None:  # k past n in the last k-step: zeros
+            off = f.add(f.mul(f.let(f"lshr i64 {j}, 1"), 2 * _TILE), f.mul(f.let(f"and i64 {j}, 1"), 32))
+            for e in (0, 1):
+                f.store("<16 x i16>", "zeroinitializer", sr, f.add(off, e * _TILE), 2)
+
+        f.loop_range(n_vec, f.mul("%n_ks", 2), pad)
+
+    f.loop_range("%r0", "%r1", row)
+    f.do("ret void")
+    return f.text()
+
+
 def build_ir() -> str:
-    return (_DECLS + _gemm_ir() + _split_ir() + _pack_rows_ir() + _pack_cols_ir()
+    return (_DECLS + _SOFTMAX_DECLS + _gemm_ir() + _split_ir() + _pack_rows_ir() + _pack_cols_ir()
+            + _softmax_split_ir()
             + 'attributes #0 = { "min-legal-vector-width"="512" "target-features"="+amx-tile,+amx-bf16" }\n')
 
 
@@ -375,6 +434,14 @@ def available() -> bool:
         return _granted
 
 
+def _zero_padding(xs: np.ndarray, m: int) -> None:
+    """Rows m.. of halves xs (up to its whole 32-row blocks) zero."""
+    blk, r = divmod(m, 16)
+    if r:
+        xs[blk, :, :, r:] = 0
+    xs[blk + (r > 0):] = 0
+
+
 def _tile_config() -> np.ndarray:
     """ldtilecfg's 64 bytes: palette 1, tiles 0-7 of 16 rows x 64 bytes."""
     cfg = np.zeros(64, np.uint8)
@@ -396,6 +463,8 @@ class AmxGemm:
         self._split = lib.function("split_rows", None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int64,) * 5)
         self._pack_rows = lib.function("pack_rows", None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int64,) * 4)
         self._pack_cols = lib.function("pack_cols", None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int64,) * 4)
+        self._softmax_split = lib.function("softmax_split", None, ctypes.c_void_p, ctypes.c_void_p,
+                                           *(ctypes.c_int64,) * 4)
         self._cfg = _tile_config()
         self._executor, self._n_threads = executor, n_threads
         self._scratch = threading.local()
@@ -435,11 +504,7 @@ class AmxGemm:
         xs = np.empty((mp // 16, n_ks, 2, 16, KSTEP), np.uint16)
         if m == 0:
             return xs
-        if mp > m:  # the padding rows: zeros
-            blk, r = divmod(m, 16)
-            if r:
-                xs[blk, :, :, r:] = 0
-            xs[blk + (r > 0):] = 0
+        _zero_padding(xs, m)
         ld = x.strides[0] // 4
         n_chunks = min(-(-m // 64), CHUNKS_PER_THREAD * self._n_threads) if threads else 1
         edges = [m * c // n_chunks for c in range(n_chunks + 1)]
@@ -454,6 +519,19 @@ class AmxGemm:
                 run(r)
         return xs
 
+    def softmax_split(self, s: np.ndarray, n_ks: int) -> np.ndarray:
+        """Softmax of score rows s float32 [M, n] (C-contiguous, n % 16 == 0) as split_rows'
+        halves for a product with n_ks k-steps (on the calling thread; s is left holding
+        e^(s - max))."""
+        m, n = s.shape
+        if s.dtype != np.float32 or not s.flags.c_contiguous or n % 16 or n_ks * KSTEP < n:
+            raise ValueError(f"softmax_split takes C-contiguous float32 [M, 16 k], got {s.dtype} {s.shape}")
+        mp = -(-m // 32) * 32
+        xs = np.empty((mp // 16, n_ks, 2, 16, KSTEP), np.uint16)
+        _zero_padding(xs, m)
+        self._softmax_split(address(s), address(xs), 0, m, n, n_ks)
+        return xs
+
     def matmul(self, w: AmxMatrix, x: np.ndarray, out: np.ndarray | None = None,
                threads: bool = True) -> np.ndarray:
         """out [M, N] = x [M, K] @ W^T; out may be given (C-contiguous float32 [M, N])."""
@@ -466,7 +544,14 @@ class AmxGemm:
             raise ValueError(f"out must be C-contiguous float32 {(m, n)}")
         if m == 0:
             return out
-        xs = self.split_rows(x, w.n_ks, threads)
+        return self.matmul_halves(w, self.split_rows(x, w.n_ks, threads), out, threads)
+
+    def matmul_halves(self, w: AmxMatrix, xs: np.ndarray, out: np.ndarray,
+                      threads: bool = True) -> np.ndarray:
+        """out [M, N] = x @ W^T from x's halves (split_rows or softmax_split)."""
+        m, n = out.shape
+        if xs.shape[1] != w.n_ks or xs.shape[0] * 16 < m or n != w.n_rows:
+            raise ValueError(f"halves {xs.shape} and out {out.shape} do not fit W [{w.n_rows}, {w.n_cols}]")
         m16, n16 = -(-m // 16) * 16, -(-n // 16) * 16
         direct = m16 == m and n16 == n
         dst = out if direct else np.empty((m16, n16), np.float32)

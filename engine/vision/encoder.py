@@ -218,11 +218,15 @@ class VisionEncoder:
             keys, values = self.amx.pack_rows(k[:, cols]), self.amx.pack_cols(v[:, cols])
             qh = np.multiply(q[:, cols], np.float32(scale), dtype=np.float32)
             scores = np.empty((min(ATTN_BLOCK, n), n), np.float32)
+            mixed = np.empty((min(ATTN_BLOCK, n), dh), np.float32)
             for q0 in range(0, n, ATTN_BLOCK):
-                s = scores[:min(ATTN_BLOCK, n - q0)]
+                s, o = scores[:min(ATTN_BLOCK, n - q0)], mixed[:min(ATTN_BLOCK, n - q0)]
                 self.amx.matmul(keys, qh[q0:q0 + s.shape[0]], out=s, threads=False)
-                softmax_rows(s) if n % LANES == 0 else ops.softmax(s, out=s)
-                heads[q0:q0 + s.shape[0], h] = self.amx.matmul(values, s, threads=False)
+                if n % LANES == 0:  # the softmax writes the halves P V reads
+                    self.amx.matmul_halves(values, self.amx.softmax_split(s, values.n_ks), o, threads=False)
+                else:
+                    self.amx.matmul(values, ops.softmax(s, out=s), out=o, threads=False)
+                heads[q0:q0 + s.shape[0], h] = o
 
         def head(h: int) -> None:
             keys = PanelMatrix.pack(np.ascontiguousarray(k[:, h * dh:(h + 1) * dh]), WIDE)  # [n, dh]

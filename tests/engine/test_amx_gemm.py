@@ -13,6 +13,7 @@ import pytest
 
 from engine.kernels import amx_gemm
 from engine.kernels.amx_gemm import KS, KSTEP, MC, AmxGemm, AmxMatrix, pack, reference, split, widen
+from engine.kernels.row_softmax import softmax_rows
 
 pytestmark = pytest.mark.skipif(not amx_gemm.available(), reason="the CPU has no AMX-BF16")
 
@@ -108,3 +109,18 @@ def test_compiled_packers_give_the_numpy_packers_bits(gemm: AmxGemm, n: int, k: 
 def test_a_matrix_of_another_type_is_refused() -> None:
     with pytest.raises(ValueError, match="float16 or float32"):
         AmxMatrix.pack(np.zeros((4, 4), np.int8))
+
+
+@pytest.mark.parametrize("m,n", [(1, 16), (19, 48), (192, 4096 // 4)])
+def test_softmax_split_is_softmax_then_split(gemm: AmxGemm, m: int, n: int) -> None:
+    rng = np.random.default_rng(m + n)
+    s = (rng.standard_normal((m, n)) * 4).astype(np.float32)
+    n_ks = -(-n // KSTEP)
+    want = gemm.split_rows(softmax_rows(s.copy()), n_ks)
+    assert np.array_equal(gemm.softmax_split(s, n_ks), want)
+    # and what P V then reads is the softmax (row_softmax's twin), to the halves' accuracy
+    e = np.exp(s.astype(np.float64) - s.max(axis=1, keepdims=True))
+    halves = gemm.softmax_split(s * 1, n_ks).transpose(0, 3, 1, 2, 4).reshape(-1, n_ks, 2, KSTEP)
+    p = (widen(halves[:, :, 0]) + widen(halves[:, :, 1])).reshape(-1, n_ks * KSTEP)
+    assert np.allclose(p[:m, :n], e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+    assert not p[m:].any() and not p[:, n:].any()
