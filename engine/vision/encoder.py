@@ -35,7 +35,8 @@ import numpy as np
 from engine import hugepages
 from engine.formats import quants
 from engine.formats.ggml_types import GGMLQuantizationType as T
-from engine.kernels import ops
+from engine.kernels import amx_gemm, ops
+from engine.kernels.amx_gemm import AmxGemm, AmxMatrix
 from engine.kernels.layer_norm import LANES as NORM_LANES
 from engine.kernels.layer_norm import layer_norm_rows
 from engine.kernels.matmul import MatmulKernels
@@ -105,7 +106,7 @@ def _stack(ms: list[quants.QuantMatrix]) -> quants.QuantMatrix | None:
 class VisionEncoder:
     """Runs one projector file's ViT; `mk` is shared with its projector head."""
 
-    def __init__(self, proj: Projector, n_threads: int = 1) -> None:
+    def __init__(self, proj: Projector, n_threads: int = 1, amx: bool | None = None) -> None:
         self.proj, self.hp = proj, proj.hp
         types = {m.qtype for layer in proj.layers for m in (layer.q, layer.k, layer.v, layer.out,
                                                             layer.up, layer.down)}
@@ -119,23 +120,38 @@ class VisionEncoder:
         # the ViT's threads: heads, row blocks and GEMM chunks are taken by whichever is free
         self._heads = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
         self.gemm = PanelGemm(executor=self._heads, n_threads=n_threads)
+        # AMX tiles where the CPU and OS have them (amx=None: whenever available)
+        use_amx = amx_gemm.available() if amx is None else amx
+        self.amx = AmxGemm(self._heads, n_threads) if use_amx else None
         self._ones = np.ones((0, 0), np.float32)
         # packed copies of the float weights, by id of the file's QuantMatrix
-        self._panels: dict[int, PanelMatrix] = {}
-        self._qkv: list[tuple[PanelMatrix, np.ndarray] | None] = []
+        self._panels: dict[int, PanelMatrix | AmxMatrix] = {}
+        self._qkv: list[tuple[PanelMatrix | AmxMatrix, np.ndarray] | None] = []
         for m in [proj.patch_embd] + [w for ly in proj.layers for w in (ly.out, ly.up, ly.down)]:
-            packed = panel_matrix(m)
+            packed = self._pack(m)
             if packed is not None:
                 self._panels[id(m)] = packed
                 hugepages.release_file_pages(m.raw)  # the packed copy serves; the file's pages go
         for ly in proj.layers:
             qkv = _stack([ly.q, ly.k, ly.v])
-            packed = panel_matrix(qkv) if qkv is not None else None
+            packed = self._pack(qkv) if qkv is not None else None
             self._qkv.append(None if packed is None else
                              (packed, np.concatenate([ly.q_b, ly.k_b, ly.v_b]).astype(np.float32)))
             if packed is not None:
                 for m in (ly.q, ly.k, ly.v):
                     hugepages.release_file_pages(m.raw)
+
+    def _pack(self, m: quants.QuantMatrix) -> PanelMatrix | AmxMatrix | None:
+        if self.amx is None:
+            return panel_matrix(m)
+        dtype = {T.F16: np.float16, T.F32: np.float32}.get(m.qtype)
+        return None if dtype is None else AmxMatrix.pack(m.raw.view(dtype).reshape(m.n_rows, m.n_cols))
+
+    def _matmul(self, w: PanelMatrix | AmxMatrix, x: np.ndarray) -> np.ndarray:
+        if isinstance(w, AmxMatrix):
+            assert self.amx is not None
+            return self.amx.matmul(w, x)
+        return self.gemm.matmul(w, x)
 
     def rows(self, fn: Callable[[np.ndarray, np.ndarray], None], x: np.ndarray) -> np.ndarray:
         """out[r] = fn(x[r]) by blocks of rows spread over the threads (numpy and the compiled
@@ -175,7 +191,7 @@ class VisionEncoder:
     def linear(self, w: quants.QuantMatrix, x: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         packed = self._panels.get(id(w))
         x = np.ascontiguousarray(x, dtype=np.float32)
-        out = self.gemm.matmul(packed, x) if packed is not None else self.mk.matmul(w, x)
+        out = self._matmul(packed, x) if packed is not None else self.mk.matmul(w, x)
         return ops.add_bias(out, b, out=out) if b is not None else out
 
     def qkv(self, i: int, layer: VisionLayer, x: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -184,7 +200,7 @@ class VisionEncoder:
         if fused is None:
             return (self.linear(layer.q, x, layer.q_b), self.linear(layer.k, x, layer.k_b),
                     self.linear(layer.v, x, layer.v_b))
-        out = self.gemm.matmul(fused[0], np.ascontiguousarray(x, dtype=np.float32))
+        out = self._matmul(fused[0], np.ascontiguousarray(x, dtype=np.float32))
         ops.add_bias(out, fused[1], out=out)
         w = self.hp.width
         return out[:, :w], out[:, w:2 * w], out[:, 2 * w:]
@@ -195,6 +211,22 @@ class VisionEncoder:
         q, k, v = self.qkv(i, layer, x)
         heads = np.empty((n, hp.n_head, dh), np.float32)
         scale = np.float32(1.0 / math.sqrt(dh))
+
+        def head_amx(h: int) -> None:
+            assert self.amx is not None
+            cols = slice(h * dh, (h + 1) * dh)
+            keys, values = self.amx.pack_rows(k[:, cols]), self.amx.pack_cols(v[:, cols])
+            qh = np.multiply(q[:, cols], np.float32(scale), dtype=np.float32)
+            scores = np.empty((min(ATTN_BLOCK, n), n), np.float32)
+            mixed = np.empty((min(ATTN_BLOCK, n), dh), np.float32)
+            for q0 in range(0, n, ATTN_BLOCK):
+                s, o = scores[:min(ATTN_BLOCK, n - q0)], mixed[:min(ATTN_BLOCK, n - q0)]
+                self.amx.matmul(keys, qh[q0:q0 + s.shape[0]], out=s, threads=False)
+                if n % LANES == 0:  # the softmax writes the halves P V reads
+                    self.amx.matmul_halves(values, self.amx.softmax_split(s, values.n_ks), o, threads=False)
+                else:
+                    self.amx.matmul(values, ops.softmax(s, out=s), out=o, threads=False)
+                heads[q0:q0 + s.shape[0], h] = o
 
         def head(h: int) -> None:
             keys = PanelMatrix.pack(np.ascontiguousarray(k[:, h * dh:(h + 1) * dh]), WIDE)  # [n, dh]
@@ -209,11 +241,12 @@ class VisionEncoder:
                 softmax_rows(s) if n % LANES == 0 else ops.softmax(s, out=s)
                 heads[q0:q0 + s.shape[0], h] = self.gemm.matmul(values, s, threads=False)  # [b, dh]
 
+        one = head if self.amx is None else head_amx
         if self._heads is None:
             for h in range(hp.n_head):
-                head(h)
+                one(h)
         else:
-            list(self._heads.map(head, range(hp.n_head)))
+            list(self._heads.map(one, range(hp.n_head)))
         return self.linear(layer.out, heads.reshape(n, hp.width), layer.out_b)
 
     def block(self, i: int, layer: VisionLayer, x: np.ndarray) -> np.ndarray:

@@ -206,3 +206,23 @@ class Projector:
     def close(self) -> None:
         self.layers = []
         self.file.close()
+
+
+_PACKED = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_out.weight", "ffn_up.weight",
+           "ffn_down.weight")
+
+
+def resident_bytes(path: str | os.PathLike[str], amx: bool) -> int:
+    """Memory a loaded projector holds: its file's size (weights are read into memory of their
+    own), plus, with the AMX GEMM (engine/kernels/amx_gemm), a second 2 bytes per F16 weight
+    it packs: its bf16 halves take 4 bytes an element where the file's F16 take 2."""
+    size = os.path.getsize(path)
+    if not amx:
+        return size
+    f = GGUFFile(path)
+    try:
+        extra = sum(t.n_bytes for name, t in f.tensors.items() if t.qtype == T.F16 and (
+            name == "v.patch_embd.weight" or (name.startswith("v.blk.") and name.endswith(_PACKED))))
+    finally:
+        f.close()
+    return size + extra

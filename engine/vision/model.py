@@ -39,7 +39,7 @@ class EncodedImage:
 
 
 class VisionModel:
-    def __init__(self, path: str | os.PathLike[str], n_threads: int = 1) -> None:
+    def __init__(self, path: str | os.PathLike[str], n_threads: int = 1, amx: bool | None = None) -> None:
         self.path = str(path)
         self.projector = Projector(path)
         try:
@@ -51,7 +51,7 @@ class VisionModel:
             if unused:
                 raise ModelLoadError(self.path, f"tensor {unused[0]} is not part of the "
                                                 f"{self.hp.projector} encoder: not supported")
-            self.encoder = VisionEncoder(self.projector, n_threads)
+            self.encoder = VisionEncoder(self.projector, n_threads, amx)
         except BaseException:
             self.projector.close()
             raise

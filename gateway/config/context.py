@@ -8,8 +8,6 @@ judgement and the estimate for the file's identity).
 """
 from __future__ import annotations
 
-import os
-
 from gateway.config.problems import Loc, Problems
 from gateway.config.schema import ModelEntry
 from gateway.units import format_size
@@ -37,6 +35,7 @@ def resolve_trained_context(entry: ModelEntry, loc: Loc, memory_budget: int | No
     from engine import LoraSpec, estimate_memory
     from engine.gguf import ModelLoadError
     from engine.servable import remembered, trained_context, why_not_servable
+    from engine.vision import projector_memory
 
     if why_not_servable(entry.model) is not None:
         return entry  # the model path's own problem is reported already
@@ -55,7 +54,7 @@ def resolve_trained_context(entry: ModelEntry, loc: Loc, memory_budget: int | No
                               lambda: estimate_memory(entry.model, n_ctx, entry.n_parallel,
                                                       images, lora, *entry.kv_cache_types))
             # the projector's weights, as the registry counts them (fleet/registry/slots.py)
-            need += os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0
+            need += projector_memory(entry.mmproj) if entry.mmproj is not None else 0
         except (ModelLoadError, OSError) as e:
             why = e.problem if isinstance(e, ModelLoadError) else e.strerror
             problems.add(loc, f"cannot size the model's trained context: {why}")

@@ -15,7 +15,9 @@ from gguf.quants import quantize
 from PIL import Image
 
 from engine.gguf import ModelLoadError
+from engine.kernels import amx_gemm
 from engine.vision import ImageError, VisionModel, preprocess
+from engine.vision.mmproj import resident_bytes
 from tests.support.refs import VLM_DIR
 from tests.support.vision_reference import encode_reference
 
@@ -24,9 +26,18 @@ CASES = [(b["base"], k, im) for b in MANIFEST["bases"] for k, im in enumerate(b[
 BASES = [b["base"] for b in MANIFEST["bases"]]
 
 
+# the FMA panel GEMM everywhere; the AMX tiles too where the CPU has them (engine/kernels/amx_gemm)
+MODES = [False] + ([True] if amx_gemm.available() else [])
+
+
+@pytest.fixture(scope="module", params=MODES, ids=["fma", "amx"][:len(MODES)])
+def amx(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
 @pytest.fixture(scope="module")
-def models() -> dict[str, VisionModel]:
-    out = {b: VisionModel(VLM_DIR / f"{b}_mmproj_f32.gguf") for b in BASES}
+def models(amx: bool) -> dict[str, VisionModel]:
+    out = {b: VisionModel(VLM_DIR / f"{b}_mmproj_f32.gguf", amx=amx) for b in BASES}
     yield out
     for m in out.values():
         m.close()
@@ -105,6 +116,21 @@ def test_weight_types_match_the_float64_twin(tmp_path: Path, base: str,
     # Q8_0 matmuls quantize their activations to 8 bits as llama.cpp does
     rel = 2e-2 if qtype == GGMLQuantizationType.Q8_0 else 2e-3
     assert np.abs(got - want).max() <= rel * np.abs(want).max()
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_the_memory_estimate_counts_what_the_encoder_packs(tmp_path: Path, base: str, amx: bool) -> None:
+    """F16 weights packed as bf16 halves take 4 bytes an element, not the file's 2: the budget's
+    figure (resident_bytes) grows by what the encoder actually packs."""
+    path = _retyped(VLM_DIR / f"{base}_mmproj_f32.gguf", tmp_path / "mmproj.gguf", GGMLQuantizationType.F16)
+    with VisionModel(path, amx=amx) as vm:
+        enc = vm.encoder
+        packed = list(enc._panels.values()) + [q[0] for q in enc._qkv if q is not None]
+        extra = sum(m.data.nbytes - 2 * m.n_rows * m.n_cols for m in packed)  # packing's padding aside
+        f16 = sum(2 * m.n_rows * m.n_cols for m in packed)
+    grown = resident_bytes(path, amx) - path.stat().st_size
+    assert grown == (f16 if amx else 0)
+    assert extra >= grown  # the estimate is a floor of the packed copies (padding is extra)
 
 
 def _png(img: Image.Image, fmt: str = "PNG") -> bytes:
@@ -202,9 +228,9 @@ def test_gemma3_pools_4x4_when_the_file_leaves_the_scale_factor_out() -> None:
 
 
 @pytest.mark.parametrize("base", BASES)
-def test_two_threads_give_one_threads_bits(models: dict[str, VisionModel], base: str) -> None:
+def test_two_threads_give_one_threads_bits(models: dict[str, VisionModel], base: str, amx: bool) -> None:
     """Heads spread over threads, GEMMs split by panels, norms by rows: each value is computed
     by one thread in the same order, so the threaded encoder is bit-identical."""
     pixels = models[base].preprocess((VLM_DIR / "image1_64x64.png").read_bytes()).tiles[0]
-    with VisionModel(VLM_DIR / f"{base}_mmproj_f32.gguf", n_threads=2) as threaded:
+    with VisionModel(VLM_DIR / f"{base}_mmproj_f32.gguf", n_threads=2, amx=amx) as threaded:
         assert np.array_equal(threaded.encode_pixels(pixels), models[base].encode_pixels(pixels))

@@ -6,7 +6,6 @@ Only gateway/fleet/registry/core.py writes a slot's state; everything here reads
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,9 +52,11 @@ Estimator = Callable[[ModelEntry], int]
 
 def engine_estimator(entry: ModelEntry) -> int:
     import engine
+    from engine.vision import projector_memory
 
     # one KV cache of n_ctx per parallel slot, as the scheduler loads it; the projector's
-    # weights are read into memory of their own (engine/vision/mmproj.py): its file's size
+    # weights are read into memory of their own: its file's size, more where the AMX GEMM
+    # packs F16 weights as bf16 halves (engine/vision/mmproj.py resident_bytes)
     text = int(engine.estimate_memory(entry.model, entry.n_ctx, n_slots=entry.n_parallel,
                                       images=entry.mmproj is not None,
                                       lora=[engine.LoraSpec(a.path, a.scale) for a in entry.lora],
@@ -64,7 +65,7 @@ def engine_estimator(entry: ModelEntry) -> int:
     draft = entry.draft.model if entry.draft is not None else None
     small = (int(engine.estimate_memory(draft, entry.n_ctx, n_slots=entry.n_parallel))
              if draft is not None else 0)  # the draft model: its own weights and KV slots
-    return text + small + (os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0)
+    return text + small + (projector_memory(entry.mmproj) if entry.mmproj is not None else 0)
 
 
 @dataclass(eq=False)
