@@ -65,7 +65,6 @@ OURS = r'''
 import sys, json, time
 import numpy as np
 import engine
-from engine.formats import quants
 from engine.kv import MAX_CHUNK
 from engine.model import Chunk
 path, threads, text, n_long = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -97,7 +96,7 @@ if n_long:
 macs = 0
 for layer in tr.weights.layers:
     for m in vars(layer).values():
-        if isinstance(m, (quants.QuantMatrix, quants.StackedMatrix)):
+        if hasattr(m, "qtype") and hasattr(m, "n_rows"):  # a QuantMatrix or its repacked copy
             macs += m.n_rows * m.n_cols
 out["weight_macs"] = macs
 model.close()
