@@ -20,14 +20,16 @@ Every round runs, per model, a fresh process of each engine in turn (ours, ik, t
 `--variant`), so that other load on the machine hits them alike; the table gives medians over
 the rounds:
     prefill  tokens/s of a 512-token prompt in a fresh context, best of 2 (ik: pp512, best of
-             its 3 repetitions)
-    decode   tokens/s over 128 greedy tokens after an 8-token prompt, one forward per token
-             (ik: tg128 from an empty context, median of 3)
+             its repetitions)
+    decode   tokens/s over `--decode` (128) greedy tokens after an 8-token prompt, one forward
+             per token (ik: tg128 from an empty context, median of its `--ik-reps` (3))
     long     tokens/s of a `--long`-token prompt (SmolLM2 only; 0 skips it) in 512-token chunks
              over the growing cache, as a server prefills it (ik: pp`--long` with its default
              batch 2048 / micro-batch 512, one repetition)
-ik runs with its defaults (flash attention on, no run-time repack); `--ik-args` adds flags
-(e.g. "-rtr 1" to repack its weights into its interleaved layouts at load).
+ik runs with its defaults (flash attention on, no run-time repack, OpenMP threads that spin
+while they wait: on a machine where other jobs take the cores its decode collapses, 4 tok/s
+against ~100 on SmolLM2, so only a quiet machine's figures compare the engines); `--ik-args`
+adds flags (e.g. "-rtr 1" to repack its weights into its interleaved layouts at load).
 
 `--variant NAME:ENV` adds another modelyard column run with environment variables set (e.g.
 `--variant q41:MODELYARD_INTERLEAVED=Q8_0,Q4_0,Q4_1`), for A/B measurements in the same run.
@@ -67,7 +69,8 @@ import numpy as np
 import engine
 from engine.kv import MAX_CHUNK
 from engine.model import Chunk
-path, threads, text, n_long = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+path, text = sys.argv[1], sys.argv[3]
+threads, n_long, n_gen = int(sys.argv[2]), int(sys.argv[4]), int(sys.argv[5])
 model = engine.load(path, n_ctx=max(1024, n_long + 16), n_threads=threads)
 tr = model.transformer
 ids = model.tokenizer.encode(text)
@@ -83,9 +86,9 @@ out["prefill"] = best
 tr.cache.truncate(0, 0)
 tok = int(np.argmax(tr.forward([Chunk(0, ids[:8], 0)], "last")[0]))
 t = time.perf_counter()
-for i in range(128):
+for i in range(n_gen):
     tok = int(np.argmax(tr.forward([Chunk(0, [tok], 8 + i)], "last")[0]))
-out["decode"] = 128 / (time.perf_counter() - t)
+out["decode"] = n_gen / (time.perf_counter() - t)
 if n_long:
     tr.cache.truncate(0, 0)
     t = time.perf_counter()
@@ -104,8 +107,9 @@ print(json.dumps(out))
 '''
 
 
-def run_ours(model: Path, threads: int, n_long: int, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", OURS, str(model), str(threads), TEXT, str(n_long)],
+def run_ours(model: Path, threads: int, n_long: int, n_gen: int, env: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", OURS, str(model), str(threads), TEXT, str(n_long),
+                           str(n_gen)],
                           capture_output=True, text=True, cwd=REPO, timeout=3600,
                           env={**os.environ, **env})
     if proc.returncode != 0:
@@ -121,9 +125,11 @@ def llama_bench(ik_bin: Path, model: Path, threads: int, args: list[str], extra:
     return list(json.loads(proc.stdout))
 
 
-def run_ik(ik_bin: Path, model: Path, threads: int, n_long: int, extra: list[str]) -> dict:
+def run_ik(ik_bin: Path, model: Path, threads: int, n_long: int, n_gen: int, reps: int,
+           extra: list[str]) -> dict:
     out = {}
-    for test in llama_bench(ik_bin, model, threads, ["-p", "512", "-n", "128", "-r", "3"], extra):
+    for test in llama_bench(ik_bin, model, threads,
+                            ["-p", "512", "-n", str(n_gen), "-r", str(reps)], extra):
         if test["n_prompt"]:
             out["prefill"] = max(test["samples_ts"])
         else:
@@ -183,6 +189,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--long", type=int, default=6000, help="long prompt on SmolLM2 (0: skip)")
+    ap.add_argument("--decode", type=int, default=128, help="tokens decoded (ik: -n)")
+    ap.add_argument("--ik-reps", type=int, default=3, help="llama-bench repetitions (-r)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE,...")
     args = ap.parse_args()
     names = [n for n in args.models.split(",") if n]
@@ -208,8 +216,9 @@ def main() -> None:
         for n in names:
             n_long = args.long if n == "smollm2" else 0
             for label, env in engines:
-                res = (run_ik(ik, MODELS[n], args.threads, n_long, extra) if env is None and ik
-                       else run_ours(MODELS[n], args.threads, n_long, env or {}))
+                res = (run_ik(ik, MODELS[n], args.threads, n_long, args.decode, args.ik_reps, extra)
+                       if env is None and ik
+                       else run_ours(MODELS[n], args.threads, n_long, args.decode, env or {}))
                 results.setdefault((n, label), []).append(res)
                 print(f"round {r + 1}/{args.rounds} {n} {label}: {json.dumps(res)}",
                       file=sys.stderr, flush=True)
