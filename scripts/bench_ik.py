@@ -37,7 +37,8 @@ adds flags (e.g. "-rtr 1" to repack its weights into its interleaved layouts at 
 int8 peak: prefill's integer work is the weight matrices' multiply-adds, 2 * (weights a token
 is multiplied by: every layer matrix; the output matrix only for the last row, left out) int8
 operations per token. The machine's peak (`peak_ops`) is ops per cycle per core x clock x cores:
-AVX-512 VNNI issues two `vpdpbusd` on 512-bit vectors per cycle on this core (ports 0 and 5),
+AVX-512 VNNI issues two `vpdpbusd` on 512-bit vectors per cycle on a core with both 512-bit
+FMA units (ports 0 and 5; Xeon Gold 6xxx and Platinum; one on others, which halves the peak),
 2 x 64 multiply-adds = 256 int8 ops per cycle; AMX issues one `tdpbusd` (16 x 16 x 64
 multiply-adds) per 16 cycles, 2048 ops per cycle. Clock: /proc/cpuinfo's nominal MHz (turbo,
 if any, is not counted). The table prints the fraction of the VNNI peak (the instructions
