@@ -185,6 +185,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ik-src", help="ik_llama.cpp source tree (built by scripts/build_ik_llama.sh)")
     ap.add_argument("--ik-bin", help="folder with a built ik_llama.cpp llama-bench")
+    ap.add_argument("--no-ik", action="store_true", help="only modelyard (with --variant: an A/B)")
     ap.add_argument("--ik-args", default="", help="extra llama-bench flags for ik (e.g. '-rtr 1')")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -201,7 +202,7 @@ def main() -> None:
         if not MODELS[n].exists():
             raise SystemExit(f"{MODELS[n]} is missing" + (": python scripts/make_bench_model.py"
                                                            if n == "bench1b" else ""))
-    ik = find_ik(args)
+    ik = None if args.no_ik else find_ik(args)
     if ik is None:
         print("no ik_llama.cpp llama-bench (--ik-src / --ik-bin): modelyard's figures only",
               file=sys.stderr)
