@@ -21,6 +21,7 @@ from engine.kernels.attention_ir.facts import (
     FUNCTION_F16ACC,
     FUNCTION_ROUNDED,
     GROUP_MAX,
+    TILE_KEYS,
     TILED_MIN_QUERIES,
     blocked_scratch_floats,
     exact_scratch_floats,
@@ -29,7 +30,7 @@ from engine.kernels.attention_ir.facts import (
 from engine.kernels.ir import builder
 
 __all__ = ["BLOCK_KEYS", "FUNCTION_BLOCKED", "FUNCTION_EXACT", "FUNCTION_F16ACC", "FUNCTION_ROUNDED", "GROUP_MAX",
-           "TILED_MIN_QUERIES", "blocked_scratch_floats", "build_attention_module", "exact_scratch_floats",
+           "TILE_KEYS", "TILED_MIN_QUERIES", "blocked_scratch_floats", "build_attention_module", "exact_scratch_floats",
            "f16acc_scratch_floats"]
 
 
