@@ -61,7 +61,7 @@ def step_ms(model: engine.Model, depth: int, steps: int) -> list[float]:
 
 
 def prefill_tok_s(model: engine.Model, n: int, rng: np.random.Generator) -> float:
-    ids = [int(i) for i in rng.integers(100, model.hp.n_vocab - 100, n)]
+    ids = [int(i) for i in rng.integers(100, model.transformer.hp.n_vocab - 100, n)]
     model.transformer.cache.truncate(0, 0)
     t0 = time.perf_counter()
     model._prefill(ids, 0, "last")
