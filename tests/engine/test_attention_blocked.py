@@ -104,7 +104,8 @@ def test_softcap_sinks_and_a_bidirectional_span_match_the_twin():
     np.testing.assert_allclose(sunk, attention_exact(q, k, v, pos0, sinks=sinks), **EXACT_TOL)
     span = (10, 30)
     bi = AttentionKernel(1, bidirectional=True)(q, k, v, pos0, bidirectional=span)
-    np.testing.assert_allclose(bi, attention_blocked_reference(q, k, v, pos0, bidirectional=span), **EXACT_TOL)
+    np.testing.assert_allclose(bi, attention_blocked_reference(q, k, v, pos0, bidirectional=span),
+                               **EXACT_TOL)
     np.testing.assert_allclose(bi, attention_exact(q, k, v, pos0, bidirectional=span), **EXACT_TOL)
 
 

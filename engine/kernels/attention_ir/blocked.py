@@ -129,10 +129,9 @@ def define_blocked(module: ir.Module, f16c: bool, registers: int, sinks: bool = 
                     with counted_loop(b, i64(0), head_dim, LANES, "kc") as c:
                         store(b, load_half(b, src_k, c, f16c, LANES), dst_k, c)
                         store(b, load_half(b, src_v, c, f16c, LANES), dst_v, c)
-                with otherwise:
-                    with counted_loop(b, i64(0), head_dim, LANES, "kz") as c:
-                        store(b, const(V16, 0.0), dst_k, c)
-                        store(b, const(V16, 0.0), dst_v, c)
+                with otherwise, counted_loop(b, i64(0), head_dim, LANES, "kz") as c:
+                    store(b, const(V16, 0.0), dst_k, c)
+                    store(b, const(V16, 0.0), dst_v, c)
 
     def cache_row(base: ir.Value, kv_head: ir.Value, p: ir.Value) -> ir.Value:
         """Key position p's row of kv_head (a ring's primary row, p % ring)."""
