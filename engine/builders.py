@@ -162,7 +162,7 @@ class GraphBuilder:
         scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
         self.graph.barrier()  # every thread's cache rows and q rows (rope_store, scale_q) are in
         fields = dict(f16acc=tr.attention.f16acc_address,
-                      exact=tr.attention.exact_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
+                      exact=tr.attention.tiled_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
                       v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
                       scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
                       n_kv_head=self.dims["n_head_kv"], head_dim=self.dims["head_dim"], scale=scale,

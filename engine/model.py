@@ -45,7 +45,7 @@ from .gguf import GGUFFile, ModelLoadError
 from .hparams import HParams
 from .kernels import ops, rotary, tasks
 from .kernels.attention import AttentionKernel
-from .kernels.attention_ir import exact_scratch_floats, f16acc_scratch_floats
+from .kernels.attention_ir import blocked_scratch_floats, exact_scratch_floats, f16acc_scratch_floats
 from .kernels.attention_quantized import QuantizedAttentionKernel
 from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
@@ -467,6 +467,7 @@ class Transformer:
         of the heads either path runs together."""
         hp = self.hp
         return max(max(exact_scratch_floats(self.n_ctx, hp.n_head, d["n_head_kv"]),
+                       blocked_scratch_floats(d["head_dim"]),
                        f16acc_scratch_floats(hp.n_head, d["n_head_kv"], d["head_dim"]))
                    for d in map(hp.layer_dims, range(hp.n_layer)))
 

@@ -1,17 +1,27 @@
-"""Decode with a q8_0 KV cache against f16 at long cached contexts (issue #30), SmolLM2.
+"""Long contexts on SmolLM2 (issues #30, #36): decode with a q8_0 KV cache against f16 at long
+cached contexts, and the prefill of a long prompt against llama-bench's.
 
     flock /tmp/modelyard-bench.lock python scripts/bench_kvq.py [--depths 4096 7168] [--steps 16]
         [--peer-bin /work/llama/build/bin]
+    flock /tmp/modelyard-bench.lock python scripts/bench_kvq.py --depths --prefill 6000 \
+        --peer-bin /work/llama/build/bin [--model FILE] [--rounds 3]
 
 Per depth, each cache type's model gets its slot filled to `depth` positions (the rows written
 directly: a decode step's cost does not depend on the cached values, and a 7k-token prefill per
 type would dominate the run), then decodes `steps` tokens; the types are interleaved round by
 round and the median step time reported. With --peer-bin, llama-bench's tg at the same depths
 (-fa 1, -ctk/-ctv f16 and q8_0) runs in the same invocation for the table.
+
+--prefill N: an N-token prompt (random token ids) prefilled in the engine's 512-token chunks
+into an empty f16 cache, alternating round by round with `llama-bench -p N -n 0 -r 1` from
+--peer-bin (any llama-bench: llama.cpp's, ik_llama.cpp's); prints the medians and one line
+`prefill N: ours X tok/s, peer Y tok/s, ratio R` for scripts to read. `--depths` with no value
+skips the decode table.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -50,15 +60,61 @@ def step_ms(model: engine.Model, depth: int, steps: int) -> list[float]:
     return times
 
 
+def prefill_tok_s(model: engine.Model, n: int, rng: np.random.Generator) -> float:
+    ids = [int(i) for i in rng.integers(100, model.transformer.hp.n_vocab - 100, n)]
+    model.transformer.cache.truncate(0, 0)
+    t0 = time.perf_counter()
+    model._prefill(ids, 0, "last")
+    return n / (time.perf_counter() - t0)
+
+
+def peer_prefill_tok_s(peer_bin: Path, path: Path, n: int, threads: int) -> float:
+    cmd = [str(peer_bin / "llama-bench"), "-m", str(path), "-t", str(threads), "-p", str(n),
+           "-n", "0", "-r", "1", "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(json.loads(done.stdout)[0]["avg_ts"])
+
+
+def bench_prefill(path: Path, n: int, threads: int, rounds: int, peer_bin: Path | None) -> None:
+    rng = np.random.default_rng(0)
+    model = engine.load(path, n_ctx=n + 16, n_threads=threads)
+    ours: list[float] = []
+    peer: list[float] = []
+    try:
+        prefill_tok_s(model, 64, rng)  # warm: the first call pages the weights in
+        for _ in range(rounds):
+            ours.append(prefill_tok_s(model, n, rng))
+            if peer_bin is not None:
+                peer.append(peer_prefill_tok_s(peer_bin, path, n, threads))
+            print(f"  round: ours {ours[-1]:.1f}" + (f"  peer {peer[-1]:.1f}" if peer else "") + " tok/s",
+                  flush=True)
+    finally:
+        model.close()
+    o = statistics.median(ours)
+    if peer:
+        p = statistics.median(peer)
+        print(f"prefill {n}: ours {o:.1f} tok/s, peer {p:.1f} tok/s, ratio {o / p:.2f}")
+    else:
+        print(f"prefill {n}: ours {o:.1f} tok/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--depths", type=int, nargs="+", default=[4096, 7168])
+    ap.add_argument("--depths", type=int, nargs="*", default=[4096, 7168])
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peer-bin", type=Path, default=None)
+    ap.add_argument("--prefill", type=int, default=0, help="also an N-token prefill (0: none)")
+    ap.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2 Q4_1)")
     a = ap.parse_args()
-    path = default_model_path()
+    path = a.model or default_model_path()
+    if a.prefill:
+        print(f"prefill of {a.prefill} tokens, {a.threads} threads, {a.rounds} rounds interleaved "
+              f"(shared machine)")
+        bench_prefill(path, a.prefill, a.threads, a.rounds, a.peer_bin)
+    if not a.depths:
+        return
     n_ctx = max(a.depths) + a.steps + 1
     rng = np.random.default_rng(0)
     models = {t: engine.load(path, n_ctx=n_ctx, n_threads=a.threads, type_k=t, type_v=t)

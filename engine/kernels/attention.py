@@ -53,10 +53,12 @@ import operator
 import numpy as np
 
 from engine.kernels.attention_ir import (
+    FUNCTION_BLOCKED,
     FUNCTION_EXACT,
     FUNCTION_F16ACC,
     FUNCTION_ROUNDED,
     TILED_MIN_QUERIES,
+    blocked_scratch_floats,
     build_attention_module,
     exact_scratch_floats,
     f16acc_scratch_floats,
@@ -134,11 +136,15 @@ class AttentionKernel:
         p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         args: tuple[type, ...] = ((p, p, p, p, p, n, n, n, n, n, f, n, n, n, n, f) + ((p,) if sinks else ())
                                   + ((n, n) if bidirectional else ()))
-        # the functions for many queries (exact) and for few (f16acc); both rounded without FA
+        # the functions for many queries (exact; run tiled, blocked) and for few (f16acc); all
+        # rounded without FA
         many, few = (FUNCTION_EXACT, FUNCTION_F16ACC) if flash_attn else (FUNCTION_ROUNDED,) * 2
+        tiled = FUNCTION_BLOCKED if flash_attn else FUNCTION_ROUNDED
         self._exact = lib.function(many, None, *args)
+        self._blocked = lib.function(tiled, None, *args)
         self._f16acc = lib.function(few, None, *args)
         self.exact_address = lib.address(many)
+        self.tiled_address = lib.address(tiled)  # what a chunk of >= TILED_MIN_QUERIES runs
         self.f16acc_address = lib.address(few)
         self._own_pool = pool is None and n_threads > 1
         self._pool = Pool(n_threads) if self._own_pool else pool
@@ -201,8 +207,9 @@ class AttentionKernel:
             scale = 1.0 / math.sqrt(head_dim)
 
         n_items = n_q * n_head
-        if n_q >= TILED_MIN_QUERIES or not self.flash_attn:
-            fn, stride = self._exact, exact_scratch_floats(pos0 + n_q, n_head, n_kv_head)  # scores rows
+        if n_q >= TILED_MIN_QUERIES or not self.flash_attn:  # scores rows / blocked's tiles
+            fn, stride = self._blocked, max(exact_scratch_floats(pos0 + n_q, n_head, n_kv_head),
+                                            blocked_scratch_floats(head_dim))
         else:
             fn, stride = self._f16acc, f16acc_scratch_floats(n_head, n_kv_head, head_dim)  # q16 rows
         work = n_head * head_dim * (n_q * pos0 + n_q * (n_q + 1) // 2)  # key-row x dim products
@@ -233,7 +240,7 @@ class AttentionKernel:
                                kv_mirror=0, chunks=chunks.ctypes.data, seg_start=seg_start.ctypes.data,
                                segs=segs.ctypes.data, out_rows=0, bidirectional=bi.ctypes.data)
         fields = dict(
-            f16acc=self.f16acc_address, exact=self.exact_address, q=builder.address(q),
+            f16acc=self.f16acc_address, exact=self.tiled_address, q=builder.address(q),
             k_cache=builder.address(k_cache), v_cache=builder.address(v_cache), out=builder.address(out),
             scratch=scratch.ctypes.data, scratch_bytes=4 * stride, n_head=n_head,
             n_kv_head=k_cache.shape[1], head_dim=head_dim, scale=scale, group=0,

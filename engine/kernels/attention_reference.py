@@ -1,7 +1,8 @@
 """The numpy twins of the attention kernels (engine.kernels.attention), what the tests trust.
 
-attention_reference picks between them as AttentionKernel picks its functions: the exact f32
-softmax from TILED_MIN_QUERIES queries, the f16-accumulator online softmax below, and
+attention_reference picks between them as AttentionKernel picks its functions: the blocked f32
+online softmax from TILED_MIN_QUERIES queries (the exact softmax, in float64, for a head_dim not
+a multiple of 16), the f16-accumulator online softmax below, and
 llama.cpp's non-flash path (q and p rounded to f16) when flash attention is off. `sinks`
 (float32 [n_head], gpt-oss) is one more logit per head in the softmax, with a value of 0.
 """
@@ -11,7 +12,7 @@ import math
 
 import numpy as np
 
-from engine.kernels.attention_ir import TILED_MIN_QUERIES
+from engine.kernels.attention_ir import TILE_KEYS, TILED_MIN_QUERIES
 
 
 def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
@@ -23,6 +24,9 @@ def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     if not flash_attn:
         return attention_rounded_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring,
                                            sinks, bidirectional)
+    if q.shape[0] >= TILED_MIN_QUERIES and q.shape[2] % 16 == 0:
+        return attention_blocked_reference(q, k_cache, v_cache, pos0, scale, window, softcap,
+                                           ring, sinks, bidirectional)
     if q.shape[0] >= TILED_MIN_QUERIES:
         return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap, ring, sinks,
                                bidirectional)
@@ -118,6 +122,47 @@ def attention_exact(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos
     s = np.where(visible[None], _cap(s, softcap), -np.inf)
     p = _softmax(s, sinks)
     return np.einsum("hqk,khd->qhd", p, values[:, kv_of_head]).astype(np.float32)
+
+
+def attention_blocked_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                                pos0: int, scale: float | None = None, window: int = 0,
+                                softcap: float = 0.0,
+    ring: int | None = None, sinks: np.ndarray | None = None,
+    bidirectional: tuple[int, int] | None = None) -> np.ndarray:
+    """Twin of attention_blocked: the f32 online softmax over blocks of TILE_KEYS keys aligned
+    to key positions, per (query, head) row: m' = max(m, block max), a = e^(m - m'),
+    l = l a + sum p, o = o a + p v; out = o / l (a sink taken in at the end). float32 like the
+    kernel, so the two agree to float rounding in the dot products and exp."""
+    n_q, n_head, head_dim = q.shape
+    kv_of_head = np.arange(n_head) // (n_head // k_cache.shape[1])
+    scale32 = np.float32(1.0 / math.sqrt(head_dim) if scale is None else scale)
+    n_rows = ring or k_cache.shape[0]
+    keys, visible = _visible_keys(n_q, pos0, n_rows, window, bidirectional)
+    m = np.full((n_q, n_head), -np.inf, np.float32)
+    l = np.zeros((n_q, n_head), np.float32)
+    o = np.zeros((n_q, n_head, head_dim), np.float32)
+    starts = np.arange(keys[0] // TILE_KEYS * TILE_KEYS, keys[-1] + 1, TILE_KEYS)
+    for start in starts:
+        at = (keys >= start) & (keys < start + TILE_KEYS)       # this block's keys
+        rows = keys[at] % n_rows
+        k = k_cache[rows][:, kv_of_head].astype(np.float32)     # [t, n_head, head_dim]
+        v = v_cache[rows][:, kv_of_head].astype(np.float32)
+        s = _cap(np.einsum("qhd,thd->qht", q, k) * scale32, softcap)   # [n_q, n_head, t]
+        s = np.where(visible[:, None, at], s, np.float32(-np.inf))
+        m_new = np.maximum(m, s.max(axis=-1))
+        m_use = np.where(m_new == -np.inf, np.float32(0), m_new)
+        a = np.exp(m - m_use).astype(np.float32)
+        p = np.exp(s - m_use[..., None]).astype(np.float32)
+        l = l * a + p.sum(axis=-1, dtype=np.float32)
+        o = o * a[..., None] + np.einsum("qht,thd->qhd", p, v)
+        m = m_new
+    if sinks is not None:
+        sink = np.broadcast_to(sinks.astype(np.float32)[None, :], m.shape)
+        mf = np.maximum(m, sink)
+        c = np.exp(m - mf).astype(np.float32)
+        l = l * c + np.exp(sink - mf).astype(np.float32)
+        o = o * c[..., None]
+    return (o * (np.float32(1) / l)[..., None]).astype(np.float32)
 
 
 def _softmax(s: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:

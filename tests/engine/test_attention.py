@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from engine.kernels.attention import AttentionKernel
-from engine.kernels.attention_ir import TILED_MIN_QUERIES, exact_scratch_floats, f16acc_scratch_floats
+from engine.kernels.attention_ir import (
+    TILED_MIN_QUERIES,
+    blocked_scratch_floats,
+    exact_scratch_floats,
+    f16acc_scratch_floats,
+)
 from engine.kernels.attention_reference import (
     attention_exact,
     attention_f16acc_reference,
@@ -110,9 +115,9 @@ def test_future_keys_do_not_leak(kernels):
 GROUPINGS = [(9, 3), (8, 2), (4, 4), (6, 1), (16, 1)]
 
 
-# the three kernels: (queries, flash_attn); f16acc below TILED_MIN_QUERIES, exact from there,
-# rounded (llama.cpp without flash attention) at every size
-PATHS = {"f16acc": (2, True), "exact": (TILED_MIN_QUERIES, True), "rounded": (3, False)}
+# the three kernels: (queries, flash_attn); f16acc below TILED_MIN_QUERIES, blocked (exact's f32
+# softmax, online in tiles) from there, rounded (llama.cpp without flash attention) at every size
+PATHS = {"f16acc": (2, True), "blocked": (TILED_MIN_QUERIES, True), "rounded": (3, False)}
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -165,7 +170,8 @@ def run_items(kern: AttentionKernel, q: np.ndarray, k: np.ndarray, v: np.ndarray
     if path == "f16acc":
         fn, floats = kern._f16acc, f16acc_scratch_floats(n_head, k.shape[1], head_dim)
     else:
-        fn, floats = kern._exact, exact_scratch_floats(pos0 + n_q, n_head, k.shape[1])
+        fn, floats = kern._blocked, max(exact_scratch_floats(pos0 + n_q, n_head, k.shape[1]),
+                                        blocked_scratch_floats(head_dim))
     scratch = np.empty(floats, np.float32)
     fn(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, scratch.ctypes.data,
        n_q, n_head, k.shape[1], head_dim, pos0, 1 / math.sqrt(head_dim), w_begin, w_end,

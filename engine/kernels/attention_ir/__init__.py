@@ -11,22 +11,26 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from engine.kernels.attention_ir.blocked import define_blocked
 from engine.kernels.attention_ir.exact import define_exact
 from engine.kernels.attention_ir.f16acc import define_f16acc
 from engine.kernels.attention_ir.facts import (
     BLOCK_KEYS,
+    FUNCTION_BLOCKED,
     FUNCTION_EXACT,
     FUNCTION_F16ACC,
     FUNCTION_ROUNDED,
     GROUP_MAX,
+    TILE_KEYS,
     TILED_MIN_QUERIES,
+    blocked_scratch_floats,
     exact_scratch_floats,
     f16acc_scratch_floats,
 )
 from engine.kernels.ir import builder
 
-__all__ = ["BLOCK_KEYS", "FUNCTION_EXACT", "FUNCTION_F16ACC", "FUNCTION_ROUNDED", "GROUP_MAX",
-           "TILED_MIN_QUERIES", "build_attention_module", "exact_scratch_floats",
+__all__ = ["BLOCK_KEYS", "FUNCTION_BLOCKED", "FUNCTION_EXACT", "FUNCTION_F16ACC", "FUNCTION_ROUNDED", "GROUP_MAX",
+           "TILE_KEYS", "TILED_MIN_QUERIES", "blocked_scratch_floats", "build_attention_module", "exact_scratch_floats",
            "f16acc_scratch_floats"]
 
 
@@ -47,4 +51,5 @@ def build_attention_module(f16c: bool, registers: int = 16, sinks: bool = False,
     define_exact(module, f16c, registers, sinks=sinks, bidirectional=bidirectional)
     define_exact(module, f16c, registers, rounded=True, sinks=sinks, bidirectional=bidirectional)
     define_f16acc(module, f16c, registers, sinks=sinks, bidirectional=bidirectional)
+    define_blocked(module, f16c, registers, sinks=sinks, bidirectional=bidirectional)
     return module

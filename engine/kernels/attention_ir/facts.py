@@ -4,12 +4,16 @@ the tasks and the numpy twins alike.
 """
 from __future__ import annotations
 
-from engine.kernels.ir.builder import VEC
+from typing import Any
+
+from engine.kernels.ir.builder import VEC, i64
 
 ROWS = 4  # key/value rows per step: 4 accumulators + q + conversions fit in 16 registers
 
 FUNCTION_EXACT = "attention_exact"    # three passes, f32 softmax: llama.cpp's tiled path
 FUNCTION_F16ACC = "attention_f16acc"  # online softmax, f16 accumulator: its one-row path
+FUNCTION_BLOCKED = "attention_blocked"  # exact's f32 softmax online, in tiles of rows that
+#                                          read each key block once (prefill over long caches)
 FUNCTION_ROUNDED = "attention_rounded"  # exact's passes with q and p rounded to f16: llama.cpp
 #                                          without flash attention (every batch size)
 # llama.cpp's CPU flash attention takes its tiled (f32) path once a batch has this many queries,
@@ -39,3 +43,32 @@ def f16acc_scratch_floats(n_head: int, n_kv_head: int, head_dim: int) -> int:
     its block's scores, rescale and value factors."""
     return run_heads(n_head, n_kv_head) * (head_dim + 3 * BLOCK_KEYS)
 
+
+
+TILE_ROWS = 32  # attention_blocked: (query, head) rows a tile takes at most (16 with AVX2's plan)
+TILE_KEYS = 16  # attention_blocked: keys per block, aligned to key positions
+
+# attention_blocked's scratch per thread: name -> (multiple of head_dim, floats more)
+_BLOCKED_SCRATCH = {
+    "qt": (0, 0),                                   # [head_dim][TILE_ROWS] the queries
+    "o": (TILE_ROWS, 0),                            # [TILE_ROWS][head_dim] the accumulators
+    "k32": (2 * TILE_ROWS, 0),                      # [TILE_KEYS][head_dim] the block's keys
+    "v32": (2 * TILE_ROWS + TILE_KEYS, 0),          # [TILE_KEYS][head_dim] and values
+    "s": (2 * TILE_ROWS + 2 * TILE_KEYS, 0),        # [TILE_KEYS][TILE_ROWS] scores, then p
+    "alpha": (2 * TILE_ROWS + 2 * TILE_KEYS, TILE_KEYS * TILE_ROWS),  # [TILE_ROWS] each:
+    "sink": (2 * TILE_ROWS + 2 * TILE_KEYS, TILE_KEYS * TILE_ROWS + TILE_ROWS),
+    "first": (2 * TILE_ROWS + 2 * TILE_KEYS, TILE_KEYS * TILE_ROWS + 2 * TILE_ROWS),  # i32
+    "last": (2 * TILE_ROWS + 2 * TILE_KEYS, TILE_KEYS * TILE_ROWS + 3 * TILE_ROWS),   # i32
+    "w": (2 * TILE_ROWS + 2 * TILE_KEYS, TILE_KEYS * TILE_ROWS + 4 * TILE_ROWS),      # i64
+}
+
+
+def blocked_scratch_floats(head_dim: int) -> int:
+    """Scratch floats per thread for attention_blocked (and its fallback, attention_exact, for a
+    head_dim not a multiple of 16: callers take the max with exact_scratch_floats)."""
+    return (2 * TILE_ROWS + 2 * TILE_KEYS) * head_dim + TILE_KEYS * TILE_ROWS + 6 * TILE_ROWS
+
+
+def blocked_scratch_layout(head_dim: Any, b: Any) -> dict[str, Any]:
+    """Offsets (floats) of attention_blocked's scratch arrays, as IR values of head_dim."""
+    return {name: b.add(b.mul(head_dim, i64(a)), i64(c)) for name, (a, c) in _BLOCKED_SCRATCH.items()}
