@@ -197,7 +197,7 @@ def _start(self: Any, timeout_seconds: int = 60) -> None:
             if self.make_request("GET", "/health", headers=headers).status_code == 200:
                 self.ready = True
                 return
-        except Exception:
+        except OSError:  # requests' connection errors are OSErrors: not listening yet
             pass
         if self.process.poll() is not None:
             raise RuntimeError(f"modelyard exited with {self.process.returncode}")
