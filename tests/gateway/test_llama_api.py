@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 import requests
@@ -117,6 +118,48 @@ def test_n_probs_gives_each_tokens_alternatives_greedy_first(server):
         assert p["logprob"] == pytest.approx(p["top_logprobs"][0]["logprob"], abs=1e-4)
         lps = [a["logprob"] for a in p["top_logprobs"]]
         assert lps == sorted(lps, reverse=True) and all(lp <= 0 for lp in lps)
+
+
+def test_post_sampling_probs_are_the_filtered_distribution(server):
+    """llama.cpp's shape (server-task.cpp probs_vector_to_json): `prob` and `top_probs`; the
+    kept candidates' probabilities are the sampler's (top_k 2 leaves two that sum to 1)."""
+    body = server.llama.make_request("POST", "/completion", {
+        "prompt": "Today was the day. Today I would finally become a", "n_predict": 4,
+        "n_probs": 10, "temperature": 1.0, "top_k": 2, "top_p": 1.0, "min_p": 0.0,
+        "post_sampling_probs": True, "return_tokens": True, "seed": 3}).json()
+    probs = body["completion_probabilities"]
+    assert len(probs) == 4 and body["generation_settings"]["post_sampling_probs"] is True
+    for p, token in zip(probs, body["tokens"]):
+        assert p["id"] == token and "logprob" not in p and 0.0 < p["prob"] <= 1.0
+        tops = p["top_probs"]
+        assert 1 <= len(tops) <= 2 and token in [t["id"] for t in tops]
+        assert sum(t["prob"] for t in tops) == pytest.approx(1.0)
+        assert p["prob"] == next(t["prob"] for t in tops if t["id"] == token)
+    plain = server.llama.make_request("POST", "/completion", {
+        "prompt": "Today was the day. Today I would finally become a", "n_predict": 1,
+        "n_probs": 2, "temperature": 1.0, "top_k": 2, "seed": 3}).json()
+    top2 = plain["completion_probabilities"][0]["top_logprobs"]
+    logps = np.array([t["logprob"] for t in top2])
+    first = server.llama.make_request("POST", "/completion", {
+        "prompt": "Today was the day. Today I would finally become a", "n_predict": 1,
+        "n_probs": 2, "temperature": 1.0, "top_k": 2, "top_p": 1.0, "min_p": 0.0,
+        "post_sampling_probs": True, "seed": 3}).json()["completion_probabilities"][0]
+    renormalised = np.exp(logps) / np.exp(logps).sum()  # top_k 2, then the softmax
+    assert [t["prob"] for t in first["top_probs"]] == pytest.approx(list(renormalised), abs=1e-4)
+
+
+def test_ignore_eos_shows_its_bans_in_generation_settings_logit_bias(server):
+    """llama.cpp's format_logit_bias: [{bias, token}], a ban's -inf written as null."""
+    banned = server.llama.make_request("POST", "/completion", {
+        "prompt": "Once upon a time", "n_predict": 2, "ignore_eos": True}).json()
+    bias = banned["generation_settings"]["logit_bias"]
+    tokenizer = server.llama.make_request("POST", "/tokenize", {
+        "content": "<|im_end|><|endoftext|>", "parse_special": True}).json()["tokens"]
+    assert bias and all(b["bias"] is None for b in bias)
+    assert set(tokenizer) <= {b["token"] for b in bias}
+    plain = server.llama.make_request("POST", "/completion", {
+        "prompt": "Once upon a time", "n_predict": 2, "logit_bias": [[42, 1.5]]}).json()
+    assert plain["generation_settings"]["logit_bias"] == [{"bias": 1.5, "token": 42}]
 
 
 def test_stop_words_end_with_stop_type_word(server):
