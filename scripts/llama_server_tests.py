@@ -2,7 +2,7 @@
 
     python scripts/llama_server_tests.py --upstream /path/to/llama.cpp/tools/server/tests
     python scripts/llama_server_tests.py --upstream DIR unit/test_completion.py -k n_probs
-    python scripts/llama_server_tests.py --classify results.json   # a past run's outcomes again
+    python scripts/llama_server_tests.py --classify full.json rerun.json   # past runs, merged
 
 The upstream files run unchanged under pytest with `scripts/llama_server_plugin.py`, which starts
 `modelyard serve` (one local model standing in for the one each test downloads) where the tests
@@ -47,7 +47,125 @@ OTHER = "other-helper"
 CLASSES = ("pass", "fail-API", TIED, OPENAI, NETWORK, NOT_SERVED, OTHER, "skipped")
 
 # nodeid glob -> (class, reason); first match wins. Only failing tests are looked up.
-KNOWN: list[tuple[str, str, str]] = []
+_STORIES_TEXT = "expects stories260K's text, token counts or BOS piece; SmolLM2 stands in"
+_ONE_CARD_PER_ALIAS = ("/v1/models lists one object per alias (modelyard's documented listing); "
+                       "the harness's catch-all `*` alias makes a second")
+_FIRST_CHUNK = ("OpenAI's first stream chunk carries content \"\" (utils.py asserts a present "
+                "content is non-empty or None)")
+KNOWN: list[tuple[str, str, str]] = [
+    # test_basic
+    ("unit/test_basic.py::test_server_models", OPENAI, _ONE_CARD_PER_ALIAS),
+    ("unit/test_basic.py::test_server_slots", OPENAI,
+     "GET /slots is always served, read-only (llama-server: 501 without --slots)"),
+    ("unit/test_basic.py::test_no_ui", NOT_SERVED, "llama.cpp's web UI (modelyard has its own console)"),
+    # test_completion
+    ("unit/test_completion.py::test_completion[[]*", TIED, _STORIES_TEXT),
+    ("unit/test_completion.py::test_completion_stream[[]*", TIED, _STORIES_TEXT),
+    ("unit/test_completion.py::test_completion_with_openai_library", OPENAI,
+     "system_fingerprint is OpenAI's fp_..., not llama.cpp's build tag b<N> (then stories text)"),
+    ("unit/test_completion.py::test_completion_stream_with_openai_library", TIED, _STORIES_TEXT),
+    ("unit/test_completion.py::test_completion_response_fields*", TIED,
+     "expects stories260K's BOS piece \"<s> \" in the echoed prompt"),
+    ("unit/test_completion.py::test_nocache_long_input_prompt", TIED,
+     "the prompt is over 256 tokens in stories260K's vocabulary, 224 in SmolLM2's"),
+    ("unit/test_completion.py::test_completion_prompt_cache", TIED,
+     "n_prompt = 5 tokens per \" Hello N\" + 2 is stories260K's tokenizer"),
+    ("unit/test_completion.py::test_n_probs_post_backend_sampling", NOT_SERVED,
+     "--backend_sampling (sampling on the GPU backend)"),
+    # test_chat_completion
+    ("unit/test_chat_completion.py::test_chat_completion[[]*", TIED, _STORIES_TEXT),
+    ("unit/test_chat_completion.py::test_chat_completion_stream[[]*", OPENAI, _FIRST_CHUNK),
+    ("unit/test_chat_completion.py::test_chat_completion_with_timings_per_token", OPENAI,
+     _FIRST_CHUNK),
+    ("unit/test_chat_completion.py::test_logprobs_stream", OPENAI, _FIRST_CHUNK),
+    ("unit/test_chat_completion.py::test_chat_completion_with_openai_library", OPENAI,
+     "system_fingerprint is OpenAI's fp_..., not llama.cpp's build tag b<N>"),
+    ("unit/test_chat_completion.py::test_chat_completion_cached_tokens", OTHER,
+     "prompt-cache reporting (the cache helper), counted in stories260K's tokens"),
+    ("unit/test_chat_completion.py::test_chat_completions_token_count", NOT_SERVED,
+     "POST /chat/completions/input_tokens"),
+    ("unit/test_chat_completion.py::test_apply_chat_template", NOT_SERVED,
+     "the built-in command-r template by name"),
+    ("unit/test_chat_completion.py::test_chat_template*", NOT_SERVED,
+     "the `__verbose` debug object of llama-server --verbose"),
+    ("unit/test_chat_completion.py::test_verbose_debug", NOT_SERVED,
+     "the `__verbose` debug object of llama-server --verbose"),
+    ("unit/test_chat_completion.py::test_completion_with_response_format[[]response_format0*",
+     TIED, _STORIES_TEXT),
+    ("unit/test_chat_completion.py::test_completion_with_response_format[[]response_format2*",
+     OPENAI, "json_schema without `name` is a 400, as OpenAI's"),
+    ("unit/test_chat_completion.py::test_context_size_exceeded*", OPENAI,
+     "context overflow is OpenAI's invalid_request_error/context_length_exceeded, not "
+     "exceed_context_size_error"),
+    ("unit/test_chat_completion.py::test_invalid_chat_completion_req[[]messages7[]]", OPENAI,
+     "two assistant messages at the end are accepted, as OpenAI accepts them"),
+    # test_compat_anthropic, test_compat_oai_responses
+    ("unit/test_compat_anthropic.py::test_anthropic_empty_messages", OPENAI,
+     "empty messages are a 400, as Anthropic's API answers"),
+    ("unit/test_compat_anthropic.py::test_anthropic_tool_result_with_image", OPENAI,
+     "an image for a model without vision is a 400 (a client error), not llama.cpp's 500"),
+    ("unit/test_compat_anthropic.py::test_anthropic_vision_format_accepted", OPENAI,
+     "an image for a model without vision is a 400 (a client error), not llama.cpp's 500"),
+    ("unit/test_compat_oai_responses.py::test_responses_with_openai_library", TIED, _STORIES_TEXT),
+    # test_ctx_shift
+    ("unit/test_ctx_shift.py::test_ctx_shift_disabled_long_prompt", TIED,
+     "the prompt overflows 256 tokens in stories260K's vocabulary only"),
+    # test_embedding
+    ("unit/test_embedding.py::test_embedding_mixed_input[[]-False[]]", OPENAI,
+     "an empty input is a 400, as OpenAI's"),
+    ("unit/test_embedding.py::test_embedding_error_prompt_too_long", OPENAI,
+     "overflow is OpenAI's context_length_exceeded message, not \"too large\""),
+    ("unit/test_embedding.py::test_embedding_multiple_with_fa", TIED,
+     "253-256-token inputs; the stand-in BERT has a 64-token context (bge-small: 512)"),
+    ("unit/test_embedding.py::test_embedding_pooling_none", OPENAI,
+     "/embeddings is OpenAI's path too: OpenAI's shape (llama.cpp's shape: /embedding)"),
+    ("unit/test_embedding.py::test_embedding_usage_*", TIED,
+     "bge-small's token counts; the stand-in BERT has another vocabulary"),
+    # test_infill, test_metrics, test_proxy, test_kv_keep_only_active, test_sleep
+    ("unit/test_infill.py::*", NOT_SERVED, "POST /infill (fill-in-the-middle)"),
+    ("unit/test_metrics.py::*", NOT_SERVED,
+     "llama.cpp's llamacpp:* metric names and --metrics switch (modelyard's /metrics has its own)"),
+    ("unit/test_proxy.py::*", NOT_SERVED, "the web UI's CORS proxy"),
+    ("unit/test_kv_keep_only_active.py::*", OTHER, "idle-slot cache offload (the cache helper)"),
+    ("unit/test_sleep.py::test_server_sleep", OPENAI, _ONE_CARD_PER_ALIAS),
+    ("unit/test_sleep.py::test_server_sleep_token_counting_wake", NOT_SERVED,
+     "POST /chat/completions/input_tokens"),
+    ("unit/test_sleep.py::*", NOT_SERVED, "llama.cpp's llamacpp:* metric names"),
+    # test_rerank
+    ("unit/test_rerank.py::*", TIED,
+     "jina-reranker's 8k context and token counts; the stand-in cross-encoder reads 96 tokens"),
+    # test_router
+    ("unit/test_router.py::*", NETWORK,
+     "router presets and downloads from Hugging Face"),
+    # test_security
+    ("unit/test_security.py::test_access_static_assets_without_api_key", NOT_SERVED,
+     "llama.cpp's web UI assets"),
+    ("unit/test_security.py::test_correct_api_key*", OPENAI,
+     "/completions is OpenAI's path too: OpenAI's shape, no `content`"),
+    ("unit/test_security.py::test_cors_options*", OPENAI,
+     "CORS is off unless `cors.allow_origins` names origins; then no credentials and the "
+     "methods asked for (llama-server: any origin by default)"),
+    ("unit/test_security.py::test_incorrect_api_key*", OPENAI,
+     "a missing or wrong key is OpenAI's 401 invalid_request_error, not authentication_error"),
+    # test_slot_save
+    ("unit/test_slot_save.py::*", OTHER, "slot save/restore/erase (the cache helper)"),
+    # test_template
+    ("unit/test_template.py::test_add_generation_prompt*", "fail-API",
+     "add_generation_prompt false is not honoured by /apply-template"),
+    ("unit/test_template.py::test_date_inside_prompt*", "fail-API",
+     "templates' strftime_now/date_string are not given today's date"),
+    ("unit/test_template.py::test_reasoning*", "fail-API",
+     "reasoning on/auto does not open the think block as llama.cpp's templates are driven"),
+    # test_tokenize
+    ("unit/test_tokenize.py::test_tokenize_with_bos", TIED, "stories260K's BOS id 1"),
+    # test_tool_call
+    ("unit/test_tool_call.py::*STREAMED[]]", OPENAI, _FIRST_CHUNK),
+    ("unit/test_tool_call.py::*", TIED, "the answers of llama.cpp's test models"),
+    # test_vision_api
+    ("unit/test_vision_api.py::*models_supports_multimodal_capability", OPENAI,
+     "GET /models is OpenAI's list; llama.cpp's `models` array is not added"),
+    ("unit/test_vision_api.py::*", NETWORK, "tinygemma3's mmproj and image URLs are on the internet"),
+]
 
 
 def classify(nodeid: str, outcome: str, text: str) -> tuple[str, str]:
@@ -59,6 +177,8 @@ def classify(nodeid: str, outcome: str, text: str) -> tuple[str, str]:
         marker = f"PluginRefusal: {category}: "
         if marker in text:
             return category, text.split(marker, 1)[1].splitlines()[0]
+    if "gaierror" in text or "Name or service not known" in text:
+        return NETWORK, "fetches a file from the internet"
     for pattern, category, reason in KNOWN:
         if fnmatch.fnmatchcase(nodeid, pattern):
             return category, reason
@@ -111,10 +231,15 @@ def main() -> None:
                         help="llama.cpp's tools/server/tests folder (or llama.cpp's root)")
     parser.add_argument("--results", type=Path,
                         help="where to keep the outcomes as JSON (default: a temporary file)")
-    parser.add_argument("--classify", type=Path, help="classify a past run's JSON; run nothing")
+    parser.add_argument("--classify", type=Path, nargs="+",
+                        help="classify past runs' JSON (a later file's outcomes replace an "
+                             "earlier's: a partial rerun over a full run); run nothing")
     args, pytest_args = parser.parse_known_args()
     if args.classify:
-        print(report(json.loads(args.classify.read_text())))
+        merged: dict[str, dict[str, str]] = {}
+        for path in args.classify:
+            merged.update(json.loads(path.read_text()))
+        print(report(merged))
         return
     if args.upstream is None:
         parser.error("--upstream DIR is required")
