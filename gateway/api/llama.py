@@ -111,7 +111,8 @@ async def apply_template(request: Request) -> Response:
     try:
         limits = app_state(request.app).config.limits
         text = await serving.off_loop(
-            served, partial(served.chat_template.render, add_generation_prompt=True,
+            served, partial(served.chat_template.render,
+                            add_generation_prompt=req.add_generation_prompt,
                             time_budget=limits.template_timeout, max_chars=limits.max_prompt),
             [m.for_template() for m in req.messages])
         return JSONResponse({"prompt": text})

@@ -98,6 +98,7 @@ class DetokenizeRequest(_LlamaRequest):
 class ApplyTemplateRequest(_LlamaRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     model: str | None = None
+    add_generation_prompt: bool = True  # false: the conversation only, no assistant header
 
 
 class RouterModelRequest(_LlamaRequest):

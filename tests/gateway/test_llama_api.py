@@ -227,6 +227,10 @@ def test_apply_template_renders_the_models_chat_template(server):
                                                  messages=[{"role": "user", "content": "hi"}])
     ids = server.llama.make_request("POST", "/tokenize", {"content": prompt}).json()["tokens"]
     assert chat.usage.prompt_tokens == len(ids)
+    # llama.cpp's add_generation_prompt false: the conversation without the assistant header
+    bare = server.llama.make_request("POST", "/apply-template", {
+        "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False})
+    assert bare.json()["prompt"] + "<|im_start|>assistant\n" == prompt
 
 
 def test_props_and_slots_report_the_defaults_and_the_slots(server, smollm2_path):
