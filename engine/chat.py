@@ -4,7 +4,8 @@ A template comes from a model file we did not write, so it runs in jinja2's immu
 with only what Hugging Face's `apply_chat_template` offers: `messages`, `add_generation_prompt`,
 `bos_token`, `eos_token`, `tools`, `raise_exception`, `strftime_now` (and llama.cpp's
 `date_string` and `datetime`: today's date), the `tojson` filter (unescaped, unlike jinja's
-HTML one), the `loopcontrols` extension and a pass-through `{% generation %}` block. Blocks are trimmed (`trim_blocks`, `lstrip_blocks`) as HF does, so
+HTML one), the `loopcontrols` extension and a pass-through `{% generation %}` block. Blocks
+are trimmed (`trim_blocks`, `lstrip_blocks`) as HF does, so
 templates written for transformers render the same text here. Each render has a time budget and
 an output cap (engine/template_budget.py): a template that loops forever or builds gigabytes
 stops with a ChatTemplateError instead.
