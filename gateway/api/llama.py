@@ -113,6 +113,7 @@ async def apply_template(request: Request) -> Response:
         text = await serving.off_loop(
             served, partial(served.chat_template.render,
                             add_generation_prompt=req.add_generation_prompt,
+                            tools=req.tools or None,
                             time_budget=limits.template_timeout, max_chars=limits.max_prompt),
             [m.for_template() for m in req.messages])
         return JSONResponse({"prompt": text})

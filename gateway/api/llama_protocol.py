@@ -99,6 +99,7 @@ class ApplyTemplateRequest(_LlamaRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     model: str | None = None
     add_generation_prompt: bool = True  # false: the conversation only, no assistant header
+    tools: list[dict[str, Any]] | None = None  # OpenAI's tool list, handed to the template
 
 
 class RouterModelRequest(_LlamaRequest):
