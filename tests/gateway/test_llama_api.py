@@ -48,9 +48,7 @@ class LlamaClient:
 def server(smollm2_path: Path, module_apps: Apps) -> Any:
     srv = module_apps.serve({"models": [{
         "model": str(smollm2_path), "aliases": ["smollm2", "smol"], "n_ctx": 1024,
-        "n_parallel": N_PARALLEL}, {
-        "model": str(smollm2_path), "aliases": ["smol-tools"], "n_ctx": 256, "n_parallel": 1,
-        "chat_template": "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"}]})
+        "n_parallel": N_PARALLEL}]})
     srv.llama = LlamaClient(srv.url)  # type: ignore[attr-defined]
     srv.openai = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)  # type: ignore[attr-defined]
     return srv
@@ -233,11 +231,16 @@ def test_apply_template_renders_the_models_chat_template(server):
     bare = server.llama.make_request("POST", "/apply-template", {
         "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False})
     assert bare.json()["prompt"] + "<|im_start|>assistant\n" == prompt
+
+
+def test_apply_template_hands_the_tools_to_the_template(smollm2_path, module_apps):
+    srv = module_apps.serve({"models": [{
+        "model": str(smollm2_path), "aliases": ["smol-tools"], "n_ctx": 256, "n_parallel": 1,
+        "chat_template": "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"}]})
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
-    with_tools = server.llama.make_request("POST", "/apply-template", {
-        "model": "smol-tools", "messages": [{"role": "user", "content": "hi"}],
-        "tools": [tool, tool]}).json()["prompt"]
-    assert with_tools == "get_weather;get_weather;"  # the template saw the request's tools
+    with_tools = LlamaClient(srv.url).make_request("POST", "/apply-template", {
+        "messages": [{"role": "user", "content": "hi"}], "tools": [tool, tool]}).json()
+    assert with_tools["prompt"] == "get_weather;get_weather;"  # the request's tools, in order
 
 
 def test_props_and_slots_report_the_defaults_and_the_slots(server, smollm2_path):
@@ -264,9 +267,9 @@ def test_health_shapes(server):
 def test_router_api_lists_status_and_loads_and_unloads(server):
     def status() -> dict[str, str]:
         data = server.llama.make_request("GET", "/models").json()["data"]
-        assert {m["id"] for m in data} == {"smollm2", "smol", "smol-tools"}
-        return {m["id"]: m["status"]["value"] for m in data if m["id"] != "smol-tools"}
+        return {m["id"]: m["status"]["value"] for m in data}
 
+    assert set(status()) == {"smollm2", "smol"}
     assert server.llama.make_request("POST", "/models/load", {"model": "smol"}).json() == {"success": True}
     assert status() == {"smollm2": "loaded", "smol": "loaded"}
     unloaded = server.llama.make_request("POST", "/models/unload", {"model": "smollm2"})
