@@ -152,12 +152,9 @@ KNOWN: list[tuple[str, str, str]] = [
     # test_slot_save
     ("unit/test_slot_save.py::*", OTHER, "slot save/restore/erase (the cache helper)"),
     # test_template
-    ("unit/test_template.py::test_add_generation_prompt*", "fail-API",
-     "add_generation_prompt false is not honoured by /apply-template"),
-    ("unit/test_template.py::test_date_inside_prompt*", "fail-API",
-     "templates' strftime_now/date_string are not given today's date"),
     ("unit/test_template.py::test_reasoning*", "fail-API",
-     "reasoning on/auto does not open the think block as llama.cpp's templates are driven"),
+     "llama-server renders with enable_thinking true unless --reasoning off; modelyard passes "
+     "it only when a request or entry sets it, and /apply-template does not read --reasoning"),
     # test_tokenize
     ("unit/test_tokenize.py::test_tokenize_with_bos", TIED, "stories260K's BOS id 1"),
     # test_tool_call
@@ -167,6 +164,18 @@ KNOWN: list[tuple[str, str, str]] = [
     ("unit/test_vision_api.py::*models_supports_multimodal_capability", OPENAI,
      "GET /models is OpenAI's list; llama.cpp's `models` array is not added"),
     ("unit/test_vision_api.py::*", NETWORK, "tinygemma3's mmproj and image URLs are on the internet"),
+]
+
+
+# fail-API tests whose cause is known (the rest show their first assertion line)
+_RETURN_PROGRESS = ("prompt_progress is sent only for prompts read in several chunks, as "
+                    "{processed, total, cached}, not per n_batch with llama.cpp's `cache`")
+KNOWN += [
+    ("unit/test_chat_completion.py::test_return_progress*", "fail-API", _RETURN_PROGRESS),
+    ("unit/test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry",
+     "fail-API", "Responses streams carry no llama.cpp prompt_progress or per-token timings"),
+    ("unit/test_compat_anthropic.py::test_anthropic_thinking_history_in_*", "fail-API",
+     "earlier turns' thinking blocks are not handed to the template as reasoning_content"),
 ]
 
 
@@ -227,6 +236,25 @@ def report(outcomes: dict[str, dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def markdown(outcomes: dict[str, dict[str, str]]) -> str:
+    """The counts and, per class, each test function (its parameter sets counted) with its
+    reason: the table docs/api/llama-cpp.md keeps."""
+    rows = [(nodeid, *classify(nodeid, o["outcome"], o["text"])) for nodeid, o in outcomes.items()]
+    counts = Counter(category for _, category, _ in rows)
+    lines = ["| class | tests |", "|---|---|"]
+    lines += [f"| {c} | {counts.get(c, 0)} |" for c in CLASSES]
+    lines += ["", "| class | test | n | why |", "|---|---|---|---|"]
+    groups: Counter[tuple[str, str, str]] = Counter()
+    for nodeid, category, reason in rows:
+        if category != "pass":
+            groups[(category, nodeid.split("[")[0].removeprefix("unit/"), reason)] += 1
+    for (category, test, reason), n in sorted(groups.items(),
+                                              key=lambda g: (CLASSES.index(g[0][0]), g[0][1])):
+        reason = reason.replace("|", "\\|")
+        lines.append(f"| {category} | `{test}` | {n} | {reason} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", type=Path,
@@ -236,12 +264,14 @@ def main() -> None:
     parser.add_argument("--classify", type=Path, nargs="+",
                         help="classify past runs' JSON (a later file's outcomes replace an "
                              "earlier's: a partial rerun over a full run); run nothing")
+    parser.add_argument("--markdown", action="store_true",
+                        help="with --classify: the docs' table, one row per test function")
     args, pytest_args = parser.parse_known_args()
     if args.classify:
         merged: dict[str, dict[str, str]] = {}
         for path in args.classify:
             merged.update(json.loads(path.read_text()))
-        print(report(merged))
+        print(markdown(merged) if args.markdown else report(merged))
         return
     if args.upstream is None:
         parser.error("--upstream DIR is required")

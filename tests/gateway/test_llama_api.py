@@ -233,14 +233,18 @@ def test_apply_template_renders_the_models_chat_template(server):
     assert bare.json()["prompt"] + "<|im_start|>assistant\n" == prompt
 
 
-def test_apply_template_hands_the_tools_to_the_template(smollm2_path, module_apps):
+def test_apply_template_hands_tools_and_reasoning_content_to_the_template(smollm2_path, module_apps):
     srv = module_apps.serve({"models": [{
         "model": str(smollm2_path), "aliases": ["smol-tools"], "n_ctx": 256, "n_parallel": 1,
-        "chat_template": "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"}]})
+        "chat_template": "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"
+                         "{% for m in messages %}{{ m.reasoning_content or '-' }};{% endfor %}"}]})
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
     with_tools = LlamaClient(srv.url).make_request("POST", "/apply-template", {
-        "messages": [{"role": "user", "content": "hi"}], "tools": [tool, tool]}).json()
-    assert with_tools["prompt"] == "get_weather;get_weather;"  # the request's tools, in order
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": "", "reasoning_content": "look it up"}],
+        "tools": [tool, tool]}).json()
+    # the request's tools in order; an assistant turn's reasoning_content, as llama.cpp passes it
+    assert with_tools["prompt"] == "get_weather;get_weather;-;look it up;"
 
 
 def test_props_and_slots_report_the_defaults_and_the_slots(server, smollm2_path):
