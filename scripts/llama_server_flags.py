@@ -132,6 +132,8 @@ def config_for(flags: dict[str, Any], port: int) -> dict[str, Any]:
             # --chat-template is a built-in template's name or a Jinja template's text
             known = builtin_name(flags["chat_template"]) is not None
             entry["chat_format" if known else "chat_template"] = flags["chat_template"]
+        if flags.get("reasoning") == "off":  # --reasoning off: no thinking
+            entry["reasoning_effort"] = "none"
         if flags.get("reasoning_format"):
             entry["reasoning_format"] = flags["reasoning_format"]
         if flags.get("lora_files"):
@@ -166,7 +168,7 @@ FLAG_NAMES = (
     "server_host", "model_alias", "model_tags", "model_hf_repo", "model_hf_file", "model_file", "model_draft",
     "models_dir", "models_max", "models_preset", "n_ctx", "n_slots", "kv_unified", "n_threads",
     "temperature", "seed", "n_predict", "pooling", "ctk", "ctv", "fa", "chat_template",
-    "chat_template_file", "reasoning_format", "lora_files", "spec_type", "spec_draft_n_max",
+    "chat_template_file", "reasoning", "reasoning_format", "lora_files", "spec_type", "spec_draft_n_max",
     "sleep_idle_seconds", "api_key", "cors_origins", *_UNSERVED,
 )
 

@@ -174,8 +174,6 @@ KNOWN += [
     ("unit/test_chat_completion.py::test_return_progress*", "fail-API", _RETURN_PROGRESS),
     ("unit/test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry",
      "fail-API", "Responses streams carry no llama.cpp prompt_progress or per-token timings"),
-    ("unit/test_compat_anthropic.py::test_anthropic_thinking_history_in_*", "fail-API",
-     "earlier turns' thinking blocks are not handed to the template as reasoning_content"),
 ]
 
 

@@ -100,6 +100,7 @@ class ApplyTemplateRequest(_LlamaRequest):
     model: str | None = None
     add_generation_prompt: bool = True  # false: the conversation only, no assistant header
     tools: list[dict[str, Any]] | None = None  # OpenAI's tool list, handed to the template
+    chat_template_kwargs: dict[str, Any] | None = None  # as on chat: enable_thinking, ...
 
 
 class RouterModelRequest(_LlamaRequest):

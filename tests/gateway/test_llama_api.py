@@ -247,6 +247,28 @@ def test_apply_template_hands_tools_and_reasoning_content_to_the_template(smollm
     assert with_tools["prompt"] == "get_weather;get_weather;-;look it up;"
 
 
+def test_apply_template_gives_the_template_the_chat_routes_reasoning_variables(
+        smollm2_path, module_apps):
+    """As the chat route: the entry's reasoning_effort none is enable_thinking false (llama-server's
+    --reasoning off); a request's chat_template_kwargs reach the template too."""
+    srv = module_apps.serve({"models": [{
+        "model": str(smollm2_path), "aliases": ["nothink"], "n_ctx": 256, "n_parallel": 1,
+        "reasoning_effort": "none",
+        "chat_template": "{{ enable_thinking if enable_thinking is defined else 'unset' }}|"
+                         "{{ flavour | default('-') }}"}]})
+    client = LlamaClient(srv.url)
+    ask = [{"role": "user", "content": "hi"}]
+    assert client.make_request("POST", "/apply-template", {"messages": ask}).json() == {
+        "prompt": "False|-"}
+    kwargs = client.make_request("POST", "/apply-template", {
+        "messages": ask, "chat_template_kwargs": {"flavour": "mint"}}).json()
+    assert kwargs == {"prompt": "False|mint"}
+    chat = requests.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "model": "nothink", "messages": ask, "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == len(client.make_request(
+        "POST", "/tokenize", {"content": "False|-", "add_special": True}).json()["tokens"])
+
+
 def test_props_and_slots_report_the_defaults_and_the_slots(server, smollm2_path):
     props = server.llama.make_request("GET", "/props").json()
     params = props["default_generation_settings"]["params"]
