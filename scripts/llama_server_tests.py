@@ -153,8 +153,10 @@ KNOWN: list[tuple[str, str, str]] = [
     ("unit/test_slot_save.py::*", OTHER, "slot save/restore/erase (the cache helper)"),
     # test_template
     ("unit/test_template.py::test_reasoning*", "fail-API",
-     "llama-server renders with enable_thinking true unless --reasoning off; modelyard passes "
-     "it only when a request or entry sets it, and /apply-template does not read --reasoning"),
+     "llama-server gives templates enable_thinking true unless --reasoning off (its edited "
+     "templates close the block when it is undefined); modelyard sets it only when asked"),
+    ("unit/test_template.py::test_date_inside_prompt[[]fireworks*", NOT_SERVED,
+     "FireFunction v2's `functions` variable (llama.cpp's handler for that family)"),
     # test_tokenize
     ("unit/test_tokenize.py::test_tokenize_with_bos", TIED, "stories260K's BOS id 1"),
     # test_tool_call
