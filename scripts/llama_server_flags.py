@@ -134,6 +134,10 @@ def config_for(flags: dict[str, Any], port: int) -> dict[str, Any]:
             entry["chat_format" if known else "chat_template"] = flags["chat_template"]
         if flags.get("reasoning") == "off":  # --reasoning off: no thinking
             entry["reasoning_effort"] = "none"
+        elif flags.get("reasoning") in ("on", "auto"):
+            # llama-server then renders with enable_thinking true (common/chat.cpp); modelyard
+            # passes it only when asked, so the entry asks
+            entry["chat_template_kwargs"] = {"enable_thinking": True}
         if flags.get("reasoning_format"):
             entry["reasoning_format"] = flags["reasoning_format"]
         if flags.get("lora_files"):

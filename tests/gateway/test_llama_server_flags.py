@@ -61,6 +61,10 @@ def test_aliases_templates_and_encoder_presets():
                                 "{{ messages[0].content }}"}, 1)["models"][0]
     assert several["aliases"][:2] == ["a", "b"]
     assert several["chat_template"] == "{{ messages[0].content }}"  # not a built-in name: text
+    thinking = flags.config_for({**TINYLLAMA2, "reasoning": "auto"}, 1)["models"][0]
+    assert thinking["chat_template_kwargs"] == {"enable_thinking": True}
+    assert flags.config_for({**TINYLLAMA2, "reasoning": "off"}, 1)["models"][0][
+        "reasoning_effort"] == "none"
     embed = flags.config_for({"model_hf_repo": "ggml-org/models", "pooling": "none",
                               "model_hf_file": "bert-bge-small/ggml-model-f16.gguf"}, 1)
     assert embed["models"][0]["pooling"] == "none"
