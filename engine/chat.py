@@ -2,9 +2,10 @@
 
 A template comes from a model file we did not write, so it runs in jinja2's immutable sandbox
 with only what Hugging Face's `apply_chat_template` offers: `messages`, `add_generation_prompt`,
-`bos_token`, `eos_token`, `tools`, `raise_exception`, `strftime_now`, the `tojson` filter
-(unescaped, unlike jinja's HTML one), the `loopcontrols` extension and a pass-through
-`{% generation %}` block. Blocks are trimmed (`trim_blocks`, `lstrip_blocks`) as HF does, so
+`bos_token`, `eos_token`, `tools`, `raise_exception`, `strftime_now` (and llama.cpp's
+`date_string` and `datetime`: today's date), the `tojson` filter (unescaped, unlike jinja's
+HTML one), the `loopcontrols` extension and a pass-through `{% generation %}` block. Blocks
+are trimmed (`trim_blocks`, `lstrip_blocks`) as HF does, so
 templates written for transformers render the same text here. Each render has a time budget and
 an output cap (engine/template_budget.py): a template that loops forever or builds gigabytes
 stops with a ChatTemplateError instead.
@@ -61,6 +62,14 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _dates() -> dict[str, str]:
+    """Today's date under the names llama.cpp gives every template (common/chat.cpp
+    `common_chat_extra_context`): Llama 3.x reads `date_string`, FireFunction `datetime`; a
+    template that finds neither writes its own fixed date."""
+    now = datetime.now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
@@ -103,7 +112,7 @@ class ChatTemplate:
                 fixed = dict(messages=[dict(m) for m in messages],
                              add_generation_prompt=add_generation_prompt,
                              bos_token=self.bos_token, eos_token=self.eos_token, tools=tools)
-                return self._template.render({**(variables or {}), **fixed})
+                return self._template.render({**_dates(), **(variables or {}), **fixed})
         except ChatTemplateError:
             raise
         except TemplateBudgetExceeded as exc:

@@ -93,6 +93,7 @@ def _messages(req: a.CountTokensRequest) -> list[dict[str, Any]]:
         texts: list[str] = []
         parts: list[dict[str, Any]] = []  # texts and images, when the message has an image
         tool_calls: list[dict[str, Any]] = []
+        thoughts: list[str] = []
         for j, block in enumerate(message.blocks()):
             where = f"messages[{i}].content[{j}]"
             if isinstance(block, a.ImageBlockParam) and message.role == "user":
@@ -118,12 +119,15 @@ def _messages(req: a.CountTokensRequest) -> list[dict[str, Any]]:
                                           "no earlier tool_use block", where)
                 out.append({"role": "tool", "tool_call_id": block.tool_use_id,
                             "content": _result_text(block, where)})
-            # thinking and redacted_thinking: earlier turns' reasoning, which chat templates
-            # leave out of the prompt too
+            elif isinstance(block, a.ThinkingBlockParam):
+                thoughts.append(block.thinking)
+            # redacted_thinking is encrypted: nothing a template could render
         if message.role == "assistant":
             turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
             if tool_calls:
                 turn["tool_calls"] = tool_calls
+            if thoughts:  # as llama.cpp converts them: templates such as Qwen3's render
+                turn["reasoning_content"] = "\n".join(thoughts)  # the latest turns' thinking
             out.append(turn)
         elif len(parts) > len(texts):  # chat joins parts by newlines too
             out.append({"role": "user", "content": parts})

@@ -36,10 +36,10 @@ from gateway.backends import dispatch
 from gateway.config import LimitSettings
 from gateway.errors import APIError, invalid_request
 from gateway.fleet.registry import Lease
-from gateway.generation import defaults, serving
+from gateway.generation import defaults, reasoning, serving
 from gateway.generation.images import MEDIA_MARKER
 from gateway.generation.model import GenerativeModel
-from gateway.protocol import parse_request
+from gateway.protocol import ChatCompletionRequest, parse_request
 from gateway.state import app_state
 from gateway.version import version
 
@@ -110,8 +110,16 @@ async def apply_template(request: Request) -> Response:
     lease, served = await _with_model(request, req.model)
     try:
         limits = app_state(request.app).config.limits
+        # the variables the chat route would give the template: the entry's reasoning
+        # defaults under the request's chat_template_kwargs (enable_thinking, ...)
+        chat = ChatCompletionRequest(messages=req.messages,
+                                     chat_template_kwargs=req.chat_template_kwargs)
+        settings = reasoning.settings(reasoning.with_entry_defaults(chat, lease.entry))
+        variables = served.tool_format.template_vars(dict(settings.template_vars))
         text = await serving.off_loop(
-            served, partial(served.chat_template.render, add_generation_prompt=True,
+            served, partial(served.chat_template.render,
+                            add_generation_prompt=req.add_generation_prompt,
+                            tools=req.tools or None, variables=variables,
                             time_budget=limits.template_timeout, max_chars=limits.max_prompt),
             [m.for_template() for m in req.messages])
         return JSONResponse({"prompt": text})

@@ -11,12 +11,14 @@ Names and shapes are llama.cpp's (tools/server/README.md).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import engine
 from gateway.api import llama_protocol as lp
+from gateway.api.llama_probs import candidates_needed, post_sampling
 from gateway.config import LimitSettings
 from gateway.errors import APIError, context_length_exceeded, invalid_request
 from gateway.fleet.registry import Lease
@@ -100,7 +102,8 @@ def _settings(values: dict[str, Any], req: lp.CompletionRequest, n_ctx: int, n_p
     """llama.cpp's `generation_settings` (also /props' and /slots' `params`)."""
     return {"n_ctx": n_ctx, "model": alias, "n_predict": n_predict, "max_tokens": n_predict,
             "seed": SEED_RANDOM if seed is None else seed, **values, "stop": list(req.stop),
-            "n_probs": req.n_probs, "stream": req.stream, "ignore_eos": req.ignore_eos,
+            "n_probs": req.n_probs, "post_sampling_probs": req.post_sampling_probs,
+            "stream": req.stream, "ignore_eos": req.ignore_eos,
             "cache_prompt": req.cache_prompt}
 
 
@@ -125,7 +128,9 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
         top_p=1.0 if greedy else values["top_p"], min_p=values["min_p"],
         repeat_penalty=values["repeat_penalty"], presence_penalty=values["presence_penalty"],
         frequency_penalty=values["frequency_penalty"], logit_bias=_logit_bias(req, served),
-        seed=_seed(req, lease), top_logprobs=req.n_probs,
+        seed=_seed(req, lease), top_logprobs=(
+            candidates_needed(req.n_probs, values["top_k"]) if req.post_sampling_probs
+            and req.n_probs else req.n_probs),
         logprobs=bool(req.n_probs))
     prompts: list[engine.Prompt] = []
     texts: list[str] = []
@@ -152,6 +157,9 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
         raise invalid_request("stream takes one prompt; send several prompts without stream",
                               "prompt")
     settings = _settings(values, req, served.n_ctx, budget, lease.alias, _seed(req, lease))
+    # llama.cpp's shape: [{bias, token}], a ban (-inf there) written as null
+    settings["logit_bias"] = [{"bias": None if bias <= BANNED else bias, "token": token}
+                              for token, bias in params.logit_bias.items()]
     return LlamaPlan(requests if req.n_predict != 0 else [],  # n_predict 0: only evaluated
                      sum(len(p) for p in prompts), prompt_of=list(range(len(prompts))),
                      prompts=[len(p) for p in prompts], texts=texts, settings=settings)
@@ -175,11 +183,27 @@ def _multimodal_prompt(served: GenerativeModel, one: lp.MultimodalPrompt, number
 
 # --------------------------------------------------------------------------------- responses
 
-def _probs(tokens: list[TokenInfo]) -> list[dict[str, Any]]:
-    return [{"id": t.token, "token": t.text, "bytes": list(t.bytes), "logprob": t.logprob,
-             "top_logprobs": [{"id": i, "token": text, "bytes": list(raw), "logprob": lp}
-                              for i, (text, raw, lp) in zip(t.top_ids, t.top)]}
-            for t in tokens]
+def _probs(tokens: list[TokenInfo], req: lp.CompletionRequest,
+           settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """completion_probabilities: the n_probs best log-probabilities, or with
+    post_sampling_probs the probabilities left after the sampler's filters (llama_probs.py)."""
+    if not req.post_sampling_probs:
+        return [{"id": t.token, "token": t.text, "bytes": list(t.bytes), "logprob": t.logprob,
+                 "top_logprobs": [{"id": i, "token": text, "bytes": list(raw), "logprob": lp}
+                                  for i, (text, raw, lp) in
+                                  list(zip(t.top_ids, t.top))[:req.n_probs]]}
+                for t in tokens]
+    out = []
+    for t in tokens:
+        pieces = {i: (text, raw) for i, (text, raw, _) in zip(t.top_ids, t.top)}
+        kept = post_sampling([(i, lp) for i, (_, _, lp) in zip(t.top_ids, t.top)],
+                             top_k=settings["top_k"], top_p=settings["top_p"],
+                             min_p=settings["min_p"], temperature=settings["temperature"])
+        chosen = dict(kept).get(t.token, math.exp(t.logprob))
+        out.append({"id": t.token, "token": t.text, "bytes": list(t.bytes), "prob": chosen,
+                    "top_probs": [{"id": i, "token": pieces[i][0], "bytes": list(pieces[i][1]),
+                                   "prob": prob} for i, prob in kept[:req.n_probs]]})
+    return out
 
 
 def _timings(done: Finished) -> dict[str, Any]:
@@ -211,7 +235,7 @@ def _final(index: int, text: str, ids: list[int], tokens: list[TokenInfo], done:
         "tokens_cached": done.cached_tokens, "timings": _timings(done),
     }
     if req.n_probs and not streamed:
-        out["completion_probabilities"] = _probs(tokens)
+        out["completion_probabilities"] = _probs(tokens, req, settings)
     return out
 
 
@@ -279,7 +303,7 @@ async def chunks(served: GenerativeModel, alias: str, req: lp.CompletionRequest,
                     "stop": False, "id_slot": -1, "model": settings["model"],
                     "tokens_predicted": count, "tokens_evaluated": len(plan.requests[0].prompt)}
                 if req.n_probs:
-                    chunk["completion_probabilities"] = _probs(event.tokens)
+                    chunk["completion_probabilities"] = _probs(event.tokens, req, settings)
                 yield chunk
             elif isinstance(event, Finished):
                 yield _final(0, "".join(text), [], tokens, event, req, settings, prompt, n_ctx,

@@ -48,6 +48,7 @@ class CompletionRequest(_LlamaRequest):
     seed: int = -1                     # -1: random
     stop: list[str] = Field(default_factory=list, max_length=16)
     n_probs: int = Field(0, ge=0, le=MAX_N_PROBS)
+    post_sampling_probs: bool = False  # n_probs as probabilities after the sampler's filters
     cache_prompt: bool = True          # the prompt cache is always on; accepted for clients
     return_tokens: bool = False
     response_fields: list[str] = Field(default_factory=list)  # only these ("a/b": nested)
@@ -97,6 +98,9 @@ class DetokenizeRequest(_LlamaRequest):
 class ApplyTemplateRequest(_LlamaRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     model: str | None = None
+    add_generation_prompt: bool = True  # false: the conversation only, no assistant header
+    tools: list[dict[str, Any]] | None = None  # OpenAI's tool list, handed to the template
+    chat_template_kwargs: dict[str, Any] | None = None  # as on chat: enable_thinking, ...
 
 
 class RouterModelRequest(_LlamaRequest):

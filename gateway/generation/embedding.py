@@ -54,10 +54,24 @@ def _checked(served: GenerativeModel, ids: list[int], param: str) -> list[int]:
     return ids
 
 
-def _inputs(served: GenerativeModel, items: Sequence[str | list[int]], limits: LimitSettings,
-            param: str) -> list[list[int]]:
+def _mixed_ids(served: GenerativeModel, parts: Sequence[int | str], limits: LimitSettings,
+               param: str) -> list[int]:
+    """Ids and texts in one sequence, as llama-server's `tokenize_mixed`: a text is tokenized
+    with special tokens added only when it opens the sequence."""
+    ids: list[int] = []
+    for i, part in enumerate(parts):
+        if isinstance(part, str):
+            check_prompt_size(served, part, limits, param)
+            ids += served.tokenizer.encode(part, add_special=i == 0, parse_special=True)
+        else:
+            ids.append(part)
+    return ids
+
+
+def _inputs(served: GenerativeModel, items: Sequence[str | Sequence[int | str]],
+            limits: LimitSettings, param: str) -> list[list[int]]:
     return [_checked(served, embedding_ids(served, item, limits, param) if isinstance(item, str)
-                     else list(item), param) for item in items]
+                     else _mixed_ids(served, item, limits, param), param) for item in items]
 
 
 async def _pooled_all(served: GenerativeModel, prompts: list[list[int]],

@@ -47,6 +47,9 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # assistant messages
     tool_call_id: str | None = None             # tool messages
+    # llama.cpp's: an earlier assistant turn's thinking, which templates such as Qwen3's render
+    # for the turns after the last user message (interleaved thinking and tool calls)
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         """Content as one string: parts are joined by newlines, an image part is IMAGE_MARKER
@@ -73,6 +76,8 @@ class ChatMessage(_Request):
             message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         return message
 
 

@@ -92,3 +92,18 @@ def test_generation_block_loopcontrols_tools_and_strftime():
     out = ChatTemplate(source).render([{"role": "user", "content": "one"},
                                        {"role": "user", "content": "two"}])
     assert out in (f"[one]True|{before}", f"[one]True|{datetime.now().strftime('%Y')}")
+
+
+def test_templates_get_llama_cpps_date_variables():
+    """llama.cpp gives every template today's date as `date_string` ("%d %b %Y", Llama 3.x)
+    and `datetime` ("%b %d %Y", FireFunction): common/chat.cpp common_chat_extra_context."""
+    source = (Path(__file__).parent.parent / "data" / "templates" /
+              "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text()
+    today = datetime.now()
+    prompt = ChatTemplate(source).render([{"role": "user", "content": "What is today?"}])
+    assert f"Today Date: {today.strftime('%d %b %Y')}\n" in prompt
+    assert "26 Jul 2024" not in prompt  # the template's own fallback
+    fire = ChatTemplate("Today is {{ datetime }}.").render([])
+    assert fire == f"Today is {today.strftime('%b %d %Y')}."
+    mine = ChatTemplate("{{ date_string }}").render([], variables={"date_string": "1 Jan 2000"})
+    assert mine == "1 Jan 2000"  # a request's chat_template_kwargs still win

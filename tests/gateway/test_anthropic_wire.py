@@ -72,6 +72,11 @@ def test_a_tool_round_trip_becomes_assistant_tool_calls_and_tool_messages() -> N
     assert roles == ["user", "assistant", "tool", "tool", "user"]
     assistant = chat.messages[1]
     assert assistant.content == "Checking."
+    # the thinking block as llama.cpp converts it: the turn's reasoning_content, which
+    # templates such as Qwen3's render for the turns after the last user message
+    assert assistant.reasoning_content == "two calls"
+    assert assistant.for_template()["reasoning_content"] == "two calls"
+    assert chat.messages[0].reasoning_content is None
     assert [(c.id, json.loads(c.function.arguments)) for c in assistant.tool_calls or []] == [
         ("toolu_1", {"city": "Paris"}), ("toolu_2", {"city": "Rome"})]
     assert [(m.tool_call_id, m.content) for m in chat.messages[2:4]] == [

@@ -81,6 +81,38 @@ def test_token_id_inputs_base64_and_dimensions(client: openai.OpenAI) -> None:
         client.embeddings.create(model="bge", input="x", dimensions=65)
 
 
+def test_llama_server_input_shapes_give_llama_cpps_vectors(server: Any) -> None:
+    """llama-server's `input` extensions (server-common.cpp tokenize_input_prompts): ids and
+    texts mixed in one sequence (a text adds special tokens only when it opens it), prompt
+    objects and text parts; each vector is llama.cpp's for the same tokens."""
+    ref, entry = _ref(BERT), MANIFEST[BERT]
+    ids = [int(t) for t in ref["ids"][2][:ref["n_ids"][2]]]  # [CLS] ... [SEP]
+    text = entry["texts"][2]
+    words = text.split(" ")
+    inputs = [
+        [ids[0], text, ids[-1]],                        # one sequence: [CLS] text [SEP]
+        {"prompt_string": text},
+        {"content": [{"type": "text", "text": words[0] + " "},
+                     {"type": "text", "text": " ".join(words[1:])}]},
+        [text, *ids[1:0]],                              # a leading text gets [CLS] ... [SEP]
+    ]
+    reply = httpx.post(server.url + "/v1/embeddings", timeout=30,
+                       json={"model": "bge", "input": inputs})
+    assert reply.status_code == 200, reply.text
+    got = np.array([d["embedding"] for d in reply.json()["data"]])
+    assert got.shape[0] == 4
+    tol = entry["suggested_tolerance"]["normalized_max_abs"]
+    assert np.abs(got - _unit(ref["embd"][2])).max() <= tol
+    one = httpx.post(server.url + "/v1/embeddings", timeout=30,
+                     json={"model": "bge", "input": [ids[0], text, ids[-1]]}).json()
+    assert len(one["data"]) == 1 and one["usage"]["prompt_tokens"] == len(ids)
+    for bad in ([], {"content": "text"}, {"content": [{"type": "unknown"}]},
+                {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}):
+        refused = httpx.post(server.url + "/v1/embeddings", timeout=30,
+                             json={"model": "bge", "input": bad})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "input"
+
+
 def test_langchain_openai_embeddings_work_unchanged(server: Any) -> None:
     from langchain_openai import OpenAIEmbeddings
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 import requests
@@ -119,6 +120,48 @@ def test_n_probs_gives_each_tokens_alternatives_greedy_first(server):
         assert lps == sorted(lps, reverse=True) and all(lp <= 0 for lp in lps)
 
 
+def test_post_sampling_probs_are_the_filtered_distribution(server):
+    """llama.cpp's shape (server-task.cpp probs_vector_to_json): `prob` and `top_probs`; the
+    kept candidates' probabilities are the sampler's (top_k 2 leaves two that sum to 1)."""
+    body = server.llama.make_request("POST", "/completion", {
+        "prompt": "Today was the day. Today I would finally become a", "n_predict": 4,
+        "n_probs": 10, "temperature": 1.0, "top_k": 2, "top_p": 1.0, "min_p": 0.0,
+        "post_sampling_probs": True, "return_tokens": True, "seed": 3}).json()
+    probs = body["completion_probabilities"]
+    assert len(probs) == 4 and body["generation_settings"]["post_sampling_probs"] is True
+    for p, token in zip(probs, body["tokens"]):
+        assert p["id"] == token and "logprob" not in p and 0.0 < p["prob"] <= 1.0
+        tops = p["top_probs"]
+        assert 1 <= len(tops) <= 2 and token in [t["id"] for t in tops]
+        assert sum(t["prob"] for t in tops) == pytest.approx(1.0)
+        assert p["prob"] == next(t["prob"] for t in tops if t["id"] == token)
+    plain = server.llama.make_request("POST", "/completion", {
+        "prompt": "Today was the day. Today I would finally become a", "n_predict": 1,
+        "n_probs": 2, "temperature": 1.0, "top_k": 2, "seed": 3}).json()
+    top2 = plain["completion_probabilities"][0]["top_logprobs"]
+    logps = np.array([t["logprob"] for t in top2])
+    first = server.llama.make_request("POST", "/completion", {
+        "prompt": "Today was the day. Today I would finally become a", "n_predict": 1,
+        "n_probs": 2, "temperature": 1.0, "top_k": 2, "top_p": 1.0, "min_p": 0.0,
+        "post_sampling_probs": True, "seed": 3}).json()["completion_probabilities"][0]
+    renormalised = np.exp(logps) / np.exp(logps).sum()  # top_k 2, then the softmax
+    assert [t["prob"] for t in first["top_probs"]] == pytest.approx(list(renormalised), abs=1e-4)
+
+
+def test_ignore_eos_shows_its_bans_in_generation_settings_logit_bias(server):
+    """llama.cpp's format_logit_bias: [{bias, token}], a ban's -inf written as null."""
+    banned = server.llama.make_request("POST", "/completion", {
+        "prompt": "Once upon a time", "n_predict": 2, "ignore_eos": True}).json()
+    bias = banned["generation_settings"]["logit_bias"]
+    tokenizer = server.llama.make_request("POST", "/tokenize", {
+        "content": "<|im_end|><|endoftext|>", "parse_special": True}).json()["tokens"]
+    assert bias and all(b["bias"] is None for b in bias)
+    assert set(tokenizer) <= {b["token"] for b in bias}
+    plain = server.llama.make_request("POST", "/completion", {
+        "prompt": "Once upon a time", "n_predict": 2, "logit_bias": [[42, 1.5]]}).json()
+    assert plain["generation_settings"]["logit_bias"] == [{"bias": 1.5, "token": 42}]
+
+
 def test_stop_words_end_with_stop_type_word(server):
     body = server.llama.make_request("POST", "/completion", {
         "prompt": "The capital of France is", "n_predict": 32, "temperature": 0,
@@ -184,6 +227,46 @@ def test_apply_template_renders_the_models_chat_template(server):
                                                  messages=[{"role": "user", "content": "hi"}])
     ids = server.llama.make_request("POST", "/tokenize", {"content": prompt}).json()["tokens"]
     assert chat.usage.prompt_tokens == len(ids)
+    # llama.cpp's add_generation_prompt false: the conversation without the assistant header
+    bare = server.llama.make_request("POST", "/apply-template", {
+        "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False})
+    assert bare.json()["prompt"] + "<|im_start|>assistant\n" == prompt
+
+
+def test_apply_template_hands_tools_and_reasoning_content_to_the_template(smollm2_path, module_apps):
+    srv = module_apps.serve({"models": [{
+        "model": str(smollm2_path), "aliases": ["smol-tools"], "n_ctx": 256, "n_parallel": 1,
+        "chat_template": "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"
+                         "{% for m in messages %}{{ m.reasoning_content or '-' }};{% endfor %}"}]})
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    with_tools = LlamaClient(srv.url).make_request("POST", "/apply-template", {
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": "", "reasoning_content": "look it up"}],
+        "tools": [tool, tool]}).json()
+    # the request's tools in order; an assistant turn's reasoning_content, as llama.cpp passes it
+    assert with_tools["prompt"] == "get_weather;get_weather;-;look it up;"
+
+
+def test_apply_template_gives_the_template_the_chat_routes_reasoning_variables(
+        smollm2_path, module_apps):
+    """As the chat route: the entry's reasoning_effort none is enable_thinking false (llama-server's
+    --reasoning off); a request's chat_template_kwargs reach the template too."""
+    srv = module_apps.serve({"models": [{
+        "model": str(smollm2_path), "aliases": ["nothink"], "n_ctx": 256, "n_parallel": 1,
+        "reasoning_effort": "none",
+        "chat_template": "{{ enable_thinking if enable_thinking is defined else 'unset' }}|"
+                         "{{ flavour | default('-') }}"}]})
+    client = LlamaClient(srv.url)
+    ask = [{"role": "user", "content": "hi"}]
+    assert client.make_request("POST", "/apply-template", {"messages": ask}).json() == {
+        "prompt": "False|-"}
+    kwargs = client.make_request("POST", "/apply-template", {
+        "messages": ask, "chat_template_kwargs": {"flavour": "mint"}}).json()
+    assert kwargs == {"prompt": "False|mint"}
+    chat = requests.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "model": "nothink", "messages": ask, "max_tokens": 1}).json()
+    assert chat["usage"]["prompt_tokens"] == len(client.make_request(
+        "POST", "/tokenize", {"content": "False|-", "add_special": True}).json()["tokens"])
 
 
 def test_props_and_slots_report_the_defaults_and_the_slots(server, smollm2_path):
