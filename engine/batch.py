@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from .batch_greedy import greedy_tokens, plain_greedy
 from .constraint import Constraint, MaskFiller
 from .draft import Drafter
 from .kv import MAX_CHUNK
@@ -440,19 +441,31 @@ class BatchRunner:
         return allowed
 
     def _sample(self, items: list[tuple[Sequence, np.ndarray]]) -> list[Sampled]:
-        """Sample each sequence; the costly ones (random draws, logprobs) on the pool when
-        there are several. Greedy without logprobs is one pass over the logits (~20 us): handing
-        it to a thread would cost more than it saves."""
+        """Sample each sequence: plain greedy ones by engine/batch_greedy.py (one argmax a row),
+        the costly ones (random draws, logprobs) on the pool when there are several. Greedy is
+        one pass over the logits (~20 us): handing it to a thread would cost more than it saves."""
         allowed = self._allowed(items)
-        costly = [i for i, (seq, _) in enumerate(items) if _costly(seq.params)]
-        if self._pool is None or len(costly) < 2:
-            return [seq.sampler.sample(row, mask) for (seq, row), mask in zip(items, allowed)]
         results: list[Sampled | None] = [None] * len(items)
+        # the common case, greedy with no mask, penalties or logprobs: one argmax a row
+        plain = [i for i, (seq, _) in enumerate(items)
+                 if allowed[i] is None and plain_greedy(seq.params)]
+        if plain:
+            tokens = greedy_tokens([items[i][1] for i in plain],
+                                   [items[i][0].params.logit_bias for i in plain])
+            for i, token in zip(plain, tokens):
+                items[i][0].sampler.accept(token)
+                results[i] = Sampled(token, float("nan"))
+        rest = [i for i in range(len(items)) if results[i] is None]
+        costly = [i for i in rest if _costly(items[i][0].params)]
+        if self._pool is None or len(costly) < 2:
+            for i in rest:
+                results[i] = items[i][0].sampler.sample(items[i][1], allowed[i])
+            return results  # type: ignore[return-value]
         done = self._pool.map(lambda i: items[i][0].sampler.sample(items[i][1], allowed[i]),
                               costly)
-        for i, (seq, row) in enumerate(items):
-            if not _costly(seq.params):
-                results[i] = seq.sampler.sample(row, allowed[i])
+        for i in rest:
+            if not _costly(items[i][0].params):
+                results[i] = items[i][0].sampler.sample(items[i][1], allowed[i])
         for i, sampled in zip(costly, done):
             results[i] = sampled
         return results  # type: ignore[return-value]

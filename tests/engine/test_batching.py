@@ -264,6 +264,27 @@ def test_greedy_tokens_do_not_depend_on_the_batch(smol):
     runner.close()
 
 
+def test_plain_greedy_batch_path_takes_the_samplers_tokens(smol):
+    """Greedy without logprobs goes through engine/batch_greedy.py; with logprobs through each
+    Sampler. The same batches, so the same logits: the tokens must be identical, bias included."""
+    prompts = [chat_ids(smol, t) for t in PROMPTS]
+    bias = {int(t): -100.0 for t in alone(smol, prompts[0], GREEDY, 3)}  # ban some likely tokens
+
+    def run(logprobs: bool) -> list[list[int]]:
+        params = SamplingParams(temperature=0.0, logprobs=logprobs, logit_bias=bias)
+        runner = BatchRunner(smol, prefill_budget=48)
+        seqs = [Sequence(ids, params=params, max_tokens=N_NEW, stop_at_eog=False) for ids in prompts]
+        for seq in seqs:
+            runner.submit(seq)
+        while runner.busy:
+            runner.step()
+        runner.close()
+        return [seq.generated for seq in seqs]
+    fast, sampler = run(False), run(True)
+    assert fast == sampler
+    assert not any(t in bias for gen in fast for t in gen)
+
+
 @pytest.mark.slow
 def test_seeded_sampling_is_reproducible_per_request(smol):
     prompts = [chat_ids(smol, t) for t in PROMPTS]
