@@ -51,6 +51,27 @@ def test_nan_and_inf_are_refused_as_by_the_sampler(bad: float) -> None:
         greedy_tokens([np.ones(100, np.float32), row], [{}, {}])
 
 
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
+@pytest.mark.parametrize("bias", [{3: float("nan")}, {3: float("inf")}, {3: 1e38, 4: 1e38}])
+def test_a_bias_that_makes_the_row_non_finite_is_refused_as_by_the_sampler(bias: dict) -> None:
+    row = np.random.default_rng(3).normal(size=100).astype(np.float32) * 1e37
+    row[3] = row[4] = 3e38
+    with pytest.raises(NonFiniteLogitsError):
+        twin(row, bias)
+    with pytest.raises(NonFiniteLogitsError):
+        greedy_tokens([row], [bias])
+
+
+def test_a_forced_token_wins_and_a_raw_winner_that_is_banned_loses() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        row = rng.normal(size=300).astype(np.float32)
+        best = int(np.argmax(row))
+        for bias in ({best: -5.0}, {best: -1e-7}, {best: 0.0}, {int(rng.integers(300)): 2.0},
+                     {best: -3.0, int(rng.integers(300)): 0.5}):
+            assert greedy_tokens([row], [bias]) == [twin(row, bias)]
+
+
 def test_a_row_with_nothing_finite_is_refused() -> None:
     row = np.full(10, -np.inf, np.float32)
     with pytest.raises(NonFiniteLogitsError):
