@@ -57,6 +57,9 @@ from .thinking_budget import ThinkingBudget
 PREFILL_BUDGET = 128
 MIN_PREFILL = 32   # prompt tokens per step even when many sequences are decoding
 MIN_SHARE = 16     # a common prefix shorter than this is computed rather than waited for
+# A prompt passed over this many steps in a row is read first in the next (shortest-first alone
+# could leave a long prompt waiting for as long as shorter ones keep arriving).
+MAX_PASSED_OVER = 2
 
 
 class State(Enum):
@@ -105,6 +108,7 @@ class Sequence(_Occupant):
     speculative: bool = True              # take a drafter from the runner's `drafts` if it has one
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
+    passed_over: int = field(default=0, init=False)     # steps in a row its prompt got no budget
     generated: list[int] = field(default_factory=list, init=False)
     pending: int | None = field(default=None, init=False)  # sampled, not yet evaluated
     draft: list[int] = field(default_factory=list, init=False)  # in this step's chunk after pending
@@ -296,10 +300,14 @@ class BatchRunner:
                 if not self._share(occ):
                     reading.append(occ)
                 result.reused_tokens += occ.pos - before
-        # shortest remaining prompt first: a short request behind a long one starts at once
-        for seq in sorted(reading, key=lambda s: (len(s.prompt) - s.pos, s.order)):
+        # shortest remaining prompt first: a short request behind a long one starts at once;
+        # one passed over MAX_PASSED_OVER steps in a row goes first, so none starves
+        for seq in sorted(reading, key=lambda s: (s.passed_over < MAX_PASSED_OVER,
+                                                  len(s.prompt) - s.pos, s.order)):
             if budget <= 0:
-                break
+                seq.passed_over += 1
+                continue
+            seq.passed_over = 0
             n = min(budget, len(seq.prompt) - seq.pos)
             n = seq.prompt.chunk_end(seq.pos, seq.pos + n) - seq.pos  # a bidirectional span whole
             last = seq.pos + n == len(seq.prompt)  # only the prompt's end needs logits

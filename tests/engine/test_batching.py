@@ -138,6 +138,29 @@ def test_a_short_prompt_is_read_before_a_long_one_already_under_way():
     assert text_of(short) == "hi" and text_of(long) == "z" * 200
 
 
+def test_a_long_prompt_is_not_starved_by_shorter_ones_that_keep_coming():
+    """Shortest-first alone would read the short prompts forever; one passed over
+    MAX_PASSED_OVER steps in a row is read first in the next."""
+    model = ScriptedModel(n_slots=3, n_ctx=512)
+    runner = BatchRunner(model, prefill_budget=32)
+    long = Sequence(script(letters("z" * 300)), params=GREEDY, max_tokens=1)
+    runner.submit(long)
+    shorts: list[Sequence] = []
+    progress_at = []
+    for step in range(60):
+        while sum(s.state is not State.FINISHED for s in shorts) < 3:  # always more coming
+            first = chr(ord("a") + len(shorts) % 26)  # no prefix to share with the one before
+            shorts.append(Sequence(script(letters(first * 39)), params=GREEDY, max_tokens=1))
+            runner.submit(shorts[-1])
+        before = long.pos
+        runner.step()
+        if long.pos > before:
+            progress_at.append(step)
+    gaps = [b - a for a, b in zip([0, *progress_at], progress_at)]
+    assert progress_at and max(gaps) <= 3  # MAX_PASSED_OVER (2) steps passed over at most
+    assert sum(s.state is State.FINISHED for s in shorts) > 10  # and the short ones flowed
+
+
 def test_a_full_slot_ends_its_sequence_with_length_and_leaves_the_others_alone():
     model = ScriptedModel(n_slots=2, n_ctx=20)
     runner = BatchRunner(model)
