@@ -161,6 +161,26 @@ def test_a_long_prompt_is_not_starved_by_shorter_ones_that_keep_coming():
     assert sum(s.state is State.FINISHED for s in shorts) > 10  # and the short ones flowed
 
 
+def test_admission_is_first_come_first_served_beyond_the_slots():
+    """32 requests on 8 slots, a few cancelled while waiting: the rest take slots in the order
+    they came, and every one of them finishes."""
+    model = ScriptedModel(n_slots=8, n_ctx=512)
+    runner = BatchRunner(model, prefill_budget=64)
+    rng = np.random.default_rng(5)
+    seqs = [Sequence(script(letters("".join(chr(ord("a") + int(c)) for c in rng.integers(26, size=n)))),
+                     params=GREEDY) for n in rng.integers(2, 30, size=32)]
+    for seq in seqs:
+        runner.submit(seq)
+    cancelled = {seqs[12], seqs[20]}
+    admitted: list[Sequence] = []
+    while runner.busy:
+        for seq in cancelled:
+            runner.end(seq, "cancelled")
+        admitted.extend(runner.step().admitted)  # type: ignore[arg-type]
+    assert admitted == [s for s in seqs if s not in cancelled]
+    assert all(s.finish_reason == "stop" for s in admitted)
+
+
 def test_a_full_slot_ends_its_sequence_with_length_and_leaves_the_others_alone():
     model = ScriptedModel(n_slots=2, n_ctx=20)
     runner = BatchRunner(model)
