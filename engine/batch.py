@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from .batch_greedy import greedy_tokens, plain_greedy
 from .constraint import Constraint, MaskFiller
 from .draft import Drafter
 from .kv import MAX_CHUNK
@@ -56,6 +57,9 @@ from .thinking_budget import ThinkingBudget
 PREFILL_BUDGET = 128
 MIN_PREFILL = 32   # prompt tokens per step even when many sequences are decoding
 MIN_SHARE = 16     # a common prefix shorter than this is computed rather than waited for
+# A prompt passed over this many steps in a row is read first in the next (shortest-first alone
+# could leave a long prompt waiting for as long as shorter ones keep arriving).
+MAX_PASSED_OVER = 2
 
 
 class State(Enum):
@@ -104,6 +108,7 @@ class Sequence(_Occupant):
     speculative: bool = True              # take a drafter from the runner's `drafts` if it has one
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
+    passed_over: int = field(default=0, init=False)     # steps in a row its prompt got no budget
     generated: list[int] = field(default_factory=list, init=False)
     pending: int | None = field(default=None, init=False)  # sampled, not yet evaluated
     draft: list[int] = field(default_factory=list, init=False)  # in this step's chunk after pending
@@ -295,10 +300,14 @@ class BatchRunner:
                 if not self._share(occ):
                     reading.append(occ)
                 result.reused_tokens += occ.pos - before
-        # shortest remaining prompt first: a short request behind a long one starts at once
-        for seq in sorted(reading, key=lambda s: (len(s.prompt) - s.pos, s.order)):
+        # shortest remaining prompt first: a short request behind a long one starts at once;
+        # one passed over MAX_PASSED_OVER steps in a row goes first, so none starves
+        for seq in sorted(reading, key=lambda s: (s.passed_over < MAX_PASSED_OVER,
+                                                  len(s.prompt) - s.pos, s.order)):
             if budget <= 0:
-                break
+                seq.passed_over += 1
+                continue
+            seq.passed_over = 0
             n = min(budget, len(seq.prompt) - seq.pos)
             n = seq.prompt.chunk_end(seq.pos, seq.pos + n) - seq.pos  # a bidirectional span whole
             last = seq.pos + n == len(seq.prompt)  # only the prompt's end needs logits
@@ -440,19 +449,31 @@ class BatchRunner:
         return allowed
 
     def _sample(self, items: list[tuple[Sequence, np.ndarray]]) -> list[Sampled]:
-        """Sample each sequence; the costly ones (random draws, logprobs) on the pool when
-        there are several. Greedy without logprobs is one pass over the logits (~20 us): handing
-        it to a thread would cost more than it saves."""
+        """Sample each sequence: plain greedy ones by engine/batch_greedy.py (one argmax a row),
+        the costly ones (random draws, logprobs) on the pool when there are several. Greedy is
+        one pass over the logits (~20 us): handing it to a thread would cost more than it saves."""
         allowed = self._allowed(items)
-        costly = [i for i, (seq, _) in enumerate(items) if _costly(seq.params)]
-        if self._pool is None or len(costly) < 2:
-            return [seq.sampler.sample(row, mask) for (seq, row), mask in zip(items, allowed)]
         results: list[Sampled | None] = [None] * len(items)
+        # the common case, greedy with no mask, penalties or logprobs: one argmax a row
+        plain = [i for i, (seq, _) in enumerate(items)
+                 if allowed[i] is None and plain_greedy(seq.params)]
+        if plain:
+            tokens = greedy_tokens([items[i][1] for i in plain],
+                                   [items[i][0].params.logit_bias for i in plain])
+            for i, token in zip(plain, tokens):
+                items[i][0].sampler.accept(token)
+                results[i] = Sampled(token, float("nan"))
+        rest = [i for i in range(len(items)) if results[i] is None]
+        costly = [i for i in rest if _costly(items[i][0].params)]
+        if self._pool is None or len(costly) < 2:
+            for i in rest:
+                results[i] = items[i][0].sampler.sample(items[i][1], allowed[i])
+            return results  # type: ignore[return-value]
         done = self._pool.map(lambda i: items[i][0].sampler.sample(items[i][1], allowed[i]),
                               costly)
-        for i, (seq, row) in enumerate(items):
-            if not _costly(seq.params):
-                results[i] = seq.sampler.sample(row, allowed[i])
+        for i in rest:
+            if not _costly(items[i][0].params):
+                results[i] = items[i][0].sampler.sample(items[i][1], allowed[i])
         for i, sampled in zip(costly, done):
             results[i] = sampled
         return results  # type: ignore[return-value]

@@ -9,7 +9,11 @@ tokens are banned by default so every answer has the full length). Printed per l
 
     total tok/s     generated tokens of all clients / wall time of the level
     stream tok/s    per request: tokens after the first / time from first to last token (mean)
-    TTFT p50, p95   time from sending to the first content token
+    TTFT p50/95/99  time from sending to the first content token
+
+With level 1 and 8 (and 32) run, the ratios issue #35 sets bars on are printed: 8 clients over
+1 client, 8 clients over the peer's 8, 32 over 8, and TTFT p99 at 8 over TTFT p99 at 1. Run the
+levels above the server's slot count (n_parallel / -np) to load its admission queue.
 
 With --peer (llama.cpp's llama-server with `-np 8`, which batches; or llama-cpp-python's server,
 started with `--interrupt_requests False` or it cuts a running stream short for each new
@@ -108,6 +112,7 @@ def run_level(url: str, model: str, n_clients: int, args: argparse.Namespace) ->
         "stream_tok_s": round(statistics.mean(rates), 1) if rates else None,
         "ttft_p50_s": round(_percentile(ttft, 0.50), 3) if ttft else None,
         "ttft_p95_s": round(_percentile(ttft, 0.95), 3) if ttft else None,
+        "ttft_p99_s": round(_percentile(ttft, 0.99), 3) if ttft else None,
         "first_error": errors[0] if errors else None,
     }
 
@@ -134,20 +139,37 @@ def bench(name: str, url: str, model: str, args: argparse.Namespace) -> list[dic
     one_stream(_client(url), model, "Hello!", warm)
     run_level(url, model, max(args.levels), warm)
     print(f"{'clients':>7} {'total tok/s':>11} {'stream tok/s':>12} {'TTFT p50':>9} "
-          f"{'TTFT p95':>9} {'errors':>6}", file=sys.stderr)
+          f"{'TTFT p95':>9} {'TTFT p99':>9} {'errors':>6}", file=sys.stderr)
     rows = []
     for n in args.levels:
         row = run_level(url, model, n, args)
         rows.append(row)
         print(f"{n:>7} {row['total_tok_s']:>11} {row['stream_tok_s']!s:>12} "
-              f"{row['ttft_p50_s']!s:>9} {row['ttft_p95_s']!s:>9} {row['errors']:>6}",
+              f"{row['ttft_p50_s']!s:>9} {row['ttft_p95_s']!s:>9} {row['ttft_p99_s']!s:>9} "
+              f"{row['errors']:>6}",
               file=sys.stderr)
         if row["first_error"]:
             print(f"        first error: {row['first_error']}", file=sys.stderr)
-    by_n = {r["clients"]: r["total_tok_s"] for r in rows}
-    if 1 in by_n and 8 in by_n and by_n[1]:
-        print(f"total throughput, 8 clients / 1 client: {by_n[8] / by_n[1]:.2f}x", file=sys.stderr)
+    for line in bar_ratios(rows, None):
+        print(line, file=sys.stderr)
     return rows
+
+
+def bar_ratios(ours: list[dict[str, Any]], peer: list[dict[str, Any]] | None) -> list[str]:
+    """The ratios issue #35's bars name, for the levels that were run."""
+    tok = {r["clients"]: r["total_tok_s"] for r in ours}
+    p99 = {r["clients"]: r["ttft_p99_s"] for r in ours}
+    theirs = {r["clients"]: r["total_tok_s"] for r in peer or []}
+    lines = []
+    if tok.get(1) and 8 in tok:
+        lines.append(f"8 clients / 1 client: {tok[8] / tok[1]:.2f}x (bar >= 5x)")
+    if theirs.get(8) and 8 in tok:
+        lines.append(f"8 clients / peer's 8 clients: {tok[8] / theirs[8]:.2f}x (bar >= 4x)")
+    if tok.get(8) and 32 in tok:
+        lines.append(f"32 clients / 8 clients: {tok[32] / tok[8]:.2f}x (bar >= 1x)")
+    if p99.get(1) and p99.get(8) is not None:
+        lines.append(f"TTFT p99 8 clients / 1 client: {p99[8] / p99[1]:.2f}x (bar <= 3x)")
+    return lines
 
 
 def _warm(url: str, model: str, args: argparse.Namespace) -> None:
@@ -177,15 +199,21 @@ def interleaved(args: argparse.Namespace) -> dict[str, Any]:
             "clients": n,
             "total_tok_s": statistics.median(x["total_tok_s"] for x in rows),
             "ttft_p50_s": statistics.median(x["ttft_p50_s"] or 0 for x in rows),
+            "ttft_p99_s": statistics.median(x["ttft_p99_s"] or 0 for x in rows),
             "errors": sum(x["errors"] for x in rows),
             "rounds": [x["total_tok_s"] for x in rows]} for n, rows in runs[name].items()]
     print(f"\nmedians of {args.rounds} rounds, total tok/s "
           f"({args.max_tokens} tokens per streamed chat request)", file=sys.stderr)
-    print(f"{'clients':>7} {'modelyard':>10} {'peer':>10} {'ratio':>6}", file=sys.stderr)
+    print(f"{'clients':>7} {'modelyard':>10} {'peer':>10} {'ratio':>6}  TTFT p50 / p99 ms "
+          "(modelyard; peer)", file=sys.stderr)
     for ours, theirs in zip(medians["modelyard"], medians["peer"]):
         ratio = ours["total_tok_s"] / theirs["total_tok_s"] if theirs["total_tok_s"] else 0
         print(f"{ours['clients']:>7} {ours['total_tok_s']:>10.1f} {theirs['total_tok_s']:>10.1f} "
-              f"{ratio:>6.2f}", file=sys.stderr)
+              f"{ratio:>6.2f}  {ours['ttft_p50_s'] * 1e3:.0f} / {ours['ttft_p99_s'] * 1e3:.0f}; "
+              f"{theirs['ttft_p50_s'] * 1e3:.0f} / {theirs['ttft_p99_s'] * 1e3:.0f}",
+              file=sys.stderr)
+    for line in bar_ratios(medians["modelyard"], medians["peer"]):
+        print(line, file=sys.stderr)
     return {"max_tokens": args.max_tokens, "temperature": args.temperature,
             "requests_per_client": args.requests, "rounds": args.rounds, **medians}
 

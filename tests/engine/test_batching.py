@@ -138,6 +138,49 @@ def test_a_short_prompt_is_read_before_a_long_one_already_under_way():
     assert text_of(short) == "hi" and text_of(long) == "z" * 200
 
 
+def test_a_long_prompt_is_not_starved_by_shorter_ones_that_keep_coming():
+    """Shortest-first alone would read the short prompts forever; one passed over
+    MAX_PASSED_OVER steps in a row is read first in the next."""
+    model = ScriptedModel(n_slots=3, n_ctx=512)
+    runner = BatchRunner(model, prefill_budget=32)
+    long = Sequence(script(letters("z" * 300)), params=GREEDY, max_tokens=1)
+    runner.submit(long)
+    shorts: list[Sequence] = []
+    progress_at = []
+    for step in range(60):
+        while sum(s.state is not State.FINISHED for s in shorts) < 3:  # always more coming
+            first = chr(ord("a") + len(shorts) % 26)  # no prefix to share with the one before
+            shorts.append(Sequence(script(letters(first * 39)), params=GREEDY, max_tokens=1))
+            runner.submit(shorts[-1])
+        before = long.pos
+        runner.step()
+        if long.pos > before:
+            progress_at.append(step)
+    gaps = [b - a for a, b in zip([0, *progress_at], progress_at)]
+    assert progress_at and max(gaps) <= 3  # MAX_PASSED_OVER (2) steps passed over at most
+    assert sum(s.state is State.FINISHED for s in shorts) > 10  # and the short ones flowed
+
+
+def test_admission_is_first_come_first_served_beyond_the_slots():
+    """32 requests on 8 slots, a few cancelled while waiting: the rest take slots in the order
+    they came, and every one of them finishes."""
+    model = ScriptedModel(n_slots=8, n_ctx=512)
+    runner = BatchRunner(model, prefill_budget=64)
+    rng = np.random.default_rng(5)
+    seqs = [Sequence(script(letters("".join(chr(ord("a") + int(c)) for c in rng.integers(26, size=n)))),
+                     params=GREEDY) for n in rng.integers(2, 30, size=32)]
+    for seq in seqs:
+        runner.submit(seq)
+    cancelled = {seqs[12], seqs[20]}
+    admitted: list[Sequence] = []
+    while runner.busy:
+        for seq in cancelled:
+            runner.end(seq, "cancelled")
+        admitted.extend(runner.step().admitted)  # type: ignore[arg-type]
+    assert admitted == [s for s in seqs if s not in cancelled]
+    assert all(s.finish_reason == "stop" for s in admitted)
+
+
 def test_a_full_slot_ends_its_sequence_with_length_and_leaves_the_others_alone():
     model = ScriptedModel(n_slots=2, n_ctx=20)
     runner = BatchRunner(model)
@@ -262,6 +305,27 @@ def test_greedy_tokens_do_not_depend_on_the_batch(smol):
         assert len(seq.generated) == N_NEW
         assert_same_or_near_tie(smol, ids, want, seq.generated)
     runner.close()
+
+
+def test_plain_greedy_batch_path_takes_the_samplers_tokens(smol):
+    """Greedy without logprobs goes through engine/batch_greedy.py; with logprobs through each
+    Sampler. The same batches, so the same logits: the tokens must be identical, bias included."""
+    prompts = [chat_ids(smol, t) for t in PROMPTS]
+    bias = {int(t): -100.0 for t in alone(smol, prompts[0], GREEDY, 3)}  # ban some likely tokens
+
+    def run(logprobs: bool) -> list[list[int]]:
+        params = SamplingParams(temperature=0.0, logprobs=logprobs, logit_bias=bias)
+        runner = BatchRunner(smol, prefill_budget=48)
+        seqs = [Sequence(ids, params=params, max_tokens=N_NEW, stop_at_eog=False) for ids in prompts]
+        for seq in seqs:
+            runner.submit(seq)
+        while runner.busy:
+            runner.step()
+        runner.close()
+        return [seq.generated for seq in seqs]
+    fast, sampler = run(False), run(True)
+    assert fast == sampler
+    assert not any(t in bias for gen in fast for t in gen)
 
 
 @pytest.mark.slow

@@ -184,6 +184,23 @@ def test_request_metrics_count_tokens_like_usage_and_time_the_first_token() -> N
     assert value(s, "modelyard_time_to_first_token_seconds_count", model="alias") == 1
 
 
+def test_first_token_buckets_resolve_a_small_models_latencies() -> None:
+    """Under load a small model's first tokens come 10 ms - 1 s after the request: the histogram
+    must tell a 40 ms p99 from a 120 ms one (the latency buckets jump from 0.05 to 0.1 to 0.25)."""
+    metrics = Metrics()
+    for seconds in (0.012, 0.04, 0.04, 0.12, 0.6):
+        metrics.first_token("m", seconds)
+    s = parse(metrics.render().decode())
+
+    def below(le: str) -> float | None:
+        return value(s, "modelyard_time_to_first_token_seconds_bucket", model="m", le=le)
+    assert below("0.01") == 0
+    assert below("0.015") == 1
+    assert below("0.03") == 1 and below("0.05") == 3
+    assert below("0.1") == 3 and below("0.15") == 4
+    assert below("0.5") == 4 and below("0.75") == 5
+
+
 # ---------------------------------------------------------------------------------- registry
 
 def test_the_registry_counts_loads_failures_evictions_and_idle_unloads(tmp_path: Path) -> None:
