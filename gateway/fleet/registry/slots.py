@@ -64,7 +64,8 @@ def engine_estimator(entry: ModelEntry) -> int:
     draft = entry.draft.model if entry.draft is not None else None
     small = (int(engine.estimate_memory(draft, entry.n_ctx, n_slots=entry.n_parallel))
              if draft is not None else 0)  # the draft model: its own weights and KV slots
-    return text + small + (os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0)
+    pool = entry.prompt_cache_bytes  # the prompt cache's budget: it may fill
+    return text + small + pool + (os.path.getsize(entry.mmproj) if entry.mmproj is not None else 0)
 
 
 @dataclass(eq=False)
