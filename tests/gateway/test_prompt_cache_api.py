@@ -128,3 +128,26 @@ def test_a_third_conversation_on_two_slots_and_an_unload_still_hit(server, folde
     assert back["content"] == cold["content"]
     metrics = requests.get(server.url + "/metrics", timeout=30).text
     assert 'modelyard_prompt_cache_misses_total{model="smol",reason="no_entry"}' in metrics
+
+
+def test_every_api_reports_the_reused_tokens(server):
+    """Ollama (>= 0.30: prompt_eval_count is the whole prompt, prompt_eval_cached_count the
+    reused part), Anthropic's cache_read_input_tokens and OpenAI's cached_tokens agree with
+    llama.cpp's timings of the same prompt read again."""
+    prompt = SYSTEM + "\nUser: and the tests?"
+    whole = len(n_tokens(server, prompt))
+    body = {"model": "smol", "prompt": prompt, "raw": True, "stream": False,
+            "options": {"num_predict": 2, "temperature": 0}}
+    post(server, "/api/generate", body)
+    again = post(server, "/api/generate", body).json()
+    assert again["prompt_eval_count"] == whole
+    assert again["prompt_eval_cached_count"] == whole - 1   # the last token is read for its logits
+    chat = {"model": "smol", "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "user", "content": prompt}]}
+    post(server, "/v1/messages", chat)
+    usage = post(server, "/v1/messages", chat).json()["usage"]
+    assert usage["cache_read_input_tokens"] > 2 * BLOCK
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] > usage["cache_read_input_tokens"]
+    openai_usage = post(server, "/v1/chat/completions", chat).json()["usage"]
+    assert openai_usage["prompt_tokens_details"]["cached_tokens"] == (
+        usage["input_tokens"] + usage["cache_read_input_tokens"] - 1)
