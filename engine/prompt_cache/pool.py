@@ -156,6 +156,8 @@ class PromptCachePool:
             return found.n, found
         if len(self.cache.tokens[slot]) > reuse:
             self.save(slot)  # its tail beyond what this prompt shares is about to be overwritten
+        if reuse > found.n:  # the slot held more than the pool: where it stopped matching
+            found.n, found.miss = reuse, "diverged" if reuse < limit else None
         return reuse, found
 
     def save(self, slot: int, n: int | None = None) -> int:

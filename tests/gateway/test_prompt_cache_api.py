@@ -151,3 +151,19 @@ def test_every_api_reports_the_reused_tokens(server):
     openai_usage = post(server, "/v1/chat/completions", chat).json()["usage"]
     assert openai_usage["prompt_tokens_details"]["cached_tokens"] == (
         usage["input_tokens"] + usage["cache_read_input_tokens"] - 1)
+
+
+def test_a_long_miss_is_counted_and_logged_where_it_diverged(server, caplog):
+    ids = n_tokens(server, SYSTEM + "\nUser: one more thing")
+    complete(server, ids)
+    other = ids[:300] + list(reversed(ids[300:]))  # the same 300 tokens, then others
+    before = requests.get(server.url + "/metrics", timeout=30).text
+    with caplog.at_level("INFO", logger="modelyard.scheduler"):
+        done = complete(server, other)
+    assert done["timings"]["cache_n"] == 300
+    assert any("diverged at position 300 of" in r.getMessage() for r in caplog.records)
+    after = requests.get(server.url + "/metrics", timeout=30).text
+    line = 'modelyard_prompt_cache_misses_total{model="smol",reason="diverged"}'
+    count = [float(t.split()[-1]) for t in after.splitlines() if t.startswith(line)]
+    was = [float(t.split()[-1]) for t in before.splitlines() if t.startswith(line)] or [0.0]
+    assert count and count[0] == was[0] + 1
