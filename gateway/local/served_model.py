@@ -210,7 +210,27 @@ class ServedModel:
             except SlotFileError as exc:
                 raise SlotActionError(str(exc)) from exc
 
+    _closing = False
+
+    def shrink_prompt_cache(self, nbytes: int) -> int:
+        """Give back up to `nbytes` of the prompt cache's budget (memory pressure: the
+        registry asks before it evicts a model); its least recently used blocks go. Returns the
+        bytes given back; the budget stays lower until the model loads again. Blocking (waits
+        for a step to end): call it off the event loop."""
+        pool = self.prompt_cache
+        if pool is None:
+            return 0
+        with self.scheduler.exclusive:
+            if self._closing:
+                return 0
+            take = min(nbytes, pool.budget)
+            pool.budget -= take
+            pool.trim()
+            return take
+
     def close(self) -> None:
+        with self.scheduler.exclusive:
+            self._closing = True  # no shrink from now on: close() spills the pool
         self.prep.shutdown(wait=True, cancel_futures=True)
         self.scheduler.close()
         if self.prompt_cache is not None:  # the scheduler stopped: its blocks go to disk
