@@ -263,3 +263,30 @@ def test_smollm2_greedy_after_a_pool_hit_equals_a_cold_prefill(smollm2_path):
         assert hit.cached >= len(system) == 600
         model.transformer.cache.truncate(0, 0)
         assert hit.generated == alone(model, prompt, GREEDY, 8)
+
+
+def test_q8_0_rows_and_image_keys_round_trip_through_a_file(tmp_path):
+    """A quantized cache's uint8 rows and an image span's (content hash, row) keys come back
+    from disk as they went in; a key of another image is another block."""
+    path = write_tiny_llama(tmp_path / "tiny.gguf", qtype=Q.Q8_0, n_ctx_train=2048,
+                            n_embd=128)  # head dim 32: a q8_0 block per row
+    with engine.load(path, n_ctx=600, n_threads=2, n_slots=2, type_k="q8_0",
+                     type_v="q8_0") as model:
+        cache = model.transformer.cache
+        assert cache.k[0].dtype == np.uint8
+        tokens = ids(80, BLOCK + 10)
+        prefill(model, 0, tokens)
+        expected = rows(model, 0, BLOCK + 10)
+        image = [("sha-of-an-image", i) for i in range(BLOCK)]
+        cache.tokens[0] = [*image, *tokens[BLOCK:]]  # the same rows, keyed as an image's
+        PromptCachePool(cache, GiB, DiskStore(tmp_path / "pc", "tiny", "fp", GiB)).close()
+        cache.truncate(0, 0)
+        pool = PromptCachePool(cache, GiB, DiskStore(tmp_path / "pc", "tiny", "fp", GiB))
+        other = [("sha-of-another", i) for i in range(BLOCK)]
+        assert pool.lookup([*other, *tokens[BLOCK:]], BLOCK + 10).n == 0
+        found = pool.lookup([*image, *tokens[BLOCK:], 7], BLOCK + 10)
+        assert found.n == BLOCK + 10
+        pool.restore(1, found)
+        assert cache.tokens[1] == [*image, *tokens[BLOCK:]]
+        for got, want in zip(rows(model, 1, BLOCK + 10), expected):
+            np.testing.assert_array_equal(got, want)
