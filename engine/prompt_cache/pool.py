@@ -151,8 +151,8 @@ class PromptCachePool:
         if callable(resume_point):  # an image span whose rows are evaluated whole
             found.n = min(found.n, int(resume_point(found.n)))
         if found.n > reuse:
-            self.save(slot)
-            self.restore(slot, found)
+            self.save(slot, trim=False)  # a trim now could drop the blocks about to be copied
+            self.restore(slot, found)    # (it trims after the copy)
             return found.n, found
         if len(self.cache.tokens[slot]) > reuse:
             self.save(slot)  # its tail beyond what this prompt shares is about to be overwritten
@@ -160,7 +160,7 @@ class PromptCachePool:
             found.n, found.miss = reuse, "diverged" if reuse < limit else None
         return reuse, found
 
-    def save(self, slot: int, n: int | None = None) -> int:
+    def save(self, slot: int, n: int | None = None, trim: bool = True) -> int:
         """Put the slot's first n positions (default: all it holds) into the pool; blocks
         already held are only touched. Returns the bytes added."""
         held = self.cache.tokens[slot]
@@ -182,7 +182,8 @@ class PromptCachePool:
         for block in reversed(chain):
             if block.in_ram:
                 self._touch(block)
-        self.trim()
+        if trim:
+            self.trim()
         return added
 
     def trim(self, budget: int | None = None) -> int:

@@ -290,3 +290,21 @@ def test_q8_0_rows_and_image_keys_round_trip_through_a_file(tmp_path):
         assert cache.tokens[1] == [*image, *tokens[BLOCK:]]
         for got, want in zip(rows(model, 1, BLOCK + 10), expected):
             np.testing.assert_array_equal(got, want)
+
+
+def test_a_hit_larger_than_what_the_budget_leaves_still_restores(tiny):
+    """Saving the slot's old content before a hit must not drop the blocks being copied."""
+    cache = tiny.transformer.cache
+    block_bytes = sum(a[0, :, :BLOCK].nbytes for a in (*cache.k, *cache.v))
+    pool = PromptCachePool(cache, budget=2 * block_bytes)
+    wanted = ids(90, 2 * BLOCK)
+    prefill(tiny, 0, wanted)
+    expected = rows(tiny, 0, 2 * BLOCK)
+    pool.save(0)
+    prefill(tiny, 1, ids(91, 2 * BLOCK))           # slot 1 holds two other blocks
+    reuse, found = pool.take(1, wanted + [5], 2 * BLOCK, 0)
+    assert found.miss is None
+    assert reuse == 2 * BLOCK and cache.tokens[1] == wanted
+    for got, want in zip(rows(tiny, 1, 2 * BLOCK), expected):
+        np.testing.assert_array_equal(got, want)
+    assert pool.ram_bytes <= 2 * block_bytes
