@@ -67,8 +67,8 @@ async def slot_action(request: Request) -> Response:
     if action != "erase":
         try:
             body = json.loads(await request.body() or b"{}")
-        except ValueError:
-            raise invalid_request("the body is not JSON") from None
+        except (ValueError, RecursionError):
+            raise invalid_request("the body is not JSON (or nested too deep)") from None
         filename = check_filename(body.get("filename") if isinstance(body, dict) else None)
         path = Path(entry.slot_save_path) / filename
     lease, _ = await acquire(request, alias)

@@ -97,6 +97,9 @@ def test_bad_slot_actions_are_400_and_a_missing_file_changes_nothing(server):
     assert post(server, "/slots/7?action=erase").status_code == 400
     assert post(server, "/slots/x?action=erase").status_code == 400
     assert post(server, "/slots/0?action=dance").json()["error"]["param"] == "action"
+    deep = requests.post(server.url + "/slots/0?action=save", data='{"a":' * 5000 + "1" + "}" * 5000,
+                         headers={"content-type": "application/json"}, timeout=60)
+    assert deep.status_code == 400
     complete(server, FRANCE, id_slot=0)
     r = post(server, "/slots/0?action=restore", {"filename": "nothing-here.bin"})
     assert r.status_code == 400 and "Unable to restore" in r.json()["error"]["message"]
