@@ -48,6 +48,7 @@ from .kv import MAX_CHUNK
 from .loaded import LoadedModel
 from .model import Chunk, ContextOverflowError
 from .prompt import Prompt, as_prompt, common_prefix
+from .prompt_cache import PromptCachePool
 from .sampling import Sampled, Sampler, SamplingParams
 from .thinking_budget import ThinkingBudget
 
@@ -106,6 +107,9 @@ class Sequence(_Occupant):
     budget: ThinkingBudget | None = None  # forces the thinking block closed after N tokens
     drafter: Drafter | None = None        # speculative decoding's guesses (engine/draft.py)
     speculative: bool = True              # take a drafter from the runner's `drafts` if it has one
+    id_slot: int = -1                     # the slot it must run in (llama.cpp's id_slot); -1: any
+    cache_prompt: bool = True             # False: read the whole prompt, reuse nothing
+    cache_miss: str | None = field(default=None, init=False)  # why the prompt cache fell short
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
     passed_over: int = field(default=0, init=False)     # steps in a row its prompt got no budget
@@ -161,7 +165,8 @@ class BatchRunner:
 
     def __init__(self, model: LoadedModel, *, prefill_budget: int = PREFILL_BUDGET,
                  sample_threads: int | None = None,
-                 drafts: Callable[[], Drafter | None] | None = None) -> None:
+                 drafts: Callable[[], Drafter | None] | None = None,
+                 prompt_cache: PromptCachePool | None = None) -> None:
         if prefill_budget < 1:
             raise ValueError("prefill_budget must be positive")
         self.transformer = model.transformer
@@ -175,6 +180,7 @@ class BatchRunner:
         self.eog: frozenset[int] = frozenset(model.tokenizer.eog_ids)
         self.prefill_budget = prefill_budget
         self.drafts = drafts  # a drafter for each speculative sequence admitted (or None)
+        self.prompt_cache = prompt_cache  # prefixes beyond the slots (engine.prompt_cache)
         self.waiting: deque[Occupant] = deque()
         self.slots: list[Occupant | None] = [None] * self.n_slots
         self._released_at = [0] * self.n_slots   # step of the last release, for LRU choice
@@ -216,6 +222,8 @@ class BatchRunner:
             raise ContextOverflowError(len(prompt), self.n_ctx)
         if isinstance(occupant, Sequence) and occupant.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if isinstance(occupant, Sequence) and occupant.id_slot >= self.n_slots:
+            raise ValueError(f"id_slot {occupant.id_slot} is not a slot (0..{self.n_slots - 1})")
         bad = next((t for t in prompt.token_ids() if not 0 <= t < self.n_vocab), None)
         if bad is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
@@ -384,7 +392,12 @@ class BatchRunner:
             free = [i for i, o in enumerate(self.slots) if o is None]
             if not free:
                 return
-            occ = self.waiting.popleft()
+            occ = self.waiting[0]
+            if isinstance(occ, Sequence) and occ.id_slot >= 0:
+                if occ.id_slot not in free:
+                    return  # its slot is busy: it (and what queues behind it) waits, as llama.cpp
+                free = [occ.id_slot]
+            self.waiting.popleft()
             if isinstance(occ, Sequence):
                 limit = len(occ.prompt) - 1  # evaluate at least one token: its logits come next
                 keys = occ.prompt.position_keys()
@@ -392,6 +405,12 @@ class BatchRunner:
                     min(common_prefix(self.cache.tokens[s], keys), limit))), -self._released_at[s], s)
                           for s in free]
                 reuse, _, slot = max(scored)
+                if not occ.cache_prompt:
+                    reuse = 0
+                elif self.prompt_cache is not None:  # more than the slot holds, or keep its tail
+                    reuse, found = self.prompt_cache.take(slot, keys, limit, reuse,
+                                                          occ.prompt.resume_point)
+                    occ.cache_miss = found.miss
             else:  # embeddings need every position's hidden state: nothing to reuse
                 reuse, slot = 0, min(free, key=lambda s: self._released_at[s])
             self.cache.truncate(slot, reuse)  # reusable: a ring still holds the window
@@ -408,6 +427,8 @@ class BatchRunner:
     def _share(self, seq: Sequence) -> bool:
         """Copy the longest prefix of seq's prompt that another slot holds, unless seq should
         wait (True) for an earlier sequence still reading a longer common prefix."""
+        if not seq.cache_prompt:
+            return False
         limit = len(seq.prompt) - 1
         keys = seq.prompt.position_keys()
         for other in self.slots:

@@ -23,6 +23,7 @@ passes it on to the scheduler, which calls (from any thread; prometheus-client i
     metrics.set_active_slots(model, n)      slots generating right now (set 0 on close)
     metrics.observe_batch(model, size)      sequences in one forward pass
     metrics.add_prompt_cache_hits(model, n) prompt tokens reused instead of evaluated
+    metrics.add_prompt_cache_miss(model, reason)  a block or more computed: no_entry, evicted, diverged
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class MetricsSink:
     def set_active_slots(self, model: str, n: int) -> None: ...
     def observe_batch(self, model: str, size: int) -> None: ...
     def add_prompt_cache_hits(self, model: str, n: int) -> None: ...
+    def add_prompt_cache_miss(self, model: str, reason: str) -> None: ...
     def drafted(self, model: str, n: int, accepted: int) -> None: ...
     def key_request(self, key: str, status: int) -> None: ...
 
@@ -134,6 +136,10 @@ class Metrics(MetricsSink):
         self._cache_hits = Counter("modelyard_prompt_cache_hit_tokens", "Prompt tokens reused "
                                    "from the prompt cache instead of evaluated", ["model"],
                                    registry=r)
+        self._cache_misses = Counter("modelyard_prompt_cache_misses", "Requests that computed "
+                                     "a block (256 tokens) or more of their prompt, by why the "
+                                     "cache fell short: no_entry, evicted, diverged",
+                                     ["model", "reason"], registry=r)
         self._drafted = Counter("modelyard_draft_tokens", "Drafted tokens the model checked "
                                 "(speculative decoding)", ["model"], registry=r)
         self._draft_accepted = Counter("modelyard_draft_accepted_tokens", "Drafted tokens the "
@@ -193,6 +199,9 @@ class Metrics(MetricsSink):
 
     def add_prompt_cache_hits(self, model: str, n: int) -> None:
         self._cache_hits.labels(model).inc(n)
+
+    def add_prompt_cache_miss(self, model: str, reason: str) -> None:
+        self._cache_misses.labels(model, reason).inc()
 
     def drafted(self, model: str, n: int, accepted: int) -> None:
         self._drafted.labels(model).inc(n)

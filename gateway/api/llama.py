@@ -8,6 +8,7 @@
     POST /apply-template   {messages} -> {prompt}: the chat template's text, no generation
     GET  /props            ?model=: default_generation_settings, total_slots, model_path, ...
     GET  /slots            ?model=: read-only view of the model's slots (?fail_on_no_slot=1)
+    POST /slots/{id}       ?action=save|restore|erase: a slot to and from a file (gateway/api/slots.py)
     GET  /v1/health        as /health
     POST /models/load      {model} -> {success: true}    (llama.cpp's router API; admin key)
     POST /models/unload    {model} -> {success: true}
@@ -31,6 +32,7 @@ from starlette.routing import BaseRoute
 
 from gateway.api import admin, endpoints, llama_completion, lora_adapters, model_info, pipeline
 from gateway.api import llama_protocol as lp
+from gateway.api import slots as slot_files
 from gateway.api.llama_completion import SEED_RANDOM
 from gateway.backends import dispatch
 from gateway.config import LimitSettings
@@ -213,6 +215,7 @@ ENDPOINTS: endpoints.Table = {
     "POST /apply-template": apply_template,
     "GET /props": props,
     "GET /slots": slots,
+    "POST /slots/{id_slot}": slot_files.slot_action,
     "GET /v1/health": admin.health,
     "POST /models/load": load_model,
     "POST /models/unload": unload_model,

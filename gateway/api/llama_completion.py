@@ -151,8 +151,12 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
                                   max_tokens=min(budget, served.n_ctx - len(prompt)),
                                   stop=tuple(s for s in req.stop if s),
                                   logprobs=True,  # token ids come with logprobs
-                                  speculative=req.speculative and req.speculative_n_max != 0)
+                                  speculative=req.speculative and req.speculative_n_max != 0,
+                                  id_slot=req.id_slot, cache_prompt=req.cache_prompt)
                 for prompt in prompts]
+    if req.id_slot >= lease.entry.n_parallel:
+        raise invalid_request(f"id_slot {req.id_slot} is not a slot of this model "
+                              f"(0..{lease.entry.n_parallel - 1})", "id_slot")
     if req.stream and len(requests) > 1:
         raise invalid_request("stream takes one prompt; send several prompts without stream",
                               "prompt")

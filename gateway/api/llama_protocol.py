@@ -49,7 +49,8 @@ class CompletionRequest(_LlamaRequest):
     stop: list[str] = Field(default_factory=list, max_length=16)
     n_probs: int = Field(0, ge=0, le=MAX_N_PROBS)
     post_sampling_probs: bool = False  # n_probs as probabilities after the sampler's filters
-    cache_prompt: bool = True          # the prompt cache is always on; accepted for clients
+    cache_prompt: bool = True          # false: reuse no cached prefix, read the whole prompt
+    id_slot: int = Field(-1, ge=-1)    # the slot to run in (its cached prefix); -1: any
     return_tokens: bool = False
     response_fields: list[str] = Field(default_factory=list)  # only these ("a/b": nested)
     ignore_eos: bool = False

@@ -252,6 +252,7 @@ def _stats(plan: OllamaPlan, result: ChoiceResult) -> dict[str, Any]:
         done_reason=result.finish_reason if result.finish_reason != "tool_calls" else "stop",
         total_duration=_ns(time.perf_counter() - plan.started), load_duration=0,
         prompt_eval_count=plan.prompt_tokens,
+        prompt_eval_cached_count=result.cached_tokens,
         prompt_eval_duration=_ns(ended.prompt_seconds if ended else 0.0),
         eval_count=result.completion_tokens,
         eval_duration=_ns(ended.predicted_seconds if ended else 0.0),

@@ -96,7 +96,7 @@ async def _local_embeddings(request: Request, body: bytes, local: str | None,
 def _is_llama_shape(body: bytes) -> bool:
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: the 400 comes next
         return False
     return isinstance(data, dict) and "content" in data and "input" not in data
 

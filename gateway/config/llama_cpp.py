@@ -31,7 +31,7 @@ LLAMA_CPP_MODEL_KEYS = frozenset({
     "n_gpu_layers", "split_mode", "main_gpu", "tensor_split", "vocab_only", "use_mmap",
     "use_mlock", "kv_overrides", "rpc_servers", "n_batch", "n_ubatch", "n_threads_batch",
     "mul_mat_q", "logits_all", "embedding", "offload_kqv", "last_n_tokens_size", "lora_base",
-    "numa", "cache", "cache_type", "cache_size",
+    "numa",
     "hf_tokenizer_config_path", "hf_pretrained_model_name_or_path", "hf_model_repo_id",
     "verbose",
     "chat_template_kwargs",

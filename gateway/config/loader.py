@@ -259,6 +259,8 @@ def _entry_setting(key: str, value: Any, fields: dict[str, Any], extra: dict[str
     a llama-cpp-python key (kept in `extra`, with a warning) or an unknown key (an error)."""
     if key == "chat_template":
         fields.update(_chat_template(value, base_dir, loc + (key,), problems))
+    elif key in ("prompt_cache_dir", "slot_save_path") and isinstance(value, str) and value:
+        fields[key] = _resolved(base_dir, value)  # a folder relative to the config's
     elif key in ENTRY_KEYS:
         fields[key] = value
     elif key in DRAFT_KEYS:  # llama-cpp-python's prompt lookup: `draft` once all keys are read

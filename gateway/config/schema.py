@@ -198,6 +198,29 @@ class EntrySettings(BaseModel):
                            "memory; a quantized cache needs flash_attn and type_v quantized too")
     type_v: Annotated[str | int | None, RELOAD] = Field(
         "f16", description="KV cache value type, as type_k (llama.cpp's -ctv)")
+    # The prompt cache beyond the slots (engine/prompt_cache/; docs/configuration/caching.md)
+    prompt_cache: Annotated[Size | None, RELOAD] = Field(
+        None, description="bytes of KV prefixes kept beyond the slots, shared across "
+                                "conversations and counted in memory_budget (2GiB); 0 = none; "
+                                "default: cache_size when cache is true, else 0")
+    prompt_cache_disk: Annotated[Size | None, RELOAD] = Field(
+        None, description="bytes of prompt-cache blocks kept on disk when the model "
+                                "unloads or the server stops, read back on its next load; "
+                                "default: cache_size when cache_type is disk, else 0")
+    prompt_cache_dir: Annotated[Path | None, RELOAD] = Field(
+        None, description="folder of the disk blocks (relative to the config's folder); "
+                          "default: $MODELYARD_CACHE/prompt-cache")
+    cache: Annotated[bool, RELOAD] = Field(
+        False, description="llama-cpp-python's: keep a prompt cache of cache_size "
+                           "(prompt_cache)")
+    cache_type: Annotated[Literal["ram", "disk"], RELOAD] = Field(
+        "ram", description="llama-cpp-python's: disk also keeps the cache on disk across "
+                           "unloads and restarts (prompt_cache_disk)")
+    cache_size: Annotated[Size, RELOAD] = Field(
+        2 * GiB, description="llama-cpp-python's: the prompt cache's bytes when cache is true")
+    slot_save_path: Annotated[Path | None, LIVE] = Field(
+        None, description="the folder of POST /slots/{id}?action=save|restore files "
+                          "(llama-server's --slot-save-path); unset: those actions are refused")
     # Sampling defaults for requests that leave a field out (gateway/generation/defaults.py); None = the
     # GGUF's general.sampling.* value, else llama.cpp's.
     temperature: Annotated[float | None, LIVE] = Field(None, ge=0.0, le=2.0, description=_SAMPLING)
@@ -249,6 +272,20 @@ class EntrySettings(BaseModel):
         if not isinstance(v, (str, int)):
             raise ValueError(f"a KV cache type is a name or a ggml type number, got {v!r}")
         return kv_type(v).name  # ValueError names the supported types
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        """RAM of the prompt-cache pool: prompt_cache, else llama-cpp-python's cache_size."""
+        if self.prompt_cache is not None:
+            return self.prompt_cache
+        return self.cache_size if self.cache else 0
+
+    @property
+    def prompt_cache_disk_bytes(self) -> int:
+        """Disk of the prompt cache: prompt_cache_disk, else cache_size for cache_type disk."""
+        if self.prompt_cache_disk is not None:
+            return self.prompt_cache_disk
+        return self.cache_size if self.cache and self.cache_type == "disk" else 0
 
     @property
     def kv_cache_types(self) -> tuple[str, str]:

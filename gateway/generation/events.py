@@ -31,6 +31,8 @@ class GenerationRequest:
     keep_special: bool = False           # decode control tokens too (tool-call markers)
     budget: ThinkingBudget | None = None  # closes the thinking block after N tokens (this choice's)
     speculative: bool = True             # draft when the model is configured to (False: opt out)
+    id_slot: int = -1                    # the slot to run in (llama.cpp's id_slot); -1: any
+    cache_prompt: bool = True            # False: reuse no cached prefix (llama.cpp's cache_prompt)
     observer: GenerationObserver | None = field(default=None, compare=False, repr=False)
 
 

@@ -47,6 +47,7 @@ import engine
 from engine import batch
 from engine.draft import Drafter
 from engine.loaded import LoadedModel, ModelTokenizer
+from engine.prompt_cache import BLOCK, PromptCachePool
 from engine.sampling import NonFiniteLogitsError
 from gateway.generation.events import (
     Event,
@@ -66,6 +67,7 @@ from gateway.metrics import NULL_METRICS, MetricsSink
 log = logging.getLogger("modelyard.scheduler")
 
 PROGRESS_LOG_SECONDS = 10.0  # a generation running longer logs its progress this often
+MISS_TOKENS = BLOCK  # a prompt computing this many tokens or more missed the prompt cache
 
 
 # --------------------------------------------------------------------------------- jobs
@@ -101,7 +103,9 @@ class _GenerationJob(_Job):
                                               max_tokens=request.max_tokens,
                                               constraint=request.constraint,
                                               budget=request.budget,
-                                              speculative=request.speculative))
+                                              speculative=request.speculative,
+                                              id_slot=request.id_slot,
+                                              cache_prompt=request.cache_prompt))
         self.request = request
         # one consumer: a deque and the future it waits on is all an asyncio.Queue did here
         self.events: deque[Event | BaseException] = deque()
@@ -247,13 +251,16 @@ class Scheduler:
     def __init__(self, model: LoadedModel, *, name: str = "model", max_queue: int = 64,
                  metrics: MetricsSink = NULL_METRICS,
                  prefill_budget: int = batch.PREFILL_BUDGET,
-                 drafts: Callable[[], Drafter | None] | None = None) -> None:
+                 drafts: Callable[[], Drafter | None] | None = None,
+                 prompt_cache: PromptCachePool | None = None) -> None:
         self.model = model
         self.name = name
         self.max_queue = max_queue
         self.metrics = metrics
         # drafts: a drafter for each admitted request that does not opt out (speculative)
-        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget, drafts=drafts)
+        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget, drafts=drafts,
+                                        prompt_cache=prompt_cache)
+        self.exclusive = threading.Lock()  # held by a step, and by a slot action between steps
         self.n_slots = self.runner.n_slots
         self._cond = threading.Condition()  # guards everything below, and every job's state
         self._closed = False
@@ -360,7 +367,8 @@ class Scheduler:
                 if abort is not None:
                     self._fail_all(outbox, abort)
                 if runner.busy and self._broken is None:
-                    self._step(outbox)
+                    with self.exclusive:
+                        self._step(outbox)
                     # What the step read came from the file: if it changed meanwhile (a page
                     # past a new end reads zeros, engine/sigbus.py), its results are garbage.
                     if (why := self._file_changed()) is not None:
@@ -430,6 +438,9 @@ class Scheduler:
             self.metrics.observe_batch(self.name, result.n_sequences)
         if result.reused_tokens:
             self.metrics.add_prompt_cache_hits(self.name, result.reused_tokens)
+        for work in result.admitted:
+            if isinstance(work, batch.Sequence):
+                self._cache_miss(work)
         for seq in result.progressed:
             if seq.prefilling or seq.prefill_steps > 1:  # read in more than one step: "long"
                 outbox.put(seq.tag, PromptProgress(seq.pos, len(seq.prompt), seq.cached))
@@ -442,6 +453,18 @@ class Scheduler:
                 self._done(work.tag)
             elif work.tag.state is not JobState.DONE:  # not already ended by a stop string
                 self._finish(work.tag, work.finish_reason or "stop", outbox)
+
+    def _cache_miss(self, seq: batch.Sequence) -> None:
+        """Count a prompt-cache miss (a block's worth or more of prompt computed) by its reason,
+        and log where a long prompt stopped matching."""
+        computed = len(seq.prompt) - seq.cached
+        if computed < MISS_TOKENS or not seq.cache_prompt:
+            return
+        reason = seq.cache_miss or "no_entry"
+        self.metrics.add_prompt_cache_miss(self.name, reason)
+        if reason == "diverged" or seq.cached >= MISS_TOKENS:
+            log.info("prompt cache on %s: %s at position %d of %d (%d tokens to compute)",
+                     self.name, reason, seq.cached, len(seq.prompt), computed)
 
     def _on_token(self, job: _GenerationJob, sampled: engine.Sampled, outbox: _Outbox) -> None:
         now = time.monotonic()

@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -24,18 +25,23 @@ from engine.chat_formats import TemplateChoice, choose_template
 from engine.draft import Drafter, NgramConfig, NgramDrafter
 from engine.draft_model import DraftModel
 from engine.gguf import ModelLoadError
+from engine.kv import KVCache
 from engine.loaded import LoadedModel
 from engine.model import Transformer
+from engine.prompt_cache import SlotFileError, restore_slot, save_slot
 from engine.rerank import rerank_ids
 from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 from gateway.generation import defaults
 from gateway.generation.events import GenerationRequest
+from gateway.generation.slot_files import SlotActionError, SlotBusyError
+from gateway.local.prompt_cache import fingerprint, pool_for
 from gateway.local.scheduler import Generation, Scheduler
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.version import version
 
 if TYPE_CHECKING:
+    from engine.prompt_cache import PromptCachePool
     from engine.vision import VisionModel
     from gateway.config import ModelEntry
     from gateway.fleet.registry import Servable
@@ -53,8 +59,10 @@ class ServedModel:
     def __init__(self, model: LoadedModel, template: ChatTemplate, *, name: str, max_queue: int,
                  metrics: MetricsSink = NULL_METRICS, vision: VisionModel | None = None,
                  drafts: Callable[[], Drafter | None] | None = None,
-                 draft_model: engine.Model | None = None) -> None:
+                 draft_model: engine.Model | None = None,
+                 prompt_cache: PromptCachePool | None = None) -> None:
         self.model = model
+        self.prompt_cache = prompt_cache  # prefixes beyond the slots (gateway/local/prompt_cache.py)
         self.vision = vision  # the entry's projector: images in (encoded on `prep`)
         # its weights are read into memory of its own: the file's size is its share
         self._vision_bytes = os.path.getsize(vision.path) if vision is not None else 0
@@ -65,7 +73,7 @@ class ServedModel:
         self.sampling_defaults = defaults.from_metadata(model.metadata)
         self.draft_model = draft_model  # the entry's `draft.model`, closed with this one
         self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics,
-                                   drafts=drafts)
+                                   drafts=drafts, prompt_cache=prompt_cache)
         # Request preparation (template, tokenizing) is CPU work that must not block the event
         # loop; two threads per model, so one model's slow prompts never delay another's.
         self.prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"modelyard-{name}-prep")
@@ -117,7 +125,8 @@ class ServedModel:
     @property
     def memory_bytes(self) -> int:
         draft = int(self.draft_model.memory_bytes) if self.draft_model is not None else 0
-        return int(self.model.memory_bytes) + self._vision_bytes + draft
+        pool = self.prompt_cache.budget if self.prompt_cache is not None else 0  # it may fill
+        return int(self.model.memory_bytes) + self._vision_bytes + draft + pool
 
     @property
     def broken(self) -> str | None:
@@ -176,9 +185,59 @@ class ServedModel:
         add_bos = bool(tok.add_bos) and not (bos and text.startswith(bos))
         return list(tok.encode(text, add_special=add_bos, parse_special=True))
 
+    cache_fingerprint: str = ""  # what slot files are checked against (gateway/local/prompt_cache.py)
+
+    def slot_file(self, action: str, slot: int, path: Path | None) -> tuple[int, int]:
+        """llama.cpp's slot actions on an idle slot, between two scheduler steps: save and
+        restore (positions, bytes), erase (positions, 0). Raises SlotBusyError while a request
+        holds the slot, SlotActionError for a file that cannot be written or restored.
+        Blocking: call it off the event loop."""
+        cache = self.model.transformer.cache
+        if not isinstance(cache, KVCache):
+            raise SlotActionError("this model keeps no KV rows")
+        with self.scheduler.exclusive:
+            if self.scheduler.runner.slots[slot] is not None:
+                raise SlotBusyError(slot)
+            if action == "erase":
+                n = len(cache.tokens[slot])
+                cache.truncate(slot, 0)
+                return n, 0
+            assert path is not None
+            try:
+                if action == "save":
+                    return save_slot(cache, slot, path, self.cache_fingerprint)
+                return restore_slot(cache, slot, path, self.cache_fingerprint)
+            except SlotFileError as exc:
+                raise SlotActionError(str(exc)) from exc
+
+    _closing = False
+
+    def shrink_prompt_cache(self, nbytes: int) -> int:
+        """Give back up to `nbytes` of the prompt cache's budget (memory pressure: the
+        registry asks before it evicts a model); its least recently used blocks go. Returns the
+        bytes given back; the budget stays lower until the model loads again. Blocking (waits
+        for a step to end): call it off the event loop."""
+        pool = self.prompt_cache
+        if pool is None:
+            return 0
+        with self.scheduler.exclusive:
+            if self._closing:
+                return 0
+            take = min(nbytes, pool.budget)
+            pool.budget -= take
+            pool.trim()
+            return take
+
     def close(self) -> None:
+        with self.scheduler.exclusive:
+            self._closing = True  # no shrink from now on: close() spills the pool
         self.prep.shutdown(wait=True, cancel_futures=True)
         self.scheduler.close()
+        if self.prompt_cache is not None:  # the scheduler stopped: its blocks go to disk
+            try:
+                self.prompt_cache.close()
+            except Exception:  # a full disk must not keep the model from unloading
+                log.exception("could not keep the prompt cache of %s", self.scheduler.name)
         self.model.close()
         if self.vision is not None:
             self.vision.close()
@@ -265,8 +324,10 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
             lookup = NgramConfig(draft.n_draft, draft.ngram_min, draft.ngram_max)
             drafts = lambda: NgramDrafter(lookup)  # noqa: E731
         served = ServedModel(model, template, name=entry.aliases[0], max_queue=entry.max_queue,
-                             metrics=metrics, vision=vision, drafts=drafts, draft_model=small)
+                             metrics=metrics, vision=vision, drafts=drafts, draft_model=small,
+                             prompt_cache=pool_for(entry, model))
         served.chat_format = choice.describe()
+        served.cache_fingerprint = fingerprint(entry, model.n_ctx)
         return served
     except BaseException:
         if vision is not None:

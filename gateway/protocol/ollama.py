@@ -158,7 +158,8 @@ class Stats(_Reply):
     done_reason: str
     total_duration: int
     load_duration: int
-    prompt_eval_count: int
+    prompt_eval_count: int               # the whole prompt, cached tokens included (Ollama >= 0.30)
+    prompt_eval_cached_count: int = 0    # of them, read from the prompt cache
     prompt_eval_duration: int
     eval_count: int
     eval_duration: int

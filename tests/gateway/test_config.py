@@ -199,7 +199,8 @@ def test_settings_key_changes_only_with_what_shapes_a_loaded_model(tmp_path: Pat
                    {"model": tmp_path / "b.gguf"}, {"n_parallel": 1},
                    {"rope_freq_base": 5e5}, {"rope_scaling_type": "yarn"}, {"yarn_orig_ctx": 8},
                    {"lora": (LoraAdapter(path=tmp_path / "l.gguf", scale=0.5),)},
-                   {"type_k": "q8_0", "type_v": "q8_0"}):
+                   {"type_k": "q8_0", "type_v": "q8_0"}, {"prompt_cache": 1 << 30},
+                   {"cache": True}, {"cache_type": "disk"}, {"prompt_cache_dir": tmp_path}):
         assert entry.model_copy(update=change).settings_key() != entry.settings_key()
     hash(entry.settings_key())
 
@@ -217,7 +218,9 @@ def test_the_reload_marks_match_what_the_registry_and_the_reloader_act_on() -> N
                                                "yarn_ext_factor", "yarn_attn_factor",
                                                "yarn_beta_fast", "yarn_beta_slow",
                                                "yarn_orig_ctx", "pooling", "lora", "draft",
-                                               "type_k", "type_v"}
+                                               "type_k", "type_v", "prompt_cache",
+                                               "prompt_cache_disk", "prompt_cache_dir", "cache",
+                                               "cache_type", "cache_size"}
     assert marked(Config, RESTART) == ("host", "port", "ollama_address")
 
 

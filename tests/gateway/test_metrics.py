@@ -65,6 +65,7 @@ def test_every_metric_the_issue_lists_is_exposed_with_its_type() -> None:
         "modelyard_active_slots": "gauge",
         "modelyard_batch_size": "histogram",
         "modelyard_prompt_cache_hit_tokens": "counter",
+        "modelyard_prompt_cache_misses": "counter",
         "modelyard_loaded_models": "gauge",
         "modelyard_loaded_bytes": "gauge",
         "modelyard_model_memory_bytes": "gauge",

@@ -471,3 +471,47 @@ def test_unloading_a_real_model_gives_its_memory_back(smollm2_path: Path) -> Non
     # The load is visible (the file is ~90 MB), so the comparison below means something.
     assert loaded - before > samples["model"] // 2, samples
     assert after <= before * 1.10, samples
+
+
+class CachingModel(FakeModel):
+    """A model whose memory includes a prompt cache it can give back (as ServedModel's pool)."""
+
+    def __init__(self, entry: ModelEntry, memory_bytes: int, cache: int) -> None:
+        super().__init__(entry, memory_bytes)
+        self.cache = cache
+
+    def shrink_prompt_cache(self, nbytes: int) -> int:
+        take = min(nbytes, self.cache)
+        self.cache -= take
+        self.memory_bytes -= take
+        return take
+
+
+def test_prompt_caches_shrink_before_any_model_is_evicted(tmp_path: Path) -> None:
+    loader = RecordingLoader({"a": 60 * MB, "b": 55 * MB, "c": 90 * MB})
+    plain = loader.__call__
+
+    def load(entry: ModelEntry) -> FakeModel:
+        model = plain(entry)
+        if entry.name == "a":  # 60 MiB, of which a 30 MiB prompt cache
+            model = loader.models[-1] = CachingModel(entry, 60 * MB, 30 * MB)
+        return model
+
+    async def main() -> None:
+        config = make_config(tmp_path, "a", "b", "c", max_loaded_models=5,
+                             memory_budget=100 * MB)
+        registry = Registry(config, loader=load, estimator=loader.estimate)
+        async with registry.lease("a"):
+            pass
+        async with registry.lease("b"):                # 60 + 55: 15 MiB over the budget
+            assert [state(registry, n) for n in ("a", "b")] == ["ready", "ready"]
+        a_model = loader.models[0]
+        assert isinstance(a_model, CachingModel) and a_model.cache == 15 * MB
+        row = next(r for r in registry.snapshot() if "a" in r["aliases"])
+        assert row["memory_bytes"] == 45 * MB
+        async with registry.lease("c"):                # beyond every cache: models go too
+            assert state(registry, "c") == "ready"
+        assert a_model.cache == 0 and state(registry, "a") == "unloaded"
+        await registry.close()
+
+    run(main())

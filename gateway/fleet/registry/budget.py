@@ -24,6 +24,15 @@ def plan_for(slot: Slot, slots: list[Slot], limits: RegistrySettings) -> Plan:
                      max_loaded=limits.max_loaded_models, memory_budget=limits.memory_budget)
 
 
+def memory_over(slot: Slot, slots: list[Slot], limits: RegistrySettings) -> int:
+    """Bytes by which loading `slot` beside the resident slots would pass memory_budget."""
+    others = [s for s in slots if s is not slot]
+    need = max(0, (slot.estimate or 0) - shared_bytes(slot, others))
+    held = sum(r.memory_bytes for r in residents(slots, limits.idle_timeout)
+               if r.state in RESIDENT_STATES and r.key != resident_key(slot))
+    return held + need - limits.memory_budget
+
+
 def plan_to_fit(slots: list[Slot], limits: RegistrySettings) -> Plan:
     """Which idle models must go for the rest to fit `limits`: the plan for a load of nothing
     with one slot to spare answers exactly that (Blocked: busy models stand in the way)."""

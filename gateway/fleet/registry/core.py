@@ -195,6 +195,9 @@ class Registry:
                     raise ModelLoadFailedError(entry.model, estimate)
                 slot.estimate = estimate
                 continue  # the world may have changed while we were away
+            over = budget.memory_over(slot, self._all_slots(), self._config.registry)
+            if over > 0 and await self._shrink_caches(over, entry.name):
+                continue  # prompt caches go before any model does
             plan = budget.plan_for(slot, self._all_slots(), self._config.registry)
             if isinstance(plan, TooLarge):
                 slot.last_error = plan.reason
@@ -208,6 +211,23 @@ class Registry:
                 self._evict(plan.evict, f"(least recently used) to load {entry.name}")
                 continue  # their memory is back once they are UNLOADED
             self._begin_load(slot)
+
+    async def _shrink_caches(self, need: int, loading: str) -> bool:
+        """Free up to `need` bytes of loaded models' prompt caches (their pools' budgets
+        lowered, least recently used blocks dropped: gateway/local/served_model.py) before any
+        model is evicted. True if some was freed."""
+        freed = 0
+        for s in sorted(self._all_slots(), key=lambda s: s.last_used or 0.0):
+            shrink = getattr(s.model, "shrink_prompt_cache", None)
+            if freed >= need or s.state is not ModelState.READY or shrink is None:
+                continue
+            got = int(await asyncio.to_thread(shrink, need - freed))
+            if got and s.model is not None:
+                freed += got
+                s.memory_bytes = int(s.model.memory_bytes)
+                log.info("freed %s of %s's prompt cache to load %s", format_size(got),
+                         s.entry.name, loading)
+        return freed > 0
 
     def release(self, lease: Lease) -> None:
         """End a request. Idempotent; call it on the event loop (e.g. in `finally`)."""

@@ -65,7 +65,9 @@ def engine_estimator(entry: ModelEntry) -> int:
     draft = entry.draft.model if entry.draft is not None else None
     small = (int(engine.estimate_memory(draft, entry.n_ctx, n_slots=entry.n_parallel))
              if draft is not None else 0)  # the draft model: its own weights and KV slots
-    return text + small + (projector_memory(entry.mmproj) if entry.mmproj is not None else 0)
+    pool = entry.prompt_cache_bytes  # the prompt cache's budget: it may fill
+    projector = projector_memory(entry.mmproj) if entry.mmproj is not None else 0
+    return text + small + pool + projector
 
 
 @dataclass(eq=False)
