@@ -200,20 +200,24 @@ class Transformer:
     def __init__(self, f: GGUFFile, hp: HParams, n_ctx: int, n_slots: int, n_threads: int,
                  flash_attn: bool = True, images: bool = False,
                  lora: dict[str, list[LoraDelta]] | None = None,
-                 kv_types: tuple[KVType, KVType] = (F16, F16)) -> None:
+                 kv_types: tuple[KVType, KVType] = (F16, F16), pool: Pool | None = None) -> None:
         """`lora`: LoRA adapter deltas merged into the weights at load (engine.lora).
         `images`: the model will be fed image spans; a family whose image rows see each
         other (gemma3) then gets the bidirectional kernels and a ring mirror to match (engine.kv),
         which a text-only load does without. kv_types: the cache's key and value row types; a
         quantized cache runs `forward` op by op (forward_eager) with the quantized attention
-        kernel (engine.kernels.attention_quantized), whose rules _check_kv_types states."""
+        kernel (engine.kernels.attention_quantized), whose rules _check_kv_types states.
+        `pool`: another model's worker pool to run on (a draft model beside its target: the
+        two never run at once, and one pool's threads instead of two keeps an idle pool's
+        spinning workers off the cores the other needs); closing this model leaves it open."""
         self.hp = hp
         self.n_ctx = n_ctx
         self.bidirectional = images and hp.spec.bidirectional_spans
         self.weights = load_weights(f, hp, n_ctx, lora)
         self.lora_bytes = self.weights.lora_bytes  # merged adapters' float32 copies
         self.block = hp.spec.block
-        self.pool = Pool(n_threads)
+        self._owns_pool = pool is None
+        self.pool = Pool(n_threads) if pool is None else pool
         self.governor = ThreadGovernor(n_threads)  # how many of them each run uses
         try:
             qtypes = {m.qtype for m in self.weights.matrices()}
@@ -228,7 +232,8 @@ class Transformer:
                                                 n_threads)
             self.cache = KVCache(hp, n_slots, n_ctx, self.bidirectional, *kv_types)
         except BaseException:
-            self.pool.close()
+            if self._owns_pool:
+                self.pool.close()
             raise
         factors = self.weights.rope_freqs
         yarn = rotary.RopeSpec(0.0, ext_factor=hp.yarn_ext_factor, attn_factor=hp.yarn_attn_factor,
@@ -529,7 +534,8 @@ class Transformer:
             self.attention.close()
             if self.kv_attention is not None:
                 self.kv_attention.close()
-            self.pool.close()
+            if self._owns_pool:
+                self.pool.close()
             self.pool = None  # type: ignore[assignment]
         self._graphs.clear()
         self._acts = None

@@ -252,8 +252,10 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
         drafts: Callable[[], Drafter | None] | None = None
         draft = entry.draft
         if draft is not None and draft.model is not None:
+            pool = model.transformer.pool if isinstance(model.transformer, Transformer) else None
             small = engine.load(draft.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
-                                n_slots=entry.n_parallel, flash_attn=entry.flash_attn)
+                                n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
+                                pool=pool)  # they take turns: one pool's threads for both
             if not isinstance(small.transformer, Transformer):
                 raise ModelLoadError(draft.model, "a draft model must be a text generator, "
                                                   "not an embedding model")

@@ -240,13 +240,16 @@ def test_speculative_tokens_follow_the_targets_distribution(llama):
 # -- a draft model ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("draft_seed", [0, 1])  # the model itself (all accepted), another one
-def test_greedy_with_a_draft_model_equals_greedy_without(llama, tmp_path: Path, draft_seed: int):
+@pytest.mark.parametrize("shared_pool", [False, True])  # its own threads, or the target's (served)
+def test_greedy_with_a_draft_model_equals_greedy_without(llama, tmp_path: Path, draft_seed: int,
+                                                         shared_pool: bool):
     from engine.draft_model import DraftModel
 
     path = write_tiny_llama(tmp_path / "draft.gguf", qtype=Q.Q8_0, seed=draft_seed)
     prompts = [_repetitive(llama, 30, s) for s in range(3)] + [[5, 9, 2, 7]]
     plain = [s.generated for s in _run(llama, prompts, GREEDY, 30, [None] * len(prompts))]
-    with engine.load(path, n_ctx=256, n_threads=2, n_slots=3) as small:
+    pool = llama.transformer.pool if shared_pool else None
+    with engine.load(path, n_ctx=256, n_threads=2, n_slots=3, pool=pool) as small:
         owner = DraftModel(small.transformer, n_slots=3, n_ctx=256)
         drafters = [owner.drafter(5) for _ in prompts]
         assert drafters[-1] is None  # three slots: the fourth sequence decodes plainly
@@ -257,3 +260,6 @@ def test_greedy_with_a_draft_model_equals_greedy_without(llama, tmp_path: Path, 
         assert drafted > 0
         assert (accepted == drafted) if draft_seed == 0 else (accepted < drafted)
         assert sorted(owner._free) == [0, 1, 2]  # every slot given back
+    if shared_pool:  # closing the draft left the target's pool running
+        assert not llama.transformer.pool.closed
+        assert [s.generated for s in _run(llama, prompts[:1], GREEDY, 5, [None])] == [plain[0][:5]]
