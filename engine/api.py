@@ -80,7 +80,8 @@ class Model:
                           if lora else None)
                 self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
                                                flash_attn=flash_attn, images=images, lora=deltas,
-                                               kv_types=kv_types, pool=pool)
+                                               kv_types=kv_types, pool=pool,
+                                               lora_scales=tuple(float(a.scale) for a in lora))
             self._asked_pooling = pooling
             self.pooling = self._pooling(pooling)
         except BaseException:
