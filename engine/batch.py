@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from . import lora_side
 from .constraint import Constraint, MaskFiller
 from .draft import Drafter
 from .kv import MAX_CHUNK
@@ -102,6 +103,7 @@ class Sequence(_Occupant):
     budget: ThinkingBudget | None = None  # forces the thinking block closed after N tokens
     drafter: Drafter | None = None        # speculative decoding's guesses (engine/draft.py)
     speculative: bool = True              # take a drafter from the runner's `drafts` if it has one
+    lora: tuple[float, ...] | None = None  # its LoRA adapters' scales (None: as loaded; engine.lora_side)
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
     generated: list[int] = field(default_factory=list, init=False)
@@ -173,6 +175,9 @@ class BatchRunner:
         self.waiting: deque[Occupant] = deque()
         self.slots: list[Occupant | None] = [None] * self.n_slots
         self._released_at = [0] * self.n_slots   # step of the last release, for LRU choice
+        # the LoRA scale offsets each slot's KV rows were computed with (engine.lora_side): a
+        # prefix is reused only by a sequence asking the same scales
+        self._slot_lora: list[tuple[float, ...] | None] = [None] * self.n_slots
         self._steps = 0
         self._order = itertools.count()
         # Sampling a 50k vocabulary costs ~1-5 ms per sequence, mostly in numpy calls that drop
@@ -285,7 +290,7 @@ class BatchRunner:
                 assert occ.pending is not None
                 occ.draft = self._draft(occ)
                 chunks.append(Chunk(occ.slot, [occ.pending, *occ.draft], occ.pos,
-                                    logits=1 + len(occ.draft)))
+                                    logits=1 + len(occ.draft), lora=occ.lora))
                 owners.append(occ)
         budget = max(self.prefill_budget - sum(len(c) for c in chunks), MIN_PREFILL)
         reading = []
@@ -302,7 +307,8 @@ class BatchRunner:
             n = min(budget, len(seq.prompt) - seq.pos)
             n = seq.prompt.chunk_end(seq.pos, seq.pos + n) - seq.pos  # a bidirectional span whole
             last = seq.pos + n == len(seq.prompt)  # only the prompt's end needs logits
-            chunks.append(Chunk(seq.slot, seq.prompt[seq.pos:seq.pos + n], seq.pos, logits=last))
+            chunks.append(Chunk(seq.slot, seq.prompt[seq.pos:seq.pos + n], seq.pos, logits=last,
+                                lora=seq.lora))
             owners.append(seq)
             budget -= n
         e_chunks: list[Chunk] = []
@@ -379,8 +385,10 @@ class BatchRunner:
             if isinstance(occ, Sequence):
                 limit = len(occ.prompt) - 1  # evaluate at least one token: its logits come next
                 keys = occ.prompt.position_keys()
+                lora = self._lora_key(occ)
                 scored = [(self.cache.reusable(s, occ.prompt.resume_point(
-                    min(common_prefix(self.cache.tokens[s], keys), limit))), -self._released_at[s], s)
+                    min(common_prefix(self.cache.tokens[s], keys), limit)))
+                           if self._slot_lora[s] == lora else 0, -self._released_at[s], s)
                           for s in free]
                 reuse, _, slot = max(scored)
             else:  # embeddings need every position's hidden state: nothing to reuse
@@ -389,6 +397,7 @@ class BatchRunner:
             occ.slot, occ.pos = slot, reuse
             occ.state = State.PREFILLING
             self.slots[slot] = occ
+            self._slot_lora[slot] = self._lora_key(occ) if isinstance(occ, Sequence) else None
             if isinstance(occ, Sequence):
                 occ.cached = reuse
                 if occ.drafter is None and occ.speculative and self.drafts is not None:
@@ -403,14 +412,15 @@ class BatchRunner:
         keys = seq.prompt.position_keys()
         for other in self.slots:
             if (isinstance(other, Sequence) and other is not seq and other.prefilling
-                    and other.order < seq.order):
+                    and other.order < seq.order
+                    and self._slot_lora[other.slot] == self._slot_lora[seq.slot]):
                 shared = seq.prompt.resume_point(
                     min(common_prefix(other.prompt.position_keys(), keys), limit))
                 if shared >= seq.pos + MIN_SHARE and other.pos < shared:
                     return True  # copy once it is all there, not piece by piece
         best, source = seq.pos, -1
         for s, held in enumerate(self.cache.tokens):
-            if s != seq.slot and len(held) > best:
+            if s != seq.slot and len(held) > best and self._slot_lora[s] == self._slot_lora[seq.slot]:
                 n = self.cache.reusable(s, seq.prompt.resume_point(min(common_prefix(held, keys), limit)))
                 if n > best:
                     best, source = n, s
@@ -419,6 +429,11 @@ class BatchRunner:
             seq.cached += best - seq.pos
             seq.pos = best
         return False
+
+    def _lora_key(self, seq: Sequence) -> tuple[float, ...] | None:
+        """What seq's KV rows depend on beyond its tokens: its adapters' scale offsets."""
+        scales = getattr(self.transformer, "lora_scales", ())
+        return lora_side.offsets(seq.lora, scales) if scales else None
 
     def _allowed(self, items: list[tuple[Sequence, np.ndarray]]) -> list[np.ndarray | None]:
         """Per item, the tokens its grammar allows (None: unconstrained), all masks of the step

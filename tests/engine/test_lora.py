@@ -178,3 +178,44 @@ def test_per_chunk_scales_in_last_row_logits() -> None:
                   top1_min=1)
     assert_within(hi, ref["logits_a0"][-3:], TOL[BASES[0]], "last rows at the merged scale",
                   top1_min=3)
+
+
+def test_batched_sequences_at_different_scales_and_their_prompt_cache() -> None:
+    """BatchRunner: sequences asking different scales decode together, each as a load merged at
+    its own scales decodes alone; a slot's cached prompt is reused only at the same scales."""
+    from engine.batch import BatchRunner, Sequence
+    from engine.sampling import SamplingParams
+
+    ref = np.load(LORA_DIR / f"{BASES[1]}.npz")
+    ids, s = ref["ids"].tolist()[:24], ref["scales"].tolist()
+    a = LORA_DIR / "adapter_a.gguf"
+    greedy = SamplingParams(temperature=0.0)
+
+    def alone(scale: float) -> list[int]:
+        with _load(BASES[1], [engine.LoraSpec(a, scale)]) as m:
+            r = BatchRunner(m)
+            seq = Sequence(ids, params=greedy, max_tokens=12, stop_at_eog=False)
+            r.submit(seq)
+            while r.busy:
+                r.step()
+            return seq.generated
+
+    want = {scale: alone(scale) for scale in (s[0], s[1], 0.0)}
+    assert len(set(map(tuple, want.values()))) == 3  # the scales change the text
+    with _load(BASES[1], [engine.LoraSpec(a, s[0])]) as m:
+        r = BatchRunner(m)
+        seqs = [Sequence(ids, params=greedy, max_tokens=12, stop_at_eog=False,
+                         lora=None if scale == s[0] else (scale,)) for scale in want]
+        for q in seqs:
+            r.submit(q)
+        while r.busy:
+            r.step()
+        assert [q.generated for q in seqs] == list(want.values())
+        again = [Sequence(ids, params=greedy, max_tokens=12, stop_at_eog=False, lora=(0.0,)),
+                 Sequence(ids, params=greedy, max_tokens=12, stop_at_eog=False, lora=(0.9,))]
+        for q in again:
+            r.submit(q)
+        while r.busy:
+            r.step()
+        assert again[0].cached > 0 and again[0].generated == want[0.0]  # its own slot's prompt
+        assert again[1].cached == 0  # no slot holds the prompt at 0.9
