@@ -127,6 +127,7 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
         frequency_penalty=values["frequency_penalty"], logit_bias=_logit_bias(req, served),
         seed=_seed(req, lease), top_logprobs=req.n_probs,
         logprobs=bool(req.n_probs))
+    lora = served.lora.for_engine(None if req.lora is None else [(e.id, e.scale) for e in req.lora])
     prompts: list[engine.Prompt] = []
     texts: list[str] = []
     for number, one in enumerate(req.prompts()):
@@ -146,7 +147,8 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
                                   max_tokens=min(budget, served.n_ctx - len(prompt)),
                                   stop=tuple(s for s in req.stop if s),
                                   logprobs=True,  # token ids come with logprobs
-                                  speculative=req.speculative and req.speculative_n_max != 0)
+                                  speculative=req.speculative and req.speculative_n_max != 0,
+                                  lora=lora)
                 for prompt in prompts]
     if req.stream and len(requests) > 1:
         raise invalid_request("stream takes one prompt; send several prompts without stream",

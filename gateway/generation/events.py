@@ -31,6 +31,7 @@ class GenerationRequest:
     keep_special: bool = False           # decode control tokens too (tool-call markers)
     budget: ThinkingBudget | None = None  # closes the thinking block after N tokens (this choice's)
     speculative: bool = True             # draft when the model is configured to (False: opt out)
+    lora: tuple[float, ...] | None = None  # its adapters' scales, None: the merged ones (lora_scales.py)
     observer: GenerationObserver | None = field(default=None, compare=False, repr=False)
 
 

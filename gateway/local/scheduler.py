@@ -101,7 +101,8 @@ class _GenerationJob(_Job):
                                               max_tokens=request.max_tokens,
                                               constraint=request.constraint,
                                               budget=request.budget,
-                                              speculative=request.speculative))
+                                              speculative=request.speculative,
+                                              lora=request.lora))
         self.request = request
         # one consumer: a deque and the future it waits on is all an asyncio.Queue did here
         self.events: deque[Event | BaseException] = deque()

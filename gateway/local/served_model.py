@@ -31,6 +31,7 @@ from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 from gateway.generation import defaults
 from gateway.generation.events import GenerationRequest
+from gateway.generation.lora_scales import LoraScales
 from gateway.local.scheduler import Generation, Scheduler
 from gateway.metrics import NULL_METRICS, MetricsSink
 from gateway.version import version
@@ -64,6 +65,7 @@ class ServedModel:
         # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
         self.sampling_defaults = defaults.from_metadata(model.metadata)
         self.draft_model = draft_model  # the entry's `draft.model`, closed with this one
+        self.lora = LoraScales(getattr(model.transformer, "lora_scales", ()))
         self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics,
                                    drafts=drafts)
         # Request preparation (template, tokenizing) is CPU work that must not block the event
