@@ -114,6 +114,24 @@ def _check_greedy(model: engine.Model, prompts: list[list[int]], n_new: int,
     assert alone[0].generated == plain[0]
 
 
+def test_seeded_sampling_with_drafts_equals_it_without(llama):
+    """At temperature > 0 a seeded request takes the same tokens with drafts as without (the
+    verify draws what sample would, llama-server's test_with_and_without_draft), for prompt
+    lookup, an oracle and a draft model."""
+    from engine.draft_model import DraftModel
+
+    params = SamplingParams(temperature=0.9, top_k=40, seed=4242)
+    prompts = [_repetitive(llama, 40, s) for s in range(3)] + [[5, 9, 2, 7]]
+    _check_greedy(llama, prompts, 40, params)
+    plain = [s.generated for s in _run(llama, prompts, params, 30, [None] * len(prompts))]
+    with engine.load(llama.path, n_ctx=256, n_threads=2, n_slots=4,
+                     pool=llama.transformer.pool) as small:
+        owner = DraftModel(small.transformer, n_slots=4, n_ctx=256)
+        seqs = _run(llama, prompts, params, 30, [owner.drafter(5) for _ in prompts])
+    assert [s.generated for s in seqs] == plain
+    assert 0 < sum(s.draft_accepted for s in seqs) < sum(s.draft_n for s in seqs)
+
+
 def test_greedy_with_drafts_equals_greedy_without_tiny_llama(llama):
     prompts = [_repetitive(llama, 40, s) for s in range(3)] + [[5, 9, 2, 7]]
     _check_greedy(llama, prompts, 40)
