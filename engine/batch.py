@@ -93,7 +93,8 @@ class Sequence(_Occupant):
     (engine/thinking_budget.py) forces a thinking block's closing tag once it has run long.
     A `drafter` makes it speculative: each step evaluates the pending token and a draft of the
     next ones, and keeps what the target's sampler accepts (Sampler.verify), the same tokens
-    greedy and the same distribution random as without. A grammar or a thinking budget turns
+    as without, greedy or seeded. `lora`: its adapters' scales when not the merged ones (a side
+    path, engine.lora_side; its slot's cached prefix is reused only at the same scales). A grammar or a thinking budget turns
     drafting off (their masks would have to be computed for positions not yet accepted).
     """
     params: SamplingParams = field(default_factory=SamplingParams)
