@@ -94,8 +94,9 @@ class Sequence(_Occupant):
     A `drafter` makes it speculative: each step evaluates the pending token and a draft of the
     next ones, and keeps what the target's sampler accepts (Sampler.verify), the same tokens
     as without, greedy or seeded. `lora`: its adapters' scales when not the merged ones (a side
-    path, engine.lora_side; its slot's cached prefix is reused only at the same scales). A grammar or a thinking budget turns
-    drafting off (their masks would have to be computed for positions not yet accepted).
+    path, engine.lora_side; its slot's cached prefix is reused only at the same scales). A
+    grammar or a thinking budget turns drafting off (their masks would have to be computed for
+    positions not yet accepted).
     """
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
