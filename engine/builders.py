@@ -468,7 +468,7 @@ class EagerBuilder:
 
     def route(self, router: quants.QuantMatrix, k: int, bias: np.ndarray | None = None,
               gating: str = "softmax") -> None:
-        logits = self.mm(router, self.bufs["h"])                  # [T, n_expert]
+        logits = self.adapted(router, self.bufs["h"])             # [T, n_expert]
         if bias is not None:
             ops.add_bias(logits, bias, out=logits)
         ids, weights = (moe_oai.route_topk if gating == "softmax_topk" else moe.route)(logits, k)

@@ -388,7 +388,8 @@ class Transformer:
         # cache (the graph's KV tasks store and read f16 only)
         if self.hp.spec.recurrent is not None or self.kv_attention is not None:
             return self.forward_eager(chunks, output)
-        if any(self._lora_offsets(c) is not None for c in chunks):  # a side path: op by op
+        if self.lora_scales and any(self._lora_offsets(c) is not None for c in chunks):
+            # a chunk at other adapter scales needs the side path: op by op
             return self.forward_eager(chunks, output)
         inputs, spans = self._check(chunks)
         T = inputs.ids.shape[0]
