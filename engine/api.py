@@ -17,6 +17,7 @@ from .formats.repack import estimate_repacked, estimate_repacked_stacks
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
 from .kernels.gemm.facade import host_repacks
+from .kernels.pool import Pool
 from .kv import MAX_CHUNK, KVLayout
 from .kv_types import kv_type
 from .lora import LoraSpec, adapted_tensors, merged_bytes, read_deltas
@@ -38,7 +39,7 @@ class Model:
                  n_slots: int = 1, flash_attn: bool = True, images: bool = False,
                  rope: RopeSettings | None = None, pooling: str | None = None,
                  lora: Sequence[LoraSpec] = (), type_k: str | int = "f16",
-                 type_v: str | int = "f16") -> None:
+                 type_v: str | int = "f16", pool: Pool | None = None) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -78,7 +79,8 @@ class Model:
                           if lora else None)
                 self.transformer = Transformer(self._file, self.hparams, n_ctx, n_slots, n_threads,
                                                flash_attn=flash_attn, images=images, lora=deltas,
-                                               kv_types=kv_types)
+                                               kv_types=kv_types, pool=pool,
+                                               lora_scales=tuple(float(a.scale) for a in lora))
             self._asked_pooling = pooling
             self.pooling = self._pooling(pooling)
         except BaseException:
@@ -247,7 +249,7 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
          n_slots: int = 1, flash_attn: bool = True, images: bool = False,
          name: str | None = None, rope: RopeSettings | None = None,
          pooling: str | None = None, lora: Sequence[LoraSpec] = (), type_k: str | int = "f16",
-         type_v: str | int = "f16") -> Model:
+         type_v: str | int = "f16", pool: Pool | None = None) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
@@ -258,14 +260,15 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
     engine.rope_settings). pooling: how embed/pooled pool a text (engine.pooling), None: the
     file's, else mean. lora: adapters merged into the weights at load (engine.lora; a bad
     adapter is a ModelLoadError naming its file). type_k / type_v: the KV cache's row types,
-    llama.cpp's names or ggml numbers (engine.kv_types). Kernels compiled on the way (a cold
+    llama.cpp's names or ggml numbers (engine.kv_types). pool: run on another loaded model's
+    worker pool (a draft model on its target's; Transformer). Kernels compiled on the way (a cold
     cache) are logged as being compiled for `name` (default: the file's stem), with progress."""
     from .kernels import jit
 
     with jit.reporting(name or Path(path).stem):
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
                      flash_attn=flash_attn, images=images, rope=rope, pooling=pooling,
-                     lora=lora, type_k=type_k, type_v=type_v)
+                     lora=lora, type_k=type_k, type_v=type_v, pool=pool)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from . import lora_side
 from .batch_greedy import greedy_tokens, plain_greedy
 from .constraint import Constraint, MaskFiller
 from .draft import Drafter
@@ -97,8 +98,10 @@ class Sequence(_Occupant):
     (engine/thinking_budget.py) forces a thinking block's closing tag once it has run long.
     A `drafter` makes it speculative: each step evaluates the pending token and a draft of the
     next ones, and keeps what the target's sampler accepts (Sampler.verify), the same tokens
-    greedy and the same distribution random as without. A grammar or a thinking budget turns
-    drafting off (their masks would have to be computed for positions not yet accepted).
+    as without, greedy or seeded. `lora`: its adapters' scales when not the merged ones (a side
+    path, engine.lora_side; its slot's cached prefix is reused only at the same scales). A
+    grammar or a thinking budget turns drafting off (their masks would have to be computed for
+    positions not yet accepted).
     """
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
@@ -110,6 +113,7 @@ class Sequence(_Occupant):
     id_slot: int = -1                     # the slot it must run in (llama.cpp's id_slot); -1: any
     cache_prompt: bool = True             # False: read the whole prompt, reuse nothing
     cache_miss: str | None = field(default=None, init=False)  # why the prompt cache fell short
+    lora: tuple[float, ...] | None = None  # its LoRA adapters' scales (None: as loaded; engine.lora_side)
     cached: int = field(default=0, init=False)          # prompt tokens reused, not evaluated
     prefill_steps: int = field(default=0, init=False)
     passed_over: int = field(default=0, init=False)     # steps in a row its prompt got no budget
@@ -184,6 +188,9 @@ class BatchRunner:
         self.waiting: deque[Occupant] = deque()
         self.slots: list[Occupant | None] = [None] * self.n_slots
         self._released_at = [0] * self.n_slots   # step of the last release, for LRU choice
+        # the LoRA scale offsets each slot's KV rows were computed with (engine.lora_side): a
+        # prefix is reused only by a sequence asking the same scales
+        self._slot_lora: list[tuple[float, ...] | None] = [None] * self.n_slots
         self._steps = 0
         self._order = itertools.count()
         # Sampling a 50k vocabulary costs ~1-5 ms per sequence, mostly in numpy calls that drop
@@ -298,7 +305,7 @@ class BatchRunner:
                 assert occ.pending is not None
                 occ.draft = self._draft(occ)
                 chunks.append(Chunk(occ.slot, [occ.pending, *occ.draft], occ.pos,
-                                    logits=1 + len(occ.draft)))
+                                    logits=1 + len(occ.draft), lora=occ.lora))
                 owners.append(occ)
         budget = max(self.prefill_budget - sum(len(c) for c in chunks), MIN_PREFILL)
         reading = []
@@ -319,7 +326,8 @@ class BatchRunner:
             n = min(budget, len(seq.prompt) - seq.pos)
             n = seq.prompt.chunk_end(seq.pos, seq.pos + n) - seq.pos  # a bidirectional span whole
             last = seq.pos + n == len(seq.prompt)  # only the prompt's end needs logits
-            chunks.append(Chunk(seq.slot, seq.prompt[seq.pos:seq.pos + n], seq.pos, logits=last))
+            chunks.append(Chunk(seq.slot, seq.prompt[seq.pos:seq.pos + n], seq.pos, logits=last,
+                                lora=seq.lora))
             owners.append(seq)
             budget -= n
         e_chunks: list[Chunk] = []
@@ -401,22 +409,31 @@ class BatchRunner:
             if isinstance(occ, Sequence):
                 limit = len(occ.prompt) - 1  # evaluate at least one token: its logits come next
                 keys = occ.prompt.position_keys()
+                lora = self._lora_key(occ)
                 scored = [(self.cache.reusable(s, occ.prompt.resume_point(
-                    min(common_prefix(self.cache.tokens[s], keys), limit))), -self._released_at[s], s)
+                    min(common_prefix(self.cache.tokens[s], keys), limit)))
+                           if self._slot_lora[s] == lora else 0, -self._released_at[s], s)
                           for s in free]
                 reuse, _, slot = max(scored)
                 if not occ.cache_prompt:
                     reuse = 0
-                elif self.prompt_cache is not None:  # more than the slot holds, or keep its tail
+                elif self.prompt_cache is not None and lora is None:  # more than the slot holds
                     reuse, found = self.prompt_cache.take(slot, keys, limit, reuse,
                                                           occ.prompt.resume_point)
                     occ.cache_miss = found.miss
+                elif self.prompt_cache is not None:  # its own scales: keep the slot's old rows
+                    self.prompt_cache.save(slot)
             else:  # embeddings need every position's hidden state: nothing to reuse
                 reuse, slot = 0, min(free, key=lambda s: self._released_at[s])
             self.cache.truncate(slot, reuse)  # reusable: a ring still holds the window
             occ.slot, occ.pos = slot, reuse
             occ.state = State.PREFILLING
             self.slots[slot] = occ
+            self._slot_lora[slot] = self._lora_key(occ) if isinstance(occ, Sequence) else None
+            if self.prompt_cache is not None:
+                self.prompt_cache.foreign.discard(slot)
+                if self._slot_lora[slot] is not None:
+                    self.prompt_cache.foreign.add(slot)
             if isinstance(occ, Sequence):
                 occ.cached = reuse
                 if occ.drafter is None and occ.speculative and self.drafts is not None:
@@ -433,14 +450,15 @@ class BatchRunner:
         keys = seq.prompt.position_keys()
         for other in self.slots:
             if (isinstance(other, Sequence) and other is not seq and other.prefilling
-                    and other.order < seq.order):
+                    and other.order < seq.order
+                    and self._slot_lora[other.slot] == self._slot_lora[seq.slot]):
                 shared = seq.prompt.resume_point(
                     min(common_prefix(other.prompt.position_keys(), keys), limit))
                 if shared >= seq.pos + MIN_SHARE and other.pos < shared:
                     return True  # copy once it is all there, not piece by piece
         best, source = seq.pos, -1
         for s, held in enumerate(self.cache.tokens):
-            if s != seq.slot and len(held) > best:
+            if s != seq.slot and len(held) > best and self._slot_lora[s] == self._slot_lora[seq.slot]:
                 n = self.cache.reusable(s, seq.prompt.resume_point(min(common_prefix(held, keys), limit)))
                 if n > best:
                     best, source = n, s
@@ -449,6 +467,11 @@ class BatchRunner:
             seq.cached += best - seq.pos
             seq.pos = best
         return False
+
+    def _lora_key(self, seq: Sequence) -> tuple[float, ...] | None:
+        """What seq's KV rows depend on beyond its tokens: its adapters' scale offsets."""
+        scales = getattr(self.transformer, "lora_scales", ())
+        return lora_side.offsets(seq.lora, scales) if scales else None
 
     def _allowed(self, items: list[tuple[Sequence, np.ndarray]]) -> list[np.ndarray | None]:
         """Per item, the tokens its grammar allows (None: unconstrained), all masks of the step

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import lora_side
 from .delta_net_layer import delta_net_layer
 from .formats import quants
 from .kernels import delta_net, moe, moe_oai, moe_tasks, ops, rotary, tasks
@@ -357,6 +358,19 @@ class EagerBuilder:
         self.routing: _Routing  # set by route, read by the expert_ffn after it
         self.recurrent_chunks: list[ChunkRows] = []  # a recurrent family's (Transformer sets)
         self.dims = self.hp.layer_dims(0)
+        self.lora_rows: np.ndarray | None = None  # float32 [T, n_adapters]: engine.lora_side
+
+    def adapted(self, w: quants.QuantMatrix, x: np.ndarray,
+                rows: np.ndarray | None = None) -> np.ndarray:
+        """x @ w.T, plus the LoRA side path of the rows asking other adapter scales than the
+        merged ones (engine.lora_side); `rows`: which of the batch's rows x holds (default all)."""
+        y = self.mm(w, x)
+        if self.lora_rows is not None:
+            deltas = self.tr.weights.lora_deltas.get(_data_address(w))
+            if deltas:
+                offs = self.lora_rows if rows is None else self.lora_rows[rows]
+                lora_side.add_side_path(y, x, deltas, offs)
+        return y
 
     def begin_layer(self, layer: int) -> None:
         self.dims = self.hp.layer_dims(layer)
@@ -373,7 +387,7 @@ class EagerBuilder:
 
     def project(self, src: str, targets: list[tuple[quants.QuantMatrix, str]]) -> None:
         for w, dst in targets:
-            self.bufs[dst] = self.mm(w, self.bufs[src])
+            self.bufs[dst] = self.adapted(w, self.bufs[src])
         self.o_pending = self.o_pending or any(dst == "o" for _, dst in targets)
 
     def add_bias(self, buf: str, bias: np.ndarray) -> None:
@@ -454,7 +468,7 @@ class EagerBuilder:
 
     def route(self, router: quants.QuantMatrix, k: int, bias: np.ndarray | None = None,
               gating: str = "softmax") -> None:
-        logits = self.mm(router, self.bufs["h"])                  # [T, n_expert]
+        logits = self.adapted(router, self.bufs["h"])             # [T, n_expert]
         if bias is not None:
             ops.add_bias(logits, bias, out=logits)
         ids, weights = (moe_oai.route_topk if gating == "softmax_topk" else moe.route)(logits, k)
@@ -505,3 +519,10 @@ class EagerBuilder:
             self.bufs["x"] += self.bufs["o"]
             self.o_pending = False
         return self.bufs["x"]
+
+
+def _data_address(w: quants.QuantMatrix) -> int:
+    """The address of a matrix's file-layout data (a repacked copy's source), as
+    Weights.lora_deltas keys it."""
+    source = getattr(w, "source", w)
+    return int(source.raw.ctypes.data)

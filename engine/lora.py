@@ -39,6 +39,8 @@ class LoraDelta:
     a: np.ndarray   # float32 [rank, n_cols]
     b: np.ndarray   # float32 [n_rows, rank]
     scale: float    # effective: user scale * alpha / rank
+    adapter: int = 0    # which of the load's adapters (its index in the LoraSpec list)
+    unit: float = 1.0   # effective scale per unit of user scale: alpha / rank, or 1
 
 
 def _floats(f: GGUFFile, t: TensorInfo) -> np.ndarray:
@@ -53,19 +55,19 @@ def read_deltas(specs: list[LoraSpec], arch: str,
     one made for another architecture, or one whose tensors the base lacks or shapes differently,
     is a ModelLoadError naming the adapter file."""
     out: dict[str, list[LoraDelta]] = {}
-    for spec in specs:
+    for index, spec in enumerate(specs):
         path = Path(spec.path)
         if not path.is_file():
             raise ModelLoadError(path, "LoRA adapter file not found")
         f = GGUFFile(path)
         try:
-            _read_one(f, path, spec.scale, arch, base, out)
+            _read_one(f, path, index, spec.scale, arch, base, out)
         finally:
             f.close()
     return out
 
 
-def _read_one(f: GGUFFile, path: Path, user_scale: float, arch: str,
+def _read_one(f: GGUFFile, path: Path, index: int, user_scale: float, arch: str,
               base: dict[str, TensorInfo], out: dict[str, list[LoraDelta]]) -> None:
     meta = f.metadata
     if meta.get("general.type") != "adapter" or meta.get("adapter.type") != "lora":
@@ -96,9 +98,9 @@ def _read_one(f: GGUFFile, path: Path, user_scale: float, arch: str,
             raise ModelLoadError(path, f"{target}: lora_a {list(ta.shape)} / lora_b "
                                        f"{list(tb.shape)} do not fit the model's {list(w.shape)} "
                                        "(an adapter for another base?)")
-        rank = tb.shape[0]
-        scale = user_scale * alpha / rank if alpha else user_scale
-        out.setdefault(target, []).append(LoraDelta(_floats(f, ta), _floats(f, tb), scale))
+        unit = alpha / tb.shape[0] if alpha else 1.0  # alpha / rank
+        out.setdefault(target, []).append(LoraDelta(_floats(f, ta), _floats(f, tb),
+                                                    user_scale * unit, index, unit))
     for name in names:
         if name.endswith(".lora_b") and name[:-len(".lora_b")] + ".lora_a" not in names:
             raise ModelLoadError(path, f"tensor {name} has no lora_a")

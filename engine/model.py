@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from . import lora_side
 from .builders import EagerBuilder, GraphBuilder
 from .delta_net_layer import ChunkRows
 from .formats import quants
@@ -93,16 +94,18 @@ class Chunk:
     `logits`: how many of this chunk's last rows a `last` forward returns logits for: 0 (a
     prompt read in several chunks needs only its final chunk's: each row saves a pass over the
     output matrix, 178 MB for Gemma 3 270M), 1 (True: the last row, [n_vocab]) or k (the last
-    k rows, [k, n_vocab]: a draft's verification)."""
+    k rows, [k, n_vocab]: a draft's verification). `lora`: the user scale of each of the
+    load's LoRA adapters for this chunk's sequence, when not the merged ones (engine.lora_side)."""
 
-    __slots__ = ("logits", "pos0", "prompt", "slot")
+    __slots__ = ("logits", "lora", "pos0", "prompt", "slot")
 
     def __init__(self, slot: int, prompt: Prompt | Sequence[int], pos0: int,
-                 logits: int = 1) -> None:
+                 logits: int = 1, lora: Sequence[float] | None = None) -> None:
         self.slot = slot
         self.prompt = as_prompt(prompt)
         self.pos0 = pos0
         self.logits = int(logits)
+        self.lora = None if lora is None else tuple(lora)  # adapter scales, None: the load's
 
     def __len__(self) -> int:
         return len(self.prompt)
@@ -200,20 +203,28 @@ class Transformer:
     def __init__(self, f: GGUFFile, hp: HParams, n_ctx: int, n_slots: int, n_threads: int,
                  flash_attn: bool = True, images: bool = False,
                  lora: dict[str, list[LoraDelta]] | None = None,
-                 kv_types: tuple[KVType, KVType] = (F16, F16)) -> None:
+                 kv_types: tuple[KVType, KVType] = (F16, F16), pool: Pool | None = None,
+                 lora_scales: tuple[float, ...] = ()) -> None:
         """`lora`: LoRA adapter deltas merged into the weights at load (engine.lora).
         `images`: the model will be fed image spans; a family whose image rows see each
         other (gemma3) then gets the bidirectional kernels and a ring mirror to match (engine.kv),
         which a text-only load does without. kv_types: the cache's key and value row types; a
         quantized cache runs `forward` op by op (forward_eager) with the quantized attention
-        kernel (engine.kernels.attention_quantized), whose rules _check_kv_types states."""
+        kernel (engine.kernels.attention_quantized), whose rules _check_kv_types states.
+        `pool`: another model's worker pool to run on (a draft model beside its target: the
+        two never run at once, and one pool's threads instead of two keeps an idle pool's
+        spinning workers off the cores the other needs); closing this model leaves it open.
+        `lora_scales`: the user scale each of `lora`'s adapters is merged at (a chunk asking
+        for others gets the difference as a side path, engine.lora_side)."""
         self.hp = hp
         self.n_ctx = n_ctx
         self.bidirectional = images and hp.spec.bidirectional_spans
         self.weights = load_weights(f, hp, n_ctx, lora)
         self.lora_bytes = self.weights.lora_bytes  # merged adapters' float32 copies
+        self.lora_scales = lora_scales  # the user scale each adapter was merged at
         self.block = hp.spec.block
-        self.pool = Pool(n_threads)
+        self._owns_pool = pool is None
+        self.pool = Pool(n_threads) if pool is None else pool
         self.governor = ThreadGovernor(n_threads)  # how many of them each run uses
         try:
             qtypes = {m.qtype for m in self.weights.matrices()}
@@ -228,7 +239,8 @@ class Transformer:
                                                 n_threads)
             self.cache = KVCache(hp, n_slots, n_ctx, self.bidirectional, *kv_types)
         except BaseException:
-            self.pool.close()
+            if self._owns_pool:
+                self.pool.close()
             raise
         factors = self.weights.rope_freqs
         yarn = rotary.RopeSpec(0.0, ext_factor=hp.yarn_ext_factor, attn_factor=hp.yarn_attn_factor,
@@ -376,6 +388,9 @@ class Transformer:
         # cache (the graph's KV tasks store and read f16 only)
         if self.hp.spec.recurrent is not None or self.kv_attention is not None:
             return self.forward_eager(chunks, output)
+        if self.lora_scales and any(self._lora_offsets(c) is not None for c in chunks):
+            # a chunk at other adapter scales needs the side path: op by op
+            return self.forward_eager(chunks, output)
         inputs, spans = self._check(chunks)
         T = inputs.ids.shape[0]
         acts = self._activations_for(T)
@@ -476,10 +491,12 @@ class Transformer:
         """`forward` op by op from Python (the same kernels, the same bits)."""
         if output not in ("last", "all", "hidden"):
             raise ValueError(f"unknown output kind {output!r}")
-        hp, cache, mm = self.hp, self.cache, self.matmul_kernels.matmul
+        hp, cache = self.hp, self.cache
         inputs, spans = self._check(chunks)
         positions = np.concatenate([np.arange(c.pos0, c.pos0 + len(c)) for c in chunks])
         b = EagerBuilder(self, self.embed(inputs), chunks, spans, positions, inputs.bidirectional)
+        b.lora_rows = lora_side.row_offsets([self._lora_offsets(c) for c in chunks], spans,
+                                            len(self.lora_scales))
         b.bufs.update(self.token_inputs(inputs))
         if hp.spec.prologue is not None:
             hp.spec.prologue(b, self.weights.extra)
@@ -506,11 +523,14 @@ class Transformer:
             if rows.size == 0:
                 return _by_chunk(np.empty((0, hp.n_vocab), np.float32), chunks)
             hn = ops.rms_norm(np.ascontiguousarray(x[rows]), self.weights.output_norm, hp.rms_eps)
-            logits = self._finish_logits(mm(self.weights.output, hn))       # [n_out, n_vocab]
+            logits = self._finish_logits(b.adapted(self.weights.output, hn, rows))  # [n_out, n_vocab]
             return _by_chunk(logits, chunks)
         hn = ops.rms_norm(x, self.weights.output_norm, hp.rms_eps)
-        logits = self._finish_logits(mm(self.weights.output, hn))           # [T, n_vocab]
+        logits = self._finish_logits(b.adapted(self.weights.output, hn))    # [T, n_vocab]
         return [logits[a:b] for a, b in spans]
+
+    def _lora_offsets(self, c: Chunk) -> tuple[float, ...] | None:
+        return lora_side.offsets(c.lora, self.lora_scales) if self.lora_scales else None
 
     def _recurrent_chunks(self, chunks: list[Chunk], spans: list[tuple[int, int]]) -> list[ChunkRows]:
         """Each chunk's slot state made the state at its pos0 (a chunk written over positions
@@ -530,7 +550,8 @@ class Transformer:
             self.attention.close()
             if self.kv_attention is not None:
                 self.kv_attention.close()
-            self.pool.close()
+            if self._owns_pool:
+                self.pool.close()
             self.pool = None  # type: ignore[assignment]
         self._graphs.clear()
         self._acts = None

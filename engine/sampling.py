@@ -105,22 +105,15 @@ class Sampler:
 
     def verify(self, logits: np.ndarray, draft: int) -> tuple[Sampled, bool]:
         """Speculative decoding's check of a drafted token against this position's logits:
-        (the token taken, whether it is the draft). Its distribution is `sample`'s whatever
-        the draft (the speculative-sampling papers' rejection step, for a drafter that proposes
-        one token for certain): greedy takes the argmax; random accepts the draft with the
-        probability p(draft) the sampler gives it and otherwise draws from p with the draft
-        removed, renormalised, so P(t) = p(t) for every t."""
-        x, best = self._checked(logits, None)
-        if self.params.temperature == 0.0:
-            token = int(np.argmax(x))
-            return self._report(token, logits), token == draft
-        cand, w = self._distribution(x, best)
-        hit = np.flatnonzero(cand == draft)
-        p_draft = float(w[hit[0]]) / float(w.sum()) if hit.size else 0.0
-        if self.rng.random() < p_draft:
-            return self._report(draft, logits), True
-        keep = cand != draft  # p_draft < 1 here, so some other token has mass
-        return self._report(self._pick(cand[keep], w[keep]), logits), False
+        (the token taken, whether it is the draft). The token is `sample`'s, drawn with the
+        same random numbers, and the draft is kept when it is that token (llama.cpp's
+        common_sampler_sample_and_accept_n). So P(t) = p(t), and a seeded request gives the
+        same tokens with drafts as without. For a drafter that proposes one token for certain
+        (prompt lookup, a greedy draft model) this is the speculative-sampling papers'
+        rejection step exactly: the draft is kept with probability p(draft), and otherwise the
+        token follows p with the draft removed, renormalised."""
+        sampled = self.sample(logits)
+        return sampled, sampled.token == draft
 
     def _checked(self, logits: np.ndarray, allowed: np.ndarray | None) -> tuple[np.ndarray, float]:
         x = self._adjusted(logits, allowed)

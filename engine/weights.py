@@ -47,6 +47,9 @@ class Weights:
     #                                 (ArchSpec.globals), by declared name
     rank_head: RankHead | None = None  # a reranker's classifier (Qwen3-Reranker's yes/no rows)
     lora_bytes: int = 0  # float32 matrices with LoRA adapters merged in (engine.lora), held in RAM
+    lora_deltas: dict[int, list[LoraDelta]] = field(default_factory=dict)  # by the merged
+    #                                 matrix's data address: its adapters, for a side path
+    #                                 at other scales (engine.lora_side)
 
     def matrices(self) -> list[quants.QuantMatrix]:
         out = [self.token_embd, self.output]
@@ -102,6 +105,7 @@ class _TensorReader:
         self.f, self.hp, self.path = f, hp, str(f.path)
         self.lora = lora or {}  # adapter deltas by base tensor name, merged as read (engine.lora)
         self.merged: dict[str, int] = {}  # merged tensor -> its float32 bytes (held besides the file)
+        self.deltas: dict[int, list[LoraDelta]] = {}  # merged matrix's data address -> its deltas
         self.used: set[str] = set()
 
     def walk(self, declared: tuple[Declared, ...], prefix: str,
@@ -155,6 +159,7 @@ class _TensorReader:
             return m
         m = merged(m, self.lora[name])
         self.merged[name] = m.raw.nbytes
+        self.deltas[m.raw.ctypes.data] = self.lora[name]
         return m
 
     def stacked(self, name: str, n_cols: int, n_rows: int, n_mat: int) -> quants.StackedMatrix:
@@ -200,6 +205,7 @@ def load_weights(f: GGUFFile, hp: HParams, n_ctx: int,
         raise ModelLoadError(read.path, f"a LoRA adapter adapts {unapplied[0]}, which is not a "
                                         "matmul weight here: not supported")
     weights.lora_bytes = sum(read.merged.values())
+    weights.lora_deltas = read.deltas
     return weights
 
 

@@ -82,6 +82,9 @@ class PromptCachePool:
         self._lru: OrderedDict[bytes, None] = OrderedDict()   # blocks with rows in RAM, oldest first
         self._forgotten: OrderedDict[bytes, None] = OrderedDict()
         self.ram_bytes = 0
+        # slots whose rows depend on more than their tokens (a request's own LoRA scales): never
+        # saved, the pool's blocks are keyed by tokens alone (the batch runner keeps this set)
+        self.foreign: set[int] = set()
         # every layout a block must have: per group (and k, then v) its dtype and row shape
         self._shapes = [(a.dtype, a.shape[1], a.shape[3:]) for a in (*cache.k, *cache.v)]
         if store is not None:
@@ -163,6 +166,8 @@ class PromptCachePool:
     def save(self, slot: int, n: int | None = None, trim: bool = True) -> int:
         """Put the slot's first n positions (default: all it holds) into the pool; blocks
         already held are only touched. Returns the bytes added."""
+        if slot in self.foreign:
+            return 0
         held = self.cache.tokens[slot]
         n = len(held) if n is None else min(n, len(held))
         added, parent, chain = 0, b"", []

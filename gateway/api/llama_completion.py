@@ -132,6 +132,7 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
             candidates_needed(req.n_probs, values["top_k"]) if req.post_sampling_probs
             and req.n_probs else req.n_probs),
         logprobs=bool(req.n_probs))
+    lora = served.lora.for_engine(None if req.lora is None else [(e.id, e.scale) for e in req.lora])
     prompts: list[engine.Prompt] = []
     texts: list[str] = []
     for number, one in enumerate(req.prompts()):
@@ -152,7 +153,8 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
                                   stop=tuple(s for s in req.stop if s),
                                   logprobs=True,  # token ids come with logprobs
                                   speculative=req.speculative and req.speculative_n_max != 0,
-                                  id_slot=req.id_slot, cache_prompt=req.cache_prompt)
+                                  id_slot=req.id_slot, cache_prompt=req.cache_prompt,
+                                  lora=lora)
                 for prompt in prompts]
     if req.id_slot >= lease.entry.n_parallel:
         raise invalid_request(f"id_slot {req.id_slot} is not a slot of this model "

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.protocol import ChatMessage, KeepAlive
-from gateway.protocol.base import _check_keep_alive
+from gateway.protocol.base import LoraEntry, _check_keep_alive
 
 MAX_N_PROBS = 20
 
@@ -59,6 +59,7 @@ class CompletionRequest(_LlamaRequest):
     speculative: bool = True           # modelyard extra, as on /v1 requests: false = no drafts
     # llama-server's per-request draft limit; 0 turns drafting off (other values: the model's)
     speculative_n_max: int | None = Field(None, ge=0, alias="speculative.n_max")
+    lora: list[LoraEntry] | None = None  # these adapter scales for this request (id: GET /lora-adapters)
     # base64 images for a string prompt's media markers (the prompt object's field, given
     # beside a plain string prompt)
     multimodal_data: list[str] | None = None

@@ -33,6 +33,7 @@ class GenerationRequest:
     speculative: bool = True             # draft when the model is configured to (False: opt out)
     id_slot: int = -1                    # the slot to run in (llama.cpp's id_slot); -1: any
     cache_prompt: bool = True            # False: reuse no cached prefix (llama.cpp's cache_prompt)
+    lora: tuple[float, ...] | None = None  # its adapters' scales, None: the merged ones (lora_scales.py)
     observer: GenerationObserver | None = field(default=None, compare=False, repr=False)
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from engine.vision import VisionModel
     from gateway.generation.defaults import Sampling
     from gateway.generation.events import Event, GenerationRequest
+    from gateway.generation.lora_scales import LoraScales
 
 T = TypeVar("T")
 
@@ -73,6 +74,9 @@ class GenerativeModel(Protocol):
 
     @property
     def vision(self) -> VisionModel | None: ...  # None: the model takes no images
+
+    @property
+    def lora(self) -> LoraScales: ...       # its LoRA adapters' global and per-request scales
 
     def text_prompt(self, text: str) -> list[int]: ...  # BOS when the model wants one
 

@@ -113,6 +113,7 @@ def _generation(served: GenerativeModel, req: p.GenerationRequestBody, prompt: e
         logprobs=req.wants_logprobs(),
         budget=thinking.copy() if thinking is not None else None,
         speculative=req.speculative,
+        lora=served.lora.for_engine(req.lora_pairs()),
     )
 
 

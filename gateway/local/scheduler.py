@@ -105,7 +105,8 @@ class _GenerationJob(_Job):
                                               budget=request.budget,
                                               speculative=request.speculative,
                                               id_slot=request.id_slot,
-                                              cache_prompt=request.cache_prompt))
+                                              cache_prompt=request.cache_prompt,
+                                              lora=request.lora))
         self.request = request
         # one consumer: a deque and the future it waits on is all an asyncio.Queue did here
         self.events: deque[Event | BaseException] = deque()

@@ -34,6 +34,7 @@ from engine.tool_formats import ToolFormat
 from engine.tool_formats import detect as detect_tool_format
 from gateway.generation import defaults
 from gateway.generation.events import GenerationRequest
+from gateway.generation.lora_scales import LoraScales
 from gateway.generation.slot_files import SlotActionError, SlotBusyError
 from gateway.local.prompt_cache import fingerprint, pool_for
 from gateway.local.scheduler import Generation, Scheduler
@@ -72,6 +73,7 @@ class ServedModel:
         # what the GGUF recommends (general.sampling.*); requests fill unset fields from it
         self.sampling_defaults = defaults.from_metadata(model.metadata)
         self.draft_model = draft_model  # the entry's `draft.model`, closed with this one
+        self.lora = LoraScales(getattr(model.transformer, "lora_scales", ()))
         self.scheduler = Scheduler(model, name=name, max_queue=max_queue, metrics=metrics,
                                    drafts=drafts, prompt_cache=prompt_cache)
         # Request preparation (template, tokenizing) is CPU work that must not block the event
@@ -311,8 +313,10 @@ def load_served_model(entry: ModelEntry, metrics: MetricsSink = NULL_METRICS) ->
         drafts: Callable[[], Drafter | None] | None = None
         draft = entry.draft
         if draft is not None and draft.model is not None:
+            pool = model.transformer.pool if isinstance(model.transformer, Transformer) else None
             small = engine.load(draft.model, n_ctx=entry.n_ctx, n_threads=entry.n_threads,
-                                n_slots=entry.n_parallel, flash_attn=entry.flash_attn)
+                                n_slots=entry.n_parallel, flash_attn=entry.flash_attn,
+                                pool=pool)  # they take turns: one pool's threads for both
             if not isinstance(small.transformer, Transformer):
                 raise ModelLoadError(draft.model, "a draft model must be a text generator, "
                                                   "not an embedding model")

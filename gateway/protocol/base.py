@@ -147,6 +147,12 @@ def _prompt_batch(value: str | list[str] | list[int] | list[list[int]]) -> list[
     return list(value)  # type: ignore[arg-type]
 
 
+class LoraEntry(_Request):
+    """llama-server's per-request adapter scale (ids as GET /lora-adapters lists them)."""
+    id: int
+    scale: float
+
+
 class _GenerationRequest(_Request):
     """Fields that chat and text completions share, as OpenAI's reference lists them for both."""
     model: str | None = None  # None -> the configured default model
@@ -166,6 +172,10 @@ class _GenerationRequest(_Request):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     repeat_penalty: float = Field(default=1.0, gt=0.0)
     speculative: bool = True  # false: no drafting for this request (a model's `draft:` key)
+    lora: list[LoraEntry] | None = None  # llama-server's: these adapter scales for this request
+
+    def lora_pairs(self) -> list[tuple[int, float]] | None:
+        return None if self.lora is None else [(e.id, e.scale) for e in self.lora]
     # --- structured output (OpenAI's response_format; llama.cpp's json_schema and grammar) ---
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = None

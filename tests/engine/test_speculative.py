@@ -114,6 +114,24 @@ def _check_greedy(model: engine.Model, prompts: list[list[int]], n_new: int,
     assert alone[0].generated == plain[0]
 
 
+def test_seeded_sampling_with_drafts_equals_it_without(llama):
+    """At temperature > 0 a seeded request takes the same tokens with drafts as without (the
+    verify draws what sample would, llama-server's test_with_and_without_draft), for prompt
+    lookup, an oracle and a draft model."""
+    from engine.draft_model import DraftModel
+
+    params = SamplingParams(temperature=0.9, top_k=40, seed=4242)
+    prompts = [_repetitive(llama, 40, s) for s in range(3)] + [[5, 9, 2, 7]]
+    _check_greedy(llama, prompts, 40, params)
+    plain = [s.generated for s in _run(llama, prompts, params, 30, [None] * len(prompts))]
+    with engine.load(llama.path, n_ctx=256, n_threads=2, n_slots=4,
+                     pool=llama.transformer.pool) as small:
+        owner = DraftModel(small.transformer, n_slots=4, n_ctx=256)
+        seqs = _run(llama, prompts, params, 30, [owner.drafter(5) for _ in prompts])
+    assert [s.generated for s in seqs] == plain
+    assert 0 < sum(s.draft_accepted for s in seqs) < sum(s.draft_n for s in seqs)
+
+
 def test_greedy_with_drafts_equals_greedy_without_tiny_llama(llama):
     prompts = [_repetitive(llama, 40, s) for s in range(3)] + [[5, 9, 2, 7]]
     _check_greedy(llama, prompts, 40)
@@ -240,13 +258,16 @@ def test_speculative_tokens_follow_the_targets_distribution(llama):
 # -- a draft model ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("draft_seed", [0, 1])  # the model itself (all accepted), another one
-def test_greedy_with_a_draft_model_equals_greedy_without(llama, tmp_path: Path, draft_seed: int):
+@pytest.mark.parametrize("shared_pool", [False, True])  # its own threads, or the target's (served)
+def test_greedy_with_a_draft_model_equals_greedy_without(llama, tmp_path: Path, draft_seed: int,
+                                                         shared_pool: bool):
     from engine.draft_model import DraftModel
 
     path = write_tiny_llama(tmp_path / "draft.gguf", qtype=Q.Q8_0, seed=draft_seed)
     prompts = [_repetitive(llama, 30, s) for s in range(3)] + [[5, 9, 2, 7]]
     plain = [s.generated for s in _run(llama, prompts, GREEDY, 30, [None] * len(prompts))]
-    with engine.load(path, n_ctx=256, n_threads=2, n_slots=3) as small:
+    pool = llama.transformer.pool if shared_pool else None
+    with engine.load(path, n_ctx=256, n_threads=2, n_slots=3, pool=pool) as small:
         owner = DraftModel(small.transformer, n_slots=3, n_ctx=256)
         drafters = [owner.drafter(5) for _ in prompts]
         assert drafters[-1] is None  # three slots: the fourth sequence decodes plainly
@@ -257,3 +278,6 @@ def test_greedy_with_a_draft_model_equals_greedy_without(llama, tmp_path: Path, 
         assert drafted > 0
         assert (accepted == drafted) if draft_seed == 0 else (accepted < drafted)
         assert sorted(owner._free) == [0, 1, 2]  # every slot given back
+    if shared_pool:  # closing the draft left the target's pool running
+        assert not llama.transformer.pool.closed
+        assert [s.generated for s in _run(llama, prompts[:1], GREEDY, 5, [None])] == [plain[0][:5]]

@@ -107,16 +107,23 @@ def test_a_bad_scale_and_both_keys_are_errors(folder: Path) -> None:
     assert any("not both" in e for e in errs), errs
 
 
-def test_lora_adapters_lists_the_entrys_adapters_and_refuses_runtime_scales(
+def test_lora_adapters_lists_the_entrys_adapters_and_sets_global_scales(
         folder: Path, apps) -> None:
+    """llama-server's /lora-adapters: GET lists, POST sets the global scales (unlisted: 0) that
+    requests without `lora` decode at; a request's own `lora` wins for itself; a bad id is a
+    400 naming `lora`."""
     client = apps.client(write(folder, f"""
         models:
           - model: {BASE}
             aliases: [tiny]
             n_ctx: 64
+            n_parallel: 2
             lora:
               - {{path: adapter_a.gguf, scale: 0.7}}
               - {{path: adapter_b.gguf}}
+          - model: {BASE}
+            aliases: [bare]
+            n_ctx: 64
           - model: {OTHER}
             aliases: [plain]
             n_ctx: 64
@@ -126,10 +133,33 @@ def test_lora_adapters_lists_the_entrys_adapters_and_refuses_runtime_scales(
     assert got.json() == [{"id": 0, "path": "adapter_a.gguf", "scale": 0.7},
                           {"id": 1, "path": "adapter_b.gguf", "scale": 1.0}]
     assert client.get("/lora-adapters?model=plain").json() == []
-    refused = client.post("/lora-adapters?model=tiny", json=[{"id": 0, "scale": 0.2}])
-    assert refused.status_code == 400
-    assert "merged into the model's weights" in refused.text
-    assert client.get("/lora-adapters?model=tiny").json()[0]["scale"] == 0.7
+
+    def text(model: str, **extra: object) -> str:
+        r = client.post("/completion", json={"model": model, "prompt": "hello world",
+                                             "n_predict": 8, "temperature": 0, **extra})
+        assert r.status_code == 200, r.text
+        return str(r.json()["content"])
+
+    merged = text("tiny")
+    bare = text("bare")  # the same base with no adapter: what scale 0 must give
+    assert merged != bare
+    assert text("tiny", lora=[]) == bare  # listed none: every adapter at 0, as llama-server
+    assert text("tiny", lora=[{"id": 0, "scale": 0.7}, {"id": 1, "scale": 1}]) == merged
+    chat = client.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+        "temperature": 0, "lora": [{"id": 1, "scale": 0.0}]})
+    assert chat.status_code == 200, chat.text
+    bad = client.post("/completion", json={"model": "tiny", "prompt": "x", "n_predict": 2,
+                                           "lora": [{"id": 2, "scale": 1.0}]})
+    assert bad.status_code == 400 and "lora" in bad.text
+
+    assert client.post("/lora-adapters?model=tiny", json=[{"id": 5, "scale": 0.2}]).status_code == 400
+    assert client.post("/lora-adapters?model=tiny", json={"id": 0}).status_code == 400
+    ok = client.post("/lora-adapters?model=tiny", json=[])
+    assert ok.status_code == 200
+    assert [a["scale"] for a in client.get("/lora-adapters?model=tiny").json()] == [0.0, 0.0]
+    assert text("tiny") == bare  # the global scales, now 0
+    assert text("tiny", lora=[{"id": 0, "scale": 0.7}, {"id": 1, "scale": 1.0}]) == merged
 
 
 def test_n_ctx_0s_memory_bound_counts_the_merged_adapters(folder: Path) -> None:

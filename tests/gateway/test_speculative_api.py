@@ -165,6 +165,12 @@ def test_a_draft_model_drafts_and_changes_nothing_greedy(tiny: Path, apps: Apps)
     assert same["tokens"] == plain["tokens"] == differs["tokens"]
     # the model drafting for itself is always right
     assert same["timings"]["draft_n"] == same["timings"]["draft_n_accepted"] > 0
+    # llama-server's test_with_and_without_draft: seeded sampling, the same tokens either way
+    seeded = {"temperature": 0.2, "top_k": 5, "seed": 4242}
+    plain = _complete(client, "plain", _prompt(2), **seeded)
+    drafted = _complete(client, "self", _prompt(2), **seeded)
+    assert drafted["tokens"] == plain["tokens"]
+    assert drafted["timings"]["draft_n"] > 0
 
 
 def test_a_draft_of_another_vocabulary_is_an_error_at_its_line(tmp_path: Path, tiny: Path) -> None:
