@@ -5,7 +5,9 @@
              sampling fields over the entry's and the GGUF's, logit_bias, ignore_eos
     whole    one object per prompt (an array for several): content, tokens, timings,
              completion_probabilities, generation_settings; cut to response_fields
-    chunks   one prompt: a chunk per delta, then the final object
+    chunks   one prompt: a chunk per delta, then the final object; with return_progress,
+             prompt_progress chunks first, with timings_per_token `timings` on every chunk
+             (gateway/api/llama_telemetry.py)
 
 Names and shapes are llama.cpp's (tools/server/README.md).
 """
@@ -18,13 +20,20 @@ from typing import Any
 
 import engine
 from gateway.api import llama_protocol as lp
+from gateway.api import llama_telemetry
 from gateway.api.llama_probs import candidates_needed, post_sampling
 from gateway.config import LimitSettings
 from gateway.errors import APIError, context_length_exceeded, invalid_request
 from gateway.fleet.registry import Lease
 from gateway.generation import defaults, images, serving
 from gateway.generation.choices import ChoiceResult
-from gateway.generation.events import Finished, GenerationRequest, TextDelta, TokenInfo
+from gateway.generation.events import (
+    Finished,
+    GenerationRequest,
+    PromptProgress,
+    TextDelta,
+    TokenInfo,
+)
 from gateway.generation.model import GenerativeModel
 from gateway.generation.serving import Plan
 from gateway.http.streaming import SSE, openai_error
@@ -154,7 +163,8 @@ def _plan(req: lp.CompletionRequest, lease: Lease, served: GenerativeModel, limi
                                   logprobs=True,  # token ids come with logprobs
                                   speculative=req.speculative and req.speculative_n_max != 0,
                                   id_slot=req.id_slot, cache_prompt=req.cache_prompt,
-                                  lora=lora)
+                                  lora=lora, progress=req.stream and req.return_progress,
+                                  timings=req.stream and req.timings_per_token)
                 for prompt in prompts]
     if req.id_slot >= lease.entry.n_parallel:
         raise invalid_request(f"id_slot {req.id_slot} is not a slot of this model "
@@ -212,20 +222,6 @@ def _probs(tokens: list[TokenInfo], req: lp.CompletionRequest,
     return out
 
 
-def _timings(done: Finished) -> dict[str, Any]:
-    prompt_n = done.prompt_tokens - done.cached_tokens
-    prompt_ms, predicted_ms = done.prompt_seconds * 1000, done.predicted_seconds * 1000
-    n = done.completion_tokens
-    return {"cache_n": done.cached_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": prompt_n / done.prompt_seconds if done.prompt_seconds else 0.0,
-            "predicted_n": n, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / n if n else 0.0,
-            "predicted_per_second": n / done.predicted_seconds if done.predicted_seconds else 0.0,
-            **({"draft_n": done.draft_n, "draft_n_accepted": done.draft_accepted}
-               if done.draft_n else {})}  # llama-server's, present when it drafted
-
-
 def _final(index: int, text: str, ids: list[int], tokens: list[TokenInfo], done: Finished,
            req: lp.CompletionRequest, settings: dict[str, Any], prompt: str, n_ctx: int,
            streamed: bool) -> dict[str, Any]:
@@ -238,7 +234,7 @@ def _final(index: int, text: str, ids: list[int], tokens: list[TokenInfo], done:
         "prompt": prompt, "has_new_line": "\n" in text,
         "truncated": done.prompt_tokens + done.completion_tokens >= n_ctx,
         "stop_type": stop_type, "stopping_word": done.stop_word,
-        "tokens_cached": done.cached_tokens, "timings": _timings(done),
+        "tokens_cached": done.cached_tokens, "timings": llama_telemetry.timings(done.timings),
     }
     if req.n_probs and not streamed:
         out["completion_probabilities"] = _probs(tokens, req, settings)
@@ -298,19 +294,29 @@ async def chunks(served: GenerativeModel, alias: str, req: lp.CompletionRequest,
     count = 0
     tokens: list[TokenInfo] = []
     text: list[str] = []
+    n_prompt = len(plan.requests[0].prompt)
+
+    def partial(content: str, ids: list[int]) -> dict[str, Any]:
+        return {"index": 0, "content": content, "tokens": ids, "stop": False, "id_slot": -1,
+                "model": settings["model"], "tokens_predicted": count,
+                "tokens_evaluated": n_prompt}
+
     try:
         async for event in generation:
             if isinstance(event, TextDelta):
                 count += len(event.tokens)
                 tokens += event.tokens
                 text.append(event.text)
-                chunk: dict[str, Any] = {
-                    "index": 0, "content": event.text, "tokens": [t.token for t in event.tokens],
-                    "stop": False, "id_slot": -1, "model": settings["model"],
-                    "tokens_predicted": count, "tokens_evaluated": len(plan.requests[0].prompt)}
+                chunk = partial(event.text, [t.token for t in event.tokens])
+                if event.timings is not None:
+                    chunk["timings"] = llama_telemetry.timings(event.timings)
                 if req.n_probs:
                     chunk["completion_probabilities"] = _probs(event.tokens, req, settings)
                 yield chunk
+            elif isinstance(event, PromptProgress):
+                if req.return_progress:  # unasked, a long prompt's progress is not shown here
+                    yield {**partial("", []),
+                           "prompt_progress": llama_telemetry.prompt_progress(event)}
             elif isinstance(event, Finished):
                 yield _final(0, "".join(text), [], tokens, event, req, settings, prompt, n_ctx,
                              streamed=True)

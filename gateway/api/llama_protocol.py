@@ -52,6 +52,8 @@ class CompletionRequest(_LlamaRequest):
     cache_prompt: bool = True          # false: reuse no cached prefix, read the whole prompt
     id_slot: int = Field(-1, ge=-1)    # the slot to run in (its cached prefix); -1: any
     return_tokens: bool = False
+    return_progress: bool = False      # streamed: prompt_progress from the start, every chunk
+    timings_per_token: bool = False    # streamed: `timings` on every chunk
     response_fields: list[str] = Field(default_factory=list)  # only these ("a/b": nested)
     ignore_eos: bool = False
     logit_bias: list[list[Any]] | dict[str, float | bool] | None = None

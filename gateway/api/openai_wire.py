@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from gateway import protocol as p
+from gateway.api import llama_telemetry
 from gateway.config import LimitSettings
 from gateway.errors import APIError
 from gateway.fleet.registry import Lease
 from gateway.generation import defaults, reasoning, serving
 from gateway.generation.choices import ChoiceResult, choice_events
-from gateway.generation.events import Finished, PromptProgress, TextDelta, TokenInfo
+from gateway.generation.events import Finished, PromptProgress, TextDelta, Timings, TokenInfo
 from gateway.generation.model import GenerativeModel
 from gateway.generation.serving import Plan
 from gateway.generation.tool_stream import finish_reason
@@ -55,7 +56,22 @@ def _usage(plan: Plan, results: list[ChoiceResult]) -> p.Usage:
 
 
 def _progress(event: PromptProgress) -> p.PromptProgress:
-    return p.PromptProgress(processed=event.processed, total=event.total, cached=event.cached)
+    return p.PromptProgress(**llama_telemetry.prompt_progress(event))
+
+
+def _timings(timings: Timings | None) -> dict[str, Any] | None:
+    return None if timings is None else llama_telemetry.timings(timings)
+
+
+def _last_timings(req: p.GenerationRequestBody, done: Finished) -> Timings | None:
+    """With timings_per_token, a choice's finishing chunk carries its timings, unless a usage
+    chunk follows (llama-server puts them on the stream's last chunk)."""
+    return done.timings if req.timings_per_token and not req.include_usage_in_stream() else None
+
+
+def _usage_timings(req: p.GenerationRequestBody, results: list[ChoiceResult]) -> Timings | None:
+    done = [r.finished for r in results if r.finished is not None]
+    return done[-1].timings if req.timings_per_token and done else None
 
 
 # --------------------------------------------------------------------------------- logprobs shapes
@@ -107,12 +123,12 @@ async def chat_chunks(served: GenerativeModel, alias: str, req: p.ChatCompletion
     cid, created = p.new_id("chatcmpl"), p.now()
 
     def chunk(index: int, delta: p.ChoiceDelta, logprobs: p.ChoiceLogprobs | None = None,
-              finish: str | None = None,
-              progress: p.PromptProgress | None = None) -> p.ChatCompletionChunk:
+              finish: str | None = None, progress: p.PromptProgress | None = None,
+              timings: Timings | None = None) -> p.ChatCompletionChunk:
         choice = p.ChunkChoice(index=index, delta=delta, logprobs=logprobs,
                                finish_reason=finish)
         return p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[choice],
-                                     prompt_progress=progress,
+                                     prompt_progress=progress, timings=_timings(timings),
                                      system_fingerprint=served.fingerprint)
 
     text_event = TextEventTemplate(chunk(TextEventTemplate.INDEX,
@@ -136,22 +152,29 @@ async def chat_chunks(served: GenerativeModel, alias: str, req: p.ChatCompletion
                 for n, delta in enumerate(deltas):
                     logprobs = _chat_logprobs(event.tokens) if (
                         req.logprobs and n == 0 and isinstance(event, TextDelta)) else None
-                    yield chunk(index, delta, logprobs)
+                    timed = (event.timings if isinstance(event, TextDelta)
+                             and n == len(deltas) - 1 else None)
+                    yield chunk(index, delta, logprobs, timings=timed)
                 if isinstance(event, Finished):
                     results[index].finish(event)
                     yield chunk(index, p.ChoiceDelta(),
-                                finish=finish_reason(event.finish_reason, reader))
+                                finish=finish_reason(event.finish_reason, reader),
+                                timings=_last_timings(req, event))
             elif isinstance(event, TextDelta):
-                if req.logprobs:
-                    yield chunk(index, p.ChoiceDelta(content=event.text), _chat_logprobs(event.tokens))
+                if req.logprobs or event.timings is not None:
+                    yield chunk(index, p.ChoiceDelta(content=event.text),
+                                _chat_logprobs(event.tokens) if req.logprobs else None,
+                                timings=event.timings)
                 else:
                     yield text_event.event(index, event.text)
             else:
                 results[index].finish(event)
-                yield chunk(index, p.ChoiceDelta(), finish=event.finish_reason)
+                yield chunk(index, p.ChoiceDelta(), finish=event.finish_reason,
+                            timings=_last_timings(req, event))
     if req.include_usage_in_stream():
         yield p.ChatCompletionChunk(id=cid, created=created, model=alias, choices=[],
                                     usage=_usage(plan, results),
+                                    timings=_timings(_usage_timings(req, results)),
                                     system_fingerprint=served.fingerprint)
 
 
@@ -173,11 +196,13 @@ async def completion_chunks(served: GenerativeModel, alias: str, req: p.Completi
     cid, created = p.new_id("cmpl"), p.now()
 
     def chunk(index: int, text: str, logprobs: p.CompletionLogprobs | None = None,
-              finish: str | None = None, progress: p.PromptProgress | None = None) -> p.Completion:
+              finish: str | None = None, progress: p.PromptProgress | None = None,
+              timings: Timings | None = None) -> p.Completion:
         choice = p.CompletionChoice(index=index, text=text, logprobs=logprobs,
                                     finish_reason=finish)
         return p.Completion(id=cid, created=created, model=alias, choices=[choice],
-                            prompt_progress=progress, system_fingerprint=served.fingerprint)
+                            prompt_progress=progress, timings=_timings(timings),
+                            system_fingerprint=served.fingerprint)
 
     text_event = TextEventTemplate(chunk(TextEventTemplate.INDEX, TextEventTemplate.TEXT))
     for index, echo in enumerate(plan.echo):
@@ -193,15 +218,20 @@ async def completion_chunks(served: GenerativeModel, alias: str, req: p.Completi
                 if req.wants_logprobs():
                     logprobs = _completion_logprobs(event.tokens, offsets[index])
                     offsets[index] += sum(len(t.text) for t in event.tokens)
-                    yield chunk(index, event.text, logprobs)
+                    yield chunk(index, event.text, logprobs, timings=event.timings)
+                elif event.timings is not None:
+                    yield chunk(index, event.text, timings=event.timings)
                 else:
                     yield text_event.event(index, event.text)
             else:
                 results[index].finish(event)
-                yield chunk(index, "", finish=event.finish_reason)
+                yield chunk(index, "", finish=event.finish_reason,
+                            timings=_last_timings(req, event))
     if req.include_usage_in_stream():
         yield p.Completion(id=cid, created=created, model=alias, choices=[],
-                           usage=_usage(plan, results), system_fingerprint=served.fingerprint)
+                           usage=_usage(plan, results),
+                           timings=_timings(_usage_timings(req, results)),
+                           system_fingerprint=served.fingerprint)
 
 
 

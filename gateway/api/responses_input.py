@@ -245,7 +245,8 @@ def turn(req: r.ResponsesInput, history: list[dict[str, Any]]) -> Turn:
         body["stream"] = req.stream
         if req.max_output_tokens is not None:
             body["max_completion_tokens"] = req.max_output_tokens
-        for name in ("temperature", "top_p", "seed", "user"):
+        for name in ("temperature", "top_p", "seed", "user", "return_progress",
+                     "timings_per_token"):
             if getattr(req, name) is not None:
                 body[name] = getattr(req, name)
     if req.reasoning is not None and req.reasoning.effort is not None:

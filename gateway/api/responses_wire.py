@@ -15,6 +15,13 @@ frames, every one with the next `sequence_number`, no `[DONE]` (OpenAI sends non
     response.completed (or response.incomplete: cut by max_output_tokens), holding the whole
     output and usage - what openai-python's stream helper checks the items against.
 
+llama-server's telemetry, only when the request asks (gateway/api/llama_telemetry.py):
+`return_progress` adds a response.in_progress event with `prompt_progress` per prompt chunk
+read; `timings_per_token` adds `timings` to the last event of each text piece and to the
+closing event. A stream that asks for either is a llama-server client's, and closes as
+llama-server's do: always response.completed (the response in it still says `incomplete` when
+max_output_tokens cut it). Without them the stream is exactly OpenAI's.
+
 A wire object serves one request (`ResponsesWire(store, turn)`): it counts the stream's
 sequence numbers, the error event included, and stores the finished response for
 previous_response_id (gateway/api/response_store.py) unless the request said `store: false`.
@@ -32,7 +39,7 @@ from pydantic import BaseModel
 
 from engine.constraint import lark_grammar
 from gateway import protocol as p
-from gateway.api import openai_wire
+from gateway.api import llama_telemetry, openai_wire
 from gateway.api.response_store import ResponseStore
 from gateway.api.responses_input import Turn, check_reasoning
 from gateway.config import LimitSettings
@@ -310,20 +317,27 @@ class ResponsesWire:
         try:
             async for _, event in events:
                 if isinstance(event, PromptProgress):
+                    if req.return_progress:
+                        yield self._event({"type": "response.in_progress", "response": start,
+                                           "prompt_progress":
+                                               llama_telemetry.prompt_progress(event)})
                     continue
+                outs: list[dict[str, Any]] = []
                 if isinstance(event, Finished):
                     result.finish(event)
                     pieces = reader.finish() if reader is not None else []
+                elif reader is None:
+                    pieces = []
+                    outs = (builder.arguments(event.text) if freeform is not None
+                            else builder.message(event.text))
                 else:
-                    if reader is None:
-                        for out in (builder.arguments(event.text) if freeform is not None
-                                    else builder.message(event.text)):
-                            yield self._event(out)
-                        continue
                     pieces = reader.push(event.text)
                 for delta in pieces:
-                    for out in self._delta(builder, delta, calls):
-                        yield self._event(out)
+                    outs += self._delta(builder, delta, calls)
+                if outs and not isinstance(event, Finished) and event.timings is not None:
+                    outs[-1]["timings"] = llama_telemetry.timings(event.timings)
+                for out in outs:
+                    yield self._event(out)
                 if isinstance(event, Finished):
                     break
         finally:
@@ -331,8 +345,13 @@ class ResponsesWire:
         for out in builder.close(_status(result)):
             yield self._event(out)
         response = self._finished(model, alias, plan, result, builder.items)
-        kind = "response.completed" if response.status == "completed" else "response.incomplete"
-        yield self._event({"type": kind, "response": response.model_dump(mode="json")})
+        llama_client = req.return_progress or req.timings_per_token
+        kind = ("response.completed" if response.status == "completed" or llama_client
+                else "response.incomplete")
+        closing = {"type": kind, "response": response.model_dump(mode="json")}
+        if req.timings_per_token and result.finished is not None:
+            closing["timings"] = llama_telemetry.timings(result.finished.timings)
+        yield self._event(closing)
 
     def _delta(self, builder: OutputBuilder, delta: Any, calls: list[str]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

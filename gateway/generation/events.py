@@ -2,6 +2,10 @@
 errors a model's scheduler raises to the routes (gateway/errors.py turns them into HTTP).
 
     PromptProgress* (long prompts) -> TextDelta* -> Finished        or an exception instead
+
+A request with `progress` (llama.cpp's `return_progress`) gets a PromptProgress when its slot
+starts (processed == cached) and after every chunk of its prompt read, short prompts too; one
+with `timings` (llama.cpp's `timings_per_token`) gets a Timings snapshot on every TextDelta.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ class GenerationRequest:
     id_slot: int = -1                    # the slot to run in (llama.cpp's id_slot); -1: any
     cache_prompt: bool = True            # False: reuse no cached prefix (llama.cpp's cache_prompt)
     lora: tuple[float, ...] | None = None  # its adapters' scales, None: the merged ones (lora_scales.py)
+    progress: bool = False               # report the start and every prompt chunk (return_progress)
+    timings: bool = False                # a Timings on every TextDelta (timings_per_token)
     observer: GenerationObserver | None = field(default=None, compare=False, repr=False)
 
 
@@ -50,16 +56,32 @@ class TokenInfo:
 
 @dataclass(frozen=True)
 class PromptProgress:
-    """A long prompt is being read: `processed` of `total` tokens (`cached` came for free)."""
+    """A prompt is being read: `processed` of `total` tokens (`cached` came for free), `seconds`
+    after its slot took it (llama.cpp's prompt_progress.time_ms)."""
     processed: int
     total: int
     cached: int
+    seconds: float = field(default=0.0, compare=False)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Where a generation stands (llama.cpp's `timings`): its prompt, the tokens generated so
+    far, the seconds from submit to the first token and from the first token to now."""
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    prompt_seconds: float
+    predicted_seconds: float
+    draft_n: int = 0
+    draft_accepted: int = 0
 
 
 @dataclass(frozen=True)
 class TextDelta:
     text: str
     tokens: list[TokenInfo]              # empty unless logprobs were requested
+    timings: Timings | None = field(default=None, compare=False)  # with GenerationRequest.timings
 
 
 @dataclass(frozen=True)
@@ -76,6 +98,12 @@ class Finished:
     # the model checked, and of them those it kept
     draft_n: int = field(default=0, compare=False)
     draft_accepted: int = field(default=0, compare=False)
+
+    @property
+    def timings(self) -> Timings:
+        return Timings(self.prompt_tokens, self.cached_tokens, self.completion_tokens,
+                       self.prompt_seconds, self.predicted_seconds, self.draft_n,
+                       self.draft_accepted)
 
 
 Event = PromptProgress | TextDelta | Finished

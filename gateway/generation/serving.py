@@ -114,6 +114,8 @@ def _generation(served: GenerativeModel, req: p.GenerationRequestBody, prompt: e
         budget=thinking.copy() if thinking is not None else None,
         speculative=req.speculative,
         lora=served.lora.for_engine(req.lora_pairs()),
+        progress=req.stream and req.return_progress,
+        timings=req.stream and req.timings_per_token,
     )
 
 

@@ -59,6 +59,7 @@ from gateway.generation.events import (
     QueueFullError,
     SchedulerClosedError,
     TextDelta,
+    Timings,
     TokenInfo,
 )
 from gateway.local.stop_strings import StopScanner
@@ -114,6 +115,7 @@ class _GenerationJob(_Job):
         self.decoder = tokenizer.incremental_decoder(skip_special=not request.keep_special)
         self.scanner: StopScanner[TokenInfo | None] = StopScanner(request.stop)
         self.submitted = time.monotonic()
+        self.started = self.submitted  # when its slot took it (the step that admitted it began)
         self.first_token: float | None = None
         self.delivered = 0  # tokens handed to the stop-string scanner
         self.next_progress_log = self.submitted + PROGRESS_LOG_SECONDS
@@ -142,6 +144,15 @@ class _EmbeddingJob(_Job):
 def _token_text(tok: ModelTokenizer, token: int) -> tuple[str, bytes]:
     raw = tok.token_bytes(token)
     return raw.decode("utf-8", errors="backslashreplace"), raw
+
+
+def _timings(job: _GenerationJob, now: float | None) -> Timings:
+    """Where the job stands now (llama.cpp's per-token `timings`)."""
+    now = time.monotonic() if now is None else now
+    first = job.first_token if job.first_token is not None else now
+    seq = job.work
+    return Timings(len(seq.prompt), seq.cached, job.delivered, first - job.submitted, now - first,
+                   seq.draft_n, seq.draft_accepted)
 
 
 def _token_info(tok: ModelTokenizer, sampled: engine.Sampled) -> TokenInfo:
@@ -412,6 +423,7 @@ class Scheduler:
             self._done(job)
 
     def _step(self, outbox: _Outbox) -> None:
+        began = time.monotonic()
         try:
             result = self.runner.step()
         except batch.StepError as exc:
@@ -442,9 +454,16 @@ class Scheduler:
         for work in result.admitted:
             if isinstance(work, batch.Sequence):
                 self._cache_miss(work)
+                work.tag.started = began
+                if work.tag.request.progress:  # llama.cpp's first report: the cached part
+                    outbox.put(work.tag, PromptProgress(work.cached, len(work.prompt),
+                                                        work.cached))
+        now = time.monotonic()
         for seq in result.progressed:
-            if seq.prefilling or seq.prefill_steps > 1:  # read in more than one step: "long"
-                outbox.put(seq.tag, PromptProgress(seq.pos, len(seq.prompt), seq.cached))
+            # unasked, only a prompt read in more than one step ("long") reports its progress
+            if seq.tag.request.progress or seq.prefilling or seq.prefill_steps > 1:
+                outbox.put(seq.tag, PromptProgress(seq.pos, len(seq.prompt), seq.cached,
+                                                   now - seq.tag.started))
         for seq, sampled in result.sampled:
             if seq.tag.state is not JobState.DONE:  # a stop string ends it mid-draft
                 self._on_token(seq.tag, sampled, outbox)
@@ -479,7 +498,8 @@ class Scheduler:
                      job.request.max_tokens)
         job.delivered += 1
         info = _token_info(self.model.tokenizer, sampled) if job.request.logprobs else None
-        self._send_text(job, *job.scanner.push(job.decoder.push(sampled.token), info), outbox)
+        self._send_text(job, *job.scanner.push(job.decoder.push(sampled.token), info), outbox,
+                        now)
         if job.scanner.stopped:
             self.runner.end(job.work, "stop")
             del job.work.generated[job.delivered:]  # a draft's tokens past the stop string
@@ -504,10 +524,11 @@ class Scheduler:
 
     @staticmethod
     def _send_text(job: _GenerationJob, text: str, items: list[TokenInfo | None],
-                   outbox: _Outbox) -> None:
+                   outbox: _Outbox, now: float | None = None) -> None:
         tokens = [t for t in items if t is not None]
         if text or tokens:
-            outbox.put(job, TextDelta(text, tokens))
+            outbox.put(job, TextDelta(text, tokens, _timings(job, now) if job.request.timings
+                                      else None))
 
     def _done(self, job: _Job) -> None:
         with self._cond:

@@ -112,17 +112,21 @@ class Usage(_Response):
 
 
 class PromptProgress(_Response):
-    """modelyard extra on stream chunks while a long prompt is read (before the first token)."""
-    processed: int  # prompt tokens in the KV cache so far, cached ones included
+    """Extra on stream chunks while a prompt is read (before the first token), llama-server's
+    `prompt_progress` (tools/server/server-task.cpp): every chunk with `return_progress`, else
+    only for a long prompt."""
     total: int
-    cached: int     # of those, reused from the prompt cache
+    cache: int      # prompt tokens reused from the prompt cache
+    processed: int  # prompt tokens in the KV cache so far, cached ones included
+    time_ms: int    # since the request's slot took it
 
 
 class _MayCarryProgress(_Response):
     @model_serializer(mode="wrap")
     def _omit_progress_unless_set(self, handler: Any) -> dict[str, Any]:
-        # plain chunks keep exactly OpenAI's shape; only progress chunks carry the extra field
-        return without_unset(handler(self), ("prompt_progress",))
+        # plain chunks keep exactly OpenAI's shape; only progress chunks, and with
+        # timings_per_token the timed ones, carry llama-server's extra fields
+        return without_unset(handler(self), ("prompt_progress", "timings"))
 
 
 def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
@@ -173,6 +177,8 @@ class _GenerationRequest(_Request):
     repeat_penalty: float = Field(default=1.0, gt=0.0)
     speculative: bool = True  # false: no drafting for this request (a model's `draft:` key)
     lora: list[LoraEntry] | None = None  # llama-server's: these adapter scales for this request
+    return_progress: bool = False    # llama-server's: prompt_progress from the start, every chunk
+    timings_per_token: bool = False  # llama-server's: `timings` on every streamed chunk
 
     def lora_pairs(self) -> list[tuple[int, float]] | None:
         return None if self.lora is None else [(e.id, e.scale) for e in self.lora]

@@ -191,3 +191,4 @@ class ChatCompletionChunk(_MayCarryProgress):
     system_fingerprint: str | None = None
     # --- modelyard extras ---
     prompt_progress: PromptProgress | None = None
+    timings: dict[str, Any] | None = None  # llama-server's, with timings_per_token

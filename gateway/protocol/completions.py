@@ -76,3 +76,4 @@ class Completion(_MayCarryProgress):
     system_fingerprint: str | None = None
     # --- modelyard extras (stream chunks only) ---
     prompt_progress: PromptProgress | None = None
+    timings: dict[str, Any] | None = None  # llama-server's, with timings_per_token

@@ -233,6 +233,10 @@ class ResponsesRequest(ResponsesInput):
     # --- modelyard extras ---
     seed: int | None = None
     keep_alive: KeepAlive = None
+    # llama-server's, on streams: response.in_progress events with `prompt_progress`, and
+    # `timings` on the deltas and on response.completed (a stream without them is OpenAI's)
+    return_progress: bool = False
+    timings_per_token: bool = False
 
     _check_keep = field_validator("keep_alive")(_check_keep_alive)
 
