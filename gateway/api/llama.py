@@ -6,6 +6,7 @@
     POST /tokenize         {content, add_special, parse_special, with_pieces} -> {tokens}
     POST /detokenize       {tokens} -> {content}
     POST /apply-template   {messages} -> {prompt}: the chat template's text, no generation
+    POST /chat/completions/input_tokens  (and under /v1) a chat body -> {input_tokens}
     GET  /props            ?model=: default_generation_settings, total_slots, model_path, ...
     GET  /slots            ?model=: read-only view of the model's slots (?fail_on_no_slot=1)
     POST /slots/{id}       ?action=save|restore|erase: a slot to and from a file (gateway/api/slots.py)
@@ -30,7 +31,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from gateway.api import admin, endpoints, llama_completion, lora_adapters, model_info, pipeline
+from gateway.api import (
+    admin,
+    endpoints,
+    llama_completion,
+    lora_adapters,
+    model_info,
+    openai_wire,
+    pipeline,
+)
 from gateway.api import llama_protocol as lp
 from gateway.api import slots as slot_files
 from gateway.api.llama_completion import SEED_RANDOM
@@ -129,6 +138,27 @@ async def apply_template(request: Request) -> Response:
         app_state(request.app).registry.release(lease)
 
 
+async def chat_input_tokens(request: Request) -> Response:
+    """POST /chat/completions/input_tokens: {"input_tokens": n}, the prompt positions the same
+    body would be planned with on /v1/chat/completions (the entry's defaults applied)."""
+    return await dispatch.serve(request, "/chat/completions/input_tokens", _local_chat_tokens)
+
+
+async def _local_chat_tokens(request: Request, body: bytes, local: str | None,
+                             shown: str | None) -> Response:
+    req = parse_request(ChatCompletionRequest, body)
+    if local is not None:  # a pool's local member
+        req = req.model_copy(update={"model": local})
+    lease, _ = await pipeline.acquire(request, req.model, req.keep_alive, shown)
+    try:
+        chat = openai_wire.with_defaults(req, lease, lease.model)
+        n = await serving.count_chat_tokens(lease.model, chat,
+                                            app_state(request.app).config.limits)
+        return JSONResponse({"input_tokens": n})
+    finally:
+        app_state(request.app).registry.release(lease)
+
+
 # --------------------------------------------------------------------------------- props, slots
 
 def _entry_and_row(request: Request) -> tuple[Any, dict[str, Any]]:
@@ -213,6 +243,8 @@ ENDPOINTS: endpoints.Table = {
     "POST /tokenize": tokenize,
     "POST /detokenize": detokenize,
     "POST /apply-template": apply_template,
+    "POST /chat/completions/input_tokens": chat_input_tokens,
+    "POST /v1/chat/completions/input_tokens": chat_input_tokens,
     "GET /props": props,
     "GET /slots": slots,
     "POST /slots/{id_slot}": slot_files.slot_action,
