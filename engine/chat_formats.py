@@ -128,9 +128,20 @@ _VICUNA = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
 
+# Command R (CohereForAI/c4ai-command-r-plus): every turn in START/END_OF_TURN tokens, its
+# content trimmed; the reply opens with the CHATBOT token.
+_COMMAND_R = (
+    "{% set roles = {'system': 'SYSTEM', 'user': 'USER', 'assistant': 'CHATBOT'} %}"
+    "{% for m in messages %}{% if m['role'] in roles %}"
+    "{{ '<|START_OF_TURN_TOKEN|><|' + roles[m['role']] + '_TOKEN|>' + (m['content'] or '')|trim"
+    " + '<|END_OF_TURN_TOKEN|>' }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}")
+
 BUILTIN_TEMPLATES: dict[str, str] = {
     "chatml": _CHATML, "gemma": _GEMMA, "gemma4": _GEMMA4, "llama-3": _LLAMA3, "llama-2": _LLAMA2,
     "mistral-instruct": _MISTRAL, "phi3": _PHI3, "zephyr": _ZEPHYR, "vicuna": _VICUNA,
+    "command-r": _COMMAND_R,
 }
 
 # Other spellings people use (llama.cpp's names, llama-cpp-python's) -> the built-in's name

@@ -39,6 +39,11 @@ EXPECTED = {
     "zephyr": "<|system|>\nBe brief.<|endoftext|>\n<|user|>\nHi<|endoftext|>\n<|assistant|>\n"
               "Hello.<|endoftext|>\n<|user|>\nWhy?<|endoftext|>\n<|assistant|>\n",
     "vicuna": "Be brief.\n\nUSER: Hi\nASSISTANT: Hello.</s>\nUSER: Why?\nASSISTANT:",
+    "command-r": "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>Be brief.<|END_OF_TURN_TOKEN|>"
+                 "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi<|END_OF_TURN_TOKEN|>"
+                 "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hello.<|END_OF_TURN_TOKEN|>"
+                 "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Why?<|END_OF_TURN_TOKEN|>"
+                 "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
     # no llama.cpp built-in: Google's template's text (tests/engine/test_gemma4_chat.py renders
     # that template itself), thinking off
     "gemma4": "<|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello."
