@@ -82,10 +82,6 @@ KNOWN: list[tuple[str, str, str]] = [
      "system_fingerprint is OpenAI's fp_..., not llama.cpp's build tag b<N>"),
     ("unit/test_chat_completion.py::test_chat_completion_cached_tokens", OTHER,
      "prompt-cache reporting (the cache helper), counted in stories260K's tokens"),
-    ("unit/test_chat_completion.py::test_chat_completions_token_count", NOT_SERVED,
-     "POST /chat/completions/input_tokens"),
-    ("unit/test_chat_completion.py::test_apply_chat_template", NOT_SERVED,
-     "the built-in command-r template by name"),
     ("unit/test_chat_completion.py::test_chat_template*", NOT_SERVED,
      "the `__verbose` debug object of llama-server --verbose"),
     ("unit/test_chat_completion.py::test_verbose_debug", NOT_SERVED,
@@ -130,8 +126,6 @@ KNOWN: list[tuple[str, str, str]] = [
     ("unit/test_proxy.py::*", NOT_SERVED, "the web UI's CORS proxy"),
     ("unit/test_kv_keep_only_active.py::*", OTHER, "idle-slot cache offload (the cache helper)"),
     ("unit/test_sleep.py::test_server_sleep", OPENAI, _ONE_CARD_PER_ALIAS),
-    ("unit/test_sleep.py::test_server_sleep_token_counting_wake", NOT_SERVED,
-     "POST /chat/completions/input_tokens"),
     ("unit/test_sleep.py::*", NOT_SERVED, "llama.cpp's llamacpp:* metric names"),
     # test_rerank
     ("unit/test_rerank.py::*", TIED,
@@ -169,13 +163,11 @@ KNOWN: list[tuple[str, str, str]] = [
 ]
 
 
-# fail-API tests whose cause is known (the rest show their first assertion line)
-_RETURN_PROGRESS = ("prompt_progress is sent only for prompts read in several chunks, as "
-                    "{processed, total, cached}, not per n_batch with llama.cpp's `cache`")
+# the reports of return_progress count llama.cpp's batches of the prompt
 KNOWN += [
-    ("unit/test_chat_completion.py::test_return_progress*", "fail-API", _RETURN_PROGRESS),
-    ("unit/test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry",
-     "fail-API", "Responses streams carry no llama.cpp prompt_progress or per-token timings"),
+    ("unit/test_chat_completion.py::test_return_progress[[]64-4-False[]]", TIED,
+     "4 reports = a start and 3 batches of 64 of stories260K's tokens; SmolLM2's 70 would be "
+     "2 batches in llama-server, 1 step of 128 prompt tokens here (--batch-size not mapped)"),
 ]
 
 
