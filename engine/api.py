@@ -265,7 +265,7 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
     adapter is a ModelLoadError naming its file). type_k / type_v: the KV cache's row types,
     llama.cpp's names or ggml numbers (engine.kv_types). pool: run on another loaded model's
     worker pool (a draft model on its target's; Transformer). amx: an encoder's F16 projections
-    and attention on AMX tiles (engine.float_products; None: where the CPU has them, False: the
+    on AMX tiles (engine.float_products; None: where the CPU has them, False: the
     portable FMA path). Kernels compiled on the way (a cold
     cache) are logged as being compiled for `name` (default: the file's stem), with progress."""
     from .kernels import jit

@@ -38,7 +38,6 @@ from .formats.repack import RepackedMatrix
 from .gguf import GGUFFile, ModelLoadError
 from .hparams import HParams
 from .kernels import amx_gemm, ops, rotary
-from .kernels.amx_gemm import AmxGemm
 from .kernels.gelu_table import gelu_table
 from .kernels.layer_norm import LANES as NORM_LANES
 from .kernels.layer_norm import layer_norm_rows
@@ -209,9 +208,6 @@ class _Pass:
                                           neox=True).reshape(T, -1)
 
     def attention(self) -> None:
-        if self.floats.amx is not None:
-            self.attention_amx(self.floats.amx)
-            return
         hp = self.hp
         H, hd = hp.n_head, hp.head_dim
         q, k, v = self.bufs["q"], self.bufs["k"], self.bufs["v"]
@@ -235,37 +231,6 @@ class _Pass:
                     softmax_rows(s) if n % SOFTMAX_LANES == 0 else ops.softmax(s, out=s)
                     gemm.matmul(values[h], s, out=heads[h, q0:q0 + s.shape[0]], threads=False)
             out[a:b] = heads.transpose(1, 0, 2).reshape(n, H * hd)
-
-        self.floats.each(one, len(self.spans))           # texts over the threads
-        self.bufs["q"] = out
-
-    def attention_amx(self, amx: AmxGemm) -> None:
-        """attention on AMX tiles (the vision encoder's way): per text and head, keys and values
-        packed as bf16 halves straight from the product's columns, scores by the AMX GEMM, the
-        softmax written as the halves P V reads (amx_gemm.softmax_split)."""
-        hp = self.hp
-        H, hd = hp.n_head, hp.head_dim
-        q, k, v = self.bufs["q"], self.bufs["k"], self.bufs["v"]
-        out = np.empty((q.shape[0], H * hd), _F32)
-        scale = _F32(hp.scale())
-
-        def one(i: int) -> None:
-            a, b = self.spans[i]
-            n = b - a
-            qs = np.multiply(q[a:b], scale, dtype=_F32)  # softmax(s c) as softmax of (q c) k
-            scores = np.empty((min(ATTN_BLOCK, n), n), _F32)
-            mixed = np.empty((min(ATTN_BLOCK, n), hd), _F32)
-            for h in range(H):
-                cols = slice(h * hd, (h + 1) * hd)
-                keys, values = amx.pack_rows(k[a:b, cols]), amx.pack_cols(v[a:b, cols])
-                for q0 in range(0, n, ATTN_BLOCK):
-                    s, o = scores[:min(ATTN_BLOCK, n - q0)], mixed[:min(ATTN_BLOCK, n - q0)]
-                    amx.matmul(keys, qs[q0:q0 + s.shape[0], cols], out=s, threads=False)
-                    if n % SOFTMAX_LANES == 0:
-                        amx.matmul_halves(values, amx.softmax_split(s, values.n_ks), o, threads=False)
-                    else:
-                        amx.matmul(values, ops.softmax(s, out=s), out=o, threads=False)
-                    out[a + q0:a + q0 + s.shape[0], cols] = o
 
         self.floats.each(one, len(self.spans))           # texts over the threads
         self.bufs["q"] = out
@@ -305,8 +270,9 @@ class EncoderTransformer:
 
     def __init__(self, f: GGUFFile, hp: HParams, n_ctx: int, n_slots: int, n_threads: int,
                  amx: bool | None = None) -> None:
-        """amx: F16 projections and the attention on AMX tiles (engine.float_products); None:
-        wherever the CPU and OS have them, False: the FMA panel GEMM everywhere."""
+        """amx: F16 projections on AMX tiles (engine.float_products); None: wherever the CPU and
+        OS have them, False: the FMA panel GEMM everywhere. Attention stays on the panel GEMM
+        (its per-head products of 128-token texts ran slower on AMX: more packing per head)."""
         assert hp.spec.encoder_block is not None
         self.hp = hp
         self.n_ctx = n_ctx if hp.spec.positions != "learned" else min(n_ctx, hp.n_ctx_train)

@@ -20,7 +20,7 @@ from engine.sampling import SamplingParams
 from tests.support.batch_checks import run_all
 from tests.support.refs import ENCODERS_DIR as ENC_DIR
 
-# the FMA panel GEMM everywhere; AMX tiles too (F16 projections, attention) where the CPU has them
+# the FMA panel GEMM everywhere; AMX tiles too (F16 projections) where the CPU has them
 MODES = [False] + ([True] if amx_gemm.available() else [])
 IDS = ["fma", "amx"][:len(MODES)]
 MANIFEST = json.loads((ENC_DIR / "manifest.json").read_text())
