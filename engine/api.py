@@ -13,9 +13,11 @@ import numpy as np
 
 from .constraint import Constraint
 from .encoder import EncoderTransformer
+from .float_products import amx_added_bytes
 from .formats.repack import estimate_repacked, estimate_repacked_stacks
 from .gguf import GGUFFile, ModelLoadError, split_part_paths
 from .hparams import HParams
+from .kernels import amx_gemm
 from .kernels.gemm.facade import host_repacks
 from .kernels.pool import Pool
 from .kv import MAX_CHUNK, KVLayout
@@ -39,7 +41,8 @@ class Model:
                  n_slots: int = 1, flash_attn: bool = True, images: bool = False,
                  rope: RopeSettings | None = None, pooling: str | None = None,
                  lora: Sequence[LoraSpec] = (), type_k: str | int = "f16",
-                 type_v: str | int = "f16", pool: Pool | None = None) -> None:
+                 type_v: str | int = "f16", pool: Pool | None = None,
+                 amx: bool | None = None) -> None:
         t0 = time.perf_counter()
         self.path = Path(path)
         if n_ctx <= 0 or n_slots <= 0 or n_threads <= 0:
@@ -71,7 +74,7 @@ class Model:
                                                     "not supported")
                 self.n_slots = max(n_slots, ENCODER_MIN_SLOTS)
                 self.transformer = EncoderTransformer(self._file, self.hparams, n_ctx,
-                                                      self.n_slots, n_threads)
+                                                      self.n_slots, n_threads, amx=amx)
                 self.n_ctx = self.transformer.n_ctx
             else:
                 self.n_ctx, self.n_slots = n_ctx, n_slots
@@ -249,7 +252,7 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
          n_slots: int = 1, flash_attn: bool = True, images: bool = False,
          name: str | None = None, rope: RopeSettings | None = None,
          pooling: str | None = None, lora: Sequence[LoraSpec] = (), type_k: str | int = "f16",
-         type_v: str | int = "f16", pool: Pool | None = None) -> Model:
+         type_v: str | int = "f16", pool: Pool | None = None, amx: bool | None = None) -> Model:
     """Load a GGUF model; raises ModelLoadError naming the file and the problem.
 
     flash_attn picks which of llama.cpp's attention paths the numerics follow: its flash
@@ -261,14 +264,16 @@ def load(path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int = 2,
     file's, else mean. lora: adapters merged into the weights at load (engine.lora; a bad
     adapter is a ModelLoadError naming its file). type_k / type_v: the KV cache's row types,
     llama.cpp's names or ggml numbers (engine.kv_types). pool: run on another loaded model's
-    worker pool (a draft model on its target's; Transformer). Kernels compiled on the way (a cold
+    worker pool (a draft model on its target's; Transformer). amx: an encoder's F16 projections
+    on AMX tiles (engine.float_products; None: where the CPU has them, False: the
+    portable FMA path). Kernels compiled on the way (a cold
     cache) are logged as being compiled for `name` (default: the file's stem), with progress."""
     from .kernels import jit
 
     with jit.reporting(name or Path(path).stem):
         return Model(path, n_ctx=n_ctx, n_threads=n_threads, n_slots=n_slots,
                      flash_attn=flash_attn, images=images, rope=rope, pooling=pooling,
-                     lora=lora, type_k=type_k, type_v=type_v, pool=pool)
+                     lora=lora, type_k=type_k, type_v=type_v, pool=pool, amx=amx)
 
 
 def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
@@ -292,13 +297,16 @@ def estimate_memory(path: str | os.PathLike[str], n_ctx: int, n_slots: int = 1,
     stacks = {n: (t.qtype, t.shape[1], t.shape[0], t.shape[2]) for n, t in tensors.items()
               if len(t.shape) == 3}
     layout = KVLayout(hp, n_ctx, images and hp.spec.bidirectional_spans)
+    packed = 0
     if hp.spec.is_encoder:  # no KV cache; its F16/F32 matrices are packed in their own type
-        kv = 0              # and the file's pages released (engine.float_products)
+        kv = 0              # and the file's pages released (engine.float_products), F16 as two
+        if amx_gemm.available():  # bf16 halves where the encoder runs them on AMX tiles
+            packed = amx_added_bytes(shapes)
     else:
         try:
             kv = layout.bytes_per_slot(kv_type(type_k), kv_type(type_v)) * n_slots
         except ValueError as e:  # a type the model's head dim cannot take (q8_0 needs 32s)
             raise ModelLoadError(path, f"KV cache: {e}") from e
-    return (sum(os.path.getsize(f) for f in files) + kv
+    return (sum(os.path.getsize(f) for f in files) + kv + packed
             + estimate_repacked(shapes, host_repacks)
             + estimate_repacked_stacks(stacks, host_repacks) + merged_bytes(adapted, tensors))

@@ -37,7 +37,7 @@ from .formats import quants
 from .formats.repack import RepackedMatrix
 from .gguf import GGUFFile, ModelLoadError
 from .hparams import HParams
-from .kernels import ops, rotary
+from .kernels import amx_gemm, ops, rotary
 from .kernels.gelu_table import gelu_table
 from .kernels.layer_norm import LANES as NORM_LANES
 from .kernels.layer_norm import layer_norm_rows
@@ -268,7 +268,11 @@ class EncoderTransformer:
 
     whole_prompts = True  # a chunk is a whole text from position 0 (the batch runner's cue)
 
-    def __init__(self, f: GGUFFile, hp: HParams, n_ctx: int, n_slots: int, n_threads: int) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, n_ctx: int, n_slots: int, n_threads: int,
+                 amx: bool | None = None) -> None:
+        """amx: F16 projections on AMX tiles (engine.float_products); None: wherever the CPU and
+        OS have them, False: the FMA panel GEMM everywhere. Attention stays on the panel GEMM
+        (its per-head products of 128-token texts ran slower on AMX: more packing per head)."""
         assert hp.spec.encoder_block is not None
         self.hp = hp
         self.n_ctx = n_ctx if hp.spec.positions != "learned" else min(n_ctx, hp.n_ctx_train)
@@ -278,7 +282,8 @@ class EncoderTransformer:
         try:
             self.matmul_kernels = MatmulKernels({m.qtype for m in self.weights.matrices()},
                                                 pool=self.pool)
-            self.float_products = FloatProducts(self.pool, n_threads)
+            self.float_products = FloatProducts(
+                self.pool, n_threads, amx=amx_gemm.available() if amx is None else amx)
             for layer in self.weights.layers:  # float groups packed; the rest repacked or kept
                 for group in _input_groups(layer):
                     self.float_products.pack(group)

@@ -18,6 +18,9 @@ Layouts (u16 bf16 bits). Weights, per pair p of 16-row blocks and per k-step s o
 (TDPBF16PS's pair-interleaved B; rows past N and k past K are zeros). Activations, split per
 call by `split_rows` (rows padded to 32 with zeros):
     xs[m, s, e, c] = half_e(x[m, 32 s + c])
+or by `split_rows_f16`, each x rounded to f16 first (matmul_f16_input: an F16 weight's input
+as ggml converts it, the encoder's F16 projections; twin `reference_f16_input`), whose halves
+are then exact.
 The kernel keeps a 32 x 32 block of out in 4 tiles (C00 C01 C10 C11), two A and two B tiles:
 
     for kb in k-steps by KS:                      a slice of x and W stays in L2
@@ -190,10 +193,12 @@ def _halves(f: KernelFn, v: str) -> tuple[str, str]:
     return h16, l16
 
 
-def _split_ir() -> str:
+def _split_ir(name: str = "split_rows", f16: bool = False) -> str:
     """split_rows(x, xs, r0, r1, K, n_ks, x_row): rows [r0, r1) of float32 x (row stride x_row
-    floats) -> their bf16 halves in xs' layout, k past K zero."""
-    f = KernelFn("void @split_rows(ptr noalias %x, ptr noalias %xs, i64 %r0, i64 %r1, i64 %K, "
+    floats) -> their bf16 halves in xs' layout, k past K zero. With `f16` (split_rows_f16)
+    each value is rounded to f16 first (round to nearest even, as engine.kernels.f16_round):
+    an F16 weight's input as ggml converts it, whose halves are then exact."""
+    f = KernelFn(f"void @{name}(ptr noalias %x, ptr noalias %xs, i64 %r0, i64 %r1, i64 %K, "
                  "i64 %n_ks, i64 %x_row) #0")
     x_row = f.mul("%x_row", 4)
     xs_block = f.mul("%n_ks", 2 * _TILE)
@@ -205,7 +210,10 @@ def _split_ir() -> str:
 
         def half(j: str) -> None:  # 16 values at k = 16 j
             k0 = f.mul(j, 16)
-            h16, l16 = _halves(f, _masked_row(f, f.gep(xr, f.mul(k0, 4)), f.let(f"sub i64 %K, {k0}")))
+            v = _masked_row(f, f.gep(xr, f.mul(k0, 4)), f.let(f"sub i64 %K, {k0}"))
+            if f16:
+                v = f.let(f"fpext <16 x half> {f.let(f'fptrunc {_V16F} {v} to <16 x half>')} to {_V16F}")
+            h16, l16 = _halves(f, v)
             # k-step s = j / 2, lanes (j % 2) * 16: hi at [s, 0], lo at [s, 1]
             s = f.let(f"lshr i64 {j}, 1")
             base = f.add(f.mul(s, 2 * _TILE), f.mul(f.let(f"and i64 {j}, 1"), 32))
@@ -346,8 +354,8 @@ def _softmax_split_ir() -> str:
 
 
 def build_ir() -> str:
-    return (_DECLS + _SOFTMAX_DECLS + _gemm_ir() + _split_ir() + _pack_rows_ir() + _pack_cols_ir()
-            + _softmax_split_ir()
+    return (_DECLS + _SOFTMAX_DECLS + _gemm_ir() + _split_ir() + _split_ir("split_rows_f16", f16=True)
+            + _pack_rows_ir() + _pack_cols_ir() + _softmax_split_ir()
             + 'attributes #0 = { "min-legal-vector-width"="512" "target-features"="+amx-tile,+amx-bf16" }\n')
 
 
@@ -373,6 +381,13 @@ def reference(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     xh, xl = (widen(h) for h in split(np.asarray(x, np.float32)))
     out: np.ndarray = xh @ wh.T + xh @ wl.T + xl @ wh.T
     return out
+
+
+def reference_f16_input(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The twin of matmul_f16_input: `reference` of x rounded to f16 (its halves exact, so only
+    x_lo w_lo, ~2^-16 of a term, is left out of the f16 x f16 product ggml sums)."""
+    with np.errstate(over="ignore"):
+        return reference(w, np.asarray(x, np.float32).astype(np.float16).astype(np.float32))
 
 
 def pack(w: np.ndarray) -> np.ndarray:
@@ -461,6 +476,8 @@ class AmxGemm:
         lib = jit.compile_cached("amx_gemm", (KSTEP, KS, MC), build_ir)
         self._gemm = lib.function("amx_gemm_bf16x3", None, *(ctypes.c_void_p,) * 4, *(ctypes.c_int64,) * 6)
         self._split = lib.function("split_rows", None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int64,) * 5)
+        self._split_f16 = lib.function("split_rows_f16", None, ctypes.c_void_p, ctypes.c_void_p,
+                                       *(ctypes.c_int64,) * 5)
         self._pack_rows = lib.function("pack_rows", None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int64,) * 4)
         self._pack_cols = lib.function("pack_cols", None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int64,) * 4)
         self._softmax_split = lib.function("softmax_split", None, ctypes.c_void_p, ctypes.c_void_p,
@@ -499,6 +516,14 @@ class AmxGemm:
     def split_rows(self, x: np.ndarray, n_ks: int, threads: bool = True) -> np.ndarray:
         """x float32 [M, K] (rows contiguous) -> its halves, [ceil(M / 32) 2, n_ks, 2, 16, 32]
         (rows past M zero)."""
+        return self._split_with(self._split, x, n_ks, threads)
+
+    def split_rows_f16(self, x: np.ndarray, n_ks: int, threads: bool = True) -> np.ndarray:
+        """split_rows of x rounded to f16 (one pass; the twin: split_rows(round_f16(x)))."""
+        return self._split_with(self._split_f16, x, n_ks, threads)
+
+    def _split_with(self, split: Callable[..., None], x: np.ndarray, n_ks: int,
+                    threads: bool) -> np.ndarray:
         m, k = x.shape
         mp = -(-m // 32) * 32
         xs = np.empty((mp // 16, n_ks, 2, 16, KSTEP), np.uint16)
@@ -510,7 +535,7 @@ class AmxGemm:
         edges = [m * c // n_chunks for c in range(n_chunks + 1)]
 
         def run(r: tuple[int, int]) -> None:
-            self._split(address(x), address(xs), r[0], r[1], k, n_ks, ld)
+            split(address(x), address(xs), r[0], r[1], k, n_ks, ld)
         items = [r for r in itertools.pairwise(edges) if r[0] < r[1]]
         if threads:
             self._map(run, items)
@@ -535,6 +560,16 @@ class AmxGemm:
     def matmul(self, w: AmxMatrix, x: np.ndarray, out: np.ndarray | None = None,
                threads: bool = True) -> np.ndarray:
         """out [M, N] = x [M, K] @ W^T; out may be given (C-contiguous float32 [M, N])."""
+        return self._matmul_with(self.split_rows, w, x, out, threads)
+
+    def matmul_f16_input(self, w: AmxMatrix, x: np.ndarray, out: np.ndarray | None = None,
+                         threads: bool = True) -> np.ndarray:
+        """out = f16(x) @ W^T: x rounded to f16 on the way into its halves, as ggml converts an
+        F16 weight's input (the encoder's F16 projections); twin `reference_f16_input`."""
+        return self._matmul_with(self.split_rows_f16, w, x, out, threads)
+
+    def _matmul_with(self, split: Callable[[np.ndarray, int, bool], np.ndarray], w: AmxMatrix,
+                     x: np.ndarray, out: np.ndarray | None, threads: bool) -> np.ndarray:
         if x.ndim != 2 or x.shape[1] != w.n_cols or x.dtype != np.float32 or x.strides[1] != 4:
             raise ValueError(f"x must be float32 [M, {w.n_cols}] with contiguous rows, got {x.dtype} {x.shape}")
         m, n = x.shape[0], w.n_rows
@@ -544,7 +579,7 @@ class AmxGemm:
             raise ValueError(f"out must be C-contiguous float32 {(m, n)}")
         if m == 0:
             return out
-        return self.matmul_halves(w, self.split_rows(x, w.n_ks, threads), out, threads)
+        return self.matmul_halves(w, split(x, w.n_ks, threads), out, threads)
 
     def matmul_halves(self, w: AmxMatrix, xs: np.ndarray, out: np.ndarray,
                       threads: bool = True) -> np.ndarray:

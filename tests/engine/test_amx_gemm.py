@@ -13,6 +13,7 @@ import pytest
 
 from engine.kernels import amx_gemm
 from engine.kernels.amx_gemm import KS, KSTEP, MC, AmxGemm, AmxMatrix, pack, reference, split, widen
+from engine.kernels.f16_round import round_f16
 from engine.kernels.row_softmax import softmax_rows
 
 pytestmark = pytest.mark.skipif(not amx_gemm.available(), reason="the CPU has no AMX-BF16")
@@ -124,3 +125,34 @@ def test_softmax_split_is_softmax_then_split(gemm: AmxGemm, m: int, n: int) -> N
     p = (widen(halves[:, :, 0]) + widen(halves[:, :, 1])).reshape(-1, n_ks * KSTEP)
     assert np.allclose(p[:m, :n], e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
     assert not p[m:].any() and not p[:, n:].any()
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_the_f16_input_product_is_its_twin_and_the_f16_product(gemm: AmxGemm, m: int, n: int,
+                                                               k: int) -> None:
+    """matmul_f16_input (the encoder's F16 projections): x rounded to f16 inside the split, so
+    the product is ggml's f16 x f16 one but for the lo x lo term."""
+    rng = np.random.default_rng(m * 7 + n * 3 + k)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float16)
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    got = gemm.matmul_f16_input(AmxMatrix.pack(w), x)
+    magnitude = np.abs(x).astype(np.float64) @ np.abs(w.astype(np.float64)).T + 1e-30
+    twin = amx_gemm.reference_f16_input(w, x)
+    assert np.all(np.abs(got - twin) <= 4 * k * np.finfo(np.float32).eps * magnitude)
+    f16_product = x.astype(np.float16).astype(np.float64) @ w.astype(np.float64).T
+    assert np.all(np.abs(got - f16_product) <= 2.0 ** -14 * magnitude)
+    if k >= 32:  # the rounding is there: the unrounded input's product is further off somewhere
+        exact = x.astype(np.float64) @ w.astype(np.float64).T
+        assert np.abs(got - exact).max() > np.abs(got - f16_product).max()
+
+
+@pytest.mark.parametrize("m,k", [(37, 70), (MC + 5, 600), (1, 16)])
+def test_split_rows_f16_is_split_rows_of_the_rounded_input(m: int, k: int) -> None:
+    rng = np.random.default_rng(m + k)
+    mags = np.exp(rng.uniform(np.log(1e-8), np.log(1e6), (m, k)))  # f16 subnormals to overflow
+    x = (mags * rng.choice([-1.0, 1.0], (m, k))).astype(np.float32)
+    n_ks = -(-k // KSTEP)
+    with ThreadPoolExecutor(2) as ex:
+        threaded = AmxGemm(ex, 2)
+        got = threaded.split_rows_f16(x, n_ks)
+        assert np.array_equal(got, threaded.split_rows(round_f16(x), n_ks))

@@ -13,12 +13,16 @@ import pytest
 import engine
 from engine.batch import BatchRunner, Embedding, Sequence
 from engine.encoder import gelu_f16, gelu_f32
+from engine.kernels import amx_gemm
 from engine.pooling import normalize
 from engine.rerank import rerank_ids
 from engine.sampling import SamplingParams
 from tests.support.batch_checks import run_all
 from tests.support.refs import ENCODERS_DIR as ENC_DIR
 
+# the FMA panel GEMM everywhere; AMX tiles too (F16 projections) where the CPU has them
+MODES = [False] + ([True] if amx_gemm.available() else [])
+IDS = ["fma", "amx"][:len(MODES)]
 MANIFEST = json.loads((ENC_DIR / "manifest.json").read_text())
 MODELS = {e["file"]: e for e in MANIFEST["models"]}
 EMBEDDERS = [f for f, e in MODELS.items() if e["role"] == "embedding"]
@@ -73,12 +77,13 @@ def test_vocab_facts_as_llama_cpp(loaded: Any) -> None:
         assert tok.sep_id == meta["sep_id"]
 
 
+@pytest.mark.parametrize("amx", MODES, ids=IDS)
 @pytest.mark.parametrize("name", EMBEDDERS)
-def test_pooled_embeddings_within_tolerance_batched_and_single(name: str) -> None:
+def test_pooled_embeddings_within_tolerance_batched_and_single(name: str, amx: bool) -> None:
     entry, ref = MODELS[name], np.load(ENC_DIR / MODELS[name]["npz"])
     tol = entry["suggested_tolerance"]
     texts = _rows(ref["ids"], ref["n_ids"])
-    with _load(name) as model:
+    with _load(name, amx=amx) as model:
         assert model.pooling == entry["hparams"]["pooling_type"].lower()
         batched = np.stack(model.pooled_many(texts))
         single = np.stack([model.pooled(t) for t in texts])
@@ -108,12 +113,13 @@ def test_the_entry_pooling_overrides_the_file() -> None:
     _within(got, ref["embd"], cls["suggested_tolerance"]["raw_max_abs"])
 
 
+@pytest.mark.parametrize("amx", MODES, ids=IDS)
 @pytest.mark.parametrize("name", RERANKERS)
-def test_rerank_scores_within_tolerance_batched_and_single(name: str) -> None:
+def test_rerank_scores_within_tolerance_batched_and_single(name: str, amx: bool) -> None:
     entry, ref = MODELS[name], np.load(ENC_DIR / MODELS[name]["npz"])
     tol = entry["suggested_tolerance"]["score_max_abs"]
     pairs = _rows(ref["pair_ids"], ref["n_pair_ids"])
-    with _load(name) as model:
+    with _load(name, amx=amx) as model:
         assert model.is_reranker
         batched = np.stack(model.pooled_many(pairs))
         single = np.stack([model.pooled(p) for p in pairs])
@@ -205,17 +211,25 @@ def test_embeddings_batch_beside_a_generation_without_starving_it() -> None:
         assert np.array_equal(job.vector, want) or np.abs(job.vector - want).max() < 1e-5
 
 
-def test_f16_weights_give_llama_cpps_vectors() -> None:
-    """An F16 encoder (its weights packed as F16 for the panel GEMM, no float32 copies; inputs
-    rounded to f16 as ggml does) against llama.cpp's vectors for the same file (made here,
-    README)."""
+@pytest.mark.parametrize("amx", MODES, ids=IDS)
+def test_f16_weights_give_llama_cpps_vectors(amx: bool) -> None:
+    """An F16 encoder (its weights packed as F16 for the panel GEMM, no float32 copies, or as
+    two bf16 halves for the AMX tiles; inputs rounded to f16 as ggml does) against llama.cpp's
+    vectors for the same file (made here, README)."""
     ref = np.load(ENC_DIR / "bert_d64_l2_mean_f16.npz")
     texts = _rows(ref["ids"], ref["n_ids"])
     tol = MODELS["bert_d64_l2_mean_f32.gguf"]["suggested_tolerance"]
-    with _load("bert_d64_l2_mean_f16.gguf") as model:
-        assert all(m.qtype.name == "F16" for m in model.transformer.weights.layers[0].matrices())
-        assert model.transformer.repacked_bytes == 0  # 64-wide panels of d64 rows: no padding
-        assert model.memory_bytes < 1.1 * (ENC_DIR / "bert_d64_l2_mean_f16.gguf").stat().st_size
+    path = ENC_DIR / "bert_d64_l2_mean_f16.gguf"
+    with _load(path.name, amx=amx) as model:
+        layers = model.transformer.weights.layers
+        assert all(m.qtype.name == "F16" for m in layers[0].matrices())
+        if amx:  # 4 bytes a weight where the file has 2; the estimate counts them alike
+            halves = sum(2 * m.n_rows * m.n_cols for layer in layers for m in layer.matrices())
+            assert model.transformer.repacked_bytes == halves
+            assert engine.estimate_memory(path, 512, 8) == model.memory_bytes
+        else:
+            assert model.transformer.repacked_bytes == 0  # 64-wide panels of d64 rows: no padding
+            assert model.memory_bytes < 1.1 * path.stat().st_size
         assert model.tokenizer.encode(MODELS["bert_d64_l2_mean_f32.gguf"]["texts"][3],
                                       add_special=True) == texts[3]
         batched = np.stack(model.pooled_many(texts))
@@ -224,16 +238,18 @@ def test_f16_weights_give_llama_cpps_vectors() -> None:
     _within(single, ref["embd_single"], tol["raw_max_abs"], tol["cosine_min"])
 
 
+@pytest.mark.parametrize("amx", MODES, ids=IDS)
 @pytest.mark.parametrize("name", ["bert_d64_l2_mean_f32.gguf", "bert_d64_l2_mean_q8_0.gguf",
-                                  "nomic_bert_d64_l2_rope_f32.gguf"])
-def test_two_threads_give_the_same_vectors(name: str) -> None:
+                                  "nomic_bert_d64_l2_rope_f32.gguf", "bert_d64_l2_mean_f16.gguf"])
+def test_two_threads_give_the_same_vectors(name: str, amx: bool) -> None:
     """The splits (the GEMMs by weight panels, GELU and LayerNorm by token rows, attention by
     text) change no value's arithmetic: two threads give one thread's vectors bit for bit."""
-    ref = np.load(ENC_DIR / MODELS[name]["npz"])
+    ref = np.load(ENC_DIR / MODELS.get(name, {"npz": "bert_d64_l2_mean_f16.npz"})["npz"])
     texts = _rows(ref["ids"], ref["n_ids"]) * 12  # 96 texts: every split has work
-    with _load(name) as one:
+    with _load(name, amx=amx) as one:
         want = np.stack(one.pooled_many(texts))
-    with engine.load(ENC_DIR / name, n_ctx=512, n_threads=2) as two:
+    with engine.load(ENC_DIR / name, n_ctx=512, n_threads=2, amx=amx) as two:
         got = np.stack(two.pooled_many(texts))
     assert np.array_equal(got, want)
-    _within(got[:8], ref["embd"], MODELS[name]["suggested_tolerance"]["raw_max_abs"])
+    tol = MODELS.get(name, MODELS["bert_d64_l2_mean_f32.gguf"])["suggested_tolerance"]
+    _within(got[:8], ref["embd"], tol["raw_max_abs"])
