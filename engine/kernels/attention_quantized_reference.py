@@ -55,7 +55,8 @@ def _block_dot(qq: np.ndarray, dq: np.ndarray, qk: np.ndarray, dk: np.ndarray) -
                + acc.astype(np.float64)).astype(np.float32)
     r4 = acc[..., 4:] + acc[..., :4]
     r2 = r4[..., :2] + r4[..., 2:]
-    return r2[..., 0] + r2[..., 1]
+    out: np.ndarray = r2[..., 0] + r2[..., 1]
+    return out
 
 
 def attention_quantized_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
