@@ -20,7 +20,7 @@ import numpy as np
 from . import lora_side
 from .delta_net_layer import delta_net_layer
 from .formats import quants
-from .kernels import delta_net, moe, moe_oai, moe_tasks, ops, rotary, tasks
+from .kernels import delta_net, kvq_tasks, moe, moe_oai, moe_tasks, ops, rotary, tasks
 from .kernels.pool import Graph
 from .kv_types import quantize_rows
 
@@ -144,11 +144,25 @@ class GraphBuilder:
         cos, sin = rotary.rope_tables(n_rot, tr.ropes[layer], tr.n_ctx)
         k_cache, v_cache, group = tr.cache.layer(layer)
         # rope_q: no kv heads, so the task ropes and stores no k, v
-        self._node("task_rope_store", tasks.ROPE_STORE, rope=self.op[tr.rope_op], q=_addr(a.q),
-                   k=_addr(a.k), v=_addr(a.v), n_head=hp.n_head,
-                   n_kv_head=self.dims["n_head_kv"] if store else 0, head_dim=self.dims["head_dim"],
-                   half_rot=n_rot // 2, cos=_addr(cos), sin=_addr(sin), n_table=cos.shape[0],
-                   k_cache=_addr(k_cache[0]), v_cache=_addr(v_cache[0]), group=group)
+        fields = dict(rope=self.op[tr.rope_op], q=_addr(a.q), k=_addr(a.k), v=_addr(a.v),
+                      n_head=hp.n_head, n_kv_head=self.dims["n_head_kv"] if store else 0,
+                      head_dim=self.dims["head_dim"], half_rot=n_rot // 2, cos=_addr(cos),
+                      sin=_addr(sin), n_table=cos.shape[0], k_cache=_addr(k_cache[0]),
+                      v_cache=_addr(v_cache[0]), group=group)
+        if tr.kv_attention is None or not store:
+            self._node("task_rope_store", tasks.ROPE_STORE, **fields)
+            return
+        # a quantized cache: the rows stored as ggml blocks (engine.kernels.kvq_tasks)
+        kvq, cache = kvq_tasks.load_kvq_tasks(), tr.cache
+        self.graph.add(kvq.address["task_rope_store_quantized"], kvq_tasks.ROPE_STORE_QUANTIZED.pack(
+            **fields, k_quantize=kvq.quantizer(cache.type_k.name),
+            v_quantize=kvq.quantizer(cache.type_v.name), **self._kv_row_bytes()))
+
+    def _kv_row_bytes(self) -> dict[str, int]:
+        """Bytes of one position's keys and values (all kv heads) in a quantized cache."""
+        cache, n_kv, hd = self.tr.cache, self.dims["n_head_kv"], self.dims["head_dim"]
+        return dict(k_row_bytes=n_kv * cache.type_k.row_bytes(hd),
+                    v_row_bytes=n_kv * cache.type_v.row_bytes(hd))
 
     def rope_q(self, layer: int) -> None:
         self.rope_store(layer, store=False)
@@ -162,6 +176,17 @@ class GraphBuilder:
         k_cache, v_cache, group = tr.cache.layer(layer)
         scale, self.q_scaled = (1.0 if self.q_scaled else hp.scale()), False
         self.graph.barrier()  # every thread's cache rows and q rows (rope_store, scale_q) are in
+        if tr.kv_attention is not None:  # a quantized cache: every chunk size on its one kernel
+            kvq, hd = kvq_tasks.load_kvq_tasks(), self.dims["head_dim"]
+            self.graph.add(kvq.address["task_attention_quantized"], kvq_tasks.ATTENTION_QUANTIZED.pack(
+                fn=tr.kv_attention.address(hd), q=_addr(a.q), k_cache=_addr(k_cache[0]),
+                v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),
+                scratch_bytes=4 * tr._scratch_stride(), n_head=hp.n_head,
+                n_kv_head=self.dims["n_head_kv"], head_dim=hd, scale=scale, group=group,
+                window=hp.layer_window(layer), ring=tr.cache.group(layer).ring,
+                **self._kv_row_bytes()))
+            self.graph.barrier()
+            return
         fields = dict(f16acc=tr.attention.f16acc_address,
                       exact=tr.attention.tiled_address, q=_addr(a.q), k_cache=_addr(k_cache[0]),
                       v_cache=_addr(v_cache[0]), out=_addr(a.q), scratch=_addr(tr._scratch),

@@ -9,7 +9,8 @@ against a builder; here is what every family shares:
     for each layer:  block(x)                           # e.g. llama:
         h = rms_norm(x) * attn_norm
         q, k, v = h @ Wq, h @ Wk, h @ Wv; rope(q, k)     # [T, n_head|n_head_kv, head_dim]
-        k, v -> KV cache (f16) at their rows (engine.kv: full, or a ring for windowed layers)
+        k, v -> KV cache (f16, or q8_0 / q4_0 blocks) at their rows (engine.kv: full, or a
+                                                        ring for windowed layers)
         x += attention(q, K cache, V cache) @ Wo         # causal, grouped-query
         h = rms_norm(x) * ffn_norm
         x += (silu(h @ Wgate) * (h @ Wup)) @ Wdown
@@ -47,6 +48,7 @@ from .hparams import HParams
 from .kernels import ops, rotary, tasks
 from .kernels.attention import AttentionKernel
 from .kernels.attention_ir import blocked_scratch_floats, exact_scratch_floats, f16acc_scratch_floats
+from .kernels.attention_ir.quantized import scratch_floats as quantized_scratch_floats
 from .kernels.attention_quantized import QuantizedAttentionKernel
 from .kernels.governor import ThreadGovernor
 from .kernels.matmul import MatmulKernels
@@ -209,8 +211,9 @@ class Transformer:
         `images`: the model will be fed image spans; a family whose image rows see each
         other (gemma3) then gets the bidirectional kernels and a ring mirror to match (engine.kv),
         which a text-only load does without. kv_types: the cache's key and value row types; a
-        quantized cache runs `forward` op by op (forward_eager) with the quantized attention
-        kernel (engine.kernels.attention_quantized), whose rules _check_kv_types states.
+        quantized cache stores and reads its rows with the quantized tasks and attention kernel
+        (engine.kernels.kvq_tasks, engine.kernels.attention_quantized), whose rules
+        _check_kv_types states.
         `pool`: another model's worker pool to run on (a draft model beside its target: the
         two never run at once, and one pool's threads instead of two keeps an idle pool's
         spinning workers off the cores the other needs); closing this model leaves it open.
@@ -384,9 +387,8 @@ class Transformer:
         (`hidden`: [n, n_embd])."""
         if output not in ("last", "all", "hidden"):
             raise ValueError(f"unknown output kind {output!r}")
-        # a state per sequence (qwen35) runs on the eager builder, and so does a quantized KV
-        # cache (the graph's KV tasks store and read f16 only)
-        if self.hp.spec.recurrent is not None or self.kv_attention is not None:
+        # a state per sequence (qwen35) runs on the eager builder
+        if self.hp.spec.recurrent is not None:
             return self.forward_eager(chunks, output)
         if self.lora_scales and any(self._lora_offsets(c) is not None for c in chunks):
             # a chunk at other adapter scales needs the side path: op by op
@@ -478,12 +480,13 @@ class Transformer:
         return b.graph, out_args
 
     def _scratch_stride(self) -> int:
-        """Floats of attention scratch per thread: the scores rows (exact path) or the f16 q rows
-        of the heads either path runs together."""
+        """Floats of attention scratch per thread: the scores rows (exact path), the f16 q rows
+        of the heads either path runs together, or the quantized kernel's q8_0 rows."""
         hp = self.hp
         return max(max(exact_scratch_floats(self.n_ctx, hp.n_head, d["n_head_kv"]),
                        blocked_scratch_floats(d["head_dim"]),
-                       f16acc_scratch_floats(hp.n_head, d["n_head_kv"], d["head_dim"]))
+                       f16acc_scratch_floats(hp.n_head, d["n_head_kv"], d["head_dim"]),
+                       quantized_scratch_floats(d["head_dim"]) if self.kv_attention is not None else 0)
                    for d in map(hp.layer_dims, range(hp.n_layer)))
 
     # -- the eager twin --------------------------------------------------------------------------

@@ -2,14 +2,16 @@
 cached contexts, and the prefill of a long prompt against llama-bench's.
 
     flock /tmp/modelyard-bench.lock python scripts/bench_kvq.py [--depths 4096 7168] [--steps 16]
-        [--peer-bin /work/llama/build/bin]
+        [--types f16 q8_0 q4_0] [--bandwidth 35] [--peer-bin /work/llama/build/bin]
     flock /tmp/modelyard-bench.lock python scripts/bench_kvq.py --depths --prefill 6000 \
         --peer-bin /work/llama/build/bin [--model FILE] [--rounds 3]
 
 Per depth, each cache type's model gets its slot filled to `depth` positions (the rows written
 directly: a decode step's cost does not depend on the cached values, and a 7k-token prefill per
 type would dominate the run), then decodes `steps` tokens; the types are interleaved round by
-round and the median step time reported. With --peer-bin, llama-bench's tg at the same depths
+round and the median step time reported, with the GB/s a step reads (the weight matrices once,
+the output matrix included, plus every cached layer's K and V rows up to the depth) and its
+fraction of --bandwidth (what the cores can stream). With --peer-bin, llama-bench's tg at the same depths
 (-fa 1, -ctk/-ctv f16 and q8_0) runs in the same invocation for the table.
 
 --prefill N: an N-token prompt (random token ids) prefilled in the engine's 512-token chunks
@@ -37,8 +39,6 @@ from engine.default_model import default_model_path  # noqa: E402
 from engine.kv_types import quantize_rows  # noqa: E402
 from engine.model import Chunk  # noqa: E402
 
-TYPES = ("f16", "q8_0")
-
 
 def fill(model: engine.Model, depth: int, rng: np.random.Generator) -> None:
     """Slot 0 holds `depth` positions of plausible keys and values (unit normals, stored in the
@@ -49,6 +49,17 @@ def fill(model: engine.Model, depth: int, rng: np.random.Generator) -> None:
         for arrays, t in ((cache.k, cache.type_k), (cache.v, cache.type_v)):
             arrays[g][0, :, :depth] = quantize_rows(rng.standard_normal(shape, np.float32), t)
     cache.stored(0, list(range(depth)), 0)
+
+
+def step_bytes(model: engine.Model, depth: int) -> int:
+    """Bytes one decode step at `depth` reads: every weight matrix once, and each cached
+    layer's key and value rows of the depth positions."""
+    tr = model.transformer
+    cache = tr.cache
+    kv = sum(len(g.layers) * min(depth, g.ring) * g.n_head_kv
+             * (cache.type_k.row_bytes(g.head_dim) + cache.type_v.row_bytes(g.head_dim))
+             for g in cache.layout.groups)
+    return sum(m.nbytes for m in tr.weights.matrices()) + kv
 
 
 def step_ms(model: engine.Model, depth: int, steps: int) -> list[float]:
@@ -104,6 +115,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--types", nargs="+", default=["f16", "q8_0"], help="KV types to compare")
+    ap.add_argument("--bandwidth", type=float, default=35.0, help="GB/s the cores can stream")
     ap.add_argument("--peer-bin", type=Path, default=None)
     ap.add_argument("--prefill", type=int, default=0, help="also an N-token prefill (0: none)")
     ap.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2 Q4_1)")
@@ -118,25 +131,28 @@ def main() -> None:
     n_ctx = max(a.depths) + a.steps + 1
     rng = np.random.default_rng(0)
     models = {t: engine.load(path, n_ctx=n_ctx, n_threads=a.threads, type_k=t, type_v=t)
-              for t in TYPES}
+              for t in a.types}
     try:
         print(f"SmolLM2 decode, {a.threads} threads, median ms per token over {a.rounds} rounds "
               f"of {a.steps} steps (shared machine)")
         for depth in a.depths:
-            times: dict[str, list[float]] = {t: [] for t in TYPES}
+            times: dict[str, list[float]] = {t: [] for t in a.types}
             for _ in range(a.rounds):
                 for t, model in models.items():
                     fill(model, depth, rng)
                     times[t] += step_ms(model, depth, a.steps)
-            line = "  ".join(f"{t} {statistics.median(v):.2f} ms ({1e3 / statistics.median(v):.1f} tok/s)"
-                             for t, v in times.items())
-            kv = {t: m.transformer.cache.nbytes >> 20 for t, m in models.items()}
-            print(f"depth {depth}: {line}   KV MiB {kv}")
+            print(f"depth {depth}:")
+            for t, v in times.items():
+                ms = statistics.median(v)
+                gb_s = step_bytes(models[t], depth) / ms / 1e6
+                print(f"  {t:5s} {ms:6.2f} ms {1e3 / ms:6.1f} tok/s  reads {gb_s:5.1f} GB/s = "
+                      f"{gb_s / a.bandwidth:.0%} of {a.bandwidth:g}  "
+                      f"(KV {models[t].transformer.cache.nbytes >> 20} MiB)")
     finally:
         for model in models.values():
             model.close()
     if a.peer_bin is not None:
-        for t in TYPES:
+        for t in a.types:
             cmd = [str(a.peer_bin / "llama-bench"), "-m", str(path), "-t", str(a.threads),
                    "-fa", "1", "-ctk", t, "-ctv", t, "-d", ",".join(map(str, a.depths)),
                    "-p", "0", "-n", str(a.steps), "-r", "1", "-o", "md"]

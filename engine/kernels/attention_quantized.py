@@ -1,13 +1,16 @@
 """Compiled attention over a quantized KV cache (q8_0 / q4_0 rows, engine.kv_types): one
-function per (key type, value type), built on first use (engine.kernels.attention_ir.quantized);
+function per (key type, value type, head_dim), built on first use (engine.kernels.attention_ir.quantized);
 its twin is engine.kernels.attention_quantized_reference. Causal, with a sliding window and a
-ring as engine.kv lays them out; no softcap, sinks or bidirectional spans yet.
+ring as engine.kv lays them out; no softcap, sinks or bidirectional spans yet. The forward
+pass's graph calls the same functions through engine.kernels.kvq_tasks (`address`), so the fused
+and the eager pass give the same bits.
 """
 from __future__ import annotations
 
 import ctypes
 import math
 import operator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -18,7 +21,7 @@ from engine.kernels.attention_ir.quantized import (
     scratch_floats,
 )
 from engine.kernels.ir import builder
-from engine.kernels.jit import compile_cached
+from engine.kernels.jit import compile_cached, host_has
 from engine.kv_types import KVType
 
 
@@ -32,14 +35,27 @@ class QuantizedAttentionKernel:
             raise ValueError(f"a quantized kernel takes q8_0/q4_0 keys and values, got "
                              f"{type_k.name}/{type_v.name}")
         self.type_k, self.type_v = type_k, type_v
-        lib = compile_cached("attention_quantized", (type_k.name, type_v.name), lambda: str(
-            build_quantized_module(type_k.name, type_v.name)))
-        p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-        name = function_name(type_k.name, type_v.name)
-        self._fn = lib.function(name, None, p, p, p, p, p, n, n, n, n, n, f, n, n, n, n)
-        self.address = lib.address(name)
+        self.registers = 32 if host_has("avx512f") else 16  # the code's plan, never a bit
+        self._fns: dict[int, tuple[Callable[..., None], int]] = {}
         self.n_threads = n_threads
         self._threads = ThreadPoolExecutor(n_threads - 1) if n_threads > 1 else None
+
+    def _function(self, head_dim: int) -> tuple[Callable[..., None], int]:
+        """(callable, address) of the function for head_dim, compiled (or loaded) once."""
+        got = self._fns.get(head_dim)
+        if got is None:
+            tk, tv = self.type_k.name, self.type_v.name
+            lib = compile_cached("attention_quantized", (tk, tv, head_dim, self.registers), lambda: str(
+                build_quantized_module(tk, tv, head_dim, self.registers)))
+            p, n, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+            name = function_name(tk, tv, head_dim)
+            got = self._fns[head_dim] = (lib.function(name, None, p, p, p, p, p, n, n, n, n, n, f, n, n, n, n),
+                                         lib.address(name))
+        return got
+
+    def address(self, head_dim: int) -> int:
+        """The compiled function for rows of head_dim (the graph's attention task calls it)."""
+        return self._function(head_dim)[1]
 
     def close(self) -> None:
         if self._threads is not None:
@@ -77,9 +93,10 @@ class QuantizedAttentionKernel:
         scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         bounds = self.split(n_q, n_head, pos0, window) if self._threads is not None else [0, n_q * n_head]
         scratch = np.empty((len(bounds) - 1, scratch_floats(head_dim)), np.float32)
+        fn = self._function(head_dim)[0]
 
         def part(i: int) -> None:
-            self._fn(builder.address(q), builder.address(k_rows), builder.address(v_rows),
+            fn(builder.address(q), builder.address(k_rows), builder.address(v_rows),
                      builder.address(out), scratch[i].ctypes.data, n_q, n_head, n_kv_head,
                      head_dim, pos0, scale, bounds[i], bounds[i + 1], window, ring)
 

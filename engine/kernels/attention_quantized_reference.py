@@ -5,11 +5,12 @@ for every batch size once K or V is quantized: its tiled path wants f16 K and V)
     qq = q8_0(q)           the query converted to the key type's dot type, once per row
                            (q8_0 for q8_0 and q4_0 keys; f16 for f16 keys)
     for each key t in order:
-        s = scale * sum over blocks of d_k * d_q * (integer dot of the block's quants)
+        s = scale * (the block dot of ggml's AVX2 vec_dot: d_k * d_q times eight lanes of
+                     integer sums, fused-added block by block, then its lane sum)
         online softmax: new max -> acc *= e^(m - s), m = s, p = 1;  else p = e^(s - m)
         acc += p * v[t]    f32 accumulator, v read back from its blocks (f16 when V is f16:
                            then the accumulator is f16-rounded after every step, as ggml's VKQ16)
-    out = acc / l
+    out = acc * (1 / l)
 
 Caches are the rows engine.kv stores: [rows, n_kv_head, row_bytes] uint8 ggml blocks (or f16
 [rows, n_kv_head, head_dim]). tests/engine/test_kvq_reference.py pins these numerics to
@@ -40,6 +41,24 @@ def _blocks(rows: np.ndarray, t: KVType, head_dim: int) -> tuple[np.ndarray, np.
     return d, qs
 
 
+def _block_dot(qq: np.ndarray, dq: np.ndarray, qk: np.ndarray, dk: np.ndarray) -> np.ndarray:
+    """float32 [n_q, n_head]: each query's dot with one key, as ggml's AVX2 vec_dot_q8_0_q8_0
+    (and q4_0_q8_0) computes it: per block eight lanes of four consecutive integer products,
+    acc = fma(d_k * d_q, lanes, acc) block by block (an fma: the float64 sum, rounded once),
+    then hsum_float_8: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))."""
+    ints = (qq * qk[None]).reshape(*qq.shape[:-1], 8, 4).sum(axis=-1)     # [n_q, n_head, nb, 8]
+    lanes = ints.astype(np.float32)
+    dd = (dk[None] * dq)[..., None]                                      # [n_q, n_head, nb, 1]
+    acc = dd[..., 0, :] * lanes[..., 0, :]
+    for b in range(1, lanes.shape[-2]):
+        acc = (dd[..., b, :].astype(np.float64) * lanes[..., b, :]
+               + acc.astype(np.float64)).astype(np.float32)
+    r4 = acc[..., 4:] + acc[..., :4]
+    r2 = r4[..., :2] + r4[..., 2:]
+    out: np.ndarray = r2[..., 0] + r2[..., 1]
+    return out
+
+
 def attention_quantized_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                                   type_k: KVType, type_v: KVType, pos0: int,
                                   scale: float | None = None, window: int = 0,
@@ -62,8 +81,7 @@ def attention_quantized_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: n
         row = p % n_rows
         if type_k.quantized:
             dk, qk = _blocks(k_cache[row, kv_of_head], type_k, head_dim)  # [n_head, nb(, 32)]
-            ints = np.einsum("qhbi,hbi->qhb", qq, qk).astype(np.float32)
-            s = (ints * (dk[None] * dq)).sum(axis=-1, dtype=np.float32)
+            s = _block_dot(qq, dq, qk, dk)
         else:
             s = np.einsum("qhd,hd->qh", q16, k_cache[row, kv_of_head].astype(np.float32))
         s = _cap(s.astype(np.float32) * scale32, softcap)
@@ -82,4 +100,4 @@ def attention_quantized_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: n
         acc = acc + v[None] * vs[..., None]
         if not type_v.quantized:
             acc = acc.astype(np.float16).astype(np.float32)
-    return (acc / l[..., None]).astype(np.float32)
+    return (acc * (np.float32(1) / l)[..., None]).astype(np.float32)

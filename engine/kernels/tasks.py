@@ -337,12 +337,10 @@ def _to_f16(f16c: bool) -> str:
     return f.text()
 
 
-def _task_rope_store(f16c: bool) -> str:
-    """My token rows t: rope q[t] and k[t] in place (ops' rope or rope_neox), then the K/V cache
-    rows kv_rows[group, t] of this layer get f16(k[t]), f16(v[t]), and kv_mirror[group, t] too
-    where it is a row (>= 0)."""
-    f = IRFunction(f"void @task_rope_store{_SIG}")
-    a = ROPE_STORE.load(f, "%args")
+def rope_rows(f: IRFunction, a: dict[str, str]) -> tuple[str, str, str, str]:
+    """A rope-and-store task's first half: my token rows [r0, r1) of q and k roped in place
+    (ops' rope or rope_neox, ROPE_STORE's fields). Returns (r0, r1, kv_rows, mirror): this
+    layer's group's rows of STEP.kv_rows and STEP.kv_mirror, for the store that follows."""
     m = _step_count(f, STEP.offset("n_tokens"))
     r0, r1 = _row_range(f, m)
     positions = f.load("ptr", "%step", STEP.offset("positions"), align=8)
@@ -351,8 +349,7 @@ def _task_rope_store(f16c: bool) -> str:
     mirror = f.load("ptr", "%step", STEP.offset("kv_mirror"), align=8)
     mirror = f.gep(mirror, f.mul(f.mul(a["group"], m), 8))
     q_row = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
-    kv_dim = f.mul(a["n_kv_head"], a["head_dim"])
-    kv_row = f.mul(kv_dim, 4)
+    kv_row = f.mul(f.mul(a["n_kv_head"], a["head_dim"]), 4)
     count = f.let(f"sub i64 {r1}, {r0}")
     pos = f.gep(positions, f.mul(r0, 8))
     for x, heads, row_bytes in (("q", "n_head", q_row), ("k", "n_kv_head", kv_row)):
@@ -360,18 +357,37 @@ def _task_rope_store(f16c: bool) -> str:
         f.let(f"call i64 {a['rope']}(ptr {xr}, ptr {xr}, ptr {pos}, i64 {count}, i64 {a[heads]}, "
               f"i64 {a['head_dim']}, i64 {a['half_rot']}, ptr {a['cos']}, ptr {a['sin']}, "
               f"i64 {a['n_table']})")
+    return r0, r1, kv_rows, mirror
 
+
+def store_rows(f: IRFunction, r0: str, r1: str, kv_rows: str, mirror: str,
+               to_row: Callable[[str, str], None]) -> None:
+    """For my token rows t: to_row(t, row) at its cache row kv_rows[t], and at mirror[t] too
+    where that is a row (>= 0)."""
     def store(t: str) -> None:
-        def to_row(row: str) -> None:
-            dst = f.mul(row, f.mul(kv_dim, 2))
-            for x, cache in (("k", "k_cache"), ("v", "v_cache")):
-                _emit_to_f16(f, f.gep(a[x], f.mul(t, kv_row)), f.gep(a[cache], dst), kv_dim, f16c)
-
-        to_row(f.load("i64", kv_rows, f.mul(t, 8), align=8))
+        to_row(t, f.load("i64", kv_rows, f.mul(t, 8), align=8))
         second = f.load("i64", mirror, f.mul(t, 8), align=8)
-        f.if_then(f.let(f"icmp sge i64 {second}, 0"), lambda: to_row(second))
+        f.if_then(f.let(f"icmp sge i64 {second}, 0"), lambda: to_row(t, second))
 
     f.loop_range(r0, r1, store)
+
+
+def _task_rope_store(f16c: bool) -> str:
+    """My token rows t: rope q[t] and k[t] in place (ops' rope or rope_neox), then the K/V cache
+    rows kv_rows[group, t] of this layer get f16(k[t]), f16(v[t]), and kv_mirror[group, t] too
+    where it is a row (>= 0)."""
+    f = IRFunction(f"void @task_rope_store{_SIG}")
+    a = ROPE_STORE.load(f, "%args")
+    r0, r1, kv_rows, mirror = rope_rows(f, a)
+    kv_dim = f.mul(a["n_kv_head"], a["head_dim"])
+    kv_row = f.mul(kv_dim, 4)
+
+    def to_row(t: str, row: str) -> None:
+        dst = f.mul(row, f.mul(kv_dim, 2))
+        for x, cache in (("k", "k_cache"), ("v", "v_cache")):
+            _emit_to_f16(f, f.gep(a[x], f.mul(t, kv_row)), f.gep(a[cache], dst), kv_dim, f16c)
+
+    store_rows(f, r0, r1, kv_rows, mirror, to_row)
     f.do("ret void")
     return f.text()
 
@@ -385,23 +401,12 @@ def _task_attention(sinks: bool = False, bidirectional: bool = False) -> str:
     f = IRFunction(f"void @{_attention_task_name(sinks, bidirectional)}{_SIG}")
     a = (ATTENTION_SINKS if sinks else ATTENTION).load(f, "%args")
     sink_arg = f", ptr {a['sinks']}" if sinks else ""
-    seg_start = f.load("ptr", "%step", STEP.offset("seg_start"), align=8)
-    segs = f.load("ptr", "%step", STEP.offset("segs"), align=8)
-    chunks = f.load("ptr", "%step", STEP.offset("chunks"), align=8)
-    n_chunks = f.load("i64", "%step", STEP.offset("n_chunks"), align=8)
-    chunks = f.gep(chunks, f.mul(f.mul(a["group"], n_chunks), 32))  # this layer's group's table
-    s0 = f.load("i64", seg_start, f.mul("%tid", 8), align=8)
-    s1 = f.load("i64", seg_start, f.mul(f.add("%tid", 1), 8), align=8)
     q_row = f.mul(f.mul(a["n_head"], a["head_dim"]), 4)
     kv_row = f.mul(f.mul(a["n_kv_head"], a["head_dim"]), 2)
     scratch = f.gep(a["scratch"], f.mul("%tid", a["scratch_bytes"]))
     bi_table = f.load("ptr", "%step", STEP.offset("bidirectional"), align=8) if bidirectional else ""
 
-    def segment(s: str) -> None:
-        seg = f.gep(segs, f.mul(s, 24))
-        c, w0, w1 = (f.load("i64", seg, 8 * j, align=8) for j in range(3))
-        chunk = f.gep(chunks, f.mul(c, 32))
-        row0, n_q, pos0, kv0 = (f.load("i64", chunk, 8 * j, align=8) for j in range(4))
+    def segment(c: str, w0: str, w1: str, row0: str, n_q: str, pos0: str, kv0: str) -> None:
         tiled = f.let(f"icmp sge i64 {n_q}, {TILED_MIN_QUERIES}")
         fn = f.select(tiled, "ptr", a["exact"], a["f16acc"])
         q = f.gep(a["q"], f.mul(row0, q_row))
@@ -417,9 +422,32 @@ def _task_attention(sinks: bool = False, bidirectional: bool = False) -> str:
              f"float {a['scale']}, i64 {w0}, i64 {w1}, i64 {a['window']}, i64 {a['ring']}, "
              f"float {a['softcap']}{sink_arg}{bi_arg})")
 
-    f.loop_range(s0, s1, segment)
+    my_segments(f, a["group"], segment)
     f.do("ret void")
     return f.text()
+
+
+def my_segments(f: IRFunction, group: str,
+                visit: Callable[[str, str, str, str, str, str, str], None]) -> None:
+    """Thread %tid's attention segments, STEP.segs[seg_start[tid] .. seg_start[tid + 1]]:
+    visit(chunk c, item begin, item end, and c's row of this layer's group's chunk table:
+    first token row, n_q, pos0, the slot's first cache row)."""
+    seg_start = f.load("ptr", "%step", STEP.offset("seg_start"), align=8)
+    segs = f.load("ptr", "%step", STEP.offset("segs"), align=8)
+    chunks = f.load("ptr", "%step", STEP.offset("chunks"), align=8)
+    n_chunks = f.load("i64", "%step", STEP.offset("n_chunks"), align=8)
+    chunks = f.gep(chunks, f.mul(f.mul(group, n_chunks), 32))  # this layer's group's table
+    s0 = f.load("i64", seg_start, f.mul("%tid", 8), align=8)
+    s1 = f.load("i64", seg_start, f.mul(f.add("%tid", 1), 8), align=8)
+
+    def segment(s: str) -> None:
+        seg = f.gep(segs, f.mul(s, 24))
+        c, w0, w1 = (f.load("i64", seg, 8 * j, align=8) for j in range(3))
+        chunk = f.gep(chunks, f.mul(c, 32))
+        row0, n_q, pos0, kv0 = (f.load("i64", chunk, 8 * j, align=8) for j in range(4))
+        visit(c, w0, w1, row0, n_q, pos0, kv0)
+
+    f.loop_range(s0, s1, segment)
 
 
 def build_tasks_ir(f16c: bool) -> str:

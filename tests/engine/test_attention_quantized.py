@@ -38,3 +38,19 @@ def test_a_split_over_threads_gives_the_same_bits(n_q, pos0, window):
                                       one(q, k, v, pos0, window=window))
     finally:
         three.close()
+
+
+@pytest.mark.parametrize("hd, n_head, n_kv", [(32, 8, 2), (96, 4, 1), (128, 4, 4), (256, 2, 1),
+                                              (64, 10, 1)])
+def test_every_head_dim_and_group_matches_the_twin(hd, n_head, n_kv):
+    """One function per head_dim (a key group of 1 to 4 keys, a padded lane sum at 96), and
+    groups of 1 to 10 heads (runs of at most GROUP_MAX)."""
+    rng = np.random.default_rng(hd + n_head)
+    q8, q4 = KV_TYPES["q8_0"], KV_TYPES["q4_0"]
+    n_q, pos0 = 3, 45                                   # 46..48 keys: whole groups and a tail
+    q = (rng.standard_normal((n_q, n_head, hd)) * 2).astype(np.float32)
+    k = quantize_rows(rng.standard_normal((pos0 + n_q, n_kv, hd)).astype(np.float32), q8)
+    v = quantize_rows(rng.standard_normal((pos0 + n_q, n_kv, hd)).astype(np.float32), q4)
+    ours = QuantizedAttentionKernel(q8, q4)(q, k, v, pos0)
+    np.testing.assert_allclose(ours, attention_quantized_reference(q, k, v, q8, q4, pos0),
+                               atol=2e-5, rtol=1e-5)

@@ -17,6 +17,7 @@ import engine
 from engine.kernels import tasks
 from engine.model import Chunk
 from tests.support.ggufgen import write_tiny_llama
+from tests.support.step_checks import fused_and_eager
 
 PROMPT = "hello world, the quick brown fox jumps over the lazy dog"
 
@@ -81,32 +82,13 @@ def tiny_path(request, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _tiny(tmp_path_factory.mktemp(request.param), **MODELS[request.param])
 
 
-def _fused_and_eager(model, calls: list[tuple[list[Chunk], str]]) -> None:
-    """Run each call on slots s (fused) and s + half (eager); outputs and caches must be equal."""
-    tr = model.transformer
-    half = model.n_slots // 2
-    for chunks, output in calls:
-        fused = tr.forward(chunks, output)
-        eager = tr.forward_eager([Chunk(c.slot + half, c.prompt, c.pos0, c.logits) for c in chunks], output)
-        assert len(fused) == len(eager) == len(chunks)
-        for a, b in zip(fused, eager):
-            np.testing.assert_array_equal(a, b)
-    for s in range(half):
-        n = len(tr.cache.tokens[s])
-        assert tr.cache.tokens[s] == tr.cache.tokens[s + half]
-        for g, group in enumerate(tr.cache.layout.groups):  # a ring is compared whole
-            rows = slice(None) if group.is_ring else slice(0, n)
-            np.testing.assert_array_equal(tr.cache.k[g][s, :, rows], tr.cache.k[g][s + half, :, rows])
-            np.testing.assert_array_equal(tr.cache.v[g][s, :, rows], tr.cache.v[g][s + half, :, rows])
-
-
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_fused_pass_equals_eager_pass(tiny_path: Path, n_threads: int) -> None:
     with engine.load(tiny_path, n_ctx=160, n_threads=n_threads, n_slots=6) as model:
         model.transformer.governor.choose = lambda kind: n_threads  # every run on all threads
         ids = model.tokenizer.encode(PROMPT)
         long = (ids * 8)[:70]  # >= 64 queries: the exact attention path
-        _fused_and_eager(model, [
+        fused_and_eager(model, [
             ([Chunk(0, ids, 0)], "all"),
             ([Chunk(0, [7], len(ids))], "last"),                     # decode
             ([Chunk(1, long, 0), Chunk(0, [9], len(ids) + 1)], "last"),  # prefill beside decode
@@ -149,7 +131,7 @@ def test_scratch_grows_with_the_batch(tmp_path: Path) -> None:
     path = _tiny(tmp_path, qtype=Q.Q8_0)
     with engine.load(path, n_ctx=256, n_threads=2, n_slots=2) as model:
         ids = (model.tokenizer.encode(PROMPT) * 20)[:200]
-        _fused_and_eager(model, [([Chunk(0, ids[:1], 0)], "last"), ([Chunk(0, ids, 0)], "all"),
+        fused_and_eager(model, [([Chunk(0, ids[:1], 0)], "last"), ([Chunk(0, ids, 0)], "all"),
                                  ([Chunk(0, [1], 200)], "last")])
 
 

@@ -93,47 +93,6 @@ def define_f16acc(module: ir.Module, f16c: bool, registers: int, sinks: bool = F
                 for j, s1 in enumerate(dot_scores(b, q16_rows, rows, head_dim, scale, softcap, f16c, registers)):
                     store(b, s1, score_rows[j], r)
 
-        def block_softmax(count: ir.Value) -> ir.Value:
-            """Per head, each of the block's keys' accumulator factors in key order, as the
-            sequential online softmax gives them: on a new max (s > the max before it)
-            ms = e^(m_before - s) (the rescale) and vs = 1, else ms = 1 and vs = e^(s - m_before).
-            m_before comes from a prefix max over the block's lanes (maxnum ignores NaN as the
-            sequential compare does; +0 / -0 ties change no result), one exp for SOFTMAX_LANES
-            keys. Then l = l * ms + vs key by key (the order the sum sees alone). Returns a mask
-            whose bit r is set when key r set a new max for any head."""
-            vty = ir.VectorType(F32, SOFTMAX_LANES)
-            ity = ir.VectorType(I32, SOFTMAX_LANES)
-            neg_inf, ones = const(vty, -math.inf), const(vty, 1.0)
-            lanes = ir.Constant(ity, list(range(SOFTMAX_LANES)))
-            last = builder.splat(b, b.trunc(count, I32), SOFTMAX_LANES)
-            new_keys = variable(b, I64, i64(0), "new_keys")
-            for j in range(n):
-                with counted_loop(b, i64(0), count, SOFTMAX_LANES, "sm") as r:
-                    valid = b.icmp_signed("<", b.add(builder.splat(b, b.trunc(r, I32), SOFTMAX_LANES), lanes), last)
-                    s = b.select(valid, load(b, score_rows[j], r, vty), neg_inf)  # lanes past the block's keys
-                    upto = s  # upto[i] = max(s[0..i]): shift by 1, 2, 4, ... lanes (-inf in) and take the max
-                    shift = 1
-                    while shift < SOFTMAX_LANES:
-                        moved = builder.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - shift if i >= shift else i
-                                                                   for i in range(SOFTMAX_LANES)])
-                        upto = builder.maxnum(b, upto, moved)
-                        shift *= 2
-                    m = b.load(m_run[j])
-                    earlier = builder.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - 1 if i else 0
-                                                                 for i in range(SOFTMAX_LANES)])
-                    before = builder.maxnum(b, builder.splat(b, m, SOFTMAX_LANES), earlier)
-                    new_max = b.fcmp_ordered(">", s, before)
-                    e = builder.exp(b, b.select(new_max, b.fsub(before, s), b.fsub(s, before)))  # <= 0
-                    store(b, b.select(new_max, e, ones), ms_rows[j], r)
-                    store(b, b.select(new_max, ones, e), vs_rows[j], r)
-                    b.store(builder.maxnum(b, m, b.extract_element(upto, ir.Constant(I32, SOFTMAX_LANES - 1))), m_run[j])
-                    bits = b.shl(b.zext(b.bitcast(new_max, ir.IntType(SOFTMAX_LANES)), I64), r)
-                    b.store(b.or_(b.load(new_keys), bits), new_keys)
-            with counted_loop(b, i64(0), count, 1, "sl") as r:  # the heads' sums: n chains side by side
-                for j in range(n):
-                    b.store(fmuladd(b, b.load(l_run[j]), load(b, ms_rows[j], r), load(b, vs_rows[j], r)), l_run[j])
-            return b.load(new_keys)
-
         def block_accumulate(t0: ir.Value, count: ir.Value, lanes: int, new_keys: ir.Value) -> None:
             """acc = f16(acc * ms) then acc = f16(acc + v * vs), key by key, for every head. The
             accumulators of `per_pass` vectors of head_dim stay in registers across the block's
@@ -175,7 +134,7 @@ def define_f16acc(module: ir.Module, f16c: bool, registers: int, sinks: bool = F
         with counted_loop(b, i64(0), n_keys, BLOCK_KEYS, "blk") as t0:
             count = min_i64(b, b.sub(n_keys, t0), i64(BLOCK_KEYS))
             blockdot_scores(t0, count)
-            new_keys = block_softmax(count)
+            new_keys = block_softmax(b, n, count, score_rows, ms_rows, vs_rows, m_run, l_run)
             with b.if_else(wide) as (w16, w8):
                 with w16:
                     block_accumulate(t0, count, 2 * VEC, new_keys)
@@ -202,6 +161,50 @@ def define_f16acc(module: ir.Module, f16c: bool, registers: int, sinks: bool = F
 
     runs_of_heads(b, w_begin, w_end, n_head, group, heads)
 
+
+
+def block_softmax(b: ir.IRBuilder, n: int, count: ir.Value, score_rows: list[ir.Value],
+                  ms_rows: list[ir.Value], vs_rows: list[ir.Value], m_run: list[ir.Value],
+                  l_run: list[ir.Value]) -> ir.Value:
+    """Per head, each of the block's keys' accumulator factors in key order, as the
+    sequential online softmax gives them: on a new max (s > the max before it)
+    ms = e^(m_before - s) (the rescale) and vs = 1, else ms = 1 and vs = e^(s - m_before).
+    m_before comes from a prefix max over the block's lanes (maxnum ignores NaN as the
+    sequential compare does; +0 / -0 ties change no result), one exp for SOFTMAX_LANES
+    keys. Then l = l * ms + vs key by key (the order the sum sees alone). Returns a mask
+    whose bit r is set when key r set a new max for any head."""
+    vty = ir.VectorType(F32, SOFTMAX_LANES)
+    ity = ir.VectorType(I32, SOFTMAX_LANES)
+    neg_inf, ones = const(vty, -math.inf), const(vty, 1.0)
+    lanes = ir.Constant(ity, list(range(SOFTMAX_LANES)))
+    last = builder.splat(b, b.trunc(count, I32), SOFTMAX_LANES)
+    new_keys = variable(b, I64, i64(0), "new_keys")
+    for j in range(n):
+        with counted_loop(b, i64(0), count, SOFTMAX_LANES, "sm") as r:
+            valid = b.icmp_signed("<", b.add(builder.splat(b, b.trunc(r, I32), SOFTMAX_LANES), lanes), last)
+            s = b.select(valid, load(b, score_rows[j], r, vty), neg_inf)  # lanes past the block's keys
+            upto = s  # upto[i] = max(s[0..i]): shift by 1, 2, 4, ... lanes (-inf in) and take the max
+            shift = 1
+            while shift < SOFTMAX_LANES:
+                moved = builder.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - shift if i >= shift else i
+                                                           for i in range(SOFTMAX_LANES)])
+                upto = builder.maxnum(b, upto, moved)
+                shift *= 2
+            m = b.load(m_run[j])
+            earlier = builder.shuffle(b, neg_inf, upto, [SOFTMAX_LANES + i - 1 if i else 0
+                                                         for i in range(SOFTMAX_LANES)])
+            before = builder.maxnum(b, builder.splat(b, m, SOFTMAX_LANES), earlier)
+            new_max = b.fcmp_ordered(">", s, before)
+            e = builder.exp(b, b.select(new_max, b.fsub(before, s), b.fsub(s, before)))  # <= 0
+            store(b, b.select(new_max, e, ones), ms_rows[j], r)
+            store(b, b.select(new_max, ones, e), vs_rows[j], r)
+            b.store(builder.maxnum(b, m, b.extract_element(upto, ir.Constant(I32, SOFTMAX_LANES - 1))), m_run[j])
+            bits = b.shl(b.zext(b.bitcast(new_max, ir.IntType(SOFTMAX_LANES)), I64), r)
+            b.store(b.or_(b.load(new_keys), bits), new_keys)
+    with counted_loop(b, i64(0), count, 1, "sl") as r:  # the heads' sums: n chains side by side
+        for j in range(n):
+            b.store(fmuladd(b, b.load(l_run[j]), load(b, ms_rows[j], r), load(b, vs_rows[j], r)), l_run[j])
+    return b.load(new_keys)
 
 
 def prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
