@@ -208,6 +208,11 @@ class BatchRunner:
         return bool(self.waiting) or any(o is not None for o in self.slots)
 
     @property
+    def decoding(self) -> bool:
+        """Whether some sequence is generating (a longer next step would delay its tokens)."""
+        return any(isinstance(o, Sequence) and o.state is State.DECODING for o in self.slots)
+
+    @property
     def n_active(self) -> int:
         return sum(o is not None for o in self.slots)
 
