@@ -257,6 +257,7 @@ class Scheduler:
     def __init__(self, model: LoadedModel, *, name: str = "model", max_queue: int = 64,
                  metrics: MetricsSink = NULL_METRICS,
                  prefill_budget: int = batch.PREFILL_BUDGET,
+                 idle_budget: int = batch.IDLE_PREFILL_BUDGET,
                  drafts: Callable[[], Drafter | None] | None = None,
                  prompt_cache: PromptCachePool | None = None) -> None:
         self.model = model
@@ -264,7 +265,8 @@ class Scheduler:
         self.max_queue = max_queue
         self.metrics = metrics
         # drafts: a drafter for each admitted request that does not opt out (speculative)
-        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget, drafts=drafts,
+        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget,
+                                        idle_budget=idle_budget, drafts=drafts,
                                         prompt_cache=prompt_cache)
         self.exclusive = threading.Lock()  # held by a step, and by a slot action between steps
         self.n_slots = self.runner.n_slots

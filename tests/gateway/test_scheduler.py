@@ -316,7 +316,7 @@ def test_embeddings_run_in_the_batch():
 def test_prompt_progress_for_a_prompt_read_in_several_steps():
     async def main():
         model = ScriptedModel(n_slots=1, n_ctx=256)
-        sched = Scheduler(model, name="fake", prefill_budget=40)
+        sched = Scheduler(model, name="fake", prefill_budget=40, idle_budget=40)
         try:
             events = [e async for e in sched.submit(request("ab" * 50))]
             short = [e async for e in sched.submit(request("b"))]
