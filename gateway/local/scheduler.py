@@ -62,11 +62,16 @@ from gateway.generation.events import (
     Timings,
     TokenInfo,
 )
+from gateway.local.arrivals import Arrivals
 from gateway.local.stop_strings import StopScanner
 from gateway.metrics import NULL_METRICS, MetricsSink
 
 log = logging.getLogger("modelyard.scheduler")
 
+# An idle scheduler waits at most this long for requests still being planned (gateway/local/
+# arrivals.py), so a burst of requests is read in one step and their first tokens come together.
+GATHER_WAIT = 0.010    # seconds
+GATHER_POLL = 0.001    # seconds between looks at requests that ended while being planned
 PROGRESS_LOG_SECONDS = 10.0  # a generation running longer logs its progress this often
 MISS_TOKENS = BLOCK  # a prompt computing this many tokens or more missed the prompt cache
 
@@ -263,6 +268,7 @@ class Scheduler:
     def __init__(self, model: LoadedModel, *, name: str = "model", max_queue: int = 64,
                  metrics: MetricsSink = NULL_METRICS,
                  prefill_budget: int = batch.PREFILL_BUDGET,
+                 idle_budget: int = batch.IDLE_PREFILL_BUDGET,
                  drafts: Callable[[], Drafter | None] | None = None,
                  prompt_cache: PromptCachePool | None = None) -> None:
         self.model = model
@@ -270,7 +276,8 @@ class Scheduler:
         self.max_queue = max_queue
         self.metrics = metrics
         # drafts: a drafter for each admitted request that does not opt out (speculative)
-        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget, drafts=drafts,
+        self.runner = batch.BatchRunner(model, prefill_budget=prefill_budget,
+                                        idle_budget=idle_budget, drafts=drafts,
                                         prompt_cache=prompt_cache)
         self.exclusive = threading.Lock()  # held by a step, and by a slot action between steps
         self.n_slots = self.runner.n_slots
@@ -283,6 +290,7 @@ class Scheduler:
         self._retryable = True              # whether loading the file again may help
         self._abort: BaseException | None = None  # end every job with this (shutdown deadline)
         self._file_changed = model.file_changed
+        self.arrivals = Arrivals()  # requests being planned for this model (ServedModel.prepare)
         self._thread = threading.Thread(target=self._work, name=f"modelyard-{name}", daemon=True)
         self._thread.start()
 
@@ -330,6 +338,7 @@ class Scheduler:
                 raise QueueFullError(self.name, self.max_queue)
             self._n_waiting += 1
             self._incoming.append(job)
+            self.arrivals.submitted()  # under the lock: _gather sees the job and the count together
             self._cond.notify()
         self.metrics.set_queue(self.name, self.queued)
 
@@ -372,6 +381,8 @@ class Scheduler:
                         return
                     incoming, self._incoming = self._incoming, []
                     abort, self._abort = self._abort, None
+                    if incoming and not runner.decoding:
+                        incoming += self._gather()
                 for job in incoming:
                     runner.submit(job.work)
                 outbox = _Outbox()
@@ -396,6 +407,21 @@ class Scheduler:
             raise
         finally:
             self._shut_down()
+
+    def _gather(self) -> list[_Job]:
+        """With nothing decoding (so no stream waits for it), wait up to GATHER_WAIT for the
+        requests still being planned, so prompts that arrive together are read in one step.
+        Called holding the lock; returns the jobs that came meanwhile."""
+        more: list[_Job] = []
+        deadline = time.monotonic() + GATHER_WAIT
+        while not (self._closed or self._abort) and self.arrivals.count():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(min(left, GATHER_POLL))
+            more += self._incoming
+            self._incoming = []
+        return more
 
     def _drop_cancelled(self, outbox: _Outbox) -> None:
         for work in list(self.runner.occupants()):

@@ -91,7 +91,9 @@ class ServedModel:
         return int(self.model.n_embd)
 
     async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn` on this model's prep threads (template rendering, tokenizing)."""
+        """Run `fn` on this model's prep threads (template rendering, tokenizing). The calling
+        request counts as on its way to the scheduler until it submits (gateway/local/arrivals.py)."""
+        self.scheduler.arrivals.planning()
         return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
 
     def submit(self, request: GenerationRequest) -> Generation:

@@ -123,6 +123,22 @@ def test_each_step_is_one_pass_of_decodes_plus_prefill_within_the_budget():
     assert [text_of(s) for s in talkers] == [w * 30 for w in "abc"]
 
 
+def test_with_nothing_decoding_a_step_reads_the_idle_budget():
+    model = ScriptedModel(n_slots=9, n_ctx=512)
+    runner = BatchRunner(model, prefill_budget=48, idle_budget=96)
+    burst = [Sequence(script(letters(w * 9)), params=GREEDY) for w in "abcdefgh"]  # 10 tokens each
+    for seq in burst:
+        runner.submit(seq)
+    runner.step()                                        # nobody decodes: 80 tokens, all eight
+    assert [s.state for s in burst] == [State.DECODING] * 8
+    long = Sequence(script(letters("z" * 100)), params=GREEDY)
+    runner.submit(long)
+    runner.step()                                        # eight decode: the budget is 48 - 8
+    assert long.pos == 48 - 8
+    run_all(runner)
+    assert [text_of(s) for s in burst] == [w * 9 for w in "abcdefgh"] and text_of(long) == "z" * 100
+
+
 def test_a_short_prompt_is_read_before_a_long_one_already_under_way():
     model = ScriptedModel(n_slots=2, n_ctx=512)
     runner = BatchRunner(model, prefill_budget=32)

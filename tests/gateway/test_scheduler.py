@@ -19,6 +19,7 @@ from gateway.generation.events import (
     SchedulerClosedError,
     TextDelta,
 )
+from gateway.local import scheduler as scheduler_module
 from gateway.local.scheduler import HANDOFF_ROUNDS, Generation, Scheduler
 from gateway.local.stop_strings import StopScanner
 from tests.support.scripted_model import FAIL, SEP, ScriptedModel, ScriptedTokenizer, letters, script
@@ -315,7 +316,7 @@ def test_embeddings_run_in_the_batch():
 def test_prompt_progress_for_a_prompt_read_in_several_steps():
     async def main():
         model = ScriptedModel(n_slots=1, n_ctx=256)
-        sched = Scheduler(model, name="fake", prefill_budget=40)
+        sched = Scheduler(model, name="fake", prefill_budget=40, idle_budget=40)
         try:
             events = [e async for e in sched.submit(request("ab" * 50))]
             short = [e async for e in sched.submit(request("b"))]
@@ -329,6 +330,79 @@ def test_prompt_progress_for_a_prompt_read_in_several_steps():
     first_text = next(i for i, e in enumerate(events) if isinstance(e, TextDelta))
     assert first_text > events.index(progress[-1])
     assert not any(isinstance(e, PromptProgress) for e in short)  # read in one step: no progress
+
+
+def _prefills(model):
+    """The forward passes that read prompts: per pass, the prompts' first tokens."""
+    return [[t[0] for _, t, _ in c.chunks if len(t) > 1] for c in model.calls
+            if any(len(t) > 1 for _, t, _ in c.chunks)]
+
+
+def test_requests_planned_together_are_read_in_one_step(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "GATHER_WAIT", 60.0)  # only arrivals end the wait
+
+    async def main(sched, model):
+        async def client(text, planning_takes):
+            sched.arrivals.planning()           # as ServedModel.prepare does
+            await asyncio.sleep(planning_takes)  # the template, the tokenizer
+            return await drain(sched.submit(request(text)))
+
+        results = await asyncio.wait_for(asyncio.gather(client("abc", 0), client("bcd", 0.05),
+                                                        client("cde", 0.1)), 30)
+        return results, model
+
+    results, model = run(main, n_slots=4)
+    assert [r[0] for r in results] == ["abc", "bcd", "cde"]
+    # the first arrival waited for the two still being planned: one step read all three
+    assert _prefills(model)[0] == [letters("abc")[0], letters("bcd")[0], letters("cde")[0]]
+
+
+def test_a_request_that_fails_planning_holds_nothing_up(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "GATHER_WAIT", 60.0)
+
+    async def main(sched, model):
+        async def failing():
+            sched.arrivals.planning()
+            await asyncio.sleep(0.02)
+            raise ValueError("a 400 in planning")
+
+        bad = asyncio.ensure_future(failing())
+
+        async def client():
+            sched.arrivals.planning()
+            return await drain(sched.submit(request("abc")))
+
+        result = await asyncio.wait_for(client(), 30)  # not the 60 s the count could hold it
+        with pytest.raises(ValueError):
+            await bad
+        return result, sched.arrivals.count()
+
+    (text, _, finished), left = run(main)
+    assert text == "abc" and finished.finish_reason == "stop" and left == 0
+
+
+def test_decoding_streams_never_wait_for_arrivals(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "GATHER_WAIT", 60.0)
+
+    async def main(sched, model):
+        running = sched.submit(request("a" * 40))
+        first = await running.__anext__()           # it decodes now
+        never = asyncio.Event()
+
+        async def stuck():
+            sched.arrivals.planning()                # on its way, and it never comes
+            await never.wait()
+
+        waiting = asyncio.ensure_future(stuck())
+        await asyncio.sleep(0)
+        late = sched.submit(request("bcd"))          # arrives while "a..." decodes
+        results = await asyncio.wait_for(asyncio.gather(drain(running), drain(late)), 30)
+        never.set()
+        await waiting
+        return first, results
+
+    first, (rest, late) = run(main, n_slots=2, n_ctx=128)
+    assert first.text + rest[0] == "a" * 40 and late[0] == "bcd"
 
 
 def test_counts_return_to_zero_and_the_thread_sleeps_when_idle():
