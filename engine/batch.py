@@ -569,8 +569,17 @@ class BatchRunner:
     def _verify(self, seq: Sequence, rows: np.ndarray) -> list[Sampled]:
         """The tokens seq takes from its chunk's logits rows [1 + k, n_vocab]: the drafts the
         sampler accepts, in order, then the token it takes where it rejects one (or after the
-        last draft)."""
+        last draft). Plain greedy rows take batch_greedy's one argmax, as `_sample` does."""
         taken: list[Sampled] = []
+        if plain_greedy(seq.params):
+            bias = [seq.params.logit_bias]
+            for row, drafted in zip(rows, [*seq.draft, -1]):  # row by row: a NaN past the
+                token = greedy_tokens([row], bias)[0]          # rejection is never looked at
+                seq.sampler.accept(token)
+                taken.append(Sampled(token, float("nan")))
+                if token != drafted:
+                    break
+            return taken
         for row, drafted in zip(rows, seq.draft):
             sampled, accepted = seq.sampler.verify(row, drafted)
             taken.append(sampled)
