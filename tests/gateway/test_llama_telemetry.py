@@ -24,7 +24,7 @@ import requests
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from engine.batch import PREFILL_BUDGET
+from engine.batch import IDLE_PREFILL_BUDGET
 from engine.prompt import Prompt
 from engine.sampling import SamplingParams
 from gateway.generation.events import GenerationRequest, PromptProgress, TextDelta
@@ -65,7 +65,8 @@ def as_dict(e: PromptProgress) -> dict[str, int]:
 def run_scripted(requests_: list[GenerationRequest], budget: int) -> list[list[Any]]:
     """Each request's events, one after another, on one slot (the next reuses its prefix)."""
     async def main() -> list[list[Any]]:
-        sched = Scheduler(ScriptedModel(n_slots=1, n_ctx=256), name="fake", prefill_budget=budget)
+        sched = Scheduler(ScriptedModel(n_slots=1, n_ctx=256), name="fake", prefill_budget=budget,
+                          idle_budget=budget)
         try:
             return [[e async for e in sched.submit(r)] for r in requests_]
         finally:
@@ -103,7 +104,8 @@ def test_timings_per_token_puts_where_the_generation_stands_on_every_delta():
 
 # --------------------------------------------------------------------------------- the APIs
 
-# ~300 tokens with the chat template: read in 3 steps of PREFILL_BUDGET
+# ~300 tokens with the chat template. A lone request reads with nothing decoding beside it, so
+# its steps take IDLE_PREFILL_BUDGET tokens each (llama.cpp's n_batch): 2 steps
 LONG = "This is a test. " * 70
 
 
@@ -140,11 +142,11 @@ def test_chat_return_progress_passes_llama_cpps_rules(server, reuse_cache):
         stream(server.url + "/v1/chat/completions", body)
     chunks = stream(server.url + "/v1/chat/completions", body)
     reports = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
-    check_progress_stream(reports, PREFILL_BUDGET)
+    check_progress_stream(reports, IDLE_PREFILL_BUDGET)
     if reuse_cache:  # all of it but the last token, whose logits come next: 2 reports
         assert reports[0]["cache"] == reports[0]["total"] - 1 and len(reports) == 2
     else:  # the slot held another prompt: a few template tokens at most are reused
-        assert reports[0]["cache"] < PREFILL_BUDGET and len(reports) >= 3
+        assert reports[0]["cache"] < IDLE_PREFILL_BUDGET and len(reports) >= 3
     n_prompt = server.openai.chat.completions.create(
         model="smol", messages=body["messages"], max_tokens=1).usage.prompt_tokens
     assert reports[0]["total"] == n_prompt
@@ -159,7 +161,7 @@ def test_completion_streams_progress_and_per_token_timings_in_llama_cpps_shape(s
         "prompt": LONG, "n_predict": 6, "stream": True, "return_progress": True,
         "timings_per_token": True, "temperature": 0, "cache_prompt": False})
     reports = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
-    check_progress_stream(reports, PREFILL_BUDGET)
+    check_progress_stream(reports, IDLE_PREFILL_BUDGET)
     assert all(c["content"] == "" and c["stop"] is False for c in chunks if "prompt_progress" in c)
     texts = [c for c in chunks if not c["stop"] and "prompt_progress" not in c]
     assert texts and all(set(c["timings"]) >= TIMINGS_KEYS for c in texts)
@@ -192,7 +194,7 @@ def test_responses_telemetry_as_llama_cpps_test_reads_it(server):
         "stream": True, "timings_per_token": True, "return_progress": True})
     progress = [e for e in events if "prompt_progress" in e]
     assert progress and all(e["type"] == "response.in_progress" for e in progress)
-    check_progress_stream([e["prompt_progress"] for e in progress], PREFILL_BUDGET)
+    check_progress_stream([e["prompt_progress"] for e in progress], IDLE_PREFILL_BUDGET)
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert any("timings" in e for e in deltas)
     assert all({"prompt_per_second", "predicted_per_second"} <= set(e["timings"])
