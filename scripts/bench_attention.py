@@ -1,9 +1,13 @@
 """Time the attention kernel at SmolLM2's shapes (9 heads, 3 KV heads, head dim 64).
 
-    python scripts/bench_attention.py [--threads 1 2] [--repeat 2000] [--step]
+    python scripts/bench_attention.py [--threads 1 2] [--repeat 2000] [--step] [--depth D]
 
 Decode (one query) at cache lengths 128 and 1024, and one 512-token prefill for scale.
 Reports microseconds per call (best of 5 runs) next to the float64 numpy twin.
+
+--depth D: also a 512-token chunk after D cached tokens (a long prompt's last chunks, the
+blocked tiles), with its multiply-add rate: 2 * (q . k and p . v products) per second, against
+which the machine's f32 FMA peak (2 x 16-lane FMAs per cycle per core) can be set.
 
 --step: also a batched decode step of the real model (8 slots, ~100-160 cached tokens each),
 where attention reads cache rows the matmuls have pushed out of the CPU caches. Reports CPU time
@@ -24,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.kernels.attention import AttentionKernel  # noqa: E402
 from engine.kernels.attention_reference import attention_reference  # noqa: E402
 
-N_HEAD, N_KV_HEAD, HEAD_DIM, N_CTX = 9, 3, 64, 2048
+N_HEAD, N_KV_HEAD, HEAD_DIM = 9, 3, 64
 
 
 def best_us(fn, repeat: int) -> float:
@@ -66,12 +70,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=2000)
     ap.add_argument("--step", action="store_true", help="also time SmolLM2 8-slot decode steps")
+    ap.add_argument("--depth", type=int, default=0, help="also a 512-token chunk after D cached tokens")
     args = ap.parse_args()
 
     rng = np.random.default_rng(0)
-    k = rng.standard_normal((N_CTX, N_KV_HEAD, HEAD_DIM)).astype(np.float16)
-    v = rng.standard_normal((N_CTX, N_KV_HEAD, HEAD_DIM)).astype(np.float16)
+    n_ctx = max(2048, args.depth + 512)
+    k = rng.standard_normal((n_ctx, N_KV_HEAD, HEAD_DIM)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, N_KV_HEAD, HEAD_DIM)).astype(np.float16)
     cases = [("decode", 1, 127), ("decode", 1, 1023), ("prefill", 512, 0)]
+    cases += [("prefill", 512, args.depth)] if args.depth else []
     kernels = {n: AttentionKernel(n) for n in args.threads}
     print(f"shapes: n_head={N_HEAD} n_kv_head={N_KV_HEAD} head_dim={HEAD_DIM}")
     for name, n_q, pos0 in cases:
@@ -79,11 +86,15 @@ def main() -> None:
         out = np.empty_like(q)
         repeat = args.repeat if n_q == 1 else max(1, args.repeat // 200)
         line = f"{name:7s} n_q={n_q:3d} cache={pos0 + n_q:4d}:"
+        products = N_HEAD * HEAD_DIM * 2 * (n_q * pos0 + n_q * (n_q + 1) // 2)  # q.k and p.v
         for n, kern in kernels.items():
             us = best_us(lambda kern=kern, q=q, pos0=pos0, out=out: kern(q, k, v, pos0, out), repeat)
             line += f"  {n} thr {us:9.1f} us"
-        ref_us = best_us(lambda q=q, pos0=pos0: attention_reference(q, k, v, pos0), max(1, repeat // 20))
-        line += f"  | numpy twin {ref_us:9.1f} us"
+            if pos0 >= 512:
+                line += f" ({2 * products / us / 1e3:.0f} GFLOP/s)"
+        if pos0 < 512:  # (the twin takes seconds at depth)
+            ref_us = best_us(lambda q=q, pos0=pos0: attention_reference(q, k, v, pos0), max(1, repeat // 20))
+            line += f"  | numpy twin {ref_us:9.1f} us"
         print(line)
     for kern in kernels.values():
         kern.close()

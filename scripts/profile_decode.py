@@ -1,10 +1,11 @@
 """Where a decode step's time goes: per task kind, and per matmul with its GB/s.
 
     python scripts/profile_decode.py MODEL.gguf [--threads 2] [--steps 48] [--batch 1]
-                                   [--prefill N]
+                                   [--prefill N [--depth D]]
 
 Runs `--steps` decode steps of `--batch` sequences (with --prefill N: `--steps` prefills of
-one N-token prompt in a fresh context instead) through the fused graph twice, interleaved:
+one N-token prompt in a fresh context instead; with --depth D too, of an N-token chunk after D
+cached tokens, as the last chunks of a long prompt run) through the fused graph twice, interleaved:
 whole (one pool dispatch per step, as the engine runs it) and node by node (each node its own
 dispatch, timed alone). The node-by-node sum less the whole step's time is what the per-node
 dispatches add; the rest is each task's own time. Decode matmuls print bytes read and GB/s.
@@ -32,16 +33,21 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="matmuls to list by time")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="profile prefills of an N-token prompt instead of decode steps")
+    ap.add_argument("--depth", type=int, default=0, metavar="D",
+                    help="with --prefill: the chunk comes after D cached tokens")
     args = ap.parse_args()
 
     import engine
     from engine.formats import quants
     from engine.kernels import moe_oai, moe_tasks, tasks
+    from engine.kv import MAX_CHUNK
     from engine.model import Chunk
 
-    model = engine.load(args.model, n_ctx=1024, n_threads=args.threads, n_slots=args.batch)
+    n_ctx = max(1024, args.depth + args.prefill + 16)
+    model = engine.load(args.model, n_ctx=n_ctx, n_threads=args.threads, n_slots=args.batch)
     tr = model.transformer
-    ids = model.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * max(8, args.prefill // 8))
+    text = "The quick brown fox jumps over the lazy dog. "
+    ids = model.tokenizer.encode(text * max(8, (args.depth + args.prefill) // 8))
     for s in range(args.batch):
         tr.forward([Chunk(s, ids[s:s + 32], 0)], "last")
     names = {addr: name for name, addr in tr.tasks.address.items()}
@@ -58,6 +64,8 @@ def main() -> None:
             elif hasattr(m, "address") and hasattr(m, "n_rows"):
                 mat_names[m.address] = n
     mat_names[tr.weights.output.address] = "output"
+    for a in range(0, args.depth, MAX_CHUNK):  # the cached tokens a --depth chunk comes after
+        tr.forward([Chunk(0, ids[a:min(a + MAX_CHUNK, args.depth)], a)], "last")
     pool = tr.pool
     real_run = pool.run
     per_node: dict[int, list[float]] = defaultdict(list)
@@ -82,8 +90,8 @@ def main() -> None:
     pos = 32
     for i in range(args.steps * 2):
         mode["split"] = bool(i % 2)
-        if args.prefill:  # position 0 again: a fresh context
-            tr.forward([Chunk(0, ids[:args.prefill], 0)], "last")
+        if args.prefill:  # position `depth` again: the slot truncated back there
+            tr.forward([Chunk(0, ids[args.depth:args.depth + args.prefill], args.depth)], "last")
             continue
         logits = tr.forward([Chunk(s, [toks[s]], pos) for s in range(args.batch)], "last")
         toks = [int(np.argmax(row)) for row in logits]
@@ -109,7 +117,7 @@ def main() -> None:
         by_kind[name] += t
     step = statistics.median(whole)
     print(f"{model.path.name if hasattr(model, 'path') else args.model}: {args.threads} threads, "
-          f"{f'prefill {args.prefill}' if args.prefill else f'batch {args.batch}'}, {nodes.shape[0]} nodes")
+          f"{f'prefill {args.prefill} at depth {args.depth}' if args.prefill else f'batch {args.batch}'}, {nodes.shape[0]} nodes")
     per_step = args.prefill or args.batch  # tokens a step evaluates
     print(f"whole step {step * 1e3:.3f} ms ({per_step / step:.1f} tok/s); node by node "
           f"{node_total * 1e3:.3f} ms (+{(node_total - step) * 1e6 / nodes.shape[0]:.2f} us/node)")

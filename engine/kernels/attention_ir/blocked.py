@@ -108,12 +108,23 @@ def define_blocked(module: ir.Module, f16c: bool, registers: int, sinks: bool = 
             store(b, const(V16, 0.0), o, c)
         firsts = [load(b, first, i64(LANES * j), V16I32) for j in range(nv)]
         lasts = [load(b, last, i64(LANES * j), V16I32) for j in range(nv)]
+        # a block every lane sees whole (a full tile, keys from the latest first to the
+        # earliest last) needs no mask: selecting every score changes no bit
+        whole_tile = b.icmp_signed("==", count, i64(rows))
+        f_max, l_min = b.load(fmax_var), b.load(lmin_var)
         kb0 = b.mul(b.sdiv(kmin, i64(TILE_KEYS)), i64(TILE_KEYS))
         with counted_loop(b, kb0, b.add(kmax, i64(1)), TILE_KEYS, "kb") as kb:
             convert_block(kv_head, kb, kmin, kmax)
             scores(kb)
-            for j in range(nv):
-                softmax_lanes(j, kb, firsts[j], lasts[j], m[j], ell[j])
+            unmasked = b.and_(whole_tile, b.and_(b.icmp_signed(">=", kb, f_max),
+                                                 b.icmp_signed("<=", b.add(kb, i64(TILE_KEYS - 1)), l_min)))
+            with b.if_else(unmasked) as (then, otherwise):
+                with then:
+                    for j in range(nv):
+                        softmax_lanes(j, kb, None, m[j], ell[j])
+                with otherwise:
+                    for j in range(nv):
+                        softmax_lanes(j, kb, (firsts[j], lasts[j]), m[j], ell[j])
             pv(count)
         finish(count, m, ell)
 
@@ -159,27 +170,32 @@ def define_blocked(module: ir.Module, f16c: bool, registers: int, sinks: bool = 
                     at = i64(t * TILE_ROWS + LANES * j)
                     store(b, capped(b, load(b, s_blk, at, V16), softcap), s_blk, at)
 
-    def softmax_lanes(j: int, kb: ir.Value, firsts: ir.Value, lasts: ir.Value, m: ir.Value,
+    def softmax_lanes(j: int, kb: ir.Value, mask: tuple[ir.Value, ir.Value] | None, m: ir.Value,
                       ell: ir.Value) -> None:
-        """Lanes 16j..16j+15: the mask, the block's max, p in place of s, the rescale in alpha."""
-        ss = []
-        mblk = const(V16, -math.inf)
+        """Lanes 16j..16j+15: the mask (first, last key positions per lane; None: every lane sees
+        every key of the block), the block's max, p in place of s, the rescale in alpha."""
+        at = [i64(t * TILE_ROWS + LANES * j) for t in range(TILE_KEYS)]
+        maxes = []
         for t in range(TILE_KEYS):
-            pos = builder.splat(b, b.trunc(b.add(kb, i64(t)), I32), LANES)
-            sees = b.and_(b.icmp_signed(">=", pos, firsts), b.icmp_signed("<=", pos, lasts))
-            s = b.select(sees, load(b, s_blk, i64(t * TILE_ROWS + LANES * j), V16), const(V16, -math.inf))
-            ss.append(s)
-            mblk = builder.maxnum(b, mblk, s)
+            s = load(b, s_blk, at[t], V16)
+            if mask is not None:
+                pos = builder.splat(b, b.trunc(b.add(kb, i64(t)), I32), LANES)
+                sees = b.and_(b.icmp_signed(">=", pos, mask[0]), b.icmp_signed("<=", pos, mask[1]))
+                s = b.select(sees, s, const(V16, -math.inf))
+                store(b, s, s_blk, at[t])
+            maxes.append(s)
+        while len(maxes) > 1:  # a tree: the max is exact in any order
+            maxes = [builder.maxnum(b, x, y) for x, y in zip(maxes[::2], maxes[1::2])] + maxes[len(maxes) & ~1:]
         m_old = b.load(m)
-        m_new = builder.maxnum(b, m_old, mblk)
+        m_new = builder.maxnum(b, m_old, maxes[0])
         none_yet = b.fcmp_ordered("==", m_new, const(V16, -math.inf))
         m_use = b.select(none_yet, const(V16, 0.0), m_new)  # no key seen yet: o = l = 0 stay
         a = builder.exp(b, b.fsub(m_old, m_use))
         store(b, a, alpha, i64(LANES * j))
         total = const(V16, 0.0)
-        for t, s in enumerate(ss):
-            pt = builder.exp(b, b.fsub(s, m_use))
-            store(b, pt, s_blk, i64(t * TILE_ROWS + LANES * j))
+        for t in range(TILE_KEYS):  # the sum in key order
+            pt = builder.exp(b, b.fsub(load(b, s_blk, at[t], V16), m_use))
+            store(b, pt, s_blk, at[t])
             total = b.fadd(total, pt)
         b.store(fmuladd(b, b.load(ell), a, total), ell)
         b.store(m_new, m)
@@ -237,6 +253,8 @@ def define_blocked(module: ir.Module, f16c: bool, registers: int, sinks: bool = 
     count_var = variable(b, I64, i64(0), "count")
     kmin_var = variable(b, I64, i64(0), "kmin")
     kmax_var = variable(b, I64, i64(0), "kmax")
+    fmax_var = variable(b, I64, i64(0), "fmax")   # the latest first key of the tile's rows
+    lmin_var = variable(b, I64, i64(0), "lmin")   # the earliest last key
 
     def add_row(w: ir.Value, head: ir.Value) -> None:
         """Item w (query w // n_head, head) as the tile's next row: its keys, query, sink."""
@@ -259,6 +277,8 @@ def define_blocked(module: ir.Module, f16c: bool, registers: int, sinks: bool = 
             store(b, load(b, q_row, d), qt, b.add(b.mul(d, R), r))
         b.store(b.select(b.icmp_signed("<", f, b.load(kmin_var)), f, b.load(kmin_var)), kmin_var)
         b.store(b.select(b.icmp_signed(">", la, b.load(kmax_var)), la, b.load(kmax_var)), kmax_var)
+        b.store(b.select(b.icmp_signed(">", f, b.load(fmax_var)), f, b.load(fmax_var)), fmax_var)
+        b.store(b.select(b.icmp_signed("<", la, b.load(lmin_var)), la, b.load(lmin_var)), lmin_var)
         b.store(b.add(r, i64(1)), count_var)
 
     with counted_loop(b, i64(0), n_kv_head, 1, "kvh") as kv_head:
@@ -273,6 +293,8 @@ def define_blocked(module: ir.Module, f16c: bool, registers: int, sinks: bool = 
         b.store(i64(0), count_var)
         b.store(i64(2 ** 62), kmin_var)
         b.store(i64(-1), kmax_var)
+        b.store(i64(-1), fmax_var)
+        b.store(i64(2 ** 62), lmin_var)
         with counted_loop(b, i64(0), R, 1, "pad") as r:  # lanes no row takes see no key
             b.store(const(I32, 2 ** 31 - 1), gep(b, first, r))
             b.store(const(I32, -1), gep(b, last, r))
