@@ -116,8 +116,9 @@ def main() -> None:
             name = "matmul " + label
         by_kind[name] += t
     step = statistics.median(whole)
+    shape = f"prefill {args.prefill} at depth {args.depth}" if args.prefill else f"batch {args.batch}"
     print(f"{model.path.name if hasattr(model, 'path') else args.model}: {args.threads} threads, "
-          f"{f'prefill {args.prefill} at depth {args.depth}' if args.prefill else f'batch {args.batch}'}, {nodes.shape[0]} nodes")
+          f"{shape}, {nodes.shape[0]} nodes")
     per_step = args.prefill or args.batch  # tokens a step evaluates
     print(f"whole step {step * 1e3:.3f} ms ({per_step / step:.1f} tok/s); node by node "
           f"{node_total * 1e3:.3f} ms (+{(node_total - step) * 1e6 / nodes.shape[0]:.2f} us/node)")
