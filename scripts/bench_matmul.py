@@ -5,6 +5,7 @@
     python scripts/bench_matmul.py --ab-wide --types Q4_1,Q8_0 --shapes 1b --ms 1,8,64,512
     python scripts/bench_matmul.py --ab-layout --types Q4_K,Q6_K --shapes 1b --ms 1,8,512
     python scripts/bench_matmul.py --ab-tiles 1,2 --types Q4_K,Q5_K --shapes 1b --ms 8,512
+    python scripts/bench_matmul.py --ab-amx --types Q4_1,Q8_0 --ms 16,64,512
 
 --ab-wide compares MatmulKernels' AVX-512 form (wide: the legacy types' row pairs) with
 wide=False in one process, one thread: timed runs (thread CPU time) alternate between them
@@ -13,7 +14,9 @@ outputs must be the same bits). Up to M = 8 the set of matrices is larger than t
 decode step reads them. --ab-layout compares the file-layout kernels with the row-interleaved
 ones on repacked copies of the same matrices (engine.kernels.gemm; the K-quants must give the
 same bits, the others need not). --ab-tiles A,B compares the row-interleaved kernels built with
-register tiles of A and of B activation rows (always the same bits).
+register tiles of A and of B activation rows (always the same bits). --ab-amx compares the
+legacy types' VNNI nest with their AMX-INT8 tiles (engine.kernels.gemm.amx; the same bits) on
+the same repacked matrices; it needs a CPU with AMX-INT8.
 
 Every type the engine supports is measured by default (engine.formats.quants.TYPES); a shape whose
 row length is not a whole number of the type's blocks (576 for the 256-value super-blocks of
@@ -88,8 +91,8 @@ def _wide_forms(t: T) -> dict[str, Matmul]:
     return {"narrow": lambda w, x, o: narrow.matmul(w, x, o), "wide": lambda w, x, o: wide.matmul(w, x, o)}
 
 
-def _interleaved(t: T, tile: int | None = None) -> GemmKernels:
-    gk = GemmKernels([t], host_isa(), tile)
+def _interleaved(t: T, tile: int | None = None, amx_tiles: bool | None = None) -> GemmKernels:
+    gk = GemmKernels([t], host_isa(), tile, amx_tiles)
     if not gk.has(t):
         raise SystemExit(f"no interleaved kernel for {t.name} on {gk.isa}")
     return gk
@@ -119,6 +122,13 @@ def _tile_forms(tiles: tuple[int, ...]) -> Callable[[T], dict[str, Matmul]]:
         packed: dict[int, RepackedMatrix] = {}
         return {f"tile{n}": _on_repacked(_interleaved(t, n), packed) for n in tiles}
     return forms
+
+
+def _amx_forms(t: T) -> dict[str, Matmul]:
+    """The row-interleaved kernel on VNNI and on AMX-INT8 tiles, on the same repacked matrices."""
+    packed: dict[int, RepackedMatrix] = {}
+    return {"vnni": _on_repacked(_interleaved(t, amx_tiles=False), packed),
+            "amx": _on_repacked(_interleaved(t, amx_tiles=True), packed)}
 
 
 def _cpu_seconds(fn: Matmul, mats: list[QuantMatrix], x: np.ndarray, outs: list[np.ndarray],
@@ -191,12 +201,15 @@ def main() -> None:
                     help="file-layout vs repacked (row-interleaved) kernels, the same way")
     ap.add_argument("--ab-tiles", metavar="A,B",
                     help="row-interleaved kernels with register tiles of A vs B rows, the same way")
+    ap.add_argument("--ab-amx", action="store_true",
+                    help="row-interleaved kernels on VNNI vs AMX-INT8 tiles, the same way")
     ap.add_argument("--ms", default="1,8,64,512", help="activation rows per call, for --ab-*")
     args = ap.parse_args()
     types = [T[name] for name in args.types.split(",")]
     shapes = SHAPES_1B if args.shapes == "1b" else SHAPES
-    if args.ab_wide or args.ab_layout or args.ab_tiles:
+    if args.ab_wide or args.ab_layout or args.ab_tiles or args.ab_amx:
         forms = (_tile_forms(tuple(int(n) for n in args.ab_tiles.split(","))) if args.ab_tiles
+                 else _amx_forms if args.ab_amx
                  else _layout_forms if args.ab_layout else _wide_forms)
         ab_forms(types, shapes, [int(s) for s in args.ms.split(",")], forms)
         return

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.kernels import jit
+from engine.kernels import amx_state, jit
 from engine.kernels.ir.builder import address
 from engine.kernels.ir.consts import splat_const
 from engine.kernels.ir.vectors import KernelFn
@@ -428,25 +428,9 @@ class AmxMatrix:
 
 # --- availability: the CPU flag, then the kernel's permission to use the tile state -----------
 
-_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
-_granted: bool | None = None
-_grant_lock = threading.Lock()
-
-
 def available() -> bool:
-    """amx-bf16 on the CPU and the tile data state granted to this process (Linux asks each
-    process to request it once: arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA))."""
-    global _granted
-    with _grant_lock:
-        if _granted is None:
-            _granted = False
-            if jit.host_cpu_is_x86() and jit.host_has("amx-bf16") and jit.host_has("amx-tile"):
-                try:
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    _granted = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
-                except (OSError, AttributeError):
-                    _granted = False
-        return _granted
+    """amx-bf16 on the CPU and the tile data state granted to this process (engine.kernels.amx_state)."""
+    return amx_state.available("amx-bf16")
 
 
 def _zero_padding(xs: np.ndarray, m: int) -> None:

@@ -18,7 +18,8 @@ import numpy as np
 from engine import hugepages
 from engine.formats.quants import QuantMatrix
 from engine.formats.repack import ACT_BLOCK, ACTIVATION, RepackedMatrix, T, act_bytes, repack
-from engine.kernels import gemm, jit
+from engine.kernels import amx_state, gemm, jit
+from engine.kernels.gemm import amx
 from engine.kernels.gemm.repack_ir import COMPILED, CompiledRepack
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
@@ -88,6 +89,17 @@ IN_MODELS = frozenset(T.__members__[n.strip()] for n in _NAMES
 NEEDS_AVX512 = frozenset({T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
 
 
+# On AMX-INT8 hosts the legacy types' prefill products run on tiles (engine.kernels.gemm.amx:
+# the same bits as the VNNI nest, which keeps calls of fewer than 16 rows); MODELYARD_AMX=0
+# keeps everything on VNNI (benchmarks' A/B).
+AMX_ENV = os.environ.get("MODELYARD_AMX", "1") != "0"
+
+
+def host_amx(isa: str) -> bool:
+    """Whether GemmKernels on `isa` take the AMX-INT8 forms by default on this host."""
+    return isa == "vnni512" and AMX_ENV and amx_state.available("amx-int8")
+
+
 def runs_in_models(qtype: T, isa: str) -> bool:
     """Whether a model on `isa` computes `qtype` matrices with these kernels (repacked)."""
     return (qtype in IN_MODELS and gemm.supported(qtype, isa)
@@ -114,10 +126,15 @@ class GemmTypeKernels:
 
 
 class GemmKernels:
-    def __init__(self, qtypes: Iterable[T], isa: str | None = None, tile: int | None = None) -> None:
-        """tile: activation rows per register tile for every type (benchmarks), else gemm.TILES'."""
+    def __init__(self, qtypes: Iterable[T], isa: str | None = None, tile: int | None = None,
+                 amx_tiles: bool | None = None) -> None:
+        """tile: activation rows per register tile for every type (benchmarks), else gemm.TILES'.
+        amx_tiles: the legacy types' AMX forms (vnni512 only; None: where the host has them)."""
         self.isa = isa or host_isa()
         self._tile = tile
+        if amx_tiles and not (self.isa == "vnni512" and amx_state.available("amx-int8")):
+            raise ValueError("AMX-INT8 tiles need AVX-512 VNNI and AMX-INT8 granted to this process")
+        self.amx = host_amx(self.isa) if amx_tiles is None else amx_tiles
         self._kernels = {q: self._load(q) for q in sorted(set(qtypes), key=lambda t: t.value)
                          if gemm.supported(q, self.isa)}
         self._repack = CompiledRepack(tuple(q for q in self._kernels if q in COMPILED))
@@ -125,8 +142,12 @@ class GemmKernels:
 
     def _load(self, qtype: T) -> GemmTypeKernels:
         tile = self._tile or gemm.TILES[qtype]
-        lib = jit.compile_cached("gemm", (qtype.name, self.isa, tile),
-                                 lambda: gemm.build_gemm_ir(qtype, self.isa, tile))
+        if self.amx and qtype in amx.TYPES:
+            lib = jit.compile_cached("gemm_amx", (qtype.name, tile, amx.KB),
+                                     lambda: amx.build_amx_gemm_ir(qtype, tile))
+        else:
+            lib = jit.compile_cached("gemm", (qtype.name, self.isa, tile),
+                                     lambda: gemm.build_gemm_ir(qtype, self.isa, tile))
         act = ACTIVATION[qtype]
         name = qtype.name.lower()
         rows = lib.function(f"gemm_{name}", None, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64)

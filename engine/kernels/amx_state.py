@@ -1,0 +1,32 @@
+"""Whether this process may run AMX instructions: the CPU flags, then the kernel's permission to
+use the tile data state (Linux asks each process to request it once, before any thread runs a
+tile instruction: arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA); the grant is process-wide)."""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from engine.kernels import jit
+
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
+_granted: bool | None = None
+_lock = threading.Lock()
+
+
+def _tile_state_granted() -> bool:
+    global _granted
+    with _lock:
+        if _granted is None:
+            _granted = False
+            if jit.host_cpu_is_x86() and jit.host_has("amx-tile"):
+                try:
+                    libc = ctypes.CDLL(None, use_errno=True)
+                    _granted = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+                except (OSError, AttributeError):
+                    _granted = False
+        return _granted
+
+
+def available(feature: str) -> bool:
+    """`feature` ("amx-bf16", "amx-int8") on the CPU and the tile state granted to this process."""
+    return jit.host_cpu_is_x86() and jit.host_has(feature) and _tile_state_granted()
