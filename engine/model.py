@@ -406,7 +406,7 @@ class Transformer:
                                     for c in chunks])                              # [T]
         kv_rows, kv_mirror, chunk_tables = self.cache.layout.step_tables(
             [c.slot for c in chunks], [c.pos0 for c in chunks], counts, positions)
-        kind = self.governor.kind(output, T)
+        kind = self.governor.kind(output, T, sum(n * (c.pos0 + n) for c, n in zip(chunks, counts)))
         threads = self.governor.choose(kind)
         seg_start, segs = tasks.split_attention([(b - a, c.pos0) for c, (a, b) in zip(chunks, spans)],
                                                 self.hp.n_head, threads)

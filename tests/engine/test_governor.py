@@ -71,3 +71,17 @@ def test_kinds_are_timed_apart() -> None:
     drive(gov, {1: 5.0, 2: 9.0}, EXPLORE_EVERY + 4)  # decode learns to prefer one thread ...
     assert gov.choose(DECODE) == 1
     assert gov.choose(prefill) == 2                   # ... prefill still starts on two
+
+
+def test_a_long_prompt_deepening_over_the_cache_stays_on_all_threads() -> None:
+    # SmolLM2's 6,000-token prompt in 512-token chunks, twice, on 2 threads (1 thread: 2x): each
+    # chunk costs its matmuls plus attention over the rows before it, so a deep chunk takes 5x
+    # the first; that is the work growing, not a busy machine, and is no reason to retry
+    gov = ThreadGovernor(2)
+    for _ in range(2):
+        for pos in range(0, 6000, 512):
+            n = min(512, 6000 - pos)
+            kind = ThreadGovernor.kind("last", n, n * (pos + n))
+            threads = gov.choose(kind)
+            assert threads == 2, pos
+            gov.record(kind, threads, (0.25 + 0.25 * pos / 1024) * n / 512 * (2 / threads))
