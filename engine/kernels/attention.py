@@ -57,11 +57,11 @@ from engine.kernels.attention_ir import (
     FUNCTION_EXACT,
     FUNCTION_F16ACC,
     FUNCTION_ROUNDED,
-    TILED_MIN_QUERIES,
     blocked_scratch_floats,
     build_attention_module,
     exact_scratch_floats,
     f16acc_scratch_floats,
+    takes_tiles,
 )
 from engine.kernels.ir import builder
 from engine.kernels.ir.builder import (
@@ -207,7 +207,7 @@ class AttentionKernel:
             scale = 1.0 / math.sqrt(head_dim)
 
         n_items = n_q * n_head
-        if n_q >= TILED_MIN_QUERIES or not self.flash_attn:  # scores rows / blocked's tiles
+        if takes_tiles(n_q, pos0) or not self.flash_attn:  # scores rows / blocked's tiles
             fn, stride = self._blocked, max(exact_scratch_floats(pos0 + n_q, n_head, n_kv_head),
                                             blocked_scratch_floats(head_dim))
         else:

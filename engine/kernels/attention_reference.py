@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from engine.kernels.attention_ir import TILE_KEYS, TILED_MIN_QUERIES
+from engine.kernels.attention_ir import TILE_KEYS, takes_tiles
 
 
 def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int,
@@ -24,10 +24,11 @@ def attention_reference(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     if not flash_attn:
         return attention_rounded_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring,
                                            sinks, bidirectional)
-    if q.shape[0] >= TILED_MIN_QUERIES and q.shape[2] % 16 == 0:
+    tiled = takes_tiles(q.shape[0], pos0)
+    if tiled and q.shape[2] % 16 == 0:
         return attention_blocked_reference(q, k_cache, v_cache, pos0, scale, window, softcap,
                                            ring, sinks, bidirectional)
-    if q.shape[0] >= TILED_MIN_QUERIES:
+    if tiled:
         return attention_exact(q, k_cache, v_cache, pos0, scale, window, softcap, ring, sinks,
                                bidirectional)
     return attention_f16acc_reference(q, k_cache, v_cache, pos0, scale, window, softcap, ring,

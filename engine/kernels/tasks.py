@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.kernels import jit
-from engine.kernels.attention_ir import TILED_MIN_QUERIES
+from engine.kernels.attention_ir import DEEP_CACHE, DEEP_MIN_QUERIES, TILED_MIN_QUERIES
 from engine.kernels.ir.text import IRFunction
 
 
@@ -395,7 +395,8 @@ def _task_rope_store(f16c: bool) -> str:
 def _task_attention(sinks: bool = False, bidirectional: bool = False) -> str:
     """My segments (chunk c, items [w0, w1)) of STEP.segs[seg_start[tid] .. seg_start[tid+1]]:
     attention (engine.kernels.attention) of chunk c's queries against its slot's cache rows, the
-    exact function when the chunk has >= TILED_MIN_QUERIES queries, else the f16-accumulator one.
+    exact function when the chunk takes the tiles (attention_ir.takes_tiles), else the
+    f16-accumulator one.
     sinks: task_attention_sinks, whose functions take ATTENTION_SINKS' sinks last.
     bidirectional: its functions also take the chunk's row of STEP.bidirectional, last."""
     f = IRFunction(f"void @{_attention_task_name(sinks, bidirectional)}{_SIG}")
@@ -407,7 +408,10 @@ def _task_attention(sinks: bool = False, bidirectional: bool = False) -> str:
     bi_table = f.load("ptr", "%step", STEP.offset("bidirectional"), align=8) if bidirectional else ""
 
     def segment(c: str, w0: str, w1: str, row0: str, n_q: str, pos0: str, kv0: str) -> None:
-        tiled = f.let(f"icmp sge i64 {n_q}, {TILED_MIN_QUERIES}")
+        many = f.let(f"icmp sge i64 {n_q}, {TILED_MIN_QUERIES}")   # attention_ir.takes_tiles
+        deep = f.let(f"and i1 {f.let(f'icmp sge i64 {n_q}, {DEEP_MIN_QUERIES}')}, "
+                     f"{f.let(f'icmp sge i64 {pos0}, {DEEP_CACHE}')}")
+        tiled = f.let(f"or i1 {many}, {deep}")
         fn = f.select(tiled, "ptr", a["exact"], a["f16acc"])
         q = f.gep(a["q"], f.mul(row0, q_row))
         out = f.gep(a["out"], f.mul(row0, q_row))

@@ -9,6 +9,8 @@ import pytest
 
 from engine.kernels.attention import AttentionKernel
 from engine.kernels.attention_ir import (
+    DEEP_CACHE,
+    DEEP_MIN_QUERIES,
     TILED_MIN_QUERIES,
     blocked_scratch_floats,
     exact_scratch_floats,
@@ -64,6 +66,19 @@ def test_path_switch_follows_llama_cpp(kernels):
         assert np.abs(got - near).mean() < 0.1 * np.abs(got - far).mean()
 
 
+def test_a_chunk_over_a_deep_cache_takes_the_tiles(kernels):
+    """From DEEP_CACHE cached rows, DEEP_MIN_QUERIES queries already run the f32 tiles (exact's
+    softmax); one fewer query, or one fewer cached row, stays on the f16 accumulator."""
+    for n_q, pos0, tiled in [(DEEP_MIN_QUERIES, DEEP_CACHE, True),
+                             (DEEP_MIN_QUERIES - 1, DEEP_CACHE, False),
+                             (DEEP_MIN_QUERIES, DEEP_CACHE - 1, False)]:
+        q, k, v = make_case(np.random.default_rng(n_q + pos0), n_q, pos0, 4, 2, 64, pos0 + n_q)
+        got = kernels[2](q, k, v, pos0)
+        exact, f16acc = attention_exact(q, k, v, pos0), attention_f16acc_reference(q, k, v, pos0)
+        near, far = (exact, f16acc) if tiled else (f16acc, exact)
+        assert np.abs(got - near).mean() < 0.1 * np.abs(got - far).mean(), (n_q, pos0)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("head_dim", [64, 72, 128])  # 72: the 8-lane accumulate pass
 @pytest.mark.parametrize("group", [1, 3])
@@ -89,14 +104,17 @@ def test_fewer_items_than_threads(kernels):
     assert np.array_equal(kernels[2](q, k, v, 6), kernels[1](q, k, v, 6))
 
 
-def test_prefill_equals_token_by_token_decode(kernels):
-    """Query i of a prefill must see exactly what a decode step at position i sees."""
-    n, n_head, n_kv_head, head_dim = 21, 6, 2, 64
+@pytest.mark.parametrize("n", [TILED_MIN_QUERIES - 1, TILED_MIN_QUERIES + 21])
+def test_prefill_equals_token_by_token_decode(kernels, n):
+    """Query i of a prefill must see exactly what a decode step at position i sees: the same
+    bits on the one-row path, within the decode's f16 accumulator on the tiles (f32)."""
+    n_head, n_kv_head, head_dim = 6, 2, 64
     q, k, v = make_case(np.random.default_rng(2), n, 0, n_head, n_kv_head, head_dim, n)
     batched = kernels[1](q, k, v, 0)
+    tol = (1e-6, 1e-7) if n < TILED_MIN_QUERIES else (0.0, 5e-3)  # f16: 2^-11 of outputs up to ~4
     for i in range(n):
         step = kernels[1](q[i:i + 1].copy(), k, v, i)
-        np.testing.assert_allclose(step[0], batched[i], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(step[0], batched[i], rtol=tol[0], atol=tol[1])
 
 
 def test_future_keys_do_not_leak(kernels):

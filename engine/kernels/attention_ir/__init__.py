@@ -16,6 +16,8 @@ from engine.kernels.attention_ir.exact import define_exact
 from engine.kernels.attention_ir.f16acc import define_f16acc
 from engine.kernels.attention_ir.facts import (
     BLOCK_KEYS,
+    DEEP_CACHE,
+    DEEP_MIN_QUERIES,
     FUNCTION_BLOCKED,
     FUNCTION_EXACT,
     FUNCTION_F16ACC,
@@ -26,12 +28,14 @@ from engine.kernels.attention_ir.facts import (
     blocked_scratch_floats,
     exact_scratch_floats,
     f16acc_scratch_floats,
+    takes_tiles,
 )
 from engine.kernels.ir import builder
 
-__all__ = ["BLOCK_KEYS", "FUNCTION_BLOCKED", "FUNCTION_EXACT", "FUNCTION_F16ACC", "FUNCTION_ROUNDED", "GROUP_MAX",
-           "TILE_KEYS", "TILED_MIN_QUERIES", "blocked_scratch_floats", "build_attention_module", "exact_scratch_floats",
-           "f16acc_scratch_floats"]
+__all__ = ["BLOCK_KEYS", "DEEP_CACHE", "DEEP_MIN_QUERIES", "FUNCTION_BLOCKED", "FUNCTION_EXACT",
+           "FUNCTION_F16ACC", "FUNCTION_ROUNDED", "GROUP_MAX", "TILE_KEYS", "TILED_MIN_QUERIES",
+           "blocked_scratch_floats", "build_attention_module", "exact_scratch_floats",
+           "f16acc_scratch_floats", "takes_tiles"]
 
 
 def build_attention_module(f16c: bool, registers: int = 16, sinks: bool = False,
