@@ -60,12 +60,7 @@ KS = 16       # k-steps per slice: 512 k, a 128-row block of x is 256 KB, a pair
 MC = 128      # rows of x per block (whole 32-row tile blocks)
 CHUNKS_PER_THREAD = 4
 _TILE = 1024  # bytes of one 16 x 64-byte tile
-_DECLS = """declare void @llvm.x86.ldtilecfg(ptr)
-declare void @llvm.x86.tilerelease()
-declare void @llvm.x86.tilezero(i8 immarg)
-declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
-declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
-declare void @llvm.x86.tdpbf16ps(i8 immarg, i8 immarg, i8 immarg)
+_DECLS = amx_state.TILE_DECLARATIONS + """declare void @llvm.x86.tdpbf16ps(i8 immarg, i8 immarg, i8 immarg)
 declare <16 x float> @llvm.masked.load.v16f32.p0(ptr, i32 immarg, <16 x i1>, <16 x float>)
 """  # row_softmax's declarations (its e^x) are added beside these
 

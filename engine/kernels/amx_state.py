@@ -8,6 +8,13 @@ import threading
 
 from engine.kernels import jit
 
+# The tile instructions every AMX kernel declares (each adds its own dot product and loads).
+TILE_DECLARATIONS = """declare void @llvm.x86.ldtilecfg(ptr)
+declare void @llvm.x86.tilerelease()
+declare void @llvm.x86.tilezero(i8 immarg)
+declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
+declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
+"""
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 _granted: bool | None = None
 _lock = threading.Lock()

@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 from engine.formats.quant_iq import CODEBOOK
 from engine.formats.repack import ACTIVATION, GROUP_BLOCK_BYTES, ROWS, T
+from engine.kernels import amx_state
 from engine.kernels.gemm import build, legacy
 from engine.kernels.gemm.quantizer import Act, build_quantize
 from engine.kernels.ir.consts import V16F, V16I, i32x16
@@ -90,12 +91,7 @@ _SPEC: dict[T, tuple[Callable[[KernelFn, Dots, str], list[str]], int | None, int
 }
 TYPES = frozenset(_SPEC)
 
-_DECLS = """declare void @llvm.x86.ldtilecfg(ptr)
-declare void @llvm.x86.tilerelease()
-declare void @llvm.x86.tilezero(i8 immarg)
-declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
-declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
-declare void @llvm.x86.tdpbsud(i8 immarg, i8 immarg, i8 immarg)
+_DECLS = amx_state.TILE_DECLARATIONS + """declare void @llvm.x86.tdpbsud(i8 immarg, i8 immarg, i8 immarg)
 declare <16 x i32> @llvm.masked.load.v16i32.p0(ptr, i32 immarg, <16 x i1>, <16 x i32>)
 """
 
