@@ -4,7 +4,7 @@ tile instruction: arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA); the grant is proce
 from __future__ import annotations
 
 import ctypes
-import threading
+import functools
 
 from engine.kernels import jit
 
@@ -16,22 +16,19 @@ declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
 declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
 """
 _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
-_granted: bool | None = None
-_lock = threading.Lock()
 
 
+@functools.cache
 def _tile_state_granted() -> bool:
-    global _granted
-    with _lock:
-        if _granted is None:
-            _granted = False
-            if jit.host_cpu_is_x86() and jit.host_has("amx-tile"):
-                try:
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    _granted = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
-                except (OSError, AttributeError):
-                    _granted = False
-        return _granted
+    # asking twice (two threads at once before the cache holds the answer) is harmless: the
+    # grant is idempotent
+    if not (jit.host_cpu_is_x86() and jit.host_has("amx-tile")):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def available(feature: str) -> bool:

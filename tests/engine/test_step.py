@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 
 import engine
 from engine.kernels import tasks
+from engine.kernels.attention_ir import DEEP_CACHE, DEEP_MIN_QUERIES, TILED_MIN_QUERIES
 from engine.model import Chunk
 from tests.support.ggufgen import write_tiny_llama
 from tests.support.step_checks import fused_and_eager
@@ -96,6 +97,28 @@ def test_fused_pass_equals_eager_pass(tiny_path: Path, n_threads: int) -> None:
             ([Chunk(2, [11, 12], 3)], "hidden"),                     # rewrite a slot's tail
             ([Chunk(1, ids, 71)], "all"),
         ])
+
+
+def test_a_chunk_over_a_deep_cache_takes_the_tiles_in_the_fused_pass(tmp_path: Path) -> None:
+    """After DEEP_CACHE cached rows a chunk of DEEP_MIN_QUERIES runs the f32 tiles, as a chunk of
+    TILED_MIN_QUERIES does: a row's tiled result does not depend on the rows beside it, so its
+    logits equal those rows of the longer chunk's. One query fewer keeps the f16 accumulator,
+    whose bits differ."""
+    with engine.load(_tiny(tmp_path, qtype=Q.Q8_0), n_ctx=DEEP_CACHE + 128, n_threads=2) as model:
+        tr = model.transformer
+        ids = model.tokenizer.encode(PROMPT)
+        text = (ids * ((DEEP_CACHE + TILED_MIN_QUERIES) // len(ids) + 1))
+        for a in range(0, DEEP_CACHE, 256):
+            tr.forward([Chunk(0, text[a:a + 256], a, logits=False)], "last")
+        after = text[DEEP_CACHE:DEEP_CACHE + TILED_MIN_QUERIES]
+
+        def rows(n: int) -> np.ndarray:
+            tr.cache.truncate(0, DEEP_CACHE)
+            return tr.forward([Chunk(0, after[:n], DEEP_CACHE)], "all")[0]
+
+        tiled = rows(TILED_MIN_QUERIES)
+        np.testing.assert_array_equal(rows(DEEP_MIN_QUERIES), tiled[:DEEP_MIN_QUERIES])
+        assert not np.array_equal(rows(DEEP_MIN_QUERIES - 1), tiled[:DEEP_MIN_QUERIES - 1])
 
 
 def test_a_sequence_gets_the_same_bits_alone_or_batched(tmp_path: Path) -> None:

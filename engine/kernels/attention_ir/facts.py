@@ -21,7 +21,7 @@ FUNCTION_ROUNDED = "attention_rounded"  # exact's passes with q and p rounded to
 TILED_MIN_QUERIES = 64
 # ... except over a deep cache, where the one-row path reads the whole cache once per query: a
 # chunk of DEEP_MIN_QUERIES or more after DEEP_CACHE cached rows (an agent's next turn) takes the
-# tiles too. 50 tokens after 6,000 cached: 510 ms on SmolLM2 (2 threads), 194 ms in tiles, and
+# tiles too. 50 tokens after 6,000 cached: 510 ms on SmolLM2 (2 threads), 211 ms in tiles, and
 # f32 is the closer to exact math. Short contexts keep llama.cpp's switch bit for bit, and so do
 # decode and the verification of a default 8-token draft (a drafted greedy text is the plain one).
 DEEP_MIN_QUERIES = 16

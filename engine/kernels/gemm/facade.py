@@ -95,9 +95,14 @@ NEEDS_AVX512 = frozenset({T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K
 AMX_ENV = os.environ.get("MODELYARD_AMX", "1") != "0"
 
 
+def amx_possible(isa: str) -> bool:
+    """Whether GemmKernels on `isa` can take the AMX-INT8 forms on this host."""
+    return isa == "vnni512" and amx_state.available("amx-int8")
+
+
 def host_amx(isa: str) -> bool:
     """Whether GemmKernels on `isa` take the AMX-INT8 forms by default on this host."""
-    return isa == "vnni512" and AMX_ENV and amx_state.available("amx-int8")
+    return AMX_ENV and amx_possible(isa)
 
 
 def runs_in_models(qtype: T, isa: str) -> bool:
@@ -132,7 +137,7 @@ class GemmKernels:
         amx_tiles: the legacy types' AMX forms (vnni512 only; None: where the host has them)."""
         self.isa = isa or host_isa()
         self._tile = tile
-        if amx_tiles and not (self.isa == "vnni512" and amx_state.available("amx-int8")):
+        if amx_tiles and not amx_possible(self.isa):
             raise ValueError("AMX-INT8 tiles need AVX-512 VNNI and AMX-INT8 granted to this process")
         self.amx = host_amx(self.isa) if amx_tiles is None else amx_tiles
         self._kernels = {q: self._load(q) for q in sorted(set(qtypes), key=lambda t: t.value)
