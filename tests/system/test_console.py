@@ -126,10 +126,10 @@ def test_models_view_lists_both_entries_and_load_makes_one_ready_with_its_memory
     expect(page.locator("#connection")).to_have_text("live")
     rows = page.locator("#models-table tbody tr")
     expect(rows).to_have_count(2)
-    tiny = page.locator('tr[data-model="tiny"]')
+    tiny = page.locator('#models-table tr[data-model="tiny"]')
     expect(tiny).to_contain_text("tiny-too")
     expect(tiny).to_have_attribute("data-state", "unloaded")
-    expect(page.locator('tr[data-model="smollm2"]')).to_have_attribute("data-state", "unloaded")
+    expect(page.locator('#models-table tr[data-model="smollm2"]')).to_have_attribute("data-state", "unloaded")
     assert console.row("tiny")["state"] == "unloaded"
 
     page.get_by_role("button", name="Load tiny", exact=True).click()
@@ -202,7 +202,7 @@ def test_playground_streams_token_by_token_and_stop_cancels_the_request(console)
     assert len(reply.inner_text()) == stopped_at, "text kept coming after stop"
     # and the page's models table agrees the model is idle again
     page.locator("#tab-models").click()
-    expect(page.locator('tr[data-model="smollm2"] [data-field="requests"]')).to_have_text("0 / 0 / 0")
+    expect(page.locator('#models-table tr[data-model="smollm2"] [data-field="requests"]')).to_have_text("0 / 0 / 0")
 
     # A prompt longer than one step's prompt budget (128 tokens) is read in steps, and the page
     # says how far it got; it records every status line it shows here.
@@ -362,7 +362,7 @@ models:
         expect(page.locator("#models-table tbody tr")).to_have_count(2)
 
         page.get_by_role("button", name="Load b", exact=True).click()
-        b = page.locator('tr[data-model="b"]')
+        b = page.locator('#models-table tr[data-model="b"]')
         expect(b).to_have_attribute("data-state", "loading")  # live, while the load runs
         expect(b.get_by_role("progressbar")).to_be_visible()
         expect(b).to_have_attribute("data-state", "ready")
