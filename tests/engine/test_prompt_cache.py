@@ -79,6 +79,23 @@ def test_a_pool_hit_puts_back_the_rows_the_slot_computed(tiny):
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_long_hit_is_copied_on_several_threads_row_for_row(tiny):
+    # past 2 blocks the copy is split by layers over the pool's threads; the last block in part
+    system = ids(4, 4 * BLOCK + 70)
+    prefill(tiny, 0, system + ids(5, 20))
+    expected = rows(tiny, 0, len(system))
+    pool = PromptCachePool(tiny.transformer.cache, budget=GiB, threads=2)
+    pool.save(0)
+    found = pool.lookup(system + ids(6, 30), limit=len(system) + 30)
+    assert found.n == len(system)
+    for a in (*tiny.transformer.cache.k, *tiny.transformer.cache.v):
+        a[1] = 0                                   # nothing left from an earlier test
+    pool.restore(1, found)
+    assert tiny.transformer.cache.written[1] == len(system)
+    for got, want in zip(rows(tiny, 1, len(system)), expected):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_blocks_are_shared_between_conversations(tiny):
     pool = PromptCachePool(tiny.transformer.cache, budget=GiB)
     system = ids(1, 2 * BLOCK)
