@@ -6,15 +6,29 @@ life), and a dispatch costs ~1-2 us.
 
 A *task* is a compiled function  void task(ptr args, ptr step, i64 tid, i64 n_threads)  that
 does thread tid's share of some work (a row range of a matmul, some attention heads, ...).
-A *graph* is an array of nodes {ptr task, ptr args, i64 flags}; running it, every thread
-(the caller as thread 0, workers 1..n-1) walks the same nodes in order and calls each task with
-its own tid, meeting at a barrier after each node flagged BARRIER (and after the last one):
+A *graph* is an array of nodes {ptr task, ptr args, i64 flags}. Nodes flagged BARRIER (and the
+last one) end a *segment*; a segment's work is cut into `active` shares, share s being every node
+of the segment called with tid = s (so a share's nodes run in order on one thread, as a tid's
+did). Threads claim shares, not own them: each takes the next unclaimed share of the segment,
+runs it, marks it done, and takes another until none is left, then waits until all are done
+and goes to the next segment. A thread the OS took off its core (a client, the event loop, a
+neighbour on a shared machine) so holds up only a share it already claimed, never the segment:
+the others run the shares it did not get to (on 2 cores with 8 streaming clients a static split
+made a decode step take twice its quiet-machine time, scripts/bench_serve.py). Results do not
+depend on which thread runs a share: a task sees only its share number and the share count.
 
-    caller:  publish (nodes, n, step); job += 1; [futex-wake sleepers]; execute(0); return
+    caller:  wait until every thread left the previous job; publish (nodes, n, step, segments);
+             job += 1; [futex-wake sleepers]; execute(0); return (when the last segment is done)
     worker:  loop { wait until job changes; if stop: return; execute(tid) }
-    execute(tid): for node in nodes: node.task(node.args, step, tid, n); if barrier: barrier()
+    execute: for each segment: while a share is unclaimed: claim s; run its nodes with tid = s;
+             done += 1.  Wait until done = shares.  Then: exits += 1.
 
-Waiting, in workers between jobs and in barriers: `pause` for a few microseconds, then
+A segment's sync line holds its claim word and its done word, each (job << 32 | count), so the
+lines need no reset between jobs: a word of an older job reads as count 0. The caller waits for
+`exits` before it publishes a job, so no thread is left in an older job (the only memory a
+thread reads after the last segment is done is the pool's own: its sync lines and this block).
+
+Waiting, in workers between jobs and in segment waits: `pause` for a few microseconds, then
 sched_yield (so other processes on a busy machine get the core), and a worker idle for a few
 more milliseconds (SLEEP_AFTER_YIELDS) sleeps in futex_wait on the job word, so an idle loaded
 model burns no CPU; the caller wakes sleepers with futex_wake. Off Linux the sleep is a 200 us
@@ -27,10 +41,17 @@ Worker state machine (the job word and the stop flag drive it; only pool_run/poo
         +------------------------+---- job changed ----------+--> executing --graph done--> spinning
     any state but executing --stop flag (close)--> exited
 
+A share's state machine (per segment and job; its claim and done words move it):
+
+    unclaimed --claim (CAS on the claim word)--> running --done word += 1--> done
+    (a segment is done when its done word counts every share; then every thread moves on)
+
 Control block (one per pool; hot words on their own 64-byte lines):
-    0: i32 job   8: ptr nodes   16: i64 n_nodes   24: ptr step
-   32: i64 active (threads taking part in this graph)   64: i32 stop   128: i32 sleepers
-  192: i32 barrier count   256: i32 barrier generation   320: i64 slow barrier waits
+    0: i32 job   8: ptr nodes   16: i64 n_nodes   24: ptr step   32: i64 active
+   40: ptr segment ends (i64 index of each segment's last node)   48: i64 segments
+   56: ptr sync lines (SYNC_LINE bytes per segment: claim word, then done word a line later)
+   64: i32 stop   128: i32 sleepers   192: i64 exits (threads out of the current job)
+  320: i64 slow waits
 """
 from __future__ import annotations
 
@@ -46,14 +67,15 @@ from engine.kernels import jit
 
 # `pause` takes ~25 ns here. Spins stay short because two threads of ours can share one core
 # (the machine is shared): a waiter spinning there keeps the thread it waits for off the core.
-BARRIER_PAUSES = 256        # ~6 us of `pause` at a barrier before yielding
+BARRIER_PAUSES = 256        # ~6 us of `pause` in a segment wait before yielding
 JOB_PAUSES = 1024           # ~25 us of `pause` waiting for a job before yielding
 SLEEP_AFTER_YIELDS = 8000   # then ~3 ms of sched_yield (~0.4 us each when idle) before sleeping
 BARRIER = 1                 # node flag: all threads meet after this node
 
-_JOB, _NODES, _N_NODES, _STEP, _ACTIVE = 0, 8, 16, 24, 32
-_STOP, _SLEEPERS, _BAR_COUNT, _BAR_GEN, _SLOW_WAITS = 64, 128, 192, 256, 320
+_JOB, _NODES, _N_NODES, _STEP, _ACTIVE, _ENDS, _N_SEGS, _SYNC = 0, 8, 16, 24, 32, 40, 48, 56
+_STOP, _SLEEPERS, _EXITS, _SLOW_WAITS = 64, 128, 192, 320
 _CONTROL_BYTES = 384
+SYNC_LINE = 128             # a segment's claim word, and its done word 64 bytes on
 NODE_BYTES = 24             # {ptr task, ptr args, i64 flags}
 
 _FUTEX_SYSCALL = 202        # x86-64 Linux
@@ -112,35 +134,22 @@ yield:
   ret void
 }}
 
-; all n threads meet: the last to arrive resets the count and bumps the generation. A wait
-; that outlasts the pause phase is counted in the slow-waits word (a sign of a shared core).
-define internal void @barrier(ptr %pool, i64 %n) {{
+; wait until the i64 at %p reads %want (counting a wait past the pause phase: a sign that a
+; thread was off its core)
+define internal void @await(ptr %pool, ptr %p, i64 %want) {{
 entry:
-  %single = icmp ule i64 %n, 1
-  br i1 %single, label %done, label %sync
-sync:
-  %genp = getelementptr inbounds i8, ptr %pool, i64 {_BAR_GEN}
-  %cntp = getelementptr inbounds i8, ptr %pool, i64 {_BAR_COUNT}
-  %gen = load atomic i32, ptr %genp acquire, align 4
-  %others = trunc i64 %n to i32
-  %others1 = sub i32 %others, 1
-  %arrived = atomicrmw add ptr %cntp, i32 1 acq_rel
-  %last = icmp eq i32 %arrived, %others1
-  br i1 %last, label %release, label %wait
-release:
-  store atomic i32 0, ptr %cntp monotonic, align 4
-  %gen1 = add i32 %gen, 1
-  store atomic i32 %gen1, ptr %genp release, align 4
-  br label %done
+  br label %wait
 wait:
-  %k = phi i64 [0, %sync], [%k1, %wait]
+  %k = phi i64 [0, %entry], [%k1, %spin]
+  %w = load atomic i64, ptr %p acquire, align 8
+  %there = icmp eq i64 %w, %want
+  br i1 %there, label %woke, label %spin
+spin:
   call void @backoff(i64 %k, i64 {BARRIER_PAUSES})
   %k1 = add i64 %k, 1
-  %now = load atomic i32, ptr %genp acquire, align 4
-  %same = icmp eq i32 %now, %gen
-  br i1 %same, label %wait, label %woke
+  br label %wait
 woke:
-  %slow = icmp ugt i64 %k1, {BARRIER_PAUSES}
+  %slow = icmp ugt i64 %k, {BARRIER_PAUSES}
   br i1 %slow, label %count, label %done
 count:
   %slowp = getelementptr inbounds i8, ptr %pool, i64 {_SLOW_WAITS}
@@ -150,8 +159,19 @@ done:
   ret void
 }}
 
-; thread tid's walk over the published graph (threads tid >= active sit this one out)
-define void @pool_execute(ptr %pool, i64 %tid) {{
+; the count of a (job << 32 | count) word for job %tag (a word of an older job counts 0)
+define internal i64 @count_of(i64 %w, i64 %tag) alwaysinline {{
+entry:
+  %hi = and i64 %w, -4294967296
+  %mine = icmp eq i64 %hi, %tag
+  %lo = and i64 %w, 4294967295
+  %c = select i1 %mine, i64 %lo, i64 0
+  ret i64 %c
+}}
+
+; one thread's part in job %job (see the module docstring). One active thread runs every node
+; as share 0 with no synchronisation.
+define void @pool_execute(ptr %pool, i64 %tid, i32 %job) {{
 entry:
   %nodesp = getelementptr inbounds i8, ptr %pool, i64 {_NODES}
   %nodes = load ptr, ptr %nodesp, align 8
@@ -161,41 +181,114 @@ entry:
   %step = load ptr, ptr %stepp, align 8
   %activep = getelementptr inbounds i8, ptr %pool, i64 {_ACTIVE}
   %nth = load i64, ptr %activep, align 8
-  %last = sub i64 %n, 1
+  %endsp = getelementptr inbounds i8, ptr %pool, i64 {_ENDS}
+  %ends = load ptr, ptr %endsp, align 8
+  %nsegp = getelementptr inbounds i8, ptr %pool, i64 {_N_SEGS}
+  %nseg = load i64, ptr %nsegp, align 8
+  %syncp = getelementptr inbounds i8, ptr %pool, i64 {_SYNC}
+  %sync = load ptr, ptr %syncp, align 8
+  %exitsp = getelementptr inbounds i8, ptr %pool, i64 {_EXITS}
+  %job64 = zext i32 %job to i64
+  %tag = shl i64 %job64, 32
   %empty = icmp eq i64 %n, 0
   %idle = icmp uge i64 %tid, %nth
   %skip = or i1 %empty, %idle
-  br i1 %skip, label %done, label %node
+  br i1 %skip, label %out, label %mode
+mode:
+  %solo = icmp ule i64 %nth, 1
+  br i1 %solo, label %alone, label %segment
+alone:
+  %ai = phi i64 [0, %mode], [%ai1, %alone]
+  call void @run_node(ptr %nodes, i64 %ai, ptr %step, i64 0, i64 1)
+  %ai1 = add i64 %ai, 1
+  %amore = icmp ult i64 %ai1, %n
+  br i1 %amore, label %alone, label %left
+segment:
+  %seg = phi i64 [0, %mode], [%seg1, %segdone]
+  %lineoff = mul i64 %seg, {SYNC_LINE}
+  %claimp = getelementptr inbounds i8, ptr %sync, i64 %lineoff
+  %donep = getelementptr inbounds i8, ptr %claimp, i64 64
+  br label %try
+try:
+  %w = load atomic i64, ptr %claimp acquire, align 8
+  %share = call i64 @count_of(i64 %w, i64 %tag)
+  %unclaimed = icmp ult i64 %share, %nth
+  br i1 %unclaimed, label %take, label %finish
+take:
+  %share1 = add i64 %share, 1
+  %claimed = or i64 %tag, %share1
+  %r = cmpxchg ptr %claimp, i64 %w, i64 %claimed acq_rel acquire
+  %ok = extractvalue {{ i64, i1 }} %r, 1
+  br i1 %ok, label %bounds, label %try
+bounds:
+  %first = icmp eq i64 %seg, 0
+  %prevseg = sub i64 %seg, 1
+  %prevp = getelementptr inbounds i64, ptr %ends, i64 %prevseg
+  %segp = getelementptr inbounds i64, ptr %ends, i64 %seg
+  %end = load i64, ptr %segp, align 8
+  br i1 %first, label %run, label %after
+after:
+  %prevend = load i64, ptr %prevp, align 8
+  %begin = add i64 %prevend, 1
+  br label %run
+run:
+  %x0 = phi i64 [0, %bounds], [%begin, %after]
+  br label %node
 node:
-  %i = phi i64 [0, %entry], [%i1, %next]
+  %x = phi i64 [%x0, %run], [%x1, %node]
+  call void @run_node(ptr %nodes, i64 %x, ptr %step, i64 %share, i64 %nth)
+  %x1 = add i64 %x, 1
+  %xmore = icmp ule i64 %x1, %end
+  br i1 %xmore, label %node, label %mark
+mark:
+  %dw = load atomic i64, ptr %donep monotonic, align 8
+  %dc = call i64 @count_of(i64 %dw, i64 %tag)
+  %dc1 = add i64 %dc, 1
+  %dnew = or i64 %tag, %dc1
+  %dr = cmpxchg ptr %donep, i64 %dw, i64 %dnew acq_rel monotonic
+  %dok = extractvalue {{ i64, i1 }} %dr, 1
+  br i1 %dok, label %try, label %mark
+finish:
+  %all = or i64 %tag, %nth
+  call void @await(ptr %pool, ptr %donep, i64 %all)
+  br label %segdone
+segdone:
+  %seg1 = add i64 %seg, 1
+  %more = icmp ult i64 %seg1, %nseg
+  br i1 %more, label %segment, label %left
+left:
+  %e = atomicrmw add ptr %exitsp, i64 1 release
+  br label %out
+out:
+  ret void
+}}
+
+; node %i's task, called for one share
+define internal void @run_node(ptr %nodes, i64 %i, ptr %step, i64 %share, i64 %nth) alwaysinline {{
+entry:
   %off = mul i64 %i, {NODE_BYTES}
   %nodep = getelementptr inbounds i8, ptr %nodes, i64 %off
   %task = load ptr, ptr %nodep, align 8
   %argsp = getelementptr inbounds i8, ptr %nodep, i64 8
   %args = load ptr, ptr %argsp, align 8
-  %flagsp = getelementptr inbounds i8, ptr %nodep, i64 16
-  %flags = load i64, ptr %flagsp, align 8
-  call void %task(ptr %args, ptr %step, i64 %tid, i64 %nth)
-  %fb = and i64 %flags, {BARRIER}
-  %flagged = icmp ne i64 %fb, 0
-  %is_last = icmp eq i64 %i, %last
-  %meet = or i1 %flagged, %is_last
-  br i1 %meet, label %meetb, label %next
-meetb:
-  call void @barrier(ptr %pool, i64 %nth)
-  br label %next
-next:
-  %i1 = add i64 %i, 1
-  %more = icmp ult i64 %i1, %n
-  br i1 %more, label %node, label %done
-done:
+  call void %task(ptr %args, ptr %step, i64 %share, i64 %nth)
   ret void
 }}
 
-; the caller: publish the graph, bump the job word, wake sleepers, take part as thread 0
-define void @pool_run(ptr %pool, ptr %nodes, i64 %n, ptr %step, i64 %active) {{
+; the caller: wait until every thread of the last job left it, publish the graph, bump the job
+; word, wake sleepers, take part as thread 0 (returns when the last segment is done)
+define void @pool_run(ptr %pool, ptr %nodes, i64 %n, ptr %step, i64 %active, ptr %ends,
+                      i64 %nseg, ptr %sync) {{
 entry:
   %activep = getelementptr inbounds i8, ptr %pool, i64 {_ACTIVE}
+  %exitsp = getelementptr inbounds i8, ptr %pool, i64 {_EXITS}
+  %prev = load i64, ptr %activep, align 8
+  %pnp = getelementptr inbounds i8, ptr %pool, i64 {_N_NODES}
+  %pn = load i64, ptr %pnp, align 8
+  %pempty = icmp eq i64 %pn, 0
+  %pin = select i1 %pempty, i64 0, i64 %prev
+  call void @await(ptr %pool, ptr %exitsp, i64 %pin)
+  store atomic i64 0, ptr %exitsp monotonic, align 8
   store i64 %active, ptr %activep, align 8
   %nodesp = getelementptr inbounds i8, ptr %pool, i64 {_NODES}
   store ptr %nodes, ptr %nodesp, align 8
@@ -203,11 +296,18 @@ entry:
   store i64 %n, ptr %np, align 8
   %stepp = getelementptr inbounds i8, ptr %pool, i64 {_STEP}
   store ptr %step, ptr %stepp, align 8
+  %endsp = getelementptr inbounds i8, ptr %pool, i64 {_ENDS}
+  store ptr %ends, ptr %endsp, align 8
+  %nsegp = getelementptr inbounds i8, ptr %pool, i64 {_N_SEGS}
+  store i64 %nseg, ptr %nsegp, align 8
+  %syncp = getelementptr inbounds i8, ptr %pool, i64 {_SYNC}
+  store ptr %sync, ptr %syncp, align 8
   %sleepers = getelementptr inbounds i8, ptr %pool, i64 {_SLEEPERS}
   %old = atomicrmw add ptr %pool, i32 1 seq_cst
+  %job = add i32 %old, 1
 {wake}
 run:
-  call void @pool_execute(ptr %pool, i64 0)
+  call void @pool_execute(ptr %pool, i64 0, i32 %job)
   ret void
 }}
 
@@ -241,7 +341,7 @@ got:
   %stopped = icmp ne i32 %stop, 0
   br i1 %stopped, label %exit, label %work
 work:
-  call void @pool_execute(ptr %pool, i64 %tid)
+  call void @pool_execute(ptr %pool, i64 %tid, i32 %job)
   br label %ran
 ran:
   br label %wait
@@ -263,7 +363,7 @@ entry:
 
 @dataclass(frozen=True)
 class _PoolFunctions:
-    run: jit.CFunction        # pool_run(pool, nodes, n, step, active)
+    run: jit.CFunction        # pool_run(pool, nodes, n, step, active, ends, n_segments, sync)
     worker: jit.CFunction     # pool_worker(pool, tid)
     stop: jit.CFunction       # pool_stop(pool)
 
@@ -280,7 +380,7 @@ def _load() -> _PoolFunctions:
             futex = x86 and sys.platform == "linux"
             lib = jit.compile_cached("pool", (x86, futex), lambda: build_pool_ir(x86, futex))
             p, n = ctypes.c_void_p, ctypes.c_int64
-            _functions = _PoolFunctions(lib.function("pool_run", None, p, p, n, p, n),
+            _functions = _PoolFunctions(lib.function("pool_run", None, p, p, n, p, n, p, n, p),
                                         lib.function("pool_worker", None, p, n),
                                         lib.function("pool_stop", None, p))
         return _functions
@@ -293,15 +393,25 @@ def _aligned_zeros(nbytes: int, align: int = 64) -> tuple[np.ndarray, int]:
     return buf, addr + (-addr) % align
 
 
-def _shutdown(stop: jit.CFunction, control: np.ndarray, address: int,
+def _shutdown(stop: jit.CFunction, memory: object, address: int,
               threads: list[threading.Thread]) -> None:
-    """Stop and join the workers (control is passed so it outlives them)."""
+    """Stop and join the workers (the control block and sync lines are passed so they outlive
+    them)."""
     if threads:
         stop(address)
         for t in threads:
             t.join()
         threads.clear()
-    del control
+    del memory
+
+
+def segment_ends(nodes: np.ndarray) -> np.ndarray:
+    """The index of each segment's last node: every BARRIER node, and the last node."""
+    n = nodes.shape[0]
+    ends = np.flatnonzero(nodes[:, 2] & BARRIER).astype(np.int64)
+    if n and (len(ends) == 0 or ends[-1] != n - 1):
+        ends = np.append(ends, np.int64(n - 1))
+    return np.ascontiguousarray(ends)
 
 
 class Graph:
@@ -311,6 +421,7 @@ class Graph:
         self._rows: list[list[int]] = []
         self._keep: list[np.ndarray] = []
         self._nodes: np.ndarray | None = None
+        self._ends = np.zeros(0, np.int64)
 
     def add(self, task: int, args: np.ndarray, barrier: bool = False) -> None:
         assert args.dtype == np.int64 and args.flags.c_contiguous
@@ -329,7 +440,14 @@ class Graph:
         """int64 [n, 3]: {task, args, flags} rows, the layout pool_execute reads."""
         if self._nodes is None:
             self._nodes = np.array(self._rows, np.int64).reshape(-1, 3)
+            self._ends = segment_ends(self._nodes)
         return self._nodes
+
+    @property
+    def ends(self) -> np.ndarray:
+        """int64 [segments]: the index of each segment's last node."""
+        self.nodes  # noqa: B018  (builds both)
+        return self._ends
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -348,6 +466,11 @@ class Pool:
         self.n_threads = n_threads
         self._fns = _load()
         self._control, self._address = _aligned_zeros(_CONTROL_BYTES)
+        # segments' sync lines; grown by doubling, and every earlier array kept: a thread may
+        # still be reading the last job's lines when the next run replaces the array
+        self._sync: list[np.ndarray] = []
+        self._sync_address, self._sync_lines = 0, 0
+        self._grow_sync(256)
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         for tid in range(1, n_threads):
@@ -355,8 +478,8 @@ class Pool:
                                  name=f"modelyard-pool-{tid}", daemon=True)
             t.start()
             self._threads.append(t)
-        self._finalizer = weakref.finalize(self, _shutdown, self._fns.stop, self._control,
-                                           self._address, self._threads)
+        self._finalizer = weakref.finalize(self, _shutdown, self._fns.stop,
+                                           (self._control, self._sync), self._address, self._threads)
         self.closed = False
 
     def run(self, graph: Graph | np.ndarray, step: int = 0, threads: int | None = None) -> None:
@@ -365,7 +488,10 @@ class Pool:
         Tasks split their work by the thread count they are given, so a graph may run on fewer
         threads than the pool has (when the machine is busy, say); the others stay idle.
         """
-        nodes = graph.nodes if isinstance(graph, Graph) else graph
+        if isinstance(graph, Graph):
+            nodes, ends = graph.nodes, graph.ends
+        else:
+            nodes, ends = graph, segment_ends(graph)
         n = nodes.shape[0]
         if n == 0:
             return
@@ -373,11 +499,19 @@ class Pool:
         with self._lock:
             if self.closed:
                 raise RuntimeError("the pool is closed")
-            self._fns.run(self._address, nodes.ctypes.data, n, step, active)
+            if len(ends) > self._sync_lines:
+                self._grow_sync(2 * len(ends))
+            self._fns.run(self._address, nodes.ctypes.data, n, step, active, ends.ctypes.data,
+                          len(ends), self._sync_address)
+
+    def _grow_sync(self, lines: int) -> None:
+        buf, address = _aligned_zeros(lines * SYNC_LINE)
+        self._sync.append(buf)
+        self._sync_address, self._sync_lines = address, lines
 
     @property
     def slow_waits(self) -> int:
-        """Barrier waits so far that outlasted the pause phase (another thread was off-core)."""
+        """Segment waits so far that outlasted the pause phase (another thread was off-core)."""
         return ctypes.c_int64.from_address(self._address + _SLOW_WAITS).value
 
     def run_task(self, task: int, args: np.ndarray, step: int = 0, threads: int | None = None) -> None:
