@@ -170,10 +170,11 @@ def _token_info(tok: ModelTokenizer, sampled: engine.Sampled) -> TokenInfo:
 class _Outbox:
     """Events of one scheduler iteration, handed to each event loop in one call.
 
-    `send` then waits (at most HANDOFF_WAIT) until the loop has run a few rounds past them, so
-    the chunks are on their sockets before the next forward pass starts: when the pass's threads
-    fill every core, a loop waking up mid-pass preempts one of them and the rest stall at the next
-    barrier (measured on 2 cores: +10-15% tokens/s with 1-16 streaming clients).
+    The next forward pass does not wait for the loop to write them: the pass's shares go to
+    whichever thread is on a core (engine/kernels/pool.py), so a loop waking mid-pass costs the
+    pass one core's share of time, not a stall at every barrier. Waiting (up to 5 ms, until the
+    loop had written the chunks) was right for the old static split and measured 0.76-0.84x of
+    not waiting with claimed shares (scripts/bench_serve.py --levels 1 8 32, 3 rounds, one run).
     """
 
     def __init__(self) -> None:
@@ -183,35 +184,18 @@ class _Outbox:
         self._by_loop[job.loop].append((job, event))
 
     def send(self) -> None:
-        handed: list[threading.Event] = []
         for loop, items in self._by_loop.items():
-            done = threading.Event()
             try:
-                loop.call_soon_threadsafe(_deliver_all, loop, items, done)
-                handed.append(done)
+                loop.call_soon_threadsafe(_deliver_all, items)
             except RuntimeError:  # the loop is closed (shutdown): nobody is listening
                 for job, _ in items:
                     job.cancelled.set()
         self._by_loop.clear()
-        for done in handed:
-            done.wait(HANDOFF_WAIT)
 
 
-HANDOFF_WAIT = 0.005   # seconds; bounds the wait for a busy or blocked event loop
-# Loop rounds after delivery. A consumer woken in round k runs in round k + 1, after which this
-# callback runs again: a stream's route task writes its chunk to the socket in round 1 (one
-# choice) or 2 (several: a choice pump takes each event first, serving.py).
-HANDOFF_ROUNDS = 2
-
-
-def _deliver_all(loop: asyncio.AbstractEventLoop, items: list[tuple[_Job, Any]],
-                 done: threading.Event, rounds: int = HANDOFF_ROUNDS) -> None:
+def _deliver_all(items: list[tuple[_Job, Any]]) -> None:
     for job, event in items:
         job.deliver(event)
-    if rounds:
-        loop.call_soon(_deliver_all, loop, [], done, rounds - 1)
-    else:
-        done.set()
 
 
 # --------------------------------------------------------------------------------- async side

@@ -20,9 +20,9 @@ from gateway.generation.events import (
     TextDelta,
 )
 from gateway.local import scheduler as scheduler_module
-from gateway.local.scheduler import HANDOFF_ROUNDS, Generation, Scheduler
+from gateway.local.scheduler import Scheduler
 from gateway.local.stop_strings import StopScanner
-from tests.support.scripted_model import FAIL, SEP, ScriptedModel, ScriptedTokenizer, letters, script
+from tests.support.scripted_model import FAIL, ScriptedModel, letters, script
 
 # ------------------------------------------------------------------ StopScanner
 
@@ -385,8 +385,13 @@ def test_decoding_streams_never_wait_for_arrivals(monkeypatch):
     monkeypatch.setattr(scheduler_module, "GATHER_WAIT", 60.0)
 
     async def main(sched, model):
+        gate = model.transformer.gate                # one forward pass per permit
         running = sched.submit(request("a" * 40))
-        first = await running.__anext__()           # it decodes now
+        next_event = asyncio.ensure_future(running.__anext__())
+        while not next_event.done():                 # passes until its first token
+            gate.release()
+            await asyncio.sleep(0.01)
+        first = next_event.result()                  # it decodes now (its next pass waits)
         never = asyncio.Event()
 
         async def stuck():
@@ -396,12 +401,13 @@ def test_decoding_streams_never_wait_for_arrivals(monkeypatch):
         waiting = asyncio.ensure_future(stuck())
         await asyncio.sleep(0)
         late = sched.submit(request("bcd"))          # arrives while "a..." decodes
+        gate.release(1000)
         results = await asyncio.wait_for(asyncio.gather(drain(running), drain(late)), 30)
         never.set()
         await waiting
         return first, results
 
-    first, (rest, late) = run(main, n_slots=2, n_ctx=128)
+    first, (rest, late) = run(main, n_slots=2, n_ctx=128, gate=threading.Semaphore(0))
     assert first.text + rest[0] == "a" * 40 and late[0] == "bcd"
 
 
@@ -481,59 +487,3 @@ def test_served_model_reports_its_queue_and_slots():
     assert asyncio.run(main()) == ((1, 1), (0, 0))
 
 
-# ------------------------------------------------------------------ handoff to the event loop
-
-class _NoScheduler:
-    def _cancel(self, job):
-        pass
-
-
-class _Snapshot:
-    """Stands in for the handoff's threading.Event: notes what the consumers had seen when set."""
-
-    def __init__(self, seen):
-        self.seen = seen
-        self.at_set = None
-
-    def set(self):
-        self.at_set = list(self.seen)
-
-
-@pytest.mark.parametrize("rounds, complete", [(HANDOFF_ROUNDS, True), (HANDOFF_ROUNDS - 1, False)])
-def test_handoff_ends_once_every_stream_took_its_event(rounds, complete):
-    """The scheduler's wait for the loop ends after the consumers - a stream of one choice and
-    one of two choices (served through choice pumps) - have taken this step's events, and no
-    round earlier than needed."""
-    from gateway.generation.choices import choice_events as _events
-    from gateway.local.scheduler import _deliver_all, _GenerationJob
-
-    request = GenerationRequest(Prompt.of_tokens([1, SEP]), SamplingParams(), max_tokens=4)
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        single = _GenerationJob(loop, request, ScriptedTokenizer())
-        pair = [_GenerationJob(loop, request, ScriptedTokenizer()) for _ in range(2)]
-        seen = []
-
-        async def stream(jobs):
-            generations = [Generation(_NoScheduler(), job) for job in jobs]
-            async for _, event in _events(generations):
-                seen.append(event.text)
-
-        consumers = [asyncio.ensure_future(stream([single])), asyncio.ensure_future(stream(pair))]
-        for _ in range(3):
-            await asyncio.sleep(0)  # every consumer waits for its first event
-        done = _Snapshot(seen)
-        items = [(single, TextDelta("a", [])), (pair[0], TextDelta("b", [])),
-                 (pair[1], TextDelta("c", []))]
-        loop.call_soon(_deliver_all, loop, items, done, rounds)
-        for _ in range(rounds + 3):
-            await asyncio.sleep(0)
-        for consumer in consumers:
-            consumer.cancel()
-        await asyncio.gather(*consumers, return_exceptions=True)
-        return done.at_set, seen
-
-    at_set, seen = asyncio.run(main())
-    assert sorted(seen) == ["a", "b", "c"]
-    assert (sorted(at_set) == ["a", "b", "c"]) is complete
