@@ -18,6 +18,7 @@ import functools
 import mmap
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -77,16 +78,18 @@ class Arena:
     def __init__(self) -> None:
         self._chunk = np.empty(0, np.uint8)
         self._used = 0
+        self._lock = threading.Lock()  # a load repacks layers on several threads
 
     def take(self, nbytes: int) -> np.ndarray:
         """uint8 [nbytes], 64-byte aligned, on huge pages where available()."""
         if nbytes > self.CHUNK // 4:  # large: a mapping of its own wastes no chunk tail
             return anonymous(nbytes, populate=False)
-        at = -(-self._used // self.ALIGN) * self.ALIGN
-        if at + nbytes > self._chunk.size:
-            self._chunk, at = anonymous(self.CHUNK, populate=False), 0
-        self._used = at + nbytes
-        return self._chunk[at:at + nbytes]
+        with self._lock:
+            at = -(-self._used // self.ALIGN) * self.ALIGN
+            if at + nbytes > self._chunk.size:
+                self._chunk, at = anonymous(self.CHUNK, populate=False), 0
+            self._used = at + nbytes
+            return self._chunk[at:at + nbytes]
 
 
 def release_file_pages(raw: np.ndarray) -> None:
