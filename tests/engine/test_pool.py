@@ -251,3 +251,16 @@ def test_segments_order_shares_whatever_thread_runs_them(task) -> None:
                 time.sleep(0.005)
             p.run(g)
             assert snap[2:].tolist() == [4 * k] * n
+
+
+def test_a_graph_of_more_segments_than_the_sync_lines_grows_them(task) -> None:
+    with Pool(2) as p:
+        lines = p._sync_lines
+        marks = np.zeros(2, np.int64)
+        g = Graph()
+        for _ in range(lines + 5):
+            g.add(task["mark"], marks, barrier=True)
+        p.run(g)
+        p.run(g, threads=1)
+        assert p._sync_lines > lines
+        assert marks.tolist() == [2 * (lines + 5), lines + 5]
