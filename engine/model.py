@@ -22,7 +22,7 @@ every matmul, so the weights are read once per step; attention runs per sequence
 How it runs: at the first call the pass above is laid out once as a graph of compiled tasks
 (engine.builders.GraphBuilder, one node per step of the block, pointing at fixed scratch buffers
 and at the weights), and every call runs that whole graph on the native worker pool in one
-dispatch, all threads together with barriers between dependent steps (engine.kernels.pool,
+dispatch, its threads claiming shares of each segment between barriers (engine.kernels.pool,
 .tasks); how many threads a run uses is the governor's pick from measured run times
 (engine.kernels.governor). So the Python work per call is constant, not per layer: embed the
 tokens, fill the STEP block (positions, cache rows, the chunk tables, the attention split), start
