@@ -202,7 +202,8 @@ def test_playground_streams_token_by_token_and_stop_cancels_the_request(console)
     assert len(reply.inner_text()) == stopped_at, "text kept coming after stop"
     # and the page's models table agrees the model is idle again
     page.locator("#tab-models").click()
-    expect(page.locator('#models-table tr[data-model="smollm2"] [data-field="requests"]')).to_have_text("0 / 0 / 0")
+    requests = page.locator('#models-table tr[data-model="smollm2"] [data-field="requests"]')
+    expect(requests).to_have_text("0 / 0 / 0")
 
     # A prompt longer than one step's prompt budget (128 tokens) is read in steps, and the page
     # says how far it got; it records every status line it shows here.
