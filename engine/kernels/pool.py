@@ -405,6 +405,10 @@ def _shutdown(stop: jit.CFunction, memory: object, address: int,
     del memory
 
 
+_ONE_SEGMENT = np.zeros(1, np.int64)  # a one-node graph's segment ends (read only)
+_ONE_SEGMENT_ADDRESS = int(_ONE_SEGMENT.ctypes.data)
+
+
 def segment_ends(nodes: np.ndarray) -> np.ndarray:
     """The index of each segment's last node: every BARRIER node, and the last node."""
     n = nodes.shape[0]
@@ -422,6 +426,7 @@ class Graph:
         self._keep: list[np.ndarray] = []
         self._nodes: np.ndarray | None = None
         self._ends = np.zeros(0, np.int64)
+        self._ends_address = 0
 
     def add(self, task: int, args: np.ndarray, barrier: bool = False) -> None:
         assert args.dtype == np.int64 and args.flags.c_contiguous
@@ -441,6 +446,7 @@ class Graph:
         if self._nodes is None:
             self._nodes = np.array(self._rows, np.int64).reshape(-1, 3)
             self._ends = segment_ends(self._nodes)
+            self._ends_address = int(self._ends.ctypes.data)
         return self._nodes
 
     @property
@@ -448,6 +454,11 @@ class Graph:
         """int64 [segments]: the index of each segment's last node."""
         self.nodes  # noqa: B018  (builds both)
         return self._ends
+
+    @property
+    def ends_address(self) -> int:
+        self.nodes  # noqa: B018  (builds both)
+        return self._ends_address
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -490,8 +501,12 @@ class Pool:
         """
         if isinstance(graph, Graph):
             nodes, ends = graph.nodes, graph.ends
+            n_segments, ends_address = len(ends), graph.ends_address
+        elif graph.shape[0] == 1:  # run_task's one node (numpy's segment_ends costs ~5 us)
+            nodes, n_segments, ends_address = graph, 1, _ONE_SEGMENT_ADDRESS
         else:
             nodes, ends = graph, segment_ends(graph)
+            n_segments, ends_address = len(ends), int(ends.ctypes.data)
         n = nodes.shape[0]
         if n == 0:
             return
@@ -499,10 +514,10 @@ class Pool:
         with self._lock:
             if self.closed:
                 raise RuntimeError("the pool is closed")
-            if len(ends) > self._sync_lines:
-                self._grow_sync(2 * len(ends))
-            self._fns.run(self._address, nodes.ctypes.data, n, step, active, ends.ctypes.data,
-                          len(ends), self._sync_address)
+            if n_segments > self._sync_lines:
+                self._grow_sync(2 * n_segments)
+            self._fns.run(self._address, nodes.ctypes.data, n, step, active, ends_address,
+                          n_segments, self._sync_address)
 
     def _grow_sync(self, lines: int) -> None:
         buf, address = _aligned_zeros(lines * SYNC_LINE)
