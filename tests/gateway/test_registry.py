@@ -51,6 +51,33 @@ def test_lifecycle_allows_the_diagram_edges_and_nothing_else() -> None:
 
 # ------------------------------------------------------------------------------------- serving
 
+def test_start_estimates_the_first_entries_so_a_first_request_skips_it(tmp_path: Path) -> None:
+    from gateway.fleet.registry.core import ESTIMATE_AHEAD
+
+    names = [f"m{i}" for i in range(ESTIMATE_AHEAD + 2)]
+    asked: list[str] = []
+    loader = RecordingLoader()
+
+    def estimator(entry: ModelEntry) -> int:
+        asked.append(entry.name)
+        return MB
+
+    async def main() -> None:
+        registry = Registry(make_config(tmp_path, *names), loader=loader, estimator=estimator)
+        await registry.start()
+        await until(lambda: len(asked) == ESTIMATE_AHEAD)
+        assert asked == names[:ESTIMATE_AHEAD]          # in config order, and no further
+        async with registry.lease("m0"):
+            pass
+        assert asked == names[:ESTIMATE_AHEAD]          # the request found its estimate
+        async with registry.lease(names[-1]):
+            pass
+        assert asked == [*names[:ESTIMATE_AHEAD], names[-1]]  # past the first: on request
+        await registry.close()
+
+    run(main())
+
+
 def test_acquire_loads_once_and_leases_count_in_flight(tmp_path: Path) -> None:
     loader = RecordingLoader()
 
