@@ -78,6 +78,32 @@ def test_start_estimates_the_first_entries_so_a_first_request_skips_it(tmp_path:
     run(main())
 
 
+def test_a_request_during_starts_estimate_waits_for_it_instead_of_asking_again(
+        tmp_path: Path) -> None:
+    asked: list[str] = []
+    gate = threading.Event()
+    loader = RecordingLoader()
+
+    def estimator(entry: ModelEntry) -> int:
+        asked.append(entry.name)
+        gate.wait(10)
+        return MB
+
+    async def main() -> None:
+        registry = Registry(make_config(tmp_path, "a"), loader=loader, estimator=estimator)
+        await registry.start()
+        await until(lambda: asked == ["a"])             # start()'s estimate is under way
+        request = asyncio.ensure_future(registry.acquire("a"))
+        await asyncio.sleep(0.05)
+        assert not request.done()
+        gate.set()
+        registry.release(await request)
+        assert asked == ["a"] and loader.loads == ["a"]
+        await registry.close()
+
+    run(main())
+
+
 def test_acquire_loads_once_and_leases_count_in_flight(tmp_path: Path) -> None:
     loader = RecordingLoader()
 

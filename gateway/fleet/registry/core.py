@@ -193,7 +193,10 @@ class Registry:
 
             # UNLOADED, or FAILED (the next request retries): make room, then start one load.
             if slot.estimate is None:
-                estimate = await estimate_memory(self._estimator, entry)
+                if slot.estimating is not None:  # start()'s estimate of it is on its way
+                    estimate = await asyncio.shield(slot.estimating)
+                else:
+                    estimate = await estimate_memory(self._estimator, entry)
                 if isinstance(estimate, str):  # cannot be served: fail before evicting anyone
                     slot.last_error = estimate
                     raise ModelLoadFailedError(entry.model, estimate)
@@ -432,7 +435,11 @@ class Registry:
             if self._closed or self._stopping:
                 return
             if slot.estimate is None and slot.state is ModelState.UNLOADED:
-                estimate = await estimate_memory(self._estimator, slot.entry)
+                slot.estimating = asyncio.ensure_future(estimate_memory(self._estimator, slot.entry))
+                try:
+                    estimate = await asyncio.shield(slot.estimating)
+                finally:
+                    slot.estimating = None
                 if not isinstance(estimate, str) and slot.estimate is None:
                     slot.estimate = estimate
 
