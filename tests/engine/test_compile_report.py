@@ -14,7 +14,7 @@ from engine.kernels import jit
 
 def _unique_ir() -> str:
     """A module no cache has seen: its constant is new each time."""
-    value = uuid.uuid4().int % 1000
+    value = uuid.uuid4().int % 2**31  # two alike (a cache hit) once in 2^31, not once in 1,000
     return f"define i32 @answer() {{\n  ret i32 {value}\n}}\n"
 
 
