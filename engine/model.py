@@ -194,9 +194,9 @@ def _prepared(w: Weights, mk: MatmulKernels, threads: int = 1) -> Weights:
     # layers repack side by side on the model's threads: first touches of the new pages and the
     # compiled repacks run outside the GIL. SmolLM2, 2 threads, a process's first load (what a
     # restart pays; a VM's fresh pages fault slowly): 549-698 ms -> 268-296 ms; later loads
-    # 200-240 ms either way (/tmp-free A/B: api.Model six times per process, two processes each)
+    # 200-240 ms either way (engine.api.Model six times per process, two processes each)
     with ThreadPoolExecutor(max(1, threads)) as ex:
-        output_future = ex.submit(mk.prepare, w.output, True)
+        output_future = ex.submit(mk.prepare, w.output, file_backed=True)
         layers = list(ex.map(layer_prepared, w.layers))
         output = output_future.result()
     return dataclasses.replace(w, layers=layers, output=cast(Any, output))

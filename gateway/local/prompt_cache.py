@@ -67,8 +67,8 @@ def pool_for(entry: ModelEntry, model: LoadedModel) -> PromptCachePool | None:
         folder = entry.prompt_cache_dir or default_dir()
         store = DiskStore(folder, entry.name, fingerprint(entry, model.n_ctx),
                           entry.prompt_cache_disk_bytes)
-    threads = int(getattr(model, "n_threads", 1))  # restores copy on the model's threads
-    pool = PromptCachePool(cache, budget, store, threads)  # type: ignore[arg-type]  # poolable
+    # restores copy on the model's threads
+    pool = PromptCachePool(cache, budget, store, entry.n_threads)  # type: ignore[arg-type]  # poolable
     if len(pool):
         log.info("%s: prompt cache: %d blocks on disk from an earlier load", entry.name, len(pool))
     return pool

@@ -193,10 +193,7 @@ class Registry:
 
             # UNLOADED, or FAILED (the next request retries): make room, then start one load.
             if slot.estimate is None:
-                if slot.estimating is not None:  # start()'s estimate of it is on its way
-                    estimate = await asyncio.shield(slot.estimating)
-                else:
-                    estimate = await estimate_memory(self._estimator, entry)
+                estimate = await asyncio.shield(self._estimate(slot))
                 if isinstance(estimate, str):  # cannot be served: fail before evicting anyone
                     slot.last_error = estimate
                     raise ModelLoadFailedError(entry.model, estimate)
@@ -426,6 +423,20 @@ class Registry:
 
     # -- helpers ----------------------------------------------------------------------------
 
+    def _estimate(self, slot: Slot) -> asyncio.Future[int | str]:
+        """The slot's memory estimate (estimate_memory), one at a time: a request and start()'s
+        look-ahead asking together share one header read."""
+        future = slot.estimating
+        if future is None:
+            future = slot.estimating = asyncio.ensure_future(
+                estimate_memory(self._estimator, slot.entry))
+
+            def finished(done: asyncio.Future[int | str]) -> None:
+                if slot.estimating is done:
+                    slot.estimating = None
+            future.add_done_callback(finished)
+        return future
+
     async def _estimate_ahead(self) -> None:
         """The first ESTIMATE_AHEAD entries' memory estimates, worked out in the background at
         start, so a first request after a restart skips that header read (SmolLM2: 27-40 ms of
@@ -435,11 +446,7 @@ class Registry:
             if self._closed or self._stopping:
                 return
             if slot.estimate is None and slot.state is ModelState.UNLOADED:
-                slot.estimating = asyncio.ensure_future(estimate_memory(self._estimator, slot.entry))
-                try:
-                    estimate = await asyncio.shield(slot.estimating)
-                finally:
-                    slot.estimating = None
+                estimate = await asyncio.shield(self._estimate(slot))
                 if not isinstance(estimate, str) and slot.estimate is None:
                     slot.estimate = estimate
 

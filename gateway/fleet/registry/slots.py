@@ -79,7 +79,7 @@ class Slot:
     model: Servable | None = None
     memory_bytes: int = 0             # actual once loaded; the estimate while loading
     estimate: int | None = None       # bytes a load will take, asked once per slot
-    estimating: asyncio.Future[int | str] | None = None  # start()'s estimate, while it runs
+    estimating: asyncio.Future[int | str] | None = None  # the estimate being worked out
     in_flight: int = 0
     awaiting_load: int = 0            # requests waiting for this load: they hold it like in_flight
     last_used: float | None = None    # monotonic: end of the last request, or the load
