@@ -67,7 +67,7 @@ from engine.kernels import jit
 
 # `pause` takes ~25 ns here. Spins stay short because two threads of ours can share one core
 # (the machine is shared): a waiter spinning there keeps the thread it waits for off the core.
-BARRIER_PAUSES = 256        # ~6 us of `pause` in a segment wait before yielding
+WAIT_PAUSES = 256           # ~6 us of `pause` in a segment wait before yielding
 JOB_PAUSES = 1024           # ~25 us of `pause` waiting for a job before yielding
 SLEEP_AFTER_YIELDS = 8000   # then ~3 ms of sched_yield (~0.4 us each when idle) before sleeping
 BARRIER = 1                 # node flag: all threads meet after this node
@@ -87,6 +87,23 @@ def _futex(result: str, op: int, value: str) -> str:
     """An IR line: result = syscall(futex, the job word, op, value, no timeout)."""
     return (f"  {result} = call i64 (i64, ...) @syscall(i64 {_FUTEX_SYSCALL}, ptr %pool, i32 {op}, "
             f"i32 {value}, ptr null, ptr null, i32 0)")
+
+
+# What pool_run publishes for a job and pool_execute reads: (name, type, control block offset);
+# the name is pool_run's parameter and pool_execute's value alike.
+_PUBLISHED = [("nodes", "ptr", _NODES), ("n", "i64", _N_NODES), ("step", "ptr", _STEP),
+              ("nth", "i64", _ACTIVE), ("ends", "ptr", _ENDS), ("nseg", "i64", _N_SEGS),
+              ("sync", "ptr", _SYNC)]
+
+
+def _published(op: str) -> str:
+    """IR lines that load (op "load") or store (op "store") every published field."""
+    lines = []
+    for name, ty, offset in _PUBLISHED:
+        lines.append(f"  %{name}.p = getelementptr inbounds i8, ptr %pool, i64 {offset}")
+        lines.append(f"  %{name} = load {ty}, ptr %{name}.p, align 8" if op == "load"
+                     else f"  store {ty} %{name}, ptr %{name}.p, align 8")
+    return "\n".join(lines)
 
 
 def build_pool_ir(x86: bool, linux_futex: bool) -> str:
@@ -145,11 +162,11 @@ wait:
   %there = icmp eq i64 %w, %want
   br i1 %there, label %woke, label %spin
 spin:
-  call void @backoff(i64 %k, i64 {BARRIER_PAUSES})
+  call void @backoff(i64 %k, i64 {WAIT_PAUSES})
   %k1 = add i64 %k, 1
   br label %wait
 woke:
-  %slow = icmp ugt i64 %k, {BARRIER_PAUSES}
+  %slow = icmp ugt i64 %k, {WAIT_PAUSES}
   br i1 %slow, label %count, label %done
 count:
   %slowp = getelementptr inbounds i8, ptr %pool, i64 {_SLOW_WAITS}
@@ -169,24 +186,33 @@ entry:
   ret i64 %c
 }}
 
+; the count c of a (job << 32 | count) word for job %tag, raised to c + 1 when c < %limit (a
+; CAS, retried if another thread raised it first); returns c, or %limit when it was there already
+define internal i64 @take_next(ptr %p, i64 %tag, i64 %limit) {{
+entry:
+  br label %try
+try:
+  %w = load atomic i64, ptr %p acquire, align 8
+  %c = call i64 @count_of(i64 %w, i64 %tag)
+  %room = icmp ult i64 %c, %limit
+  br i1 %room, label %take, label %full
+take:
+  %c1 = add i64 %c, 1
+  %new = or i64 %tag, %c1
+  %r = cmpxchg ptr %p, i64 %w, i64 %new acq_rel acquire
+  %ok = extractvalue {{ i64, i1 }} %r, 1
+  br i1 %ok, label %done, label %try
+full:
+  ret i64 %limit
+done:
+  ret i64 %c
+}}
+
 ; one thread's part in job %job (see the module docstring). One active thread runs every node
 ; as share 0 with no synchronisation.
 define void @pool_execute(ptr %pool, i64 %tid, i32 %job) {{
 entry:
-  %nodesp = getelementptr inbounds i8, ptr %pool, i64 {_NODES}
-  %nodes = load ptr, ptr %nodesp, align 8
-  %np = getelementptr inbounds i8, ptr %pool, i64 {_N_NODES}
-  %n = load i64, ptr %np, align 8
-  %stepp = getelementptr inbounds i8, ptr %pool, i64 {_STEP}
-  %step = load ptr, ptr %stepp, align 8
-  %activep = getelementptr inbounds i8, ptr %pool, i64 {_ACTIVE}
-  %nth = load i64, ptr %activep, align 8
-  %endsp = getelementptr inbounds i8, ptr %pool, i64 {_ENDS}
-  %ends = load ptr, ptr %endsp, align 8
-  %nsegp = getelementptr inbounds i8, ptr %pool, i64 {_N_SEGS}
-  %nseg = load i64, ptr %nsegp, align 8
-  %syncp = getelementptr inbounds i8, ptr %pool, i64 {_SYNC}
-  %sync = load ptr, ptr %syncp, align 8
+{_published('load')}
   %exitsp = getelementptr inbounds i8, ptr %pool, i64 {_EXITS}
   %job64 = zext i32 %job to i64
   %tag = shl i64 %job64, 32
@@ -205,54 +231,32 @@ alone:
   br i1 %amore, label %alone, label %left
 segment:
   %seg = phi i64 [0, %mode], [%seg1, %segdone]
+  %begin = phi i64 [0, %mode], [%next, %segdone]
+  %endp = getelementptr inbounds i64, ptr %ends, i64 %seg
+  %end = load i64, ptr %endp, align 8
   %lineoff = mul i64 %seg, {SYNC_LINE}
   %claimp = getelementptr inbounds i8, ptr %sync, i64 %lineoff
   %donep = getelementptr inbounds i8, ptr %claimp, i64 64
   br label %try
 try:
-  %w = load atomic i64, ptr %claimp acquire, align 8
-  %share = call i64 @count_of(i64 %w, i64 %tag)
+  %share = call i64 @take_next(ptr %claimp, i64 %tag, i64 %nth)
   %unclaimed = icmp ult i64 %share, %nth
-  br i1 %unclaimed, label %take, label %finish
-take:
-  %share1 = add i64 %share, 1
-  %claimed = or i64 %tag, %share1
-  %r = cmpxchg ptr %claimp, i64 %w, i64 %claimed acq_rel acquire
-  %ok = extractvalue {{ i64, i1 }} %r, 1
-  br i1 %ok, label %bounds, label %try
-bounds:
-  %first = icmp eq i64 %seg, 0
-  %prevseg = sub i64 %seg, 1
-  %prevp = getelementptr inbounds i64, ptr %ends, i64 %prevseg
-  %segp = getelementptr inbounds i64, ptr %ends, i64 %seg
-  %end = load i64, ptr %segp, align 8
-  br i1 %first, label %run, label %after
-after:
-  %prevend = load i64, ptr %prevp, align 8
-  %begin = add i64 %prevend, 1
-  br label %run
-run:
-  %x0 = phi i64 [0, %bounds], [%begin, %after]
-  br label %node
+  br i1 %unclaimed, label %node, label %finish
 node:
-  %x = phi i64 [%x0, %run], [%x1, %node]
+  %x = phi i64 [%begin, %try], [%x1, %node]
   call void @run_node(ptr %nodes, i64 %x, ptr %step, i64 %share, i64 %nth)
   %x1 = add i64 %x, 1
   %xmore = icmp ule i64 %x1, %end
   br i1 %xmore, label %node, label %mark
 mark:
-  %dw = load atomic i64, ptr %donep monotonic, align 8
-  %dc = call i64 @count_of(i64 %dw, i64 %tag)
-  %dc1 = add i64 %dc, 1
-  %dnew = or i64 %tag, %dc1
-  %dr = cmpxchg ptr %donep, i64 %dw, i64 %dnew acq_rel monotonic
-  %dok = extractvalue {{ i64, i1 }} %dr, 1
-  br i1 %dok, label %try, label %mark
+  %done = call i64 @take_next(ptr %donep, i64 %tag, i64 %nth)  ; never full: this share is not counted yet
+  br label %try
 finish:
   %all = or i64 %tag, %nth
   call void @await(ptr %pool, ptr %donep, i64 %all)
   br label %segdone
 segdone:
+  %next = add i64 %end, 1
   %seg1 = add i64 %seg, 1
   %more = icmp ult i64 %seg1, %nseg
   br i1 %more, label %segment, label %left
@@ -277,31 +281,15 @@ entry:
 
 ; the caller: wait until every thread of the last job left it, publish the graph, bump the job
 ; word, wake sleepers, take part as thread 0 (returns when the last segment is done)
-define void @pool_run(ptr %pool, ptr %nodes, i64 %n, ptr %step, i64 %active, ptr %ends,
+define void @pool_run(ptr %pool, ptr %nodes, i64 %n, ptr %step, i64 %nth, ptr %ends,
                       i64 %nseg, ptr %sync) {{
 entry:
-  %activep = getelementptr inbounds i8, ptr %pool, i64 {_ACTIVE}
+  %prevp = getelementptr inbounds i8, ptr %pool, i64 {_ACTIVE}
+  %prev = load i64, ptr %prevp, align 8
   %exitsp = getelementptr inbounds i8, ptr %pool, i64 {_EXITS}
-  %prev = load i64, ptr %activep, align 8
-  %pnp = getelementptr inbounds i8, ptr %pool, i64 {_N_NODES}
-  %pn = load i64, ptr %pnp, align 8
-  %pempty = icmp eq i64 %pn, 0
-  %pin = select i1 %pempty, i64 0, i64 %prev
-  call void @await(ptr %pool, ptr %exitsp, i64 %pin)
+  call void @await(ptr %pool, ptr %exitsp, i64 %prev)
   store atomic i64 0, ptr %exitsp monotonic, align 8
-  store i64 %active, ptr %activep, align 8
-  %nodesp = getelementptr inbounds i8, ptr %pool, i64 {_NODES}
-  store ptr %nodes, ptr %nodesp, align 8
-  %np = getelementptr inbounds i8, ptr %pool, i64 {_N_NODES}
-  store i64 %n, ptr %np, align 8
-  %stepp = getelementptr inbounds i8, ptr %pool, i64 {_STEP}
-  store ptr %step, ptr %stepp, align 8
-  %endsp = getelementptr inbounds i8, ptr %pool, i64 {_ENDS}
-  store ptr %ends, ptr %endsp, align 8
-  %nsegp = getelementptr inbounds i8, ptr %pool, i64 {_N_SEGS}
-  store i64 %nseg, ptr %nsegp, align 8
-  %syncp = getelementptr inbounds i8, ptr %pool, i64 {_SYNC}
-  store ptr %sync, ptr %syncp, align 8
+{_published('store')}
   %sleepers = getelementptr inbounds i8, ptr %pool, i64 {_SLEEPERS}
   %old = atomicrmw add ptr %pool, i32 1 seq_cst
   %job = add i32 %old, 1
