@@ -136,9 +136,10 @@ class PromptCachePool:
         """Put the found prefix in `slot` (its rows copied; the slot holds [0, found.n)).
 
         The copy runs on `threads` threads, each over its own share of the layers: what it costs
-        is mostly first touches of the slot's pages (a freshly loaded model's KV memory; on a VM
-        whose host takes freed pages back, 0.3-1.7 GB/s a thread), and those scale with threads
-        (6,000 SmolLM2 positions, 141 MB: 610-800 ms on one thread, 360-470 ms on two)."""
+        is mostly first touches of the slot's pages (a freshly loaded model's KV memory, slow on
+        a VM whose host takes freed pages back), and those scale with threads (6,000 SmolLM2
+        positions, 141 MB: 610-800 ms on one thread, 360-470 ms on two; on two threads in a new
+        process anywhere from 0.04 to 1.04 s, as the host hands out pages)."""
         spans, pos = [], 0
         for block in found.blocks:
             m = min(len(block.keys), found.n - pos)

@@ -70,7 +70,7 @@ define void @who(ptr %args, ptr %step, i64 %tid, i64 %n) {
   ret void
 }
 
-; thread 1 sleeps 20 ms: the others wait for it at the barrier that ends the graph
+; share 1 sleeps 20 ms: whoever runs share 0 waits for it at the end of the graph
 define void @late(ptr %args, ptr %step, i64 %tid, i64 %n) {
 entry:
   %one = icmp eq i64 %tid, 1
